@@ -1,0 +1,162 @@
+// executor.hpp — the fixed thread pool that runs completion callbacks, and the deadline timer.
+//
+// Design (after BS::thread_pool and taskflow's executor):
+//   - ThreadPool: N threads fixed at construction, one FIFO task queue under a mutex. Idle workers
+//     block on a condition variable that also watches a std::stop_token: no spinning, no sleeps
+//     in a loop. A task that throws is caught, counted and reported; the worker survives.
+//     shutdown() stops intake, runs every task already queued (a completion callback accepted is
+//     a callback owed), then joins. Threads never grow with load: callbacks of a million requests
+//     share the same N threads (the article's §2.1 starts a thread per callback instead).
+//   - DeadlineTimer: one thread and an ordered map of (deadline, id) → function. The thread sleeps
+//     in a timed wait until the nearest deadline and is woken only when an earlier one is added.
+//     Deadlines fire in time order; a cancelled timer never fires. The engine uses it for request
+//     deadlines, retry backoff and the hang watchdog; nothing else waits in a sleeping thread.
+//     Timer functions run on the timer thread and must be short (hand longer work to a pool).
+//
+// Both set the Linux timer slack of their threads to 1 µs so timed waits wake on time (the
+// default slack is 50 µs).
+//
+// Thread safety: all public members of both classes are thread-safe. Destructors call shutdown().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "asyncinfer/detail/unique_function.hpp"
+#include "asyncinfer/future.hpp"
+
+namespace asyncinfer {
+
+using Clock = std::chrono::steady_clock;
+using Task = detail::UniqueFunction<void()>;
+
+/// Somewhere to run tasks. Implemented by ThreadPool; devices take one for host functions.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  /// Queues `task`; false when the executor has shut down (the task is dropped unrun, so the
+  /// caller must run or fail it itself). Never blocks on a full queue (the queue is unbounded:
+  /// its producers — streams and the engine — are bounded by their own in-flight limits).
+  virtual bool post(Task task) = 0;
+};
+
+class ThreadPool final : public Executor {
+ public:
+  /// Starts `threads` (>= 1) workers named "<name>-<i>" (thread names are cut to 15 chars).
+  explicit ThreadPool(std::size_t threads, std::string name = "asyncinfer");
+  ~ThreadPool() override;
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  bool post(Task task) override;
+
+  /// Runs `fn()` on a worker; the future holds its return value (R or Result<R>), or `internal`
+  /// when it throws, or `aborted` when the pool has shut down.
+  template <class F>
+  [[nodiscard]] auto submit(F&& fn) {
+    using R = std::invoke_result_t<std::decay_t<F>&>;
+    using U = typename detail::unwrap_result<R>::type;
+    Promise<U> p;
+    Future<U> f = p.get_future();
+    auto run = [p = std::move(p), fn = std::decay_t<F>(std::forward<F>(fn))]() mutable {
+      try {
+        p.set_result(Result<U>(fn()));
+      } catch (const std::exception& e) {
+        p.set_error(internal_error(std::string("exception in pool task: ") + e.what()));
+      } catch (...) {
+        p.set_error(internal_error("unknown exception in pool task"));
+      }
+    };
+    if (!post(std::move(run))) {
+      // The dropped task broke its promise; say why instead.
+      return make_ready_future<U>(aborted_error("ThreadPool::submit after shutdown"));
+    }
+    return f;
+  }
+
+  /// Stops intake, runs the tasks already queued, joins the workers. Idempotent. Must not be
+  /// called from one of this pool's own workers (aborts: it would join itself).
+  void shutdown();
+
+  std::size_t size() const noexcept { return threads_.size(); }
+  /// True when called from one of this pool's workers.
+  bool in_pool() const noexcept;
+  /// Exceptions thrown by tasks and caught by the pool.
+  std::uint64_t exceptions() const noexcept { return exceptions_.load(std::memory_order_relaxed); }
+  /// Tasks queued and not yet started.
+  std::size_t queued() const;
+
+ private:
+  void worker_loop(std::stop_token stop, std::size_t index);
+
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::vector<std::jthread> threads_;
+  std::string name_;
+  std::atomic<std::uint64_t> exceptions_{0};
+};
+
+/// Identifies one armed timer; pass it to DeadlineTimer::cancel.
+struct TimerId {
+  Clock::time_point when{};
+  std::uint64_t seq = 0;  ///< 0: no timer
+  explicit operator bool() const noexcept { return seq != 0; }
+  friend auto operator<=>(const TimerId&, const TimerId&) = default;
+};
+
+class DeadlineTimer {
+ public:
+  explicit DeadlineTimer(std::string name = "asyncinfer-tm");
+  ~DeadlineTimer();
+  DeadlineTimer(const DeadlineTimer&) = delete;
+  DeadlineTimer& operator=(const DeadlineTimer&) = delete;
+
+  /// Arms `fn` to run on the timer thread at `when` (at once if `when` has passed). Timers with
+  /// equal deadlines fire in the order they were added. After shutdown, returns an empty TimerId
+  /// and destroys `fn` unrun.
+  TimerId add(Clock::time_point when, Task fn);
+  /// Disarms a timer. True when it was pending (it will never run); false when it already ran,
+  /// is running now, was cancelled, or is unknown. Never blocks on a running timer function.
+  bool cancel(TimerId id);
+  /// Stops the thread; pending timers are destroyed without running. Idempotent; must not be
+  /// called from a timer function (aborts).
+  void shutdown();
+
+  std::size_t pending() const;
+  std::uint64_t fired() const noexcept { return fired_.load(std::memory_order_relaxed); }
+  std::uint64_t exceptions() const noexcept { return exceptions_.load(std::memory_order_relaxed); }
+
+ private:
+  void loop(std::stop_token stop);
+
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::map<TimerId, Task> timers_;
+  std::uint64_t next_seq_ = 1;
+  bool stopping_ = false;
+  std::atomic<std::uint64_t> fired_{0};
+  std::atomic<std::uint64_t> exceptions_{0};
+  std::string name_;
+  std::jthread thread_;
+};
+
+namespace detail {
+/// Names the calling thread (cut to 15 characters) and sets its timer slack to 1 µs.
+void setup_thread(const std::string& name) noexcept;
+}  // namespace detail
+
+}  // namespace asyncinfer

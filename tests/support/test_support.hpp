@@ -1,0 +1,61 @@
+// Helpers shared by the tests: waits that fail instead of hanging.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "asyncinfer/future.hpp"
+
+namespace asyncinfer::testing {
+
+using namespace std::chrono_literals;
+
+/// Generous bound for "this must finish": a test that exceeds it fails instead of hanging.
+inline constexpr auto kWatchdog = std::chrono::seconds(30);
+
+/// Waits for `f` at most `limit`; fails the test (and returns an error) on expiry.
+template <class T>
+Result<T> get_within(const Future<T>& f, std::chrono::milliseconds limit = kWatchdog) {
+  if (!f.wait_for(limit)) {
+    ADD_FAILURE() << "future not ready within " << limit.count() << " ms";
+    return deadline_exceeded_error("test watchdog expired");
+  }
+  return f.get();
+}
+
+/// Polls `pred` (a test-only helper; the library itself never polls) until true or `limit`.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = kWatchdog) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return pred();
+}
+
+/// Threads of this process, from /proc/self/status.
+inline int process_threads() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+/// Resident set size in KiB, from /proc/self/status.
+inline long process_rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+}  // namespace asyncinfer::testing
