@@ -46,10 +46,11 @@ using Task = detail::UniqueFunction<void()>;
 class Executor {
  public:
   virtual ~Executor() = default;
-  /// Queues `task`; false when the executor has shut down (the task is dropped unrun, so the
-  /// caller must run or fail it itself). Never blocks on a full queue (the queue is unbounded:
-  /// its producers — streams and the engine — are bounded by their own in-flight limits).
-  virtual bool post(Task task) = 0;
+  /// Queues `task` (moving from it) and returns true; or returns false when the executor has shut
+  /// down, leaving `task` untouched so the caller can run or fail it itself. Never blocks on a
+  /// full queue (the queue is unbounded: its producers — streams and the engine — are bounded by
+  /// their own in-flight limits).
+  virtual bool post(Task&& task) = 0;
 };
 
 class ThreadPool final : public Executor {
@@ -60,7 +61,7 @@ class ThreadPool final : public Executor {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  bool post(Task task) override;
+  bool post(Task&& task) override;
 
   /// Runs `fn()` on a worker; the future holds its return value (R or Result<R>), or `internal`
   /// when it throws, or `aborted` when the pool has shut down.
@@ -79,7 +80,7 @@ class ThreadPool final : public Executor {
         p.set_error(internal_error("unknown exception in pool task"));
       }
     };
-    if (!post(std::move(run))) {
+    if (!post(Task(std::move(run)))) {
       // The dropped task broke its promise; say why instead.
       return make_ready_future<U>(aborted_error("ThreadPool::submit after shutdown"));
     }

@@ -23,6 +23,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -110,6 +111,9 @@ const Status& ok_status() noexcept;
 /// A value of type T or a non-ok Status.
 template <class T>
 class [[nodiscard]] Result {
+  static_assert(!std::is_same_v<std::decay_t<T>, Status>,
+                "Result<Status> is ambiguous: return Status, or wrap it in a struct");
+
  public:
   using value_type = T;
 

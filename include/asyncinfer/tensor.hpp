@@ -90,8 +90,17 @@ struct Placement {
 class Storage {
  public:
   using Deleter = std::function<void(void*)>;
+  /// `host_accessible`: whether the host may read and write the bytes directly (true for host
+  /// memory, and for the device memory of cpu and sim, which is host memory underneath).
+  Storage(void* data, std::size_t bytes, Placement placement, Deleter deleter,
+          bool host_accessible)
+      : data_(data),
+        bytes_(bytes),
+        placement_(placement),
+        host_accessible_(host_accessible),
+        deleter_(std::move(deleter)) {}
   Storage(void* data, std::size_t bytes, Placement placement, Deleter deleter)
-      : data_(data), bytes_(bytes), placement_(placement), deleter_(std::move(deleter)) {}
+      : Storage(data, bytes, placement, std::move(deleter), placement.kind != MemoryKind::device) {}
   ~Storage() {
     if (deleter_ && data_ != nullptr) deleter_(data_);
   }
@@ -101,6 +110,7 @@ class Storage {
   void* data() const noexcept { return data_; }
   std::size_t bytes() const noexcept { return bytes_; }
   Placement placement() const noexcept { return placement_; }
+  bool host_accessible() const noexcept { return host_accessible_; }
 
   /// 64-byte aligned pageable host memory; resource_exhausted if the allocation fails.
   static Result<std::shared_ptr<Storage>> allocate_host(std::size_t bytes);
@@ -109,6 +119,7 @@ class Storage {
   void* data_;
   std::size_t bytes_;
   Placement placement_;
+  bool host_accessible_;
   Deleter deleter_;
 };
 

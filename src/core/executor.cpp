@@ -32,7 +32,7 @@ ThreadPool::ThreadPool(std::size_t threads, std::string name) : name_(std::move(
 
 ThreadPool::~ThreadPool() { shutdown(); }
 
-bool ThreadPool::post(Task task) {
+bool ThreadPool::post(Task&& task) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) return false;

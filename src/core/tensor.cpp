@@ -172,7 +172,7 @@ Placement Tensor::placement() const noexcept {
 }
 
 bool Tensor::is_host_accessible() const noexcept {
-  return storage_ != nullptr && storage_->placement().kind != MemoryKind::device;
+  return storage_ != nullptr && storage_->host_accessible();
 }
 
 Result<Tensor> Tensor::slice(std::int64_t begin, std::int64_t end) const {

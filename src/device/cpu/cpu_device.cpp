@@ -1,0 +1,87 @@
+// The cpu backend: each stream is one host thread that runs its work in order. Kernels are host
+// functions (the model computes on the stream's thread); a kernel's stated duration is spent
+// spinning (a CPU-bound kernel) or sleeping. Device memory is host memory (unified).
+#include <cstring>
+
+#include "device/host_stream.hpp"
+
+namespace asyncinfer::detail {
+namespace {
+
+class CpuStream final : public HostStream {
+ public:
+  using HostStream::HostStream;
+  ~CpuStream() override { close(); }
+
+ protected:
+  Status run_kernel(Kernel& kernel, Clock::time_point /*enqueued_at*/,
+                    std::stop_token stop) override {
+    if (kernel.duration.count() > 0) {
+      const auto end = Clock::now() + kernel.duration;
+      const bool done = kernel.spin ? spin_until(end, stop) : sleep_until(end, stop);
+      if (!done) return cancelled_error("kernel '" + kernel.name + "' stopped before completion");
+    }
+    return run_host_fn(kernel, std::move(stop));
+  }
+
+  Status run_copy(const Tensor& dst, const Tensor& src, CopyKind /*kind*/,
+                  Clock::time_point /*enqueued_at*/, std::stop_token /*stop*/) override {
+    if (src.byte_size() > 0) std::memmove(dst.data(), src.data(), src.byte_size());
+    return Status();
+  }
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice() : host_pool_(1, "cpu-hostfn") {
+    info_.name = "cpu";
+    info_.kind = DeviceKind::cpu;
+    info_.description = "CPU: each stream is one host thread";
+    info_.async = true;
+    info_.unified_memory = true;
+    info_.cancellable_work = true;
+    info_.compute_engines = 1;
+    info_.copy_engines = 0;
+  }
+
+  const DeviceInfo& info() const noexcept override { return info_; }
+
+  Result<std::unique_ptr<Stream>> create_stream(const StreamOptions& options) override {
+    std::string name = options.name.empty() ? "cpu-s" + std::to_string(next_stream_++)
+                                            : options.name;
+    return std::unique_ptr<Stream>(
+        std::make_unique<CpuStream>(shared_from_this(), options, std::move(name)));
+  }
+
+  Result<std::unique_ptr<Event>> create_event(const EventOptions& options) override {
+    return std::unique_ptr<Event>(std::make_unique<HostEvent>(this, options.timing));
+  }
+
+  Result<std::shared_ptr<Storage>> allocate(std::size_t bytes, MemoryKind kind) override {
+    ASYNCINFER_ASSIGN_OR_RETURN(auto host, Storage::allocate_host(bytes));
+    if (kind == MemoryKind::host) return host;
+    // Same host bytes, labelled with the kind asked for (and still host-accessible).
+    void* p = host->data();
+    return std::make_shared<Storage>(p, bytes, Placement{kind, kind == MemoryKind::device ? 0 : -1},
+                                     [keep = std::move(host)](void*) {}, true);
+  }
+
+  Executor& host_func_executor() noexcept override { return host_pool_; }
+
+ private:
+  DeviceInfo info_;
+  ThreadPool host_pool_;
+  std::atomic<int> next_stream_{0};
+};
+
+}  // namespace
+
+Result<std::shared_ptr<Device>> open_cpu_device(std::string_view args) {
+  if (!args.empty()) {
+    return invalid_argument_error("the cpu device takes no options, got 'cpu:" +
+                                  std::string(args) + "'");
+  }
+  return std::shared_ptr<Device>(std::make_shared<CpuDevice>());
+}
+
+}  // namespace asyncinfer::detail

@@ -1,0 +1,209 @@
+// Device registry, the parts of device.hpp shared by every backend, and the event pool.
+#include <algorithm>
+#include <deque>
+#include <mutex>
+
+#include "device/backend.hpp"
+
+namespace asyncinfer {
+
+std::string_view to_string(DeviceKind kind) noexcept {
+  switch (kind) {
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::sim:
+      return "sim";
+    case DeviceKind::cuda:
+      return "cuda";
+    case DeviceKind::npu:
+      return "npu";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(CopyKind kind) noexcept {
+  switch (kind) {
+    case CopyKind::host_to_host:
+      return "host_to_host";
+    case CopyKind::host_to_device:
+      return "host_to_device";
+    case CopyKind::device_to_host:
+      return "device_to_host";
+    case CopyKind::device_to_device:
+      return "device_to_device";
+  }
+  return "unknown";
+}
+
+Result<Tensor> Device::empty(DType dtype, Shape shape, MemoryKind kind) {
+  ASYNCINFER_ASSIGN_OR_RETURN(std::size_t bytes, checked_byte_size(dtype, shape));
+  ASYNCINFER_ASSIGN_OR_RETURN(auto storage, allocate(bytes, kind));
+  return Tensor::from_storage(std::move(storage), dtype, std::move(shape));
+}
+
+namespace detail {
+
+const std::vector<DeviceBackend>& device_backend_registry() {
+  static const std::vector<DeviceBackend> registry = {
+      {"cpu", "cpu", &open_cpu_device},
+      {"sim", "sim or sim:<key>=<value>,... (keys: compute_engines, copy_engines, "
+              "copy_bytes_per_us, d2d_bytes_per_us, copy_latency_us, launch_overhead_us)",
+       &open_sim_device},
+#if defined(ASYNCINFER_HAVE_CUDA)
+      {"cuda", "cuda or cuda:<index>", &open_cuda_device},
+#endif
+  };
+  return registry;
+}
+
+CopyKind copy_kind(const Tensor& dst, const Tensor& src) noexcept {
+  const bool d = dst.placement().kind == MemoryKind::device;
+  const bool s = src.placement().kind == MemoryKind::device;
+  if (d && s) return CopyKind::device_to_device;
+  if (d) return CopyKind::host_to_device;
+  if (s) return CopyKind::device_to_host;
+  return CopyKind::host_to_host;
+}
+
+Status check_copy(const Tensor& dst, const Tensor& src) {
+  if (!dst.defined() || !src.defined()) {
+    return invalid_argument_error("copy: source and destination must be defined tensors");
+  }
+  if (dst.byte_size() != src.byte_size()) {
+    return invalid_argument_error("copy: destination " + dst.describe() + " (" +
+                                  std::to_string(dst.byte_size()) + " bytes) and source " +
+                                  src.describe() + " (" + std::to_string(src.byte_size()) +
+                                  " bytes) differ in size");
+  }
+  return Status();
+}
+
+}  // namespace detail
+
+std::vector<std::string> device_backends() {
+  std::vector<std::string> names;
+  for (const auto& b : detail::device_backend_registry()) names.push_back(b.name);
+  return names;
+}
+
+Result<std::shared_ptr<Device>> open_device(std::string_view spec) {
+  const std::size_t colon = spec.find(':');
+  const std::string_view name = spec.substr(0, colon);
+  const std::string_view args = colon == std::string_view::npos ? "" : spec.substr(colon + 1);
+  std::string built;
+  for (const auto& b : detail::device_backend_registry()) {
+    built += (built.empty() ? "" : ", ") + b.name;
+  }
+  for (const auto& b : detail::device_backend_registry()) {
+    if (b.name == name) {
+      auto r = b.open(args);
+      if (!r.ok()) return r.status().with_context("open_device(\"" + std::string(spec) + "\")");
+      return r;
+    }
+  }
+  if (name == "cuda") {
+    return unavailable_error("device '" + std::string(spec) +
+                             "': the cuda backend was not built into this library (built: " +
+                             built +
+                             "); rebuild with -DASYNCINFER_WITH_CUDA=ON where the CUDA "
+                             "toolkit is installed");
+  }
+  if (name == "npu") {
+    return unavailable_error(
+        "device '" + std::string(spec) +
+        "': the Ascend (npu) backend is not built: it needs the CANN toolkit, which is not "
+        "installed on this machine (built: " +
+        built + "; docs/backends.md maps the interface onto AscendCL)");
+  }
+  std::string usage;
+  for (const auto& b : detail::device_backend_registry()) {
+    usage += (usage.empty() ? "" : "; ") + b.usage;
+  }
+  return invalid_argument_error("unknown device '" + std::string(spec) + "': expected " + usage);
+}
+
+// ---- EventPool -------------------------------------------------------------------------------
+
+struct PooledEvent::Shared {
+  std::shared_ptr<Device> device;
+  EventOptions options;
+  std::size_t capacity = 0;
+  std::mutex mu;
+  std::size_t created = 0;
+  std::vector<std::unique_ptr<Event>> free;
+  std::deque<std::unique_ptr<Event>> retiring;  // returned, maybe still pending
+
+  // Moves every retiring event that is safe to reuse to the free list. Called under mu.
+  void recycle() {
+    for (auto it = retiring.begin(); it != retiring.end();) {
+      if ((*it)->pending_waits() == 0 && (*it)->query()) {
+        free.push_back(std::move(*it));
+        it = retiring.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
+PooledEvent& PooledEvent::operator=(PooledEvent&& other) noexcept {
+  if (this != &other) {
+    PooledEvent dying(std::move(*this));
+    pool_ = std::move(other.pool_);
+    event_ = std::move(other.event_);
+  }
+  return *this;
+}
+
+PooledEvent::~PooledEvent() {
+  if (pool_ && event_) {
+    std::lock_guard lock(pool_->mu);
+    pool_->retiring.push_back(std::move(event_));
+  }
+}
+
+EventPool::EventPool(std::shared_ptr<Device> device, EventOptions options, std::size_t capacity)
+    : shared_(std::make_shared<PooledEvent::Shared>()) {
+  shared_->device = std::move(device);
+  shared_->options = options;
+  shared_->capacity = capacity;
+}
+
+EventPool::~EventPool() = default;
+
+Result<PooledEvent> EventPool::acquire() {
+  std::unique_lock lock(shared_->mu);
+  shared_->recycle();
+  if (!shared_->free.empty()) {
+    std::unique_ptr<Event> e = std::move(shared_->free.back());
+    shared_->free.pop_back();
+    return PooledEvent(shared_, std::move(e));
+  }
+  if (shared_->created >= shared_->capacity) {
+    return resource_exhausted_error(
+        "event pool exhausted: all " + std::to_string(shared_->capacity) +
+        " events are on loan or still awaiting completion or a pending stream wait");
+  }
+  ++shared_->created;
+  lock.unlock();
+  auto e = shared_->device->create_event(shared_->options);
+  if (!e.ok()) {
+    std::lock_guard relock(shared_->mu);
+    --shared_->created;
+    return e.status();
+  }
+  return PooledEvent(shared_, std::move(*e));
+}
+
+std::size_t EventPool::created() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->created;
+}
+
+std::size_t EventPool::available() const {
+  std::lock_guard lock(shared_->mu);
+  shared_->recycle();
+  return shared_->free.size() + (shared_->capacity - shared_->created);
+}
+
+}  // namespace asyncinfer

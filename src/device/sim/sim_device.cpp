@@ -1,0 +1,234 @@
+// The sim backend: a simulated accelerator, for machines without one.
+//
+// The device has `compute_engines` compute engines and one or two copy engines (host->device and
+// device->host; one engine serves both when copy_engines=1). Each stream is a host thread that
+// feeds its work, in stream order, to the engines: a kernel occupies a compute engine for its
+// stated duration (plus launch_overhead_us); a copy occupies a copy engine for
+// copy_latency_us + bytes / copy_bytes_per_us (device-to-device copies use a compute engine at
+// d2d_bytes_per_us). Items on different engines overlap, as on a real NPU or GPU. Occupancy is a
+// timed sleep: no host CPU is burned, so a 2-core machine can show and test overlap exactly.
+//
+// Timeline: each stream keeps an ideal simulated clock (`ready_at_`): an item starts at the
+// latest of when it was enqueued, when the previous item of its stream ended, and when its
+// engine became free. The stream thread sleeps until that ideal end, so the few microseconds a
+// thread takes to wake never accumulate into simulated time. Host functions of kernels run for
+// real on the stream thread after the occupancy; their real duration is added to the timeline.
+// Engines serve reservations first come, first served; stream priorities are recorded only.
+//
+// Memory: "device" memory is host memory labelled as device memory (still host-accessible, so
+// the simulated kernels can compute real results). Documented as simulated in docs/backends.md.
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "core/params.hpp"
+#include "device/host_stream.hpp"
+
+namespace asyncinfer::detail {
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::nanoseconds;
+
+struct SimConfig {
+  int compute_engines = 1;
+  int copy_engines = 2;
+  double copy_bytes_per_us = 12000.0;  // 12 GB/s, a PCIe 4.0 x16 link in practice
+  double d2d_bytes_per_us = 1.0e6;     // 1 TB/s device memory
+  double copy_latency_us = 1.0;
+  double launch_overhead_us = 0.0;
+};
+
+enum class EngineClass { compute, h2d, d2h };
+
+struct Reservation {
+  EngineClass cls;
+  std::size_t index;
+  Clock::time_point start;
+  Clock::time_point end;
+};
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(SimConfig cfg)
+      : cfg_(cfg),
+        compute_free_(static_cast<std::size_t>(cfg.compute_engines)),
+        copy_free_(static_cast<std::size_t>(cfg.copy_engines)),
+        host_pool_(1, "sim-hostfn") {
+    info_.name = "sim";
+    info_.kind = DeviceKind::sim;
+    info_.description = "simulated accelerator: " + std::to_string(cfg.compute_engines) +
+                        " compute engine(s), " + std::to_string(cfg.copy_engines) +
+                        " copy engine(s), " + std::to_string(cfg.copy_bytes_per_us) +
+                        " bytes/us copies";
+    info_.async = true;
+    info_.simulated = true;
+    info_.unified_memory = false;
+    info_.cancellable_work = true;
+    info_.compute_engines = cfg.compute_engines;
+    info_.copy_engines = cfg.copy_engines;
+  }
+
+  const DeviceInfo& info() const noexcept override { return info_; }
+  const SimConfig& config() const noexcept { return cfg_; }
+
+  Result<std::unique_ptr<Stream>> create_stream(const StreamOptions& options) override;
+
+  Result<std::unique_ptr<Event>> create_event(const EventOptions& options) override {
+    return std::unique_ptr<Event>(std::make_unique<HostEvent>(this, options.timing));
+  }
+
+  Result<std::shared_ptr<Storage>> allocate(std::size_t bytes, MemoryKind kind) override {
+    ASYNCINFER_ASSIGN_OR_RETURN(auto host, Storage::allocate_host(bytes));
+    if (kind == MemoryKind::host) return host;
+    void* p = host->data();
+    return std::make_shared<Storage>(p, bytes, Placement{kind, kind == MemoryKind::device ? 0 : -1},
+                                     [keep = std::move(host)](void*) {}, true);
+  }
+
+  Executor& host_func_executor() noexcept override { return host_pool_; }
+
+  /// Reserves the earliest-free engine of `cls` from `earliest` for `duration`.
+  Reservation reserve(EngineClass cls, Clock::time_point earliest, nanoseconds duration) {
+    std::lock_guard lock(mu_);
+    std::vector<Clock::time_point>& engines = cls == EngineClass::compute ? compute_free_ : copy_free_;
+    std::size_t index = 0;
+    if (cls != EngineClass::compute && engines.size() >= 2) {
+      index = cls == EngineClass::h2d ? 0 : 1;  // one engine per direction
+    } else {
+      for (std::size_t i = 1; i < engines.size(); ++i) {
+        if (engines[i] < engines[index]) index = i;
+      }
+    }
+    const Clock::time_point start = std::max(earliest, engines[index]);
+    const Clock::time_point end = start + duration;
+    engines[index] = end;
+    return {cls, index, start, end};
+  }
+
+  /// Gives back the unused end of a reservation cut short at `at` (when nothing was reserved on
+  /// that engine after it).
+  void release_early(const Reservation& r, Clock::time_point at) {
+    std::lock_guard lock(mu_);
+    std::vector<Clock::time_point>& engines =
+        r.cls == EngineClass::compute ? compute_free_ : copy_free_;
+    if (engines[r.index] == r.end) engines[r.index] = std::max(r.start, std::min(at, r.end));
+  }
+
+ private:
+  SimConfig cfg_;
+  DeviceInfo info_;
+  std::mutex mu_;
+  std::vector<Clock::time_point> compute_free_;
+  std::vector<Clock::time_point> copy_free_;
+  ThreadPool host_pool_;
+  std::atomic<int> next_stream_{0};
+};
+
+nanoseconds from_us(double us) {
+  return nanoseconds(static_cast<std::int64_t>(us * 1000.0));
+}
+
+class SimStream final : public HostStream {
+ public:
+  SimStream(std::shared_ptr<Device> device, const StreamOptions& options, std::string name)
+      : HostStream(device, options, std::move(name)),
+        sim_(static_cast<SimDevice&>(*device)) {}
+  ~SimStream() override { close(); }
+
+ protected:
+  Status run_kernel(Kernel& kernel, Clock::time_point enqueued_at, std::stop_token stop) override {
+    const nanoseconds occupancy = kernel.duration + from_us(sim_.config().launch_overhead_us);
+    ASYNCINFER_RETURN_IF_ERROR(occupy(EngineClass::compute, enqueued_at, occupancy, stop,
+                                      "kernel '" + kernel.name + "'"));
+    return timed_host_fn(kernel, stop);
+  }
+
+  Status run_copy(const Tensor& dst, const Tensor& src, CopyKind kind, Clock::time_point enqueued_at,
+                  std::stop_token stop) override {
+    const auto& cfg = sim_.config();
+    const double bytes = static_cast<double>(src.byte_size());
+    if (kind == CopyKind::host_to_host) {
+      ready_at_ = std::max(ready_at_, enqueued_at);
+    } else if (kind == CopyKind::device_to_device) {
+      ASYNCINFER_RETURN_IF_ERROR(occupy(EngineClass::compute, enqueued_at,
+                                        from_us(bytes / cfg.d2d_bytes_per_us), stop, "copy"));
+    } else {
+      const EngineClass cls = kind == CopyKind::host_to_device ? EngineClass::h2d : EngineClass::d2h;
+      ASYNCINFER_RETURN_IF_ERROR(occupy(cls, enqueued_at,
+                                        from_us(cfg.copy_latency_us + bytes / cfg.copy_bytes_per_us),
+                                        stop, "copy"));
+    }
+    if (src.byte_size() > 0) std::memmove(dst.data(), src.data(), src.byte_size());
+    return Status();
+  }
+
+  Clock::time_point point_time(Clock::time_point enqueued_at) override {
+    ready_at_ = std::max(ready_at_, enqueued_at);
+    return ready_at_;
+  }
+
+  void after_wait(Clock::time_point when) override { ready_at_ = std::max(ready_at_, when); }
+
+ private:
+  Status occupy(EngineClass cls, Clock::time_point enqueued_at, nanoseconds duration,
+                const std::stop_token& stop, const std::string& what) {
+    const Clock::time_point earliest = std::max(enqueued_at, ready_at_);
+    if (duration.count() <= 0) {
+      ready_at_ = earliest;
+      return Status();
+    }
+    const Reservation r = sim_.reserve(cls, earliest, duration);
+    if (!sleep_until(r.end, stop)) {
+      const Clock::time_point now = Clock::now();
+      sim_.release_early(r, now);
+      ready_at_ = std::min(std::max(now, r.start), r.end);
+      return cancelled_error(what + " stopped before completion");
+    }
+    ready_at_ = r.end;
+    return Status();
+  }
+
+  Status timed_host_fn(Kernel& kernel, std::stop_token stop) {
+    if (!kernel.host_fn) return Status();
+    const Clock::time_point t0 = Clock::now();
+    Status s = run_host_fn(kernel, std::move(stop));
+    ready_at_ += Clock::now() - t0;
+    return s;
+  }
+
+  SimDevice& sim_;
+  Clock::time_point ready_at_{};  // the stream's ideal simulated clock (stream thread only)
+};
+
+Result<std::unique_ptr<Stream>> SimDevice::create_stream(const StreamOptions& options) {
+  std::string name =
+      options.name.empty() ? "sim-s" + std::to_string(next_stream_++) : options.name;
+  return std::unique_ptr<Stream>(
+      std::make_unique<SimStream>(shared_from_this(), options, std::move(name)));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Device>> open_sim_device(std::string_view args) {
+  ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(args, ',', "sim device"));
+  ASYNCINFER_RETURN_IF_ERROR(p.check_known({"compute_engines", "copy_engines", "copy_bytes_per_us",
+                                            "d2d_bytes_per_us", "copy_latency_us",
+                                            "launch_overhead_us"}));
+  SimConfig cfg;
+  ASYNCINFER_ASSIGN_OR_RETURN(auto engines, p.get_int("compute_engines", 1, 1, 64));
+  ASYNCINFER_ASSIGN_OR_RETURN(auto copies, p.get_int("copy_engines", 2, 1, 2));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.copy_bytes_per_us,
+                              p.get_double("copy_bytes_per_us", cfg.copy_bytes_per_us, 1e-3, 1e12));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.d2d_bytes_per_us,
+                              p.get_double("d2d_bytes_per_us", cfg.d2d_bytes_per_us, 1e-3, 1e12));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.copy_latency_us,
+                              p.get_double("copy_latency_us", cfg.copy_latency_us, 0, 1e9));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.launch_overhead_us,
+                              p.get_double("launch_overhead_us", cfg.launch_overhead_us, 0, 1e9));
+  cfg.compute_engines = static_cast<int>(engines);
+  cfg.copy_engines = static_cast<int>(copies);
+  return std::shared_ptr<Device>(std::make_shared<SimDevice>(cfg));
+}
+
+}  // namespace asyncinfer::detail
