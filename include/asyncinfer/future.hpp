@@ -295,7 +295,12 @@ class Promise {
   }
 
   /// Sets the result and runs the callbacks on this thread. False when already set.
-  bool set_result(Result<T> r) { return state_ && state_->set(std::move(r)); }
+  bool set_result(Result<T> r) {
+    // Keep the state alive through the notify and the callbacks: a woken waiter may destroy this
+    // promise's owner (and so the promise) while set() is still running.
+    std::shared_ptr<detail::FutureState<T>> keep = state_;
+    return keep && keep->set(std::move(r));
+  }
   bool set_value(T v) { return set_result(Result<T>(std::move(v))); }
   bool set_error(Status s) { return set_result(Result<T>(std::move(s))); }
 

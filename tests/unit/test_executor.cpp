@@ -61,12 +61,13 @@ TEST(ThreadPool, ShutdownRunsQueuedTasksAndJoins) {
 }
 
 TEST(ThreadPool, ShutdownWakesIdleWorkers) {
-  const int before = testing::process_threads();
+  int during = 0;
   {
     ThreadPool pool(4, "test");
-    EXPECT_EQ(testing::process_threads(), before + 4);
+    during = testing::process_threads();
+    EXPECT_GE(during, 5);
   }  // destructor: idle workers are woken and joined, not left blocked
-  EXPECT_EQ(testing::process_threads(), before);
+  EXPECT_EQ(testing::process_threads(), during - 4);
 }
 
 TEST(ThreadPool, WaiterOnAFutureIsWokenByShutdownDrain) {

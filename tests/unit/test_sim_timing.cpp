@@ -1,7 +1,11 @@
-// The simulated accelerator's timing: generous bounds that check that overlap exists (and that
-// serial work does not overlap), not how fast this machine is. Simulated times come from timing
-// events (the sim's ideal timeline); wall-clock bounds are loose.
+// The simulated accelerator's timing: bounds that check that overlap exists (and that serial work
+// does not overlap), not how fast this machine is. All work is enqueued behind a gate first, so
+// the simulated timeline (read with timing events) does not depend on how fast the test thread
+// enqueues, even under sanitizers; wall-clock bounds are loose.
 #include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
 
 #include "asyncinfer/device.hpp"
 #include "test_support.hpp"
@@ -17,100 +21,146 @@ Kernel busy(std::chrono::nanoseconds d) {
   return k;
 }
 
-struct Sim {
-  explicit Sim(const std::string& spec) : device(*open_device(spec)) {}
-  std::unique_ptr<Stream> stream() { return std::move(*device->create_stream()); }
-  std::unique_ptr<Event> timed() { return std::move(*device->create_event(EventOptions{true})); }
-  std::shared_ptr<Device> device;
-};
-
 double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+/// A sim device and a gate: streams made with gated() wait on a point that the test releases.
+struct GatedSim {
+  explicit GatedSim(const std::string& spec) : device(*open_device(spec)) {
+    gate_stream = std::move(*device->create_stream());
+    start = timed();
+    Kernel hold;
+    hold.name = "gate";
+    hold.host_fn = [this](std::stop_token stop) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, stop, [this] { return released; });
+      return Status();
+    };
+    EXPECT_TRUE(gate_stream->enqueue(std::move(hold)).ok());
+    EXPECT_TRUE(gate_stream->record(*start).ok());
+  }
+  std::unique_ptr<Stream> gated() {
+    auto s = std::move(*device->create_stream());
+    EXPECT_TRUE(s->wait(*start).ok());
+    return s;
+  }
+  std::unique_ptr<Event> timed() { return std::move(*device->create_event(EventOptions{true})); }
+  Clock::time_point open() {
+    {
+      std::lock_guard lock(mu);
+      released = true;
+    }
+    cv.notify_all();
+    return Clock::now();
+  }
+  double sim_ms_to(Event& end) { return *elapsed_time_us(*start, end) / 1000.0; }
+
+  // Declared first so they outlive the gate stream (destroyed last-declared first).
+  std::mutex mu;
+  std::condition_variable_any cv;
+  bool released = false;
+  std::shared_ptr<Device> device;
+  std::unique_ptr<Stream> gate_stream;
+  std::unique_ptr<Event> start;
+};
+
 TEST(SimTiming, ThreeItemsOnOneEngineRunBackToBack) {
-  Sim sim("sim");
-  auto s = sim.stream();
-  auto start = sim.timed();
+  GatedSim sim("sim");
+  auto s = sim.gated();
   auto end = sim.timed();
-  const auto t0 = Clock::now();
-  ASSERT_TRUE(s->record(*start).ok());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->enqueue(busy(2ms)).ok());
   ASSERT_TRUE(s->record(*end).ok());
+  const auto t0 = sim.open();
   ASSERT_TRUE(end->synchronize().ok());
-  const double wall = ms(Clock::now() - t0);
-  const double simulated = *elapsed_time_us(*start, *end) / 1000.0;
-  EXPECT_NEAR(simulated, 6.0, 0.3);
-  EXPECT_GE(wall, 5.9);
-  EXPECT_LT(wall, 60.0);
+  EXPECT_NEAR(sim.sim_ms_to(*end), 6.0, 0.2);
+  EXPECT_GE(ms(Clock::now() - t0), 5.9);
+  EXPECT_LT(ms(Clock::now() - t0), 100.0);
 }
 
 TEST(SimTiming, TwoStreamsOnTwoComputeEnginesOverlap) {
-  Sim sim("sim:compute_engines=2");
-  auto a = sim.stream();
-  auto b = sim.stream();
-  auto start = sim.timed();
+  GatedSim sim("sim:compute_engines=2");
+  auto a = sim.gated();
+  auto b = sim.gated();
   auto end_a = sim.timed();
   auto end_b = sim.timed();
-  const auto t0 = Clock::now();
-  ASSERT_TRUE(a->record(*start).ok());
-  ASSERT_TRUE(b->wait(*start).ok());
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(a->enqueue(busy(2ms)).ok());
     ASSERT_TRUE(b->enqueue(busy(2ms)).ok());
   }
   ASSERT_TRUE(a->record(*end_a).ok());
   ASSERT_TRUE(b->record(*end_b).ok());
+  const auto t0 = sim.open();
   ASSERT_TRUE(end_a->synchronize().ok());
   ASSERT_TRUE(end_b->synchronize().ok());
   const double wall = ms(Clock::now() - t0);
-  const double sim_a = *elapsed_time_us(*start, *end_a) / 1000.0;
-  const double sim_b = *elapsed_time_us(*start, *end_b) / 1000.0;
-  EXPECT_NEAR(sim_a, 10.0, 0.5);
-  EXPECT_NEAR(sim_b, 10.0, 0.5);
+  EXPECT_NEAR(sim.sim_ms_to(*end_a), 10.0, 0.3);  // about 10 ms, not 20
+  EXPECT_NEAR(sim.sim_ms_to(*end_b), 10.0, 0.3);
   EXPECT_GE(wall, 9.9);
-  EXPECT_LT(wall, 19.0);  // about 10 ms, not 20
+  EXPECT_LT(wall, 19.0);
 }
 
 TEST(SimTiming, TwoStreamsOnOneComputeEngineSerialise) {
-  Sim sim("sim:compute_engines=1");
-  auto a = sim.stream();
-  auto b = sim.stream();
-  const auto t0 = Clock::now();
+  GatedSim sim("sim:compute_engines=1");
+  auto a = sim.gated();
+  auto b = sim.gated();
+  auto end_a = sim.timed();
+  auto end_b = sim.timed();
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(a->enqueue(busy(2ms)).ok());
     ASSERT_TRUE(b->enqueue(busy(2ms)).ok());
   }
-  ASSERT_TRUE(a->synchronize().ok());
-  ASSERT_TRUE(b->synchronize().ok());
+  ASSERT_TRUE(a->record(*end_a).ok());
+  ASSERT_TRUE(b->record(*end_b).ok());
+  const auto t0 = sim.open();
+  ASSERT_TRUE(end_a->synchronize().ok());
+  ASSERT_TRUE(end_b->synchronize().ok());
+  EXPECT_NEAR(std::max(sim.sim_ms_to(*end_a), sim.sim_ms_to(*end_b)), 20.0, 0.3);
   EXPECT_GE(ms(Clock::now() - t0), 19.9);  // one engine: 20 ms of work cannot take less
 }
 
 TEST(SimTiming, CopyAndComputeOnDifferentEnginesOverlap) {
   // 24,000 bytes at 12 bytes/us = 2 ms of host-to-device copy, next to a 2 ms kernel.
-  Sim sim("sim:copy_bytes_per_us=12,copy_latency_us=0");
-  auto copy_stream = sim.stream();
-  auto compute_stream = sim.stream();
+  GatedSim sim("sim:copy_bytes_per_us=12,copy_latency_us=0");
+  auto copy_stream = sim.gated();
+  auto compute_stream = sim.gated();
   auto host = *Tensor::zeros(DType::u8, {24000});
   auto dev = *sim.device->empty(DType::u8, {24000}, MemoryKind::device);
-  auto start = sim.timed();
   auto end_copy = sim.timed();
   auto end_compute = sim.timed();
-  const auto t0 = Clock::now();
-  ASSERT_TRUE(copy_stream->record(*start).ok());
-  ASSERT_TRUE(compute_stream->wait(*start).ok());
   ASSERT_TRUE(copy_stream->copy(dev, host).ok());
   ASSERT_TRUE(compute_stream->enqueue(busy(2ms)).ok());
   ASSERT_TRUE(copy_stream->record(*end_copy).ok());
   ASSERT_TRUE(compute_stream->record(*end_compute).ok());
+  const auto t0 = sim.open();
   ASSERT_TRUE(end_copy->synchronize().ok());
   ASSERT_TRUE(end_compute->synchronize().ok());
-  EXPECT_NEAR(*elapsed_time_us(*start, *end_copy) / 1000.0, 2.0, 0.2);
-  EXPECT_NEAR(*elapsed_time_us(*start, *end_compute) / 1000.0, 2.0, 0.2);
-  EXPECT_LT(ms(Clock::now() - t0), 3.9);  // overlapped: about 2 ms, not 4
+  EXPECT_NEAR(sim.sim_ms_to(*end_copy), 2.0, 0.2);
+  EXPECT_NEAR(sim.sim_ms_to(*end_compute), 2.0, 0.2);  // overlapped: both end at ~2 ms, not 4
+  EXPECT_LT(ms(Clock::now() - t0), 100.0);
+}
+
+TEST(SimTiming, CopiesInOneDirectionShareTheirEngine) {
+  GatedSim sim("sim:copy_bytes_per_us=12,copy_latency_us=0");
+  auto a = sim.gated();
+  auto b = sim.gated();
+  auto host_a = *Tensor::zeros(DType::u8, {12000});
+  auto host_b = *Tensor::zeros(DType::u8, {12000});
+  auto dev_a = *sim.device->empty(DType::u8, {12000}, MemoryKind::device);
+  auto dev_b = *sim.device->empty(DType::u8, {12000}, MemoryKind::device);
+  auto end_a = sim.timed();
+  auto end_b = sim.timed();
+  ASSERT_TRUE(a->copy(dev_a, host_a).ok());
+  ASSERT_TRUE(b->copy(dev_b, host_b).ok());
+  ASSERT_TRUE(a->record(*end_a).ok());
+  ASSERT_TRUE(b->record(*end_b).ok());
+  sim.open();
+  ASSERT_TRUE(end_a->synchronize().ok());
+  ASSERT_TRUE(end_b->synchronize().ok());
+  EXPECT_NEAR(std::max(sim.sim_ms_to(*end_a), sim.sim_ms_to(*end_b)), 2.0, 0.2);  // 1 + 1 ms
 }
 
 TEST(SimTiming, CancelledKernelFreesItsEngineEarly) {
-  Sim sim("sim");
-  auto s = sim.stream();
+  auto device = *open_device("sim");
+  auto s = std::move(*device->create_stream());
   std::stop_source cancel;
   Kernel long_kernel = busy(10s);
   long_kernel.stop = cancel.get_token();

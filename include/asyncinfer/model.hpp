@@ -1,0 +1,140 @@
+// model.hpp — what a model is to the engine: a signature and a way to put one batch on a stream.
+//
+// Design: a Model is the loaded definition (signature, weights); it creates one ModelInstance per
+// engine worker, bound to that worker's device and stream (AscendCL cannot run one loaded model on
+// two streams at once, and a libtorch module is best not shared across intra-op pools, so neither
+// do we). ModelInstance::enqueue puts one batch's work on the stream and returns at once; the
+// outputs are valid once the stream passes that point, and failures during execution reach the
+// stream's next host function (see device.hpp: errors flow in stream order).
+//
+// Shapes follow the convention (and ONNX's): a signature lists full shapes with -1 for a
+// dynamic dim; when `batched` is true, dim 0 of every input and output is the batch dim (-1).
+//
+// Built-in models (URI "builtin:<kind>?key=value&..."), for tests, benchmarks and capacity
+// planning; docs/models.md lists every key:
+//   builtin:identity                   outputs equal inputs (a device-side copy)
+//   builtin:fixed_cost?base_us=&per_item_us=   occupies the device base + per_item × batch µs
+//   builtin:faulty?mode=&code=&every=&first=&poison=   fails chosen calls (error, throw, hang)
+// Other backends: "torch:<path>.pt" or a path ending in .pt (TorchScript through libtorch, where
+// built); "builtin:gemm?m=&n=&k=&dtype=" (cuBLAS on the cuda device, where built).
+//
+// Thread safety: Model is immutable after load and may be shared; each ModelInstance is used by
+// one worker thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "asyncinfer/device.hpp"
+#include "asyncinfer/status.hpp"
+#include "asyncinfer/tensor.hpp"
+
+namespace asyncinfer {
+
+/// One named input or output: dtype and full shape (-1 = dynamic dim).
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+
+struct ModelSignature {
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  /// Dim 0 of every input and output is the batch dim.
+  bool batched = true;
+  /// Largest batch (sum of dim 0 over the requests of a batch) the model accepts; 0 = no limit.
+  /// Ignored when not batched.
+  std::int64_t max_batch_size = 0;
+
+  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; max batch 64".
+  std::string to_string() const;
+};
+
+/// Checks one request's inputs against the signature: count, dtypes, ranks, fixed dims, and
+/// (when batched) that every input has the same dim 0 of at least 1 and at most max_batch_size.
+/// invalid_argument names the input, the expected and the received dtype/shape.
+Status validate_inputs(const ModelSignature& signature, std::span<const Tensor> inputs);
+
+/// One batch's data, shared between the engine and the model's stream work.
+struct BatchIO {
+  /// One tensor per signature input, in signature order, where the model's stream can read them
+  /// (device memory on devices without unified memory; host memory otherwise).
+  std::vector<Tensor> inputs;
+  /// The same inputs on the host (equal to `inputs` on unified-memory devices). Read-only.
+  std::vector<Tensor> host_inputs;
+  /// One tensor per signature output. The model fills it either during enqueue() (required on
+  /// devices without unified memory, so the engine can enqueue the copies back) or, in stream
+  /// order, from its stream work before the stream passes the batch.
+  std::vector<Tensor> outputs;
+  /// Batch size (dim 0 of the inputs), 1 for unbatched models.
+  std::int64_t batch_size = 1;
+  /// Fires when every request of the batch has been cancelled or has timed out, or the engine is
+  /// recycling the worker. Pass it to Kernel::stop so cancellable backends end early.
+  std::stop_token stop;
+};
+
+/// A model bound to one device and stream (one per engine worker).
+class ModelInstance {
+ public:
+  virtual ~ModelInstance() = default;
+  /// Puts one batch's work on `stream`, the stream this instance was created for. Returns at once
+  /// (on the cpu backend the work itself runs on the stream's thread). A non-ok return means
+  /// nothing usable was enqueued; errors during execution reach the stream's next host function.
+  /// Exceptions are not part of the contract; the engine catches and reports them anyway.
+  virtual Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) = 0;
+};
+
+/// How the engine asks for an instance.
+struct InstanceOptions {
+  /// Index of the engine worker the instance serves (for names and logs).
+  int worker_index = 0;
+  /// Threads the instance may use for one forward pass (libtorch intra-op threads); the engine
+  /// passes cores ÷ workers unless the user set ModelOptions::intra_op_threads.
+  int intra_op_threads = 1;
+};
+
+/// A loaded model.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelSignature& signature() const noexcept = 0;
+  /// The URI or path it was loaded from.
+  virtual const std::string& name() const noexcept = 0;
+  /// Whether running work stops early when BatchIO::stop fires (a libtorch call cannot).
+  virtual bool cancellable() const noexcept { return false; }
+  /// A new instance for `stream` of `device`. unavailable when the model cannot run on that kind
+  /// of device (the message says which devices it supports).
+  virtual Result<std::unique_ptr<ModelInstance>> create_instance(
+      Device& device, Stream& stream, const InstanceOptions& options) = 0;
+};
+
+/// Options used by load_model (backends ignore what does not apply to them).
+struct ModelOptions {
+  /// TorchScript: sidecar signature JSON; empty = "<model path>.json" when present.
+  std::string signature_path;
+  /// TorchScript: the signature given on the command line instead of a sidecar file.
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  std::int64_t max_batch_size = -1;  ///< -1: from the signature file
+  /// TorchScript: intra-op threads per instance; 0 = cores ÷ workers (set by the engine).
+  int intra_op_threads = 0;
+  /// TorchScript: forward passes run at instance creation (excluded from measurements).
+  int warmup_runs = 2;
+};
+
+/// Loads a model by URI: "builtin:<kind>?...", "torch:<path>", or a path ending in ".pt".
+/// invalid_argument names what was wrong in the URI and the accepted forms; not_found for a
+/// missing file; unavailable for a backend that was not built.
+Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options = {});
+
+/// Parses "x:f32:1x32x32" style specs used on the command line: name, dtype and the dims after
+/// the batch dim separated by 'x' (-1 for dynamic). For batched models the batch dim is added.
+Result<TensorSpec> parse_tensor_spec(std::string_view text, bool batched);
+
+}  // namespace asyncinfer

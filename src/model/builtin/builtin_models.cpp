@@ -1,0 +1,291 @@
+// Built-in models: identity, fixed_cost and faulty. One implementation with three presets:
+// every builtin copies its inputs to its outputs on the stream (a real device-side copy), may
+// occupy the device for a stated cost first, and may fail chosen calls.
+//
+// They run on every device through the device-neutral primitives only (Kernel with a duration,
+// Stream::copy), so the same model measures the engine on cpu, sim and cuda.
+#include <atomic>
+#include <cmath>
+#include <set>
+
+#include "core/params.hpp"
+#include "model/backend.hpp"
+
+namespace asyncinfer::detail {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::nanoseconds;
+
+enum class FaultMode { none, error, raise, hang };
+
+struct BuiltinConfig {
+  std::string kind;
+  DType dtype = DType::f32;
+  Shape item_shape = {-1};  // dims after the batch dim
+  int inputs = 1;
+  std::int64_t max_batch = 64;  // 0: not batched
+  double base_us = 0;
+  double per_item_us = 0;
+  bool cost_from_input = false;
+  bool spin = false;
+  // Faults.
+  FaultMode mode = FaultMode::none;
+  bool fail_at_enqueue = false;
+  StatusCode code = StatusCode::unavailable;
+  std::int64_t every = 0;
+  std::int64_t first = 0;
+  bool has_poison = false;
+  double poison = 0;
+};
+
+constexpr std::string_view kForms =
+    "builtin:identity, builtin:fixed_cost?base_us=<us>&per_item_us=<us>, "
+    "builtin:faulty?mode=error|throw|hang&code=<status>&every=<k>&first=<n>&poison=<value>";
+
+/// Value of element 0 of row `row` of a host tensor, as double.
+double first_element(const Tensor& t, std::int64_t row) {
+  const std::size_t row_elems = t.dim(0) == 0 ? 0 : t.numel() / static_cast<std::size_t>(t.dim(0));
+  if (row_elems == 0) return 0;
+  const std::size_t i = static_cast<std::size_t>(row) * row_elems;
+  switch (t.dtype()) {
+    case DType::f32:
+      return t.data_as<float>()[i];
+    case DType::f64:
+      return t.data_as<double>()[i];
+    case DType::i32:
+      return t.data_as<std::int32_t>()[i];
+    case DType::i64:
+      return static_cast<double>(t.data_as<std::int64_t>()[i]);
+    case DType::i8:
+      return t.data_as<std::int8_t>()[i];
+    case DType::u8:
+      return t.data_as<std::uint8_t>()[i];
+    case DType::boolean:
+      return t.data_as<bool>()[i] ? 1 : 0;
+    case DType::f16:
+    case DType::bf16:
+      return 0;  // no arithmetic on half types here; cost_from_input/poison need f32 or wider
+  }
+  return 0;
+}
+
+class BuiltinModel final : public Model, public std::enable_shared_from_this<BuiltinModel> {
+ public:
+  BuiltinModel(std::string name, BuiltinConfig cfg) : name_(std::move(name)), cfg_(std::move(cfg)) {
+    sig_.batched = cfg_.max_batch > 0;
+    sig_.max_batch_size = cfg_.max_batch;
+    for (int i = 0; i < cfg_.inputs; ++i) {
+      TensorSpec in;
+      in.name = "input" + std::to_string(i);
+      in.dtype = cfg_.dtype;
+      if (sig_.batched) in.shape.push_back(-1);
+      in.shape.insert(in.shape.end(), cfg_.item_shape.begin(), cfg_.item_shape.end());
+      TensorSpec out = in;
+      out.name = "output" + std::to_string(i);
+      sig_.inputs.push_back(std::move(in));
+      sig_.outputs.push_back(std::move(out));
+    }
+  }
+
+  const ModelSignature& signature() const noexcept override { return sig_; }
+  const std::string& name() const noexcept override { return name_; }
+  bool cancellable() const noexcept override { return true; }
+
+  Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
+                                                         const InstanceOptions& options) override;
+
+  const BuiltinConfig& config() const noexcept { return cfg_; }
+  std::int64_t next_call() { return calls_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+ private:
+  std::string name_;
+  BuiltinConfig cfg_;
+  ModelSignature sig_;
+  std::atomic<std::int64_t> calls_{0};  // shared by all instances: "the k-th call" is global
+};
+
+class BuiltinInstance final : public ModelInstance {
+ public:
+  BuiltinInstance(std::shared_ptr<BuiltinModel> model, Device& device)
+      : model_(std::move(model)), device_(device) {}
+
+  Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
+    const BuiltinConfig& cfg = model_->config();
+    const std::int64_t call = model_->next_call();
+    Status fault = decide_fault(cfg, call, *io);
+    if (!fault.ok() && cfg.fail_at_enqueue) {
+      if (cfg.mode == FaultMode::raise) throw std::runtime_error(std::string(fault.message()));
+      return fault;
+    }
+    // Outputs: one device-side copy of each input, allocated now so the engine can enqueue the
+    // copies back to the host right after.
+    io->outputs.clear();
+    for (const Tensor& in : io->inputs) {
+      const MemoryKind kind = in.placement().kind == MemoryKind::device ? MemoryKind::device
+                                                                         : MemoryKind::host;
+      Result<Tensor> out = kind == MemoryKind::host ? Tensor::empty(in.dtype(), in.shape())
+                                                    : device_.empty(in.dtype(), in.shape(), kind);
+      if (!out.ok()) return out.status();
+      io->outputs.push_back(std::move(*out));
+    }
+    const nanoseconds cost = cost_of(cfg, *io);
+    if (cost.count() > 0 || !fault.ok()) {
+      Kernel k;
+      k.name = model_->name();
+      k.duration = cost;
+      k.spin = cfg.spin;
+      k.stop = io->stop;
+      if (!fault.ok()) {
+        const FaultMode mode = cfg.mode;
+        k.host_fn = [fault, mode](std::stop_token stop) -> Status {
+          if (mode == FaultMode::hang) {
+            // Hangs until cancelled: the engine's deadline or watchdog stops it.
+            std::mutex mu;
+            std::condition_variable_any cv;
+            std::unique_lock lock(mu);
+            cv.wait(lock, stop, [] { return false; });
+            return cancelled_error("hanging call stopped");
+          }
+          if (mode == FaultMode::raise) throw std::runtime_error(std::string(fault.message()));
+          return fault;
+        };
+      }
+      ASYNCINFER_RETURN_IF_ERROR(stream.enqueue(std::move(k)));
+    }
+    for (std::size_t i = 0; i < io->inputs.size(); ++i) {
+      ASYNCINFER_RETURN_IF_ERROR(stream.copy(io->outputs[i], io->inputs[i]));
+    }
+    return Status();
+  }
+
+ private:
+  static nanoseconds cost_of(const BuiltinConfig& cfg, const BatchIO& io) {
+    double us = cfg.base_us + cfg.per_item_us * static_cast<double>(io.batch_size);
+    if (cfg.cost_from_input && !io.host_inputs.empty()) {
+      const Tensor& t = io.host_inputs[0];
+      const std::int64_t rows = t.rank() > 0 ? t.dim(0) : 0;
+      double extra = 0;
+      for (std::int64_t r = 0; r < rows; ++r) extra = std::max(extra, first_element(t, r));
+      us += extra;  // items of a batch run in parallel: the slowest one sets the cost
+    }
+    return nanoseconds(static_cast<std::int64_t>(std::max(0.0, us) * 1000.0));
+  }
+
+  static Status decide_fault(const BuiltinConfig& cfg, std::int64_t call, const BatchIO& io) {
+    if (cfg.mode == FaultMode::none) return Status();
+    bool fail = false;
+    std::string why;
+    if (cfg.has_poison && !io.host_inputs.empty()) {
+      const Tensor& t = io.host_inputs[0];
+      const std::int64_t rows = t.rank() > 0 ? t.dim(0) : 0;
+      for (std::int64_t r = 0; r < rows && !fail; ++r) {
+        if (first_element(t, r) == cfg.poison) {
+          fail = true;
+          why = "item " + std::to_string(r) + " of the batch holds the poison value";
+        }
+      }
+    }
+    if (!fail && cfg.first > 0 && call <= cfg.first) {
+      fail = true;
+      why = "call " + std::to_string(call) + " is among the first " + std::to_string(cfg.first);
+    }
+    if (!fail && cfg.every > 0 && call % cfg.every == 0) {
+      fail = true;
+      why = "call " + std::to_string(call) + " is a multiple of " + std::to_string(cfg.every);
+    }
+    if (!fail && !cfg.has_poison && cfg.first == 0 && cfg.every == 0) {
+      fail = true;
+      why = "every call fails";
+    }
+    if (!fail) return Status();
+    return Status(cfg.code, "injected fault (builtin:faulty): " + why);
+  }
+
+  std::shared_ptr<BuiltinModel> model_;
+  Device& device_;
+};
+
+Result<std::unique_ptr<ModelInstance>> BuiltinModel::create_instance(
+    Device& device, Stream& /*stream*/, const InstanceOptions& /*options*/) {
+  return std::unique_ptr<ModelInstance>(
+      std::make_unique<BuiltinInstance>(shared_from_this(), device));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Model>> load_builtin_model(std::string_view rest,
+                                                  const ModelOptions& /*options*/) {
+  const std::size_t q = rest.find('?');
+  BuiltinConfig cfg;
+  cfg.kind = std::string(rest.substr(0, q));
+  const std::string_view query = q == std::string_view::npos ? "" : rest.substr(q + 1);
+  const std::string context = "builtin:" + cfg.kind;
+  if (cfg.kind != "identity" && cfg.kind != "fixed_cost" && cfg.kind != "faulty") {
+    return invalid_argument_error("unknown builtin model '" + cfg.kind + "': expected " +
+                                  std::string(kForms));
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(query, '&', context));
+  std::set<std::string> known = {"dtype", "shape", "inputs", "max_batch"};
+  if (cfg.kind != "identity") {
+    known.insert({"base_us", "per_item_us", "cost_from_input", "cpu"});
+  }
+  if (cfg.kind == "faulty") known.insert({"mode", "code", "every", "first", "poison", "fail_at"});
+  ASYNCINFER_RETURN_IF_ERROR(p.check_known(known));
+
+  ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
+  auto parsed_dtype = parse_dtype(dtype);
+  if (!parsed_dtype.ok()) return parsed_dtype.status().with_context(context);
+  cfg.dtype = *parsed_dtype;
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.item_shape, p.get_int_list("shape", {-1}, 'x'));
+  for (std::int64_t d : cfg.item_shape) {
+    if (d < -1) {
+      return invalid_argument_error(context + ": shape dims must be >= -1 (-1 = dynamic)");
+    }
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t inputs, p.get_int("inputs", 1, 1, 64));
+  cfg.inputs = static_cast<int>(inputs);
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch, p.get_int("max_batch", 64, 0, 1 << 20));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.base_us, p.get_double("base_us", 0, 0, 3.6e9));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.per_item_us, p.get_double("per_item_us", 0, 0, 3.6e9));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.cost_from_input, p.get_bool("cost_from_input", false));
+  ASYNCINFER_ASSIGN_OR_RETURN(std::string cpu, p.get_string("cpu", "sleep"));
+  if (cpu != "sleep" && cpu != "spin") {
+    return invalid_argument_error(context + ": cpu=" + cpu + " is not one of sleep, spin");
+  }
+  cfg.spin = cpu == "spin";
+  if (cfg.kind == "faulty") {
+    ASYNCINFER_ASSIGN_OR_RETURN(std::string mode, p.get_string("mode", "error"));
+    if (mode == "error") {
+      cfg.mode = FaultMode::error;
+    } else if (mode == "throw") {
+      cfg.mode = FaultMode::raise;
+    } else if (mode == "hang") {
+      cfg.mode = FaultMode::hang;
+    } else {
+      return invalid_argument_error(context + ": mode=" + mode +
+                                    " is not one of error, throw, hang");
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(std::string code, p.get_string("code", "unavailable"));
+    if (!parse_status_code(code, &cfg.code) || cfg.code == StatusCode::ok) {
+      return invalid_argument_error(context + ": code=" + code +
+                                    " is not a non-ok status code name (e.g. unavailable, "
+                                    "internal, resource_exhausted, invalid_argument)");
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(cfg.every, p.get_int("every", 0, 0, std::int64_t{1} << 40));
+    ASYNCINFER_ASSIGN_OR_RETURN(cfg.first, p.get_int("first", 0, 0, std::int64_t{1} << 40));
+    if (p.has("poison")) {
+      cfg.has_poison = true;
+      ASYNCINFER_ASSIGN_OR_RETURN(cfg.poison, p.get_double("poison", 0, -1e300, 1e300));
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(std::string at, p.get_string("fail_at", "device"));
+    if (at != "device" && at != "enqueue") {
+      return invalid_argument_error(context + ": fail_at=" + at + " is not one of device, enqueue");
+    }
+    cfg.fail_at_enqueue = at == "enqueue";
+  }
+  return std::shared_ptr<Model>(
+      std::make_shared<BuiltinModel>("builtin:" + std::string(rest), std::move(cfg)));
+}
+
+}  // namespace asyncinfer::detail

@@ -1,0 +1,145 @@
+// Signatures, input validation and the model loader dispatch.
+#include <algorithm>
+
+#include "core/params.hpp"
+#include "model/backend.hpp"
+
+namespace asyncinfer {
+
+std::string ModelSignature::to_string() const {
+  auto list = [](const std::vector<TensorSpec>& specs) {
+    std::string out;
+    for (const auto& s : specs) {
+      if (!out.empty()) out += ", ";
+      out += s.name + " " + std::string(asyncinfer::to_string(s.dtype)) + shape_to_string(s.shape);
+    }
+    return out;
+  };
+  std::string out = "inputs: " + list(inputs) + "; outputs: " + list(outputs);
+  if (batched) {
+    out += "; batched, max batch " +
+           (max_batch_size > 0 ? std::to_string(max_batch_size) : std::string("unlimited"));
+  } else {
+    out += "; not batched";
+  }
+  return out;
+}
+
+Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs) {
+  if (inputs.size() != sig.inputs.size()) {
+    std::string names;
+    for (const auto& s : sig.inputs) names += (names.empty() ? "" : ", ") + s.name;
+    return invalid_argument_error("expected " + std::to_string(sig.inputs.size()) + " input(s) (" +
+                                  names + "), got " + std::to_string(inputs.size()));
+  }
+  std::int64_t batch = -1;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const TensorSpec& spec = sig.inputs[i];
+    const Tensor& t = inputs[i];
+    const std::string expected =
+        std::string(to_string(spec.dtype)) + shape_to_string(spec.shape);
+    if (!t.defined()) return invalid_argument_error("input '" + spec.name + "' is undefined");
+    if (t.dtype() != spec.dtype) {
+      return invalid_argument_error("input '" + spec.name + "': expected dtype " +
+                                    std::string(to_string(spec.dtype)) + " (" + expected +
+                                    "), got " + t.describe());
+    }
+    if (t.rank() != spec.shape.size()) {
+      return invalid_argument_error("input '" + spec.name + "': expected shape " +
+                                    shape_to_string(spec.shape) + " (rank " +
+                                    std::to_string(spec.shape.size()) + "), got " + t.describe());
+    }
+    for (std::size_t d = 0; d < spec.shape.size(); ++d) {
+      if (spec.shape[d] >= 0 && spec.shape[d] != t.shape()[d]) {
+        return invalid_argument_error("input '" + spec.name + "': dim " + std::to_string(d) +
+                                      " is " + std::to_string(t.shape()[d]) +
+                                      " but the model expects " + std::to_string(spec.shape[d]) +
+                                      " (expected " + expected + ", got " + t.describe() + ")");
+      }
+    }
+    if (sig.batched) {
+      const std::int64_t b = t.shape()[0];
+      if (b < 1) {
+        return invalid_argument_error("input '" + spec.name + "': batch dim 0 is " +
+                                      std::to_string(b) + ", expected at least 1");
+      }
+      if (batch >= 0 && b != batch) {
+        return invalid_argument_error("input '" + spec.name + "': batch dim 0 is " +
+                                      std::to_string(b) + " but input '" + sig.inputs[0].name +
+                                      "' has " + std::to_string(batch));
+      }
+      batch = b;
+      if (sig.max_batch_size > 0 && b > sig.max_batch_size) {
+        return invalid_argument_error("input '" + spec.name + "': batch of " + std::to_string(b) +
+                                      " exceeds the model's max batch size " +
+                                      std::to_string(sig.max_batch_size));
+      }
+    }
+  }
+  return Status();
+}
+
+Result<TensorSpec> parse_tensor_spec(std::string_view text, bool batched) {
+  const auto parts = detail::split(text, ':');
+  if (parts.size() != 3 || parts[0].empty()) {
+    return invalid_argument_error("tensor spec '" + std::string(text) +
+                                  "' is not of the form name:dtype:dims (e.g. x:f32:1x32x32)");
+  }
+  TensorSpec spec;
+  spec.name = parts[0];
+  ASYNCINFER_ASSIGN_OR_RETURN(spec.dtype, parse_dtype(parts[1]));
+  if (batched) spec.shape.push_back(-1);
+  if (!parts[2].empty()) {
+    for (const std::string& d : detail::split(parts[2], 'x')) {
+      char* end = nullptr;
+      const long long v = std::strtoll(d.c_str(), &end, 10);
+      if (d.empty() || end != d.c_str() + d.size() || v < -1) {
+        return invalid_argument_error("tensor spec '" + std::string(text) + "': dim '" + d +
+                                      "' is not an integer >= -1");
+      }
+      spec.shape.push_back(v);
+    }
+  }
+  return spec;
+}
+
+Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
+  constexpr std::string_view kBuiltin = "builtin:";
+  constexpr std::string_view kTorch = "torch:";
+  if (uri.substr(0, kBuiltin.size()) == kBuiltin) {
+    const std::string_view rest = uri.substr(kBuiltin.size());
+    if (rest.substr(0, 4) == "gemm") {
+#if defined(ASYNCINFER_HAVE_CUDA)
+      const std::size_t q = rest.find('?');
+      return detail::load_gemm_model(q == std::string_view::npos ? "" : rest.substr(q + 1), options);
+#else
+      return unavailable_error("model '" + std::string(uri) +
+                               "': builtin:gemm needs the cuda backend, which was not built into "
+                               "this library");
+#endif
+    }
+    return detail::load_builtin_model(rest, options);
+  }
+  std::string_view path;
+  if (uri.substr(0, kTorch.size()) == kTorch) {
+    path = uri.substr(kTorch.size());
+  } else if (uri.size() > 3 && uri.substr(uri.size() - 3) == ".pt") {
+    path = uri;
+  }
+  if (!path.empty()) {
+#if defined(ASYNCINFER_HAVE_TORCH)
+    return detail::load_torch_model(path, options);
+#else
+    (void)options;
+    return unavailable_error("model '" + std::string(uri) +
+                             "': the torch backend was not built into this library (install "
+                             "Debian's libtorch-dev and rebuild with -DASYNCINFER_WITH_TORCH=ON)");
+#endif
+  }
+  return invalid_argument_error(
+      "unknown model '" + std::string(uri) +
+      "': expected builtin:identity, builtin:fixed_cost?..., builtin:faulty?..., builtin:gemm?... "
+      "(cuda), torch:<file.pt> or a path ending in .pt");
+}
+
+}  // namespace asyncinfer
