@@ -9,7 +9,9 @@
 //
 // Where callbacks run:
 //   - on_complete()/then() registered before completion run on the thread that completes the
-//     promise, right after the result is stored, in registration order;
+//     promise, right after the result is stored, in registration order — or, when the producer
+//     gave the promise a callback executor (the engine does: its completion executor), on that
+//     executor, so a producer thread never runs user code;
 //   - registered after completion, they run at once on the registering thread, before
 //     on_complete() returns.
 //   Each callback runs exactly once. An exception thrown by a callback is caught, counted in
@@ -44,6 +46,8 @@
 
 namespace asyncinfer {
 
+class Executor;
+
 /// Number of exceptions thrown by user callbacks (future callbacks, executor tasks, timer
 /// functions, engine callbacks) that the library caught, since the process started.
 std::uint64_t unhandled_callback_exceptions() noexcept;
@@ -51,6 +55,8 @@ std::uint64_t unhandled_callback_exceptions() noexcept;
 namespace detail {
 /// Counts and reports (stderr) an exception caught from user code. `where` names the call site.
 void report_callback_exception(const char* where, std::exception_ptr e) noexcept;
+/// Posts `task` to `executor`; false (task untouched) when it has shut down. (executor.cpp)
+bool post_to(Executor& executor, UniqueFunction<void()>& task);
 
 template <class R>
 struct is_result : std::false_type {};
@@ -58,7 +64,7 @@ template <class U>
 struct is_result<Result<U>> : std::true_type {};
 
 template <class T>
-class FutureState {
+class FutureState : public std::enable_shared_from_this<FutureState<T>> {
  public:
   using Callback = UniqueFunction<void(const Result<T>&)>;
   using CancelHandler = UniqueFunction<void()>;
@@ -83,10 +89,26 @@ class FutureState {
     }
     if (notify) cv_.notify_all();
     // The result is immutable from here on: read it without the lock.
+    if (first && callback_executor_ != nullptr) {
+      // Hand the callbacks to the executor (the producer's thread runs no user code).
+      UniqueFunction<void()> task(
+          [self = this->shared_from_this(), first = std::move(first),
+           rest = std::move(rest)]() mutable {
+            self->run_callback(first);
+            for (Callback& cb : rest) self->run_callback(cb);
+          });
+      if (post_to(*callback_executor_, task)) return true;
+      task();  // the executor has shut down: run them here rather than never
+      return true;
+    }
     if (first) run_callback(first);
     for (Callback& cb : rest) run_callback(cb);
     return true;  // cancel handlers are destroyed here, outside the lock
   }
+
+  /// Callbacks registered before completion run on `executor` instead of the completing thread.
+  /// Set by the producer before the future is handed out.
+  void set_callback_executor(Executor* executor) noexcept { callback_executor_ = executor; }
 
   bool is_ready() const noexcept { return ready_.load(std::memory_order_acquire); }
 
@@ -191,6 +213,7 @@ class FutureState {
   std::vector<Callback> more_cbs_;
   CancelHandler first_cancel_;
   std::vector<CancelHandler> more_cancel_;
+  Executor* callback_executor_ = nullptr;
 };
 }  // namespace detail
 
@@ -305,6 +328,11 @@ class Promise {
   bool set_error(Status s) { return set_result(Result<T>(std::move(s))); }
 
   bool is_set() const noexcept { return state_ && state_->is_ready(); }
+  /// Makes callbacks registered before completion run on `executor` (which must outlive the
+  /// result being set) instead of on the thread that sets the result.
+  void set_callback_executor(Executor* executor) noexcept {
+    if (state_) state_->set_callback_executor(executor);
+  }
   bool is_cancel_requested() const noexcept { return state_ && state_->cancel_requested(); }
   /// Runs `h` when the consumer cancels (at once, on this thread, if it already did). Dropped
   /// unrun once the result is set.

@@ -14,6 +14,10 @@ thread_local const DeadlineTimer* tl_current_timer = nullptr;
 }  // namespace
 
 namespace detail {
+bool post_to(Executor& executor, UniqueFunction<void()>& task) {
+  return executor.post(std::move(task));
+}
+
 void setup_thread(const std::string& name) noexcept {
   std::string cut = name.substr(0, 15);
   pthread_setname_np(pthread_self(), cut.c_str());

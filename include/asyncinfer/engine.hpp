@@ -1,0 +1,228 @@
+// engine.hpp — the inference engine: the article's §1–§5 as one coherent object.
+//
+// A request is submitted and the call returns at once; completion arrives as a future (§2.2), a
+// callback (§2.1), or a result fetched by request id (§3.1). Inside:
+//
+//   submit ─► bounded priority queue ─► workers (each: one stream, one model instance, up to
+//   max_inflight_per_worker batches queued on its stream) ─► stream completion point (host
+//   function on the completion executor) ─► future / callback / result store
+//
+//   - Queue: bounded (queue_capacity); priority levels 1..N (1 highest), FIFO within a level;
+//     optional aging promotes a request that has waited longer than `priority_aging` to the top
+//     level. When full: reject at once (resource_exhausted) or block the producer up to
+//     submit_timeout (queue_full_policy).
+//   - Dynamic batching (after Triton's dynamic batcher): a worker with a free in-flight slot takes
+//     shape-compatible requests (same dtypes and non-batch dims) in priority order up to the
+//     max batch size. With max_queue_delay > 0 it waits — a timed wait, never a poll — until the
+//     earliest of: the batch is full, a preferred batch size is reachable, the oldest request has
+//     waited max_queue_delay, or a request's deadline is near. Inputs are concatenated along dim 0
+//     (a single request's tensors are used as they are); outputs are split back as views.
+//   - Deadlines (RequestOptions::timeout/deadline, EngineOptions::default_timeout): cover queue,
+//     execution and retries; fired by the deadline timer whether or not the queue is touched. A
+//     queued request leaves the queue at once; a running one resolves timed_out at once, its
+//     batch's stop token fires when all its requests have ended (cancellable backends stop), and
+//     a late result is discarded and counted (late_completions).
+//   - Cancellation: cancel(id) and Future::cancel(), same paths as deadlines.
+//   - Failure: RetryPolicy (policy.hpp) for retryable codes, with backoff waits on the timer; a
+//     batch that fails with a non-retryable error is re-run request by request
+//     (split_failed_batches) so one bad request fails alone; per-worker circuit breaker; a hang
+//     watchdog that fails a batch whose completion point is not reached in time and recycles the
+//     worker (new stream, new model instance; the old ones are destroyed off the hot path).
+//   - Admission control (optional): reject at submit when the predicted wait (queue depth ×
+//     recent service time per request ÷ workers) already exceeds the request's deadline.
+//   - Ordered delivery (optional): results reach futures and callbacks in submit order, per
+//     sequence key when one is given (so one slow client does not hold up the others).
+//
+// Guarantees (DESIGN.md §4): every accepted request ends in exactly one terminal state
+// (completed, failed, timed_out, cancelled, shut_down); its future is fulfilled once and its
+// callback runs once, on the completion executor, with no engine lock held (a callback may submit
+// or wait on other futures); a request refused at submit gets its error synchronously and is
+// never half-registered; threads are fixed by the options; queue, in-flight window and result
+// store are bounded; after submit returns the caller may reuse its input buffers (the engine holds
+// reference-counted tensors — do not write into a tensor you submitted; pass a copy if you must).
+//
+// Thread safety: every member function may be called from any thread, including from callbacks
+// (except shutdown() and the destructor, which must not be called from a callback: they wait for
+// the completion executor that runs it).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "asyncinfer/detail/unique_function.hpp"
+#include "asyncinfer/device.hpp"
+#include "asyncinfer/future.hpp"
+#include "asyncinfer/metrics.hpp"
+#include "asyncinfer/model.hpp"
+#include "asyncinfer/policy.hpp"
+#include "asyncinfer/status.hpp"
+#include "asyncinfer/tensor.hpp"
+
+namespace asyncinfer {
+
+using Inputs = std::vector<Tensor>;
+using Outputs = std::vector<Tensor>;
+
+/// Where a request is in its life. The last five are terminal.
+enum class RequestState : std::uint8_t {
+  unknown,    ///< no such id (status() only)
+  pending,    ///< queued, or waiting to retry
+  running,    ///< in a batch on a worker's stream
+  completed,
+  failed,
+  timed_out,
+  cancelled,
+  shut_down,
+};
+std::string_view to_string(RequestState state) noexcept;
+bool is_terminal(RequestState state) noexcept;
+
+/// Per-request options.
+struct RequestOptions {
+  /// Priority level, 1 = highest … EngineOptions::priority_levels; 0 = the engine's default.
+  int priority = 0;
+  /// Time allowed from submit to the terminal state (queue + execution + retries).
+  std::optional<std::chrono::microseconds> timeout;
+  /// Absolute deadline; when both are given the earlier applies.
+  std::optional<Clock::time_point> deadline;
+  /// With ordered delivery: results are ordered within each key (empty = one shared order).
+  std::string sequence_key;
+  /// Free text echoed in error messages (e.g. a client or trace id).
+  std::string tag;
+};
+
+/// Dynamic batching (Triton: max_batch_size, preferred_batch_size, max_queue_delay_microseconds;
+/// Ray Serve: max_batch_size, batch_wait_timeout_s).
+struct BatchingOptions {
+  /// Largest batch in rows (sum of requests' dim 0): 0 = the model's max_batch_size; 1 = off.
+  std::int64_t max_batch_size = 0;
+  /// Batch sizes to prefer: the largest one reachable is dispatched at once.
+  std::vector<std::int64_t> preferred_batch_sizes;
+  /// Longest a worker holds a forming batch waiting for more requests. 0 = take what is queued.
+  std::chrono::microseconds max_queue_delay{0};
+  /// Re-run a batch that failed with a non-retryable error one request at a time.
+  bool split_failed_batches = true;
+};
+
+enum class QueueFullPolicy : std::uint8_t {
+  reject,  ///< resource_exhausted at once
+  block,   ///< wait for space up to submit_timeout, then resource_exhausted
+};
+
+enum class ShutdownMode : std::uint8_t {
+  drain,   ///< finish queued and running work, then stop
+  cancel,  ///< resolve queued and running work as shut_down at once, then stop
+};
+
+struct EngineOptions {
+  /// Workers; each owns one stream and one model instance (the article's §3.2 consumers).
+  int workers = 1;
+  /// Batches queued on a worker's stream ahead of completion, so the host prepares the next
+  /// batch while the device runs the current one.
+  int max_inflight_per_worker = 2;
+  /// Requests waiting in the queue (retries waiting for their backoff do not count).
+  std::size_t queue_capacity = 4096;
+  QueueFullPolicy queue_full_policy = QueueFullPolicy::reject;
+  std::chrono::microseconds submit_timeout{1'000'000};
+  /// Threads that run completion callbacks and fulfil futures.
+  int completion_threads = 1;
+  /// Priority levels 1..priority_levels; requests without one get default_priority.
+  int priority_levels = 3;
+  int default_priority = 2;
+  /// 0 = off. Otherwise a request that has waited this long is served as if at level 1.
+  std::chrono::microseconds priority_aging{0};
+  BatchingOptions batching;
+  /// Results reach futures and callbacks in submit order (per sequence key).
+  bool ordered_delivery = false;
+
+  /// Default request timeout (none when unset). A request may only shorten it unless
+  /// allow_timeout_override is set (Triton's rule).
+  std::optional<std::chrono::microseconds> default_timeout;
+  bool allow_timeout_override = false;
+  /// Reject at submit when the predicted wait already exceeds the request's deadline.
+  bool admission_control = false;
+  RetryPolicy retry;
+  CircuitBreakerOptions breaker;
+  /// 0 = off. A batch whose completion point is not reached within this time fails with
+  /// deadline_exceeded and its worker is recycled.
+  std::chrono::milliseconds watchdog{0};
+
+  /// Result store of the id-based API: finished entries beyond capacity are evicted oldest
+  /// first; finished entries older than result_ttl expire.
+  std::size_t result_store_capacity = 65536;
+  std::chrono::milliseconds result_ttl{60'000};
+
+  /// Passed to model instances (libtorch intra-op threads); 0 = cores ÷ workers.
+  int intra_op_threads = 0;
+};
+
+class EngineCore;
+
+/// The engine. Create with Engine::create; destroying it drains (shutdown(drain)).
+class Engine {
+ public:
+  using Callback = detail::UniqueFunction<void(const Result<Outputs>&)>;
+
+  /// Starts `options.workers` workers of `model` on `device`. invalid_argument names a bad
+  /// option; model instance creation errors are passed on (e.g. unavailable for a model that
+  /// cannot run on that device).
+  static Result<std::unique_ptr<Engine>> create(std::shared_ptr<Model> model,
+                                                std::shared_ptr<Device> device,
+                                                EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Synchronous inference (the article's §1.1): submits and blocks until the terminal state.
+  /// `inputs`: one host tensor per model input (validate_inputs rules).
+  Result<Outputs> infer(Inputs inputs, const RequestOptions& options = {});
+
+  /// Asynchronous inference (§2.2). Never blocks (except with QueueFullPolicy::block). A refused
+  /// request returns a future that is already complete with the reason.
+  [[nodiscard]] Future<Outputs> submit(Inputs inputs, const RequestOptions& options = {});
+
+  /// Asynchronous inference with a callback (§2.1). The callback runs exactly once on the
+  /// completion executor with the result; ok means accepted. When refused, the error is returned
+  /// here and the callback is destroyed without being called.
+  Status submit(Inputs inputs, Callback callback, const RequestOptions& options = {});
+
+  /// Id-based API (§3.1): submit under `id`. already_exists while a request with that id is
+  /// pending or running; resource_exhausted when the result store holds `capacity` live requests.
+  Status submit(std::string id, Inputs inputs, const RequestOptions& options = {});
+  /// Blocks (on a condition, never polling) until the request `id` ends or `timeout` passes
+  /// (deadline_exceeded; the request goes on). not_found for an unknown id, or one that expired
+  /// or was evicted (the message says which). Does not remove the entry (see release()).
+  Result<Outputs> result(std::string_view id,
+                         std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+  /// The request's state; unknown for an unknown, expired or evicted id. Never blocks.
+  RequestState status(std::string_view id) const;
+  /// Cancels request `id`: a queued request leaves the queue at once; a running one resolves
+  /// cancelled at once (its work is stopped where the backend can). not_found for an unknown
+  /// id; failed_precondition when it has already ended.
+  Status cancel(std::string_view id);
+  /// Forgets a finished request's entry now instead of at TTL expiry. failed_precondition while
+  /// it is still pending or running.
+  Status release(std::string_view id);
+
+  /// Stops the engine (DESIGN.md §4.5): submits are rejected from now on; drain finishes queued
+  /// and running work (switching to cancel once `drain_timeout` passes); cancel resolves it as
+  /// shut_down at once. Wakes every waiter, joins every thread. Idempotent. Blocks.
+  void shutdown(ShutdownMode mode = ShutdownMode::drain,
+                std::chrono::milliseconds drain_timeout = std::chrono::milliseconds::max());
+
+  EngineMetrics metrics() const;
+  const ModelSignature& signature() const noexcept;
+  const EngineOptions& options() const noexcept;
+  Device& device() const noexcept;
+
+ private:
+  explicit Engine(std::shared_ptr<EngineCore> core);
+  std::shared_ptr<EngineCore> core_;
+};
+
+}  // namespace asyncinfer

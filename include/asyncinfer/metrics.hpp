@@ -1,0 +1,116 @@
+// metrics.hpp — counters, gauges and histograms of the engine and the pipeline, as a snapshot and
+// as Prometheus text.
+//
+// Design: recording is lock-free (relaxed atomics on the hot path); a snapshot copies the values
+// and may be taken from any thread at any time. Histograms use fixed log-spaced bucket bounds in
+// microseconds (1-2-5 series from 1 µs to 100 s), so percentiles from a snapshot are estimates
+// within one bucket; exact percentiles of a run come from `asyncinfer bench`, which keeps every
+// sample. Metric names follow Triton's (nv_inference_queue_duration_us,
+// nv_inference_compute_infer_duration_us, failures labelled by reason), prefixed "asyncinfer_".
+//
+// Thread safety: Histogram::observe and the snapshot functions are thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace asyncinfer {
+
+/// A point-in-time copy of a histogram.
+struct HistogramSnapshot {
+  std::vector<double> bounds;           ///< upper bounds of the buckets, ascending (µs or units)
+  std::vector<std::uint64_t> counts;    ///< per bucket; one more than bounds (the +Inf bucket)
+  std::uint64_t count = 0;
+  double sum = 0;
+  double max = 0;
+
+  double mean() const noexcept { return count == 0 ? 0.0 : sum / static_cast<double>(count); }
+  /// The upper bound of the bucket holding the q-quantile (0 < q <= 1), clamped to max; 0 when
+  /// empty. An estimate within one bucket.
+  double percentile(double q) const noexcept;
+};
+
+/// A fixed-bucket histogram. Values are in the unit the caller chose (µs for durations, items for
+/// batch sizes); `bounds` must be ascending.
+class Histogram {
+ public:
+  /// 1-2-5 series from 1 to 1e8 (µs: 1 µs to 100 s).
+  Histogram();
+  explicit Histogram(std::vector<double> bounds);
+  Histogram(const Histogram&) = delete;
+  Histogram& operator=(const Histogram&) = delete;
+
+  void observe(double value) noexcept;
+  HistogramSnapshot snapshot() const;
+
+  /// Bounds for batch sizes: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024.
+  static std::vector<double> batch_size_bounds();
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<std::atomic<std::uint64_t>> counts_;
+  std::atomic<std::uint64_t> count_{0};
+  std::atomic<double> sum_{0};
+  std::atomic<double> max_{0};
+};
+
+/// Per worker of an engine.
+struct WorkerMetrics {
+  int index = 0;
+  std::string breaker;  ///< "closed", "open" or "half_open"
+  std::uint64_t batches = 0;
+  std::uint64_t failed_batches = 0;
+  std::uint64_t recycles = 0;  ///< stream + instance replaced by the hang watchdog
+  std::int64_t inflight_batches = 0;
+};
+
+/// A snapshot of an engine's metrics.
+struct EngineMetrics {
+  std::string model;
+  double uptime_s = 0;
+  // Requests by outcome.
+  std::uint64_t submitted = 0;  ///< accepted at submit
+  std::uint64_t rejected = 0;   ///< refused at submit (queue full, bad input, stopped, admission)
+  std::uint64_t completed = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t timed_out = 0;
+  std::uint64_t cancelled = 0;
+  std::uint64_t shut_down = 0;
+  std::map<std::string, std::uint64_t> failures_by_reason;  ///< status code name → count
+  std::map<std::string, std::uint64_t> rejections_by_reason;
+  // Work.
+  std::uint64_t batches = 0;
+  std::uint64_t attempts = 0;          ///< request executions, first attempts included
+  std::uint64_t retries = 0;
+  std::uint64_t retries_denied_by_budget = 0;
+  std::uint64_t split_batches = 0;     ///< failed batches re-run request by request
+  std::uint64_t late_completions = 0;  ///< results that arrived after their request ended
+  std::uint64_t callback_exceptions = 0;
+  std::uint64_t model_exceptions = 0;
+  std::uint64_t watchdog_fired = 0;
+  // Gauges.
+  std::int64_t queue_depth = 0;
+  std::int64_t inflight_requests = 0;
+  std::int64_t retry_waiting = 0;
+  double batches_per_s = 0;  ///< since start
+  std::vector<WorkerMetrics> workers;
+  // Histograms (µs; batch size in items).
+  HistogramSnapshot queue_us;    ///< submit (or re-queue) → dispatch in a batch
+  HistogramSnapshot compute_us;  ///< batch enqueue on the stream → its completion point
+  HistogramSnapshot request_us;  ///< submit → terminal state (end to end)
+  HistogramSnapshot batch_size;
+
+  /// Prometheus text exposition format (version 0.0.4).
+  std::string to_prometheus(std::string_view prefix = "asyncinfer") const;
+};
+
+/// Appends one histogram in Prometheus format ("<name>_bucket{le=...}", "_sum", "_count").
+void append_prometheus_histogram(std::string& out, std::string_view name, std::string_view help,
+                                 const HistogramSnapshot& h, std::string_view labels = "");
+
+}  // namespace asyncinfer

@@ -1,0 +1,60 @@
+// policy.hpp — how the engine reacts to failure: retries, retry budget, circuit breaker.
+//
+// Design (the article's §5.2 retries every error after a fixed one-second sleep, in the calling
+// thread; we do not):
+//   - RetryPolicy: bounded attempts; exponential backoff with full jitter (each wait is uniform in
+//     [0, min(max_backoff, initial_backoff × multiplier^(attempt-1))], as in "Exponential Backoff
+//     And Jitter", AWS Architecture Blog, 2015), so a hundred requests failing together do not
+//     retry in lockstep; only retryable codes (never invalid_argument, cancelled,
+//     deadline_exceeded); never an attempt past the request's deadline; waits live on the
+//     engine's deadline timer, never in a sleeping worker.
+//   - Retry budget (after Finagle's RetryBudget and gRPC's retry throttling): within a sliding
+//     window, retries may be at most `budget_ratio` of the requests submitted plus
+//     `budget_min_retries_per_s` × window, so a failing device does not get a retry storm.
+//   - CircuitBreakerOptions: per worker (model instance). After `failure_threshold` consecutive
+//     failed batches the worker is taken out for `cooldown`, then probed with one request; a
+//     success closes it, a failure opens it again. Meanwhile requests go to healthy workers.
+//
+// Thread safety: plain option structs; RetryPolicy's member functions are const and thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "asyncinfer/status.hpp"
+
+namespace asyncinfer {
+
+struct RetryPolicy {
+  /// Attempts in all, the first included; 1 = no retries.
+  int max_attempts = 1;
+  std::chrono::microseconds initial_backoff{1000};
+  double multiplier = 2.0;
+  std::chrono::microseconds max_backoff{200'000};
+  /// Codes worth another attempt. invalid_argument, cancelled and deadline_exceeded are never
+  /// retried even if listed (Engine::create rejects such a list).
+  std::vector<StatusCode> retryable_codes = {StatusCode::unavailable,
+                                             StatusCode::resource_exhausted};
+  /// Retry budget: retries in the window may be at most budget_ratio × requests submitted in the
+  /// window + budget_min_retries_per_s × window seconds.
+  double budget_ratio = 0.2;
+  double budget_min_retries_per_s = 10.0;
+  std::chrono::milliseconds budget_window{10'000};
+
+  bool is_retryable(StatusCode code) const noexcept;
+  /// The full-jitter wait before attempt `next_attempt` (2 = the first retry).
+  std::chrono::microseconds backoff(int next_attempt, std::mt19937_64& rng) const;
+  /// invalid_argument naming the bad field.
+  Status validate() const;
+};
+
+struct CircuitBreakerOptions {
+  /// Consecutive failed batches that open a worker's breaker; 0 = no breaker.
+  int failure_threshold = 0;
+  /// How long an open worker stays out before it is probed with one request.
+  std::chrono::milliseconds cooldown{1000};
+};
+
+}  // namespace asyncinfer

@@ -1,0 +1,116 @@
+#include "engine/request_queue.hpp"
+
+#include <algorithm>
+
+namespace asyncinfer::detail {
+
+bool batch_compatible(const Request& a, const Request& b) noexcept {
+  if (a.shape_key != b.shape_key || a.inputs.size() != b.inputs.size()) return false;
+  for (std::size_t i = 0; i < a.inputs.size(); ++i) {
+    const Tensor& x = a.inputs[i];
+    const Tensor& y = b.inputs[i];
+    if (x.dtype() != y.dtype() || x.rank() != y.rank()) return false;
+    if (!std::equal(x.shape().begin() + (x.rank() > 0 ? 1 : 0), x.shape().end(),
+                    y.shape().begin() + (y.rank() > 0 ? 1 : 0))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
+  // FNV-1a over dtypes and the dims after the batch dim.
+  std::uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffU;
+      h *= 1099511628211ULL;
+    }
+  };
+  for (const Tensor& t : inputs) {
+    mix(static_cast<std::uint64_t>(t.dtype()));
+    mix(t.rank());
+    for (std::size_t d = batched ? 1 : 0; d < t.rank(); ++d) {
+      mix(static_cast<std::uint64_t>(t.shape()[d]));
+    }
+  }
+  return h;
+}
+
+void RequestQueue::push_back(const std::shared_ptr<Request>& r) {
+  const auto l = static_cast<std::size_t>(r->level);
+  r->prev = tails_[l];
+  r->next = nullptr;
+  if (tails_[l] != nullptr) {
+    tails_[l]->next = r.get();
+  } else {
+    heads_[l] = r.get();
+  }
+  tails_[l] = r.get();
+  r->in_queue = true;
+  r->queue_ref = r;
+  ++size_;
+}
+
+void RequestQueue::push_front(const std::shared_ptr<Request>& r) {
+  const auto l = static_cast<std::size_t>(r->level);
+  r->prev = nullptr;
+  r->next = heads_[l];
+  if (heads_[l] != nullptr) {
+    heads_[l]->prev = r.get();
+  } else {
+    tails_[l] = r.get();
+  }
+  heads_[l] = r.get();
+  r->in_queue = true;
+  r->queue_ref = r;
+  ++size_;
+}
+
+std::shared_ptr<Request> RequestQueue::remove(Request* r) {
+  if (!r->in_queue) return nullptr;
+  const auto l = static_cast<std::size_t>(r->level);
+  if (r->prev != nullptr) {
+    r->prev->next = r->next;
+  } else {
+    heads_[l] = r->next;
+  }
+  if (r->next != nullptr) {
+    r->next->prev = r->prev;
+  } else {
+    tails_[l] = r->prev;
+  }
+  r->prev = r->next = nullptr;
+  r->in_queue = false;
+  --size_;
+  return std::move(r->queue_ref);
+}
+
+Request* RequestQueue::next(Clock::time_point now, std::chrono::microseconds aging) const noexcept {
+  Request* best = nullptr;
+  for (Request* h : heads_) {
+    if (h == nullptr) continue;
+    if (best == nullptr) {
+      best = h;
+      if (aging.count() <= 0) return best;
+      continue;
+    }
+    // A lower level's head that has waited past the aging limit competes as if at the top
+    // level; among such requests the older wins.
+    const bool h_aged = now - h->enqueued >= aging;
+    const bool best_aged = best->level == 0 || now - best->enqueued >= aging;
+    if (h_aged && (!best_aged || h->enqueued < best->enqueued)) best = h;
+  }
+  return best;
+}
+
+std::vector<Request*> RequestQueue::all() const {
+  std::vector<Request*> out;
+  out.reserve(size_);
+  for (Request* h : heads_) {
+    for (Request* r = h; r != nullptr; r = r->next) out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace asyncinfer::detail

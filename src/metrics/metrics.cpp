@@ -1,0 +1,149 @@
+#include "asyncinfer/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace asyncinfer {
+namespace {
+std::vector<double> default_bounds() {
+  std::vector<double> b;
+  for (double decade = 1; decade <= 1e8; decade *= 10) {
+    b.push_back(decade);
+    if (decade < 1e8) {
+      b.push_back(2 * decade);
+      b.push_back(5 * decade);
+    }
+  }
+  return b;
+}
+
+std::string fmt(double v) {
+  char buf[64];
+  if (std::isinf(v)) return "+Inf";
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+}  // namespace
+
+double HistogramSnapshot::percentile(double q) const noexcept {
+  if (count == 0) return 0;
+  const double rank = std::ceil(q * static_cast<double>(count));
+  std::uint64_t seen = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    seen += counts[i];
+    if (static_cast<double>(seen) >= rank) {
+      return i < bounds.size() ? std::min(bounds[i], max) : max;
+    }
+  }
+  return max;
+}
+
+Histogram::Histogram() : Histogram(default_bounds()) {}
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+
+std::vector<double> Histogram::batch_size_bounds() {
+  return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024};
+}
+
+void Histogram::observe(double value) noexcept {
+  const auto it = std::lower_bound(bounds_.begin(), bounds_.end(), value);
+  counts_[static_cast<std::size_t>(it - bounds_.begin())].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(value, std::memory_order_relaxed);
+  double cur = max_.load(std::memory_order_relaxed);
+  while (value > cur && !max_.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  }
+}
+
+HistogramSnapshot Histogram::snapshot() const {
+  HistogramSnapshot s;
+  s.bounds = bounds_;
+  s.counts.reserve(counts_.size());
+  for (const auto& c : counts_) s.counts.push_back(c.load(std::memory_order_relaxed));
+  s.count = 0;
+  for (auto c : s.counts) s.count += c;
+  s.sum = sum_.load(std::memory_order_relaxed);
+  s.max = max_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void append_prometheus_histogram(std::string& out, std::string_view name, std::string_view help,
+                                 const HistogramSnapshot& h, std::string_view labels) {
+  const std::string n(name);
+  out += "# HELP " + n + " " + std::string(help) + "\n# TYPE " + n + " histogram\n";
+  const std::string sep = labels.empty() ? "" : std::string(labels) + ",";
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < h.counts.size(); ++i) {
+    cumulative += h.counts[i];
+    const double le = i < h.bounds.size() ? h.bounds[i] : INFINITY;
+    out += n + "_bucket{" + sep + "le=\"" + fmt(le) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  const std::string l = labels.empty() ? "" : "{" + std::string(labels) + "}";
+  out += n + "_sum" + l + " " + fmt(h.sum) + "\n";
+  out += n + "_count" + l + " " + std::to_string(h.count) + "\n";
+}
+
+std::string EngineMetrics::to_prometheus(std::string_view prefix) const {
+  const std::string p(prefix);
+  const std::string model_label = "model=\"" + model + "\"";
+  std::string out;
+  auto counter = [&](const std::string& name, const std::string& help, std::uint64_t v,
+                     const std::string& extra = "") {
+    out += "# HELP " + p + "_" + name + " " + help + "\n# TYPE " + p + "_" + name + " counter\n";
+    out += p + "_" + name + "{" + model_label + extra + "} " + std::to_string(v) + "\n";
+  };
+  auto gauge = [&](const std::string& name, const std::string& help, double v) {
+    out += "# HELP " + p + "_" + name + " " + help + "\n# TYPE " + p + "_" + name + " gauge\n";
+    out += p + "_" + name + "{" + model_label + "} " + fmt(v) + "\n";
+  };
+  counter("inference_request_success", "Requests completed successfully", completed);
+  out += "# HELP " + p + "_inference_request_failure Requests that ended in an error, by reason\n";
+  out += "# TYPE " + p + "_inference_request_failure counter\n";
+  for (const auto& [reason, n] : failures_by_reason) {
+    out += p + "_inference_request_failure{" + model_label + ",reason=\"" + reason + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  out += "# HELP " + p + "_inference_request_rejected Requests refused at submit, by reason\n";
+  out += "# TYPE " + p + "_inference_request_rejected counter\n";
+  for (const auto& [reason, n] : rejections_by_reason) {
+    out += p + "_inference_request_rejected{" + model_label + ",reason=\"" + reason + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  counter("inference_request_timed_out", "Requests that passed their deadline", timed_out);
+  counter("inference_request_cancelled", "Requests cancelled by the caller", cancelled);
+  counter("inference_request_shut_down", "Requests resolved by shutdown", shut_down);
+  counter("inference_exec_count", "Batches executed", batches);
+  counter("inference_attempts", "Request executions, first attempts included", attempts);
+  counter("inference_retries", "Retries scheduled", retries);
+  counter("inference_retries_denied", "Retries refused by the retry budget",
+          retries_denied_by_budget);
+  counter("inference_late_completions", "Results that arrived after their request ended",
+          late_completions);
+  counter("inference_callback_exceptions", "Exceptions thrown by user callbacks",
+          callback_exceptions);
+  counter("inference_model_exceptions", "Exceptions thrown by the model", model_exceptions);
+  counter("inference_watchdog_fired", "Batches failed by the hang watchdog", watchdog_fired);
+  gauge("inference_queue_depth", "Requests waiting in the queue", static_cast<double>(queue_depth));
+  gauge("inference_pending_request_count", "Requests accepted and not yet ended",
+        static_cast<double>(inflight_requests));
+  for (const WorkerMetrics& w : workers) {
+    const std::string l = "{" + model_label + ",worker=\"" + std::to_string(w.index) + "\"}";
+    out += p + "_worker_breaker_open" + l + " " + (w.breaker == "closed" ? "0" : "1") + "\n";
+    out += p + "_worker_batches" + l + " " + std::to_string(w.batches) + "\n";
+    out += p + "_worker_recycles" + l + " " + std::to_string(w.recycles) + "\n";
+  }
+  append_prometheus_histogram(out, p + "_inference_queue_duration_us",
+                              "Time requests spent queued (us)", queue_us, model_label);
+  append_prometheus_histogram(out, p + "_inference_compute_infer_duration_us",
+                              "Time batches spent on the device (us)", compute_us, model_label);
+  append_prometheus_histogram(out, p + "_inference_request_duration_us",
+                              "Submit to terminal state (us)", request_us, model_label);
+  append_prometheus_histogram(out, p + "_inference_batch_size", "Rows per executed batch",
+                              batch_size, model_label);
+  return out;
+}
+
+}  // namespace asyncinfer
