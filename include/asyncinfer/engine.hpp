@@ -159,11 +159,14 @@ struct EngineOptions {
 
   /// Passed to model instances (libtorch intra-op threads); 0 = cores ÷ workers.
   int intra_op_threads = 0;
+  /// How long shutdown(drain) — and so the destructor — waits for queued and running work
+  /// before it falls back to cancel, so that a hung model cannot make shutdown hang.
+  std::chrono::milliseconds drain_timeout{30'000};
 };
 
 class EngineCore;
 
-/// The engine. Create with Engine::create; destroying it drains (shutdown(drain)).
+/// The engine. Create with Engine::create; destroying it calls shutdown(drain).
 class Engine {
  public:
   using Callback = detail::UniqueFunction<void(const Result<Outputs>&)>;
@@ -210,10 +213,12 @@ class Engine {
   Status release(std::string_view id);
 
   /// Stops the engine (DESIGN.md §4.5): submits are rejected from now on; drain finishes queued
-  /// and running work (switching to cancel once `drain_timeout` passes); cancel resolves it as
-  /// shut_down at once. Wakes every waiter, joins every thread. Idempotent. Blocks.
+  /// and running work (switching to cancel once `drain_timeout` passes; default
+  /// EngineOptions::drain_timeout); cancel resolves it as shut_down at once. Wakes every waiter,
+  /// joins every thread. Idempotent. Blocks; bounded by the drain timeout plus the time running
+  /// work that cannot be cancelled takes to finish.
   void shutdown(ShutdownMode mode = ShutdownMode::drain,
-                std::chrono::milliseconds drain_timeout = std::chrono::milliseconds::max());
+                std::optional<std::chrono::milliseconds> drain_timeout = std::nullopt);
 
   EngineMetrics metrics() const;
   const ModelSignature& signature() const noexcept;

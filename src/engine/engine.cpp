@@ -827,12 +827,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// A batch that never reached its stream (or whose completion point could not be enqueued).
   void end_without_running(Worker& w, const std::shared_ptr<Batch>& batch, Status s) {
     if (batch->done.exchange(true)) return;
-    release_slot(w, *batch);
     if (!s.ok()) {
       w.failed_batches.fetch_add(1, std::memory_order_relaxed);
       breaker_failure(w, s.code());
-      batch_failed(batch, s);
     }
+    release_slot(w, *batch);
+    if (!s.ok()) batch_failed(batch, s);
     batch_finished();
   }
 
@@ -848,15 +848,20 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     const double compute = us_between(batch->compute_start, now);
     compute_us_.observe(compute);
     Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
-    const bool stale = release_slot(w, *batch);
+    // The breaker is updated before the slot is freed, so a worker that just failed its probe
+    // cannot take another request in between.
     if (st.ok()) {
       breaker_success(w);
+    } else if (st.code() != StatusCode::aborted) {
+      w.failed_batches.fetch_add(1, std::memory_order_relaxed);
+      breaker_failure(w, st.code());
+    }
+    const bool stale = release_slot(w, *batch);
+    if (st.ok()) {
       complete(batch, compute);
     } else if (stale && st.code() == StatusCode::aborted) {
       requeue_all(batch);  // its stream was replaced under it: run it again on the new one
     } else {
-      w.failed_batches.fetch_add(1, std::memory_order_relaxed);
-      breaker_failure(w, st.code());
       batch_failed(batch, st);
     }
     batch_finished();
@@ -1081,10 +1086,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       std::lock_guard lock(w.mu);
       if (batch->generation == w.generation) w.recycle = true;
     }
-    release_slot(w, *batch);
-    batch->stop.request_stop();  // cancellable backends end the hung work
     w.failed_batches.fetch_add(1, std::memory_order_relaxed);
     breaker_failure(w, StatusCode::deadline_exceeded);
+    release_slot(w, *batch);
+    batch->stop.request_stop();  // cancellable backends end the hung work
     const Status st = deadline_exceeded_error(
         "worker " + std::to_string(w.index) + ": the batch did not reach its completion point "
         "within the " + std::to_string(opt_.watchdog.count()) +
@@ -1394,6 +1399,7 @@ Status validate_options(const EngineOptions& o, const ModelSignature& sig, std::
   if (o.result_store_capacity < 1) return bad("result_store_capacity must be >= 1");
   if (o.result_ttl.count() < 0) return bad("result_ttl must be >= 0");
   if (o.intra_op_threads < 0) return bad("intra_op_threads must be >= 0");
+  if (o.drain_timeout.count() < 0) return bad("drain_timeout must be >= 0");
   Status r = o.retry.validate();
   if (!r.ok()) return r.with_context("EngineOptions");
   return Status();
@@ -1427,7 +1433,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
 Engine::Engine(std::shared_ptr<EngineCore> core) : core_(std::move(core)) {}
 
 Engine::~Engine() {
-  if (core_) core_->shutdown(ShutdownMode::drain, std::chrono::milliseconds::max());
+  if (core_) core_->shutdown(ShutdownMode::drain, core_->opt_.drain_timeout);
 }
 
 Result<Outputs> Engine::infer(Inputs inputs, const RequestOptions& options) {
@@ -1456,8 +1462,8 @@ Status Engine::cancel(std::string_view id) { return core_->cancel(id); }
 
 Status Engine::release(std::string_view id) { return core_->release(id); }
 
-void Engine::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
-  core_->shutdown(mode, drain_timeout);
+void Engine::shutdown(ShutdownMode mode, std::optional<std::chrono::milliseconds> drain_timeout) {
+  core_->shutdown(mode, drain_timeout.value_or(core_->opt_.drain_timeout));
 }
 
 EngineMetrics Engine::metrics() const { return core_->metrics(); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 
 namespace asyncinfer {
 namespace {
@@ -72,18 +73,29 @@ HistogramSnapshot Histogram::snapshot() const {
 
 void append_prometheus_histogram(std::string& out, std::string_view name, std::string_view help,
                                  const HistogramSnapshot& h, std::string_view labels) {
-  const std::string n(name);
-  out += "# HELP " + n + " " + std::string(help) + "\n# TYPE " + n + " histogram\n";
-  const std::string sep = labels.empty() ? "" : std::string(labels) + ",";
+  // Built with append() rather than chains of operator+: GCC 12 at -O3 reports a false
+  // -Wrestrict on such chains (GCC bug 105329).
+  auto line = [&out](std::initializer_list<std::string_view> parts) {
+    for (std::string_view p : parts) out.append(p);
+    out.push_back('\n');
+  };
+  line({"# HELP ", name, " ", help});
+  line({"# TYPE ", name, " histogram"});
   std::uint64_t cumulative = 0;
   for (std::size_t i = 0; i < h.counts.size(); ++i) {
     cumulative += h.counts[i];
     const double le = i < h.bounds.size() ? h.bounds[i] : INFINITY;
-    out += n + "_bucket{" + sep + "le=\"" + fmt(le) + "\"} " + std::to_string(cumulative) + "\n";
+    const std::string le_text = fmt(le);
+    const std::string count_text = std::to_string(cumulative);
+    line({name, "_bucket{", labels, labels.empty() ? "" : ",", "le=\"", le_text, "\"} ",
+          count_text});
   }
-  const std::string l = labels.empty() ? "" : "{" + std::string(labels) + "}";
-  out += n + "_sum" + l + " " + fmt(h.sum) + "\n";
-  out += n + "_count" + l + " " + std::to_string(h.count) + "\n";
+  const std::string sum_text = fmt(h.sum);
+  const std::string total_text = std::to_string(h.count);
+  const std::string_view open = labels.empty() ? "" : "{";
+  const std::string_view close = labels.empty() ? "" : "}";
+  line({name, "_sum", open, labels, close, " ", sum_text});
+  line({name, "_count", open, labels, close, " ", total_text});
 }
 
 std::string EngineMetrics::to_prometheus(std::string_view prefix) const {

@@ -29,6 +29,7 @@ struct BuiltinConfig {
   double per_item_us = 0;
   bool cost_from_input = false;
   bool spin = false;
+  bool cancellable = true;  // false: the cost cannot be cut short (like a libtorch call)
   // Faults.
   FaultMode mode = FaultMode::none;
   bool fail_at_enqueue = false;
@@ -90,7 +91,7 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
 
   const ModelSignature& signature() const noexcept override { return sig_; }
   const std::string& name() const noexcept override { return name_; }
-  bool cancellable() const noexcept override { return true; }
+  bool cancellable() const noexcept override { return cfg_.cancellable; }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
                                                          const InstanceOptions& options) override;
@@ -135,7 +136,7 @@ class BuiltinInstance final : public ModelInstance {
       k.name = model_->name();
       k.duration = cost;
       k.spin = cfg.spin;
-      k.stop = io->stop;
+      if (cfg.cancellable) k.stop = io->stop;
       if (!fault.ok()) {
         const FaultMode mode = cfg.mode;
         k.host_fn = [fault, mode](std::stop_token stop) -> Status {
@@ -228,7 +229,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view rest,
   ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(query, '&', context));
   std::set<std::string> known = {"dtype", "shape", "inputs", "max_batch"};
   if (cfg.kind != "identity") {
-    known.insert({"base_us", "per_item_us", "cost_from_input", "cpu"});
+    known.insert({"base_us", "per_item_us", "cost_from_input", "cpu", "cancellable"});
   }
   if (cfg.kind == "faulty") known.insert({"mode", "code", "every", "first", "poison", "fail_at"});
   ASYNCINFER_RETURN_IF_ERROR(p.check_known(known));
@@ -249,6 +250,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view rest,
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.base_us, p.get_double("base_us", 0, 0, 3.6e9));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.per_item_us, p.get_double("per_item_us", 0, 0, 3.6e9));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.cost_from_input, p.get_bool("cost_from_input", false));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.cancellable, p.get_bool("cancellable", true));
   ASYNCINFER_ASSIGN_OR_RETURN(std::string cpu, p.get_string("cpu", "sleep"));
   if (cpu != "sleep" && cpu != "spin") {
     return invalid_argument_error(context + ": cpu=" + cpu + " is not one of sleep, spin");
