@@ -291,7 +291,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::shared_ptr<Request> r = std::move(*prepared);
     r->promise.emplace();
     Future<Outputs> f = r->promise->get_future();
-    r->promise->set_callback_executor(&completion_);
+    set_callback_executor(*r->promise);
     r->promise->on_cancel([weak_core = weak_from_this(), weak_r = std::weak_ptr<Request>(r)] {
       auto core = weak_core.lock();
       auto req = weak_r.lock();
@@ -303,6 +303,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     Status s = accept(r);
     if (!s.ok()) r->promise->set_error(std::move(s));
     return f;
+  }
+
+  /// Future continuations run on the completion executor. With ordered delivery the promise is
+  /// already set on a completion thread, in order, so its continuations run right there (posting
+  /// them would let two completion threads reorder them).
+  void set_callback_executor(Promise<Outputs>& p) {
+    if (!opt_.ordered_delivery) p.set_callback_executor(&completion_);
   }
 
   Status submit_callback(Inputs&& inputs, Engine::Callback&& cb, const RequestOptions& o) {
@@ -325,7 +332,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     if (r->tag.empty()) r->tag = r->id;
     r->promise.emplace();
     r->future_state = r->promise->get_future().state();
-    r->promise->set_callback_executor(&completion_);
+    set_callback_executor(*r->promise);
     Status s = store_.insert(r);
     if (!s.ok()) return reject(s.code() == StatusCode::already_exists ? "duplicate_id" : "store_full", s);
     s = accept(r);

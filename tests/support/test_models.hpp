@@ -21,6 +21,7 @@ struct Call {
   int instance;
   std::int64_t index;         ///< global call number, from 1
   std::vector<float> firsts;  ///< first element of each item of the batch
+  std::int64_t cols = 0;      ///< dim 1 of the batch
 };
 
 /// What a call does: return an error to fail it (in stream order), ok to succeed; `delay` is
@@ -71,6 +72,7 @@ class ScriptedModel final : public Model, public std::enable_shared_from_this<Sc
       const std::int64_t rows = in.dim(0);
       const std::int64_t cols = rows == 0 ? 0 : static_cast<std::int64_t>(in.numel()) / rows;
       for (std::int64_t r = 0; r < rows; ++r) call.firsts.push_back(in.data_as<float>()[r * cols]);
+      call.cols = cols;
       {
         std::lock_guard lock(model_->mu_);
         call.index = static_cast<std::int64_t>(model_->calls_.size()) + 1;
