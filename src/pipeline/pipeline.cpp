@@ -1,0 +1,814 @@
+// The pipeline (pipeline.hpp).
+//
+// Threads: each host stage has `concurrency` threads; each device (and model) stage has one
+// thread that enqueues items on the stage's stream; each engine stage has one thread that submits
+// to the engine. One dispatcher thread receives the streams' completion points; completion
+// threads run future continuations; one timer thread fires item deadlines.
+//
+// An item holds a window slot from submit until it is retired. It is retired once it has ended
+// (ok, failed, timed out, cancelled, shut down), sits in no stage queue, and no stage is working on
+// it (`outstanding` counts host functions running and device work enqueued). A stage increments
+// `outstanding` before it looks at the item's state, and whoever ends an item looks at
+// `outstanding` after ending it (both sequentially consistent), so an item is never retired while
+// a stage still uses it — and its slot's events are reused only after its device work has passed.
+#include "asyncinfer/pipeline.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "asyncinfer/executor.hpp"
+
+namespace asyncinfer {
+
+StageSpec StageSpec::host(std::string name, HostStageFn fn, int concurrency) {
+  StageSpec s;
+  s.name = std::move(name);
+  s.kind = StageKind::host;
+  s.host_fn = std::move(fn);
+  s.concurrency = concurrency;
+  return s;
+}
+
+StageSpec StageSpec::on_device(std::string name, std::shared_ptr<Device> device, DeviceStageFn fn,
+                               int stream_depth) {
+  StageSpec s;
+  s.name = std::move(name);
+  s.kind = StageKind::device;
+  s.device = std::move(device);
+  s.device_fn = std::move(fn);
+  s.stream_depth = stream_depth;
+  return s;
+}
+
+StageSpec StageSpec::run_model(std::string name, std::shared_ptr<Device> device,
+                               std::shared_ptr<Model> model, int stream_depth) {
+  StageSpec s;
+  s.name = std::move(name);
+  s.kind = StageKind::device;
+  s.device = std::move(device);
+  s.model = std::move(model);
+  s.stream_depth = stream_depth;
+  return s;
+}
+
+StageSpec StageSpec::run_engine(std::string name, Engine& engine) {
+  StageSpec s;
+  s.name = std::move(name);
+  s.kind = StageKind::engine;
+  s.engine = &engine;
+  return s;
+}
+
+std::string PipelineMetrics::bottleneck() const {
+  const StageMetrics* best = nullptr;
+  for (const auto& s : stages) {
+    if (s.items > 0 && (best == nullptr || s.utilisation > best->utilisation)) best = &s;
+  }
+  return best == nullptr ? std::string() : best->name;
+}
+
+std::string PipelineMetrics::to_prometheus(std::string_view prefix) const {
+  const std::string p(prefix);
+  std::string out;
+  auto add = [&](const std::string& name, const char* type, const std::string& labels,
+                 const std::string& value) {
+    out += "# TYPE " + p + "_" + name + " " + type + "\n";
+    out += p + "_" + name + labels + " " + value + "\n";
+  };
+  add("pipeline_items_completed", "counter", "", std::to_string(completed));
+  add("pipeline_items_failed", "counter", "", std::to_string(failed));
+  add("pipeline_items_timed_out", "counter", "", std::to_string(timed_out));
+  add("pipeline_items_cancelled", "counter", "", std::to_string(cancelled));
+  add("pipeline_items_in_flight", "gauge", "", std::to_string(in_flight));
+  for (const auto& s : stages) {
+    const std::string l = "{stage=\"" + s.name + "\",kind=\"" + s.kind + "\"}";
+    add("pipeline_stage_items", "counter", l, std::to_string(s.items));
+    add("pipeline_stage_busy_seconds", "counter", l, std::to_string(s.busy_s));
+    add("pipeline_stage_utilisation", "gauge", l, std::to_string(s.utilisation));
+    add("pipeline_stage_queued", "gauge", l, std::to_string(s.queued));
+    append_prometheus_histogram(out, p + "_pipeline_stage_queue_duration_us",
+                                "Time items waited at the stage (us)", s.queue_us,
+                                "stage=\"" + s.name + "\"");
+  }
+  append_prometheus_histogram(out, p + "_pipeline_item_duration_us", "Submit to delivery (us)",
+                              latency_us);
+  return out;
+}
+
+namespace {
+
+enum class IState : std::uint8_t { active, ok, failed, timed_out, cancelled, shut_down };
+
+struct PItem {
+  std::uint64_t seq = 0;
+  int slot = -1;
+  int level = 0;
+  Clock::time_point submitted{};
+  Clock::time_point deadline = Clock::time_point::max();
+  PipelineItem data;
+  std::atomic<IState> state{IState::active};
+  Promise<PipelineItem> promise;
+  std::stop_source stop;                    // fired when the item ends early
+  Event* ready_event = nullptr;             // for the next device stage to wait on
+  std::shared_ptr<BatchIO> model_io;        // model stage whose outputs appear in stream order
+  std::atomic<int> outstanding{0};
+  std::atomic<int> queued_stage{-1};
+  std::atomic<int> at_stage{0};
+  std::atomic<bool> retired{false};
+  Clock::time_point stage_enter{};          // written by the pusher, read by the popper
+  std::mutex timer_mu;
+  TimerId deadline_timer;
+};
+
+using ItemPtr = std::shared_ptr<PItem>;
+
+struct Stage {
+  StageSpec spec;
+  int index = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::pair<int, std::uint64_t>, ItemPtr> queue;  // (level, seq): priority, then FIFO
+  int inflight = 0;                                        // device: on the stream, not done
+  std::unique_ptr<Stream> stream;
+  std::vector<std::unique_ptr<Event>> events;              // one per window slot
+  std::unique_ptr<ModelInstance> instance;
+  bool unified = true;
+  std::vector<std::jthread> threads;
+  Clock::time_point last_done{};                           // device: dispatcher thread only
+  std::atomic<std::uint64_t> items{0};
+  std::atomic<std::uint64_t> failures{0};
+  std::atomic<double> busy_s{0};
+  Histogram queue_us;
+  Histogram service_us;
+};
+
+struct Ready {
+  ItemPtr item;
+  Result<PipelineItem> result;
+};
+
+}  // namespace
+
+class PipelineCore {
+ public:
+  explicit PipelineCore(PipelineOptions options)
+      : opt_(options),
+        completion_(static_cast<std::size_t>(options.completion_threads), "ai-pl-callback"),
+        dispatcher_(1, "ai-pl-dispatch"),
+        timer_("ai-pl-timer") {}
+
+  ~PipelineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
+
+  Status init(std::vector<StageSpec> specs) {
+    for (std::size_t i = 0; i < opt_.window; ++i) free_slots_.push_back(static_cast<int>(i));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      auto st = std::make_unique<Stage>();
+      st->spec = std::move(specs[i]);
+      st->index = static_cast<int>(i);
+      Status s = init_stage(*st);
+      if (!s.ok()) return s.with_context("stage '" + st->spec.name + "'");
+      stages_.push_back(std::move(st));
+    }
+    for (auto& st : stages_) {
+      Stage* sp = st.get();
+      const int threads = sp->spec.kind == StageKind::host ? sp->spec.concurrency : 1;
+      for (int t = 0; t < threads; ++t) {
+        sp->threads.emplace_back([this, sp, t] {
+          detail::setup_thread("ai-pl-" + sp->spec.name + "-" + std::to_string(t));
+          switch (sp->spec.kind) {
+            case StageKind::host:
+              host_loop(*sp);
+              break;
+            case StageKind::device:
+              device_loop(*sp);
+              break;
+            case StageKind::engine:
+              engine_loop(*sp);
+              break;
+          }
+        });
+      }
+    }
+    return Status();
+  }
+
+  Status init_stage(Stage& st) {
+    const StageSpec& s = st.spec;
+    if (s.name.empty()) return invalid_argument_error("a stage needs a name");
+    switch (s.kind) {
+      case StageKind::host:
+        if (!s.host_fn) return invalid_argument_error("host stage without a function");
+        if (s.concurrency < 1 || s.concurrency > 256) {
+          return invalid_argument_error("concurrency must be in 1..256, got " +
+                                        std::to_string(s.concurrency));
+        }
+        return Status();
+      case StageKind::engine:
+        if (s.engine == nullptr) return invalid_argument_error("engine stage without an engine");
+        return Status();
+      case StageKind::device:
+        break;
+    }
+    if (!s.device) return invalid_argument_error("device stage without a device");
+    if (!s.device_fn && !s.model) {
+      return invalid_argument_error("device stage without a function or a model");
+    }
+    if (s.stream_depth < 1) return invalid_argument_error("stream_depth must be >= 1");
+    StreamOptions so;
+    so.host_func_executor = &dispatcher_;
+    so.name = "ai-pl-" + s.name;
+    ASYNCINFER_ASSIGN_OR_RETURN(st.stream, s.device->create_stream(so));
+    for (std::size_t i = 0; i < opt_.window; ++i) {
+      ASYNCINFER_ASSIGN_OR_RETURN(auto e, s.device->create_event(EventOptions{}));
+      st.events.push_back(std::move(e));
+    }
+    st.unified = s.device->info().unified_memory;
+    if (s.model) {
+      InstanceOptions io;
+      io.intra_op_threads = 1;
+      ASYNCINFER_ASSIGN_OR_RETURN(st.instance,
+                                  s.model->create_instance(*s.device, *st.stream, io));
+    }
+    return Status();
+  }
+
+  // ---- submission -------------------------------------------------------------------------
+
+  Future<PipelineItem> submit(PipelineItem&& data, const ItemOptions& o) {
+    const int level = (o.priority == 0 ? opt_.default_priority : o.priority) - 1;
+    if (level < 0 || level >= opt_.priority_levels) {
+      return make_ready_future<PipelineItem>(invalid_argument_error(
+          "pipeline: priority " + std::to_string(o.priority) + " is outside 1.." +
+          std::to_string(opt_.priority_levels) + " (0 = the default)"));
+    }
+    auto item = std::make_shared<PItem>();
+    item->data = std::move(data);
+    item->level = level;
+    {
+      std::unique_lock lock(window_mu_);
+      window_cv_.wait(lock, [this] { return stopping_ || !free_slots_.empty(); });
+      if (stopping_) {
+        return make_ready_future<PipelineItem>(
+            unavailable_error("pipeline is shut down: no new items are accepted"));
+      }
+      item->slot = free_slots_.back();
+      free_slots_.pop_back();
+      item->seq = next_seq_++;
+      ++in_flight_;
+      max_in_flight_ = std::max(max_in_flight_, in_flight_);
+      active_.emplace(item->seq, item);
+      if (!first_submit_) first_submit_ = Clock::now();
+    }
+    submitted_.fetch_add(1, std::memory_order_relaxed);
+    const Clock::time_point now = Clock::now();
+    item->submitted = now;
+    Clock::time_point d = Clock::time_point::max();
+    if (o.timeout) d = now + *o.timeout;
+    if (o.deadline && *o.deadline < d) d = *o.deadline;
+    item->deadline = d;
+    Future<PipelineItem> f = item->promise.get_future();
+    // Continuations run on the completion executor; with ordered delivery they are posted in
+    // order, and with one completion thread (the default) they also run in order.
+    item->promise.set_callback_executor(&completion_);
+    item->promise.on_cancel([this, weak = std::weak_ptr<PItem>(item)] {
+      if (auto it = weak.lock()) {
+        end(it, IState::cancelled, cancelled_error("item cancelled by the caller"));
+      }
+    });
+    if (d != Clock::time_point::max()) {
+      std::lock_guard tl(item->timer_mu);
+      item->deadline_timer = timer_.add(d, [this, item] {
+        const int at = item->at_stage.load();
+        std::string where = at >= 0 && at < static_cast<int>(stages_.size())
+                                ? " at stage '" + stages_[static_cast<std::size_t>(at)]->spec.name + "'"
+                                : "";
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " after %.1f ms",
+                      std::chrono::duration<double, std::milli>(Clock::now() - item->submitted)
+                          .count());
+        end(item, IState::timed_out, deadline_exceeded_error("item timed out" + where + buf));
+      });
+    }
+    push(*stages_[0], item);
+    return f;
+  }
+
+  // ---- moving items between stages ---------------------------------------------------------
+
+  void push(Stage& st, const ItemPtr& item) {
+    {
+      std::lock_guard lock(st.mu);
+      item->stage_enter = Clock::now();
+      item->at_stage.store(st.index);
+      st.queue.emplace(std::make_pair(item->level, item->seq), item);
+      item->queued_stage.store(st.index);
+    }
+    st.cv.notify_one();
+  }
+
+  /// Takes the highest-priority item off the stage's queue (under st.mu). The item is marked
+  /// outstanding before it leaves the queue, so it is never seen as idle in between.
+  ItemPtr pop(Stage& st) {
+    auto it = st.queue.begin();
+    ItemPtr item = std::move(it->second);
+    st.queue.erase(it);
+    item->outstanding.fetch_add(1);
+    item->queued_stage.store(-1);
+    return item;
+  }
+
+  /// After stage `st` is done with `item` (ok): on to the next stage, or the item is complete.
+  void advance(Stage& st, const ItemPtr& item) {
+    if (item->state.load() != IState::active) return;
+    const std::size_t next = static_cast<std::size_t>(st.index) + 1;
+    if (next == stages_.size()) {
+      item->at_stage.store(-1);
+      end(item, IState::ok, std::move(item->data));
+    } else {
+      push(*stages_[next], item);
+    }
+  }
+
+  void fail(Stage& st, const ItemPtr& item, const Status& s) {
+    st.failures.fetch_add(1, std::memory_order_relaxed);
+    end(item, IState::failed, Status(s.code(), "stage '" + st.spec.name + "': " +
+                                                   std::string(s.message())));
+  }
+
+  /// Releases the stage's hold on the item.
+  void done_with(const ItemPtr& item) {
+    item->outstanding.fetch_sub(1);
+    maybe_retire(item);
+  }
+
+  void host_loop(Stage& st) {
+    for (;;) {
+      ItemPtr item;
+      {
+        std::unique_lock lock(st.mu);
+        st.cv.wait(lock, [&] { return stop_stages_ || !st.queue.empty(); });
+        if (stop_stages_) return;
+        item = pop(st);
+      }
+      if (item->state.load() != IState::active) {
+        done_with(item);
+        continue;
+      }
+      const Clock::time_point t0 = Clock::now();
+      st.queue_us.observe(std::chrono::duration<double, std::micro>(t0 - item->stage_enter).count());
+      Status s;
+      try {
+        s = st.spec.host_fn(item->data);
+      } catch (const std::exception& e) {
+        s = internal_error(std::string("threw: ") + e.what());
+      } catch (...) {
+        s = internal_error("threw an unknown exception");
+      }
+      const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+      st.busy_s.fetch_add(took, std::memory_order_relaxed);
+      st.service_us.observe(took * 1e6);
+      st.items.fetch_add(1, std::memory_order_relaxed);
+      if (s.ok()) {
+        advance(st, item);
+      } else {
+        fail(st, item, s);
+      }
+      done_with(item);
+    }
+  }
+
+  void engine_loop(Stage& st) {
+    for (;;) {
+      ItemPtr item;
+      {
+        std::unique_lock lock(st.mu);
+        st.cv.wait(lock, [&] { return stop_stages_ || !st.queue.empty(); });
+        if (stop_stages_) return;
+        item = pop(st);
+      }
+      if (item->state.load() != IState::active) {
+        done_with(item);
+        continue;
+      }
+      const Clock::time_point t0 = Clock::now();
+      st.queue_us.observe(std::chrono::duration<double, std::micro>(t0 - item->stage_enter).count());
+      RequestOptions ro;
+      ro.priority = std::min(item->level + 1, st.spec.engine->options().priority_levels);
+      if (item->deadline != Clock::time_point::max()) ro.deadline = item->deadline;
+      Stage* sp = &st;
+      Status s = st.spec.engine->submit(
+          std::move(item->data.tensors),
+          [this, sp, item, t0](const Result<Outputs>& r) {
+            const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+            sp->busy_s.fetch_add(took, std::memory_order_relaxed);
+            sp->service_us.observe(took * 1e6);
+            sp->items.fetch_add(1, std::memory_order_relaxed);
+            if (r.ok()) {
+              if (item->state.load() == IState::active) item->data.tensors = *r;
+              advance(*sp, item);
+            } else {
+              fail(*sp, item, r.status());
+            }
+            done_with(item);
+          },
+          ro);
+      if (!s.ok()) {
+        fail(st, item, s);
+        done_with(item);
+      }
+    }
+  }
+
+  void device_loop(Stage& st) {
+    const bool next_is_device =
+        static_cast<std::size_t>(st.index) + 1 < stages_.size() &&
+        stages_[static_cast<std::size_t>(st.index) + 1]->spec.kind == StageKind::device;
+    for (;;) {
+      ItemPtr item;
+      {
+        std::unique_lock lock(st.mu);
+        st.cv.wait(lock, [&] {
+          return stop_stages_ || (!st.queue.empty() && st.inflight < st.spec.stream_depth);
+        });
+        if (stop_stages_) return;
+        item = pop(st);
+        ++st.inflight;
+      }
+      if (item->state.load() != IState::active) {
+        release_stream_slot(st);
+        done_with(item);
+        continue;
+      }
+      const Clock::time_point t_enq = Clock::now();
+      st.queue_us.observe(std::chrono::duration<double, std::micro>(t_enq - item->stage_enter).count());
+      Status s;
+      if (item->ready_event != nullptr) {
+        s = st.stream->wait(*item->ready_event);  // the previous device stage's point: no host wait
+        item->ready_event = nullptr;
+      }
+      if (s.ok()) {
+        try {
+          s = st.instance ? enqueue_model(st, *item) : st.spec.device_fn(item->data, *st.stream);
+        } catch (const std::exception& e) {
+          s = internal_error(std::string("threw: ") + e.what());
+        } catch (...) {
+          s = internal_error("threw an unknown exception");
+        }
+      }
+      if (s.ok()) s = st.stream->record(*st.events[static_cast<std::size_t>(item->slot)]);
+      if (!s.ok()) {
+        release_stream_slot(st);
+        fail(st, item, s);
+        done_with(item);
+        continue;
+      }
+      // Hand the item to the next device stage now: its stream waits on this stage's event.
+      const bool handed = next_is_device && !item->model_io;
+      if (handed) {
+        item->ready_event = st.events[static_cast<std::size_t>(item->slot)].get();
+        push(*stages_[static_cast<std::size_t>(st.index) + 1], item);
+      }
+      Stage* sp = &st;
+      s = st.stream->launch_host_func([this, sp, item, handed, t_enq](Status hs) {
+        on_device_done(*sp, item, handed, t_enq, std::move(hs));
+      });
+      if (!s.ok()) on_device_done(st, item, handed, t_enq, s);
+    }
+  }
+
+  Status enqueue_model(Stage& st, PItem& item) {
+    const ModelSignature& sig = st.spec.model->signature();
+    ASYNCINFER_RETURN_IF_ERROR(validate_inputs(sig, item.data.tensors));
+    auto io = std::make_shared<BatchIO>();
+    io->host_inputs = item.data.tensors;
+    io->batch_size = sig.batched ? item.data.tensors.at(0).dim(0) : 1;
+    io->stop = item.stop.get_token();
+    if (st.unified) {
+      io->inputs = io->host_inputs;
+    } else {
+      for (const Tensor& h : io->host_inputs) {
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d,
+                                    st.spec.device->empty(h.dtype(), h.shape(), MemoryKind::device));
+        ASYNCINFER_RETURN_IF_ERROR(st.stream->copy(d, h));
+        io->inputs.push_back(std::move(d));
+      }
+    }
+    ASYNCINFER_RETURN_IF_ERROR(st.instance->enqueue(*st.stream, io));
+    if (st.unified) {
+      if (io->outputs.size() == sig.outputs.size()) {
+        item.data.tensors = io->outputs;  // known now, valid in stream order
+      } else {
+        item.model_io = io;  // filled in stream order: taken at the completion point
+      }
+      return Status();
+    }
+    std::vector<Tensor> host;
+    for (const Tensor& out : io->outputs) {
+      ASYNCINFER_ASSIGN_OR_RETURN(
+          Tensor h, st.spec.device->empty(out.dtype(), out.shape(), MemoryKind::pinned_host));
+      ASYNCINFER_RETURN_IF_ERROR(st.stream->copy(h, out));
+      host.push_back(std::move(h));
+    }
+    item.data.tensors = std::move(host);
+    return Status();
+  }
+
+  void release_stream_slot(Stage& st) {
+    {
+      std::lock_guard lock(st.mu);
+      --st.inflight;
+    }
+    st.cv.notify_one();
+  }
+
+  void on_device_done(Stage& st, const ItemPtr& item, bool handed, Clock::time_point t_enq,
+                      Status s) {
+    release_stream_slot(st);
+    const Clock::time_point now = Clock::now();
+    // Occupancy of the stream by this item: from when it could start (enqueued, or the previous
+    // item done) to its completion point.
+    const Clock::time_point start = std::max(t_enq, st.last_done);
+    st.last_done = now;
+    const double took = std::chrono::duration<double>(now - start).count();
+    st.busy_s.fetch_add(took, std::memory_order_relaxed);
+    st.service_us.observe(took * 1e6);
+    st.items.fetch_add(1, std::memory_order_relaxed);
+    if (!s.ok()) {
+      fail(st, item, s);
+    } else {
+      if (item->model_io) {
+        if (item->state.load() == IState::active) item->data.tensors = item->model_io->outputs;
+        item->model_io.reset();
+      }
+      if (!handed) advance(st, item);
+    }
+    done_with(item);
+  }
+
+  // ---- ending and retiring ----------------------------------------------------------------
+
+  /// Ends the item once (later calls return false).
+  bool end(const ItemPtr& item, IState to, Result<PipelineItem> result) {
+    IState expected = IState::active;
+    if (!item->state.compare_exchange_strong(expected, to)) return false;
+    if (to != IState::ok) item->stop.request_stop();
+    TimerId t;
+    {
+      std::lock_guard tl(item->timer_mu);
+      t = std::exchange(item->deadline_timer, TimerId{});
+    }
+    timer_.cancel(t);
+    switch (to) {
+      case IState::ok:
+        completed_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case IState::failed:
+        failed_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case IState::timed_out:
+        timed_out_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case IState::cancelled:
+        cancelled_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      default:
+        shut_down_.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+    // An item that ends while queued leaves its queue at once.
+    const int q = item->queued_stage.load();
+    if (q >= 0) {
+      Stage& st = *stages_[static_cast<std::size_t>(q)];
+      std::lock_guard lock(st.mu);
+      if (item->queued_stage.load() == q) {
+        st.queue.erase(std::make_pair(item->level, item->seq));
+        item->queued_stage.store(-1);
+      }
+    }
+    deliver(item, std::move(result));
+    maybe_retire(item);
+    return true;
+  }
+
+  void deliver(const ItemPtr& item, Result<PipelineItem>&& result) {
+    latency_us_.observe(
+        std::chrono::duration<double, std::micro>(Clock::now() - item->submitted).count());
+    if (!opt_.ordered) {
+      item->promise.set_result(std::move(result));
+      return;
+    }
+    {
+      std::lock_guard lock(order_mu_);
+      ready_.emplace(item->seq, Ready{item, std::move(result)});
+      if (delivering_) return;
+      delivering_ = true;
+    }
+    // Deliver everything that is next in order; one thread at a time does this.
+    for (;;) {
+      std::vector<Ready> run;
+      {
+        std::lock_guard lock(order_mu_);
+        while (!ready_.empty() && ready_.begin()->first == next_deliver_) {
+          run.push_back(std::move(ready_.begin()->second));
+          ready_.erase(ready_.begin());
+          ++next_deliver_;
+        }
+        if (run.empty()) {
+          delivering_ = false;
+          return;
+        }
+      }
+      for (Ready& r : run) r.item->promise.set_result(std::move(r.result));
+    }
+  }
+
+  void maybe_retire(const ItemPtr& item) {
+    if (item->state.load() == IState::active) return;
+    if (item->outstanding.load() > 0 || item->queued_stage.load() >= 0) return;
+    if (item->retired.exchange(true)) return;
+    {
+      std::lock_guard lock(window_mu_);
+      free_slots_.push_back(item->slot);
+      --in_flight_;
+      active_.erase(item->seq);
+    }
+    window_cv_.notify_one();
+    drain_cv_.notify_all();
+  }
+
+  // ---- shutdown and metrics ---------------------------------------------------------------
+
+  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+    std::lock_guard guard(shutdown_mu_);
+    if (shut_) return;
+    {
+      std::lock_guard lock(window_mu_);
+      stopping_ = true;
+    }
+    window_cv_.notify_all();
+    bool drained = mode == ShutdownMode::drain;
+    if (drained) {
+      std::unique_lock lock(window_mu_);
+      drained = drain_cv_.wait_for(lock, drain_timeout, [this] { return in_flight_ == 0; });
+    }
+    if (!drained) {
+      std::vector<ItemPtr> items;
+      {
+        std::lock_guard lock(window_mu_);
+        for (auto& [seq, it] : active_) items.push_back(it);
+      }
+      for (auto& it : items) {
+        end(it, IState::shut_down, aborted_error("pipeline shut down before the item finished"));
+      }
+    }
+    stop_stages_.store(true);
+    for (auto& st : stages_) {
+      { std::lock_guard lock(st->mu); }  // a stage thread between its check and its wait sees it
+      st->cv.notify_all();
+    }
+    for (auto& st : stages_) {
+      for (auto& t : st->threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+    // Destroying the streams stops what still runs (where the backend can) and delivers their
+    // pending completion points to the dispatcher, which retires the items.
+    for (auto& st : stages_) {
+      st->stream.reset();
+      st->instance.reset();
+    }
+    dispatcher_.shutdown();
+    completion_.shutdown();
+    timer_.shutdown();
+    shut_ = true;
+  }
+
+  PipelineMetrics metrics() const {
+    PipelineMetrics m;
+    m.submitted = submitted_.load();
+    m.completed = completed_.load();
+    m.failed = failed_.load();
+    m.timed_out = timed_out_.load();
+    m.cancelled = cancelled_.load();
+    m.shut_down = shut_down_.load();
+    {
+      std::lock_guard lock(window_mu_);
+      m.in_flight = in_flight_;
+      m.max_in_flight = max_in_flight_;
+      if (first_submit_) {
+        m.elapsed_s = std::chrono::duration<double>(Clock::now() - *first_submit_).count();
+      }
+    }
+    m.items_per_s = m.elapsed_s > 0 ? static_cast<double>(m.completed) / m.elapsed_s : 0;
+    for (const auto& st : stages_) {
+      StageMetrics s;
+      s.name = st->spec.name;
+      s.kind = st->spec.kind == StageKind::host     ? "host"
+               : st->spec.kind == StageKind::device ? "device"
+                                                    : "engine";
+      s.concurrency = st->spec.kind == StageKind::host ? st->spec.concurrency : 1;
+      s.items = st->items.load();
+      s.failures = st->failures.load();
+      s.busy_s = st->busy_s.load();
+      s.utilisation =
+          m.elapsed_s > 0 ? s.busy_s / (m.elapsed_s * static_cast<double>(s.concurrency)) : 0;
+      {
+        std::lock_guard lock(st->mu);
+        s.queued = static_cast<std::int64_t>(st->queue.size());
+      }
+      s.queue_us = st->queue_us.snapshot();
+      s.service_us = st->service_us.snapshot();
+      m.stages.push_back(std::move(s));
+    }
+    m.latency_us = latency_us_.snapshot();
+    return m;
+  }
+
+  PipelineOptions opt_;
+  ThreadPool completion_;
+  ThreadPool dispatcher_;
+  DeadlineTimer timer_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+
+  mutable std::mutex window_mu_;
+  std::condition_variable window_cv_;
+  std::condition_variable drain_cv_;
+  std::vector<int> free_slots_;
+  std::int64_t in_flight_ = 0;
+  std::int64_t max_in_flight_ = 0;
+  std::uint64_t next_seq_ = 0;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> first_submit_;
+  std::unordered_map<std::uint64_t, ItemPtr> active_;
+  std::atomic<bool> stop_stages_{false};
+
+  std::mutex order_mu_;
+  std::map<std::uint64_t, Ready> ready_;
+  std::uint64_t next_deliver_ = 0;
+  bool delivering_ = false;
+
+  std::atomic<std::uint64_t> submitted_{0};
+  std::atomic<std::uint64_t> completed_{0};
+  std::atomic<std::uint64_t> failed_{0};
+  std::atomic<std::uint64_t> timed_out_{0};
+  std::atomic<std::uint64_t> cancelled_{0};
+  std::atomic<std::uint64_t> shut_down_{0};
+  Histogram latency_us_;
+
+  std::mutex shutdown_mu_;
+  bool shut_ = false;
+};
+
+Result<std::unique_ptr<Pipeline>> Pipeline::create(std::vector<StageSpec> stages,
+                                                   PipelineOptions options) {
+  if (stages.empty()) return invalid_argument_error("Pipeline::create: no stages");
+  if (options.window < 1) return invalid_argument_error("PipelineOptions: window must be >= 1");
+  if (options.priority_levels < 1 || options.default_priority < 1 ||
+      options.default_priority > options.priority_levels) {
+    return invalid_argument_error(
+        "PipelineOptions: priority_levels must be >= 1 and default_priority in 1..priority_levels");
+  }
+  if (options.completion_threads < 1) {
+    return invalid_argument_error("PipelineOptions: completion_threads must be >= 1");
+  }
+  auto core = std::make_shared<PipelineCore>(options);
+  Status s = core->init(std::move(stages));
+  if (!s.ok()) {
+    core->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+    return s.with_context("Pipeline::create");
+  }
+  return std::unique_ptr<Pipeline>(new Pipeline(std::move(core)));
+}
+
+Pipeline::Pipeline(std::shared_ptr<PipelineCore> core) : core_(std::move(core)) {}
+
+Pipeline::~Pipeline() {
+  if (core_) core_->shutdown(ShutdownMode::drain, core_->opt_.drain_timeout);
+}
+
+Future<PipelineItem> Pipeline::submit(PipelineItem item, const ItemOptions& options) {
+  return core_->submit(std::move(item), options);
+}
+
+std::vector<Result<PipelineItem>> Pipeline::run(std::vector<PipelineItem> items,
+                                                const ItemOptions& options) {
+  std::vector<Future<PipelineItem>> futures;
+  futures.reserve(items.size());
+  for (auto& item : items) futures.push_back(core_->submit(std::move(item), options));
+  std::vector<Result<PipelineItem>> results;
+  results.reserve(futures.size());
+  for (auto& f : futures) results.push_back(f.get());
+  return results;
+}
+
+void Pipeline::shutdown(ShutdownMode mode) { core_->shutdown(mode, core_->opt_.drain_timeout); }
+
+PipelineMetrics Pipeline::metrics() const { return core_->metrics(); }
+
+}  // namespace asyncinfer
