@@ -538,10 +538,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                                                   : "while queued";
     std::string msg = context("request timed out", r->tag) + " after " +
                       ms_text(Clock::now() - r->submitted) + " " + where;
-    if (r->attempts > 0) msg += " (attempt " + std::to_string(r->attempts) + ")";
-    if (!r->last_error.ok() && at != Stage::running) {
-      msg += "; last error: " + r->last_error.to_string();
+    const int attempts = r->attempts.load(std::memory_order_relaxed);
+    if (attempts > 0) msg += " (attempt " + std::to_string(attempts) + ")";
+    Status last;
+    {
+      std::lock_guard tl(r->timer_mu);
+      last = r->last_error;
     }
+    if (!last.ok() && at != Stage::running) msg += "; last error: " + last.to_string();
     try_resolve(r, Stage::timed_out, deadline_exceeded_error(msg));
   }
 
@@ -686,8 +690,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       batch->requests.reserve(picked.size());
       for (Request* r : picked) {
         std::shared_ptr<Request> ref = queue_.remove(r);
+        r->batch = batch;  // before the stage store: whoever sees `running` sees the batch
         r->stage.store(Stage::running, std::memory_order_release);
-        r->batch = batch;
         batch->requests.push_back(std::move(ref));
       }
       batch->rows = rows;
@@ -1013,19 +1017,22 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   }
 
   void retry_or_fail(const std::shared_ptr<Request>& r, const Status& st) {
-    r->last_error = st;
+    {
+      std::lock_guard tl(r->timer_mu);
+      r->last_error = st;
+    }
     const Clock::time_point now = Clock::now();
+    const int attempts = r->attempts.load(std::memory_order_relaxed);
     std::string why_not;
-    if (r->attempts < opt_.retry.max_attempts && opt_.retry.is_retryable(st.code()) &&
+    if (attempts < opt_.retry.max_attempts && opt_.retry.is_retryable(st.code()) &&
         !stop_workers()) {
       std::chrono::microseconds wait;
       {
         std::lock_guard lock(rng_mu_);
-        wait = opt_.retry.backoff(r->attempts + 1, rng_);
+        wait = opt_.retry.backoff(attempts + 1, rng_);
       }
       if (now + wait >= r->deadline) {
-        why_not = "no time left before the deadline for attempt " +
-                  std::to_string(r->attempts + 1);
+        why_not = "no time left before the deadline for attempt " + std::to_string(attempts + 1);
       } else if (!budget_.try_retry(now)) {
         retries_denied_.fetch_add(1, std::memory_order_relaxed);
         why_not = "retry budget exhausted";
@@ -1048,9 +1055,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
     }
     Status final = st;
-    if (r->attempts > 1 || !why_not.empty()) {
-      std::string msg = "failed after " + std::to_string(r->attempts) + " attempt" +
-                        (r->attempts == 1 ? "" : "s");
+    if (attempts > 1 || !why_not.empty()) {
+      std::string msg = "failed after " + std::to_string(attempts) + " attempt" +
+                        (attempts == 1 ? "" : "s");
       if (!why_not.empty()) msg += " (" + why_not + ")";
       msg += "; last error: " + st.to_string();
       final = Status(st.code(), context(msg, r->tag));

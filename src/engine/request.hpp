@@ -87,9 +87,9 @@ struct Request {
   Clock::time_point deadline = Clock::time_point::max();
 
   std::atomic<Stage> stage{Stage::queued};
-  int attempts = 0;    ///< written by the worker that dispatches it (one at a time)
-  bool solo = false;   ///< run alone (a failed batch is being split)
-  Status last_error;   ///< written by whoever handles a failed attempt (one at a time)
+  std::atomic<int> attempts{0};  ///< executions so far (read by the deadline message too)
+  bool solo = false;   ///< run alone (a failed batch is being split); under the queue mutex
+  Status last_error;   ///< the last failed attempt's error; under timer_mu
 
   // Sink: a promise (future and id APIs) or a callback.
   std::optional<Promise<Outputs>> promise;
@@ -97,7 +97,7 @@ struct Request {
   Engine::Callback callback;
   bool has_callback = false;
 
-  // Timers, guarded by timer_mu (armed and disarmed from different threads).
+  // Timers and last_error, guarded by timer_mu (armed, disarmed and read from different threads).
   std::mutex timer_mu;
   TimerId deadline_timer;
   TimerId retry_timer;

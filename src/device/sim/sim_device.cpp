@@ -12,7 +12,8 @@
 // latest of when it was enqueued, when the previous item of its stream ended, and when its
 // engine became free. The stream thread sleeps until that ideal end, so the few microseconds a
 // thread takes to wake never accumulate into simulated time. Host functions of kernels run for
-// real on the stream thread after the occupancy; their real duration is added to the timeline.
+// real on the stream thread after the occupancy, in real time (they end no earlier than they
+// really ended).
 // Engines serve reservations first come, first served; stream priorities are recorded only.
 //
 // Memory: "device" memory is host memory labelled as device memory (still host-accessible, so
@@ -191,9 +192,12 @@ class SimStream final : public HostStream {
 
   Status timed_host_fn(Kernel& kernel, std::stop_token stop) {
     if (!kernel.host_fn) return Status();
+    // A host function runs in real time: it ends no earlier than its simulated start plus its
+    // real duration, and no earlier than the moment it actually ended.
     const Clock::time_point t0 = Clock::now();
     Status s = run_host_fn(kernel, std::move(stop));
-    ready_at_ += Clock::now() - t0;
+    const Clock::time_point t1 = Clock::now();
+    ready_at_ = std::max(ready_at_ + (t1 - t0), t1);
     return s;
   }
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command (README): on a fresh Debian 12 machine, installs what is missing, builds the
+# release preset (with the torch and cuda backends where their toolkits are found) and runs the
+# whole test suite with ctest; then builds the asan (address + undefined) and tsan presets
+# (core, devices, engine, pipeline) and runs the unit and stress tests under each.
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh --quick    release build and tests only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/setup.sh
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "release: configure, build, test"
+cmake --preset release
+cmake --build --preset release -j "$jobs"
+ctest --preset release -j "$jobs"
+
+if [ "${1:-}" = "--quick" ]; then
+  exit 0
+fi
+
+for preset in asan tsan; do
+  step "$preset: configure, build, unit + stress tests"
+  cmake --preset "$preset"
+  cmake --build --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs" -L 'unit|stress' -LE 'example'
+done
+step "all tests passed"
