@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,6 +81,7 @@ enum class RequestState : std::uint8_t {
   shut_down,
 };
 std::string_view to_string(RequestState state) noexcept;
+std::ostream& operator<<(std::ostream& os, RequestState state);
 bool is_terminal(RequestState state) noexcept;
 
 /// Per-request options.

@@ -52,6 +52,8 @@ std::string_view to_string(RequestState state) noexcept {
   return "unknown";
 }
 
+std::ostream& operator<<(std::ostream& os, RequestState state) { return os << to_string(state); }
+
 bool is_terminal(RequestState state) noexcept {
   return state >= RequestState::completed;
 }

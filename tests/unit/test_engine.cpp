@@ -149,7 +149,10 @@ TEST(Engine, StoreFullOfLiveRequestsRefusesAtSubmit) {
 }
 
 TEST(Engine, CancelById) {
-  auto engine = make_engine("builtin:fixed_cost?base_us=300000", "sim");
+  EngineOptions o;
+  o.max_inflight_per_worker = 1;
+  o.batching.max_batch_size = 1;
+  auto engine = make_engine("builtin:fixed_cost?base_us=300000", "sim", o);
   ASSERT_TRUE(engine->submit("busy", one(1)).ok());
   ASSERT_TRUE(engine->submit("queued", one(2)).ok());
   EXPECT_TRUE(testing::eventually([&] { return engine->status("busy") == RequestState::running; }));
