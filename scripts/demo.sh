@@ -23,7 +23,7 @@ echo
 echo "== asyncinfer run: ${data}/test (450 real handwritten digits), sync vs async =="
 "$bin" run --model "$data/digits.pt" --device cpu \
   --images "$data/test" --labels "$data/test/labels.csv" \
-  --compare --workers 1 --window 64 --top-k 3 \
+  --compare --workers 1 --window 16 --repeat 4 --top-k 3 \
   --output "$out/predictions.csv" --summary "$out/summary.json"
 echo
 echo "predictions: $out/predictions.sync.csv, $out/predictions.async.csv; summary: $out/summary.json"

@@ -48,6 +48,23 @@ struct RunOptions {
   std::string output;
   std::string summary;
   bool quiet = false;
+  bool compare = false;
+  int repeat = 1;
+};
+
+struct RunSummary {
+  std::string mode;
+  std::size_t ok = 0;
+  std::size_t skipped = 0;
+  std::size_t labelled = 0;
+  std::size_t correct = 0;
+  double wall_s = 0;
+  double throughput = 0;
+  LatencySummary latency;
+  double batch_mean = 0;
+  double accuracy() const {
+    return labelled > 0 ? static_cast<double>(correct) / static_cast<double>(labelled) : 0.0;
+  }
 };
 
 struct Prediction {
@@ -188,11 +205,11 @@ Status write_predictions(const std::string& path, const std::vector<Prediction>&
   return Status();
 }
 
-int run_job(const RunOptions& o) {
-  if (o.mode != "sync" && o.mode != "async") {
-    std::fprintf(stderr, "asyncinfer run: --mode must be sync or async, got '%s'\n", o.mode.c_str());
-    return kExitUsage;
-  }
+/// Files that failed are reported one by one up to this many, then counted.
+constexpr std::size_t kMaxReported = 20;
+
+/// One run in `mode`; fills `result`. Returns an exit code.
+int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
   auto model = load_model(o.model);
   if (!model.ok()) {
     std::fprintf(stderr, "asyncinfer run: %s\n", model.status().to_string().c_str());
@@ -210,7 +227,11 @@ int run_job(const RunOptions& o) {
     return kExitUsage;
   }
   std::vector<std::string> problems;
-  const std::vector<std::string> files = expand_images(o.images, problems);
+  std::vector<std::string> files = expand_images(o.images, problems);
+  if (o.repeat > 1) {  // the same images again, for steadier throughput figures
+    const std::vector<std::string> once = files;
+    for (int r = 1; r < o.repeat; ++r) files.insert(files.end(), once.begin(), once.end());
+  }
   for (const auto& p : problems) std::fprintf(stderr, "asyncinfer run: skipped: %s\n", p.c_str());
   if (files.empty()) {
     std::fprintf(stderr, "asyncinfer run: no images to run (--images takes files, folders or "
@@ -229,7 +250,7 @@ int run_job(const RunOptions& o) {
 
   EngineOptions eo;
   eo.workers = o.workers;
-  eo.batching.max_batch_size = o.mode == "sync" ? 1 : o.batch;
+  eo.batching.max_batch_size = mode == "sync" ? 1 : o.batch;
   eo.batching.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us);
   eo.queue_capacity = std::max<std::size_t>(1024, o.window * 2);
   auto engine = Engine::create(*model, *device, eo);
@@ -256,7 +277,7 @@ int run_job(const RunOptions& o) {
                          o.top_k);
   };
 
-  if (o.mode == "sync") {
+  if (mode == "sync") {
     for (std::size_t i = 0; i < files.size(); ++i) {
       const auto s = Clock::now();
       auto image = load_image(files[i], p);
@@ -323,63 +344,139 @@ int run_job(const RunOptions& o) {
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // Summary.
-  std::size_t ok = 0, failed = 0, labelled = 0, correct = 0;
+  RunSummary sum;
+  sum.mode = mode;
   std::vector<double> latencies;
   for (const Prediction& pr : preds) {
     if (!pr.error.ok()) {
-      ++failed;
-      std::fprintf(stderr, "asyncinfer run: skipped %s\n", pr.error.to_string().c_str());
+      if (++sum.skipped <= kMaxReported) {
+        std::fprintf(stderr, "asyncinfer run: skipped %s\n", pr.error.to_string().c_str());
+      }
       continue;
     }
-    ++ok;
+    ++sum.ok;
     latencies.push_back(pr.latency_us);
     if (pr.label >= 0) {
-      ++labelled;
-      if (!pr.top.empty() && pr.top[0].first == pr.label) ++correct;
+      ++sum.labelled;
+      if (!pr.top.empty() && pr.top[0].first == pr.label) ++sum.correct;
     }
   }
-  const LatencySummary lat = summarize(latencies);
-  const EngineMetrics em = e.metrics();
-  const double throughput = wall_s > 0 ? static_cast<double>(ok) / wall_s : 0;
-  std::printf("mode            %s\n", o.mode.c_str());
-  std::printf("model           %s on %s, %d worker(s)\n", o.model.c_str(), o.device.c_str(),
-              o.workers);
-  std::printf("images          %zu ok, %zu skipped\n", ok, failed);
-  if (labelled > 0) {
-    std::printf("accuracy        %.2f %% (%zu of %zu)\n",
-                100.0 * static_cast<double>(correct) / static_cast<double>(labelled), correct,
-                labelled);
+  if (sum.skipped > kMaxReported) {
+    std::fprintf(stderr, "asyncinfer run: ... and %zu more skipped (see --output for each)\n",
+                 sum.skipped - kMaxReported);
   }
-  std::printf("throughput      %.1f images/s (%.3f s)\n", throughput, wall_s);
-  if (lat.p50) {
-    std::printf("latency         p50 %.2f ms, p99 %.2f ms\n", *lat.p50 / 1000.0, *lat.p99 / 1000.0);
-  }
-  std::printf("mean batch      %.2f\n", em.batch_size.mean());
-
+  sum.latency = summarize(latencies);
+  sum.wall_s = wall_s;
+  sum.throughput = wall_s > 0 ? static_cast<double>(sum.ok) / wall_s : 0;
+  sum.batch_mean = e.metrics().batch_size.mean();
+  result = sum;
   if (!o.output.empty()) {
-    Status s = write_predictions(o.output, preds, class_names);
+    std::string path = o.output;
+    if (o.compare) {  // one file per mode: name.sync.csv, name.async.csv
+      const auto dot = path.find_last_of('.');
+      path = dot == std::string::npos ? path + "." + mode : path.substr(0, dot) + "." + mode + path.substr(dot);
+    }
+    Status s = write_predictions(path, preds, class_names);
     if (!s.ok()) {
       std::fprintf(stderr, "asyncinfer run: %s\n", s.to_string().c_str());
       return kExitRunFailed;
     }
   }
-  if (!o.summary.empty()) {
-    json j{{"mode", o.mode},
-           {"model", o.model},
-           {"device", o.device},
-           {"images_ok", ok},
-           {"images_skipped", failed},
-           {"throughput_ips", throughput},
-           {"duration_s", wall_s},
-           {"batch_size_mean", em.batch_size.mean()}};
-    j["accuracy"] = labelled > 0 ? json(static_cast<double>(correct) / static_cast<double>(labelled))
-                                 : json(nullptr);
-    j["latency_us"] = {{"p50", lat.p50 ? json(*lat.p50) : json(nullptr)},
-                       {"p99", lat.p99 ? json(*lat.p99) : json(nullptr)}};
-    std::ofstream out(o.summary);
-    out << j.dump(2) << "\n";
+  return sum.ok > 0 ? kExitOk : kExitRunFailed;
+}
+
+json summary_json(const RunOptions& o, const RunSummary& s) {
+  json j{{"mode", s.mode},
+         {"model", o.model},
+         {"device", o.device},
+         {"images_ok", s.ok},
+         {"images_skipped", s.skipped},
+         {"throughput_ips", s.throughput},
+         {"duration_s", s.wall_s},
+         {"batch_size_mean", s.batch_mean}};
+  j["accuracy"] = s.labelled > 0 ? json(s.accuracy()) : json(nullptr);
+  j["latency_us"] = {{"p50", s.latency.p50 ? json(*s.latency.p50) : json(nullptr)},
+                     {"p99", s.latency.p99 ? json(*s.latency.p99) : json(nullptr)}};
+  return j;
+}
+
+std::string ms_or_none(const std::optional<double>& us) {
+  if (!us) return "no samples";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f ms", *us / 1000.0);
+  return buf;
+}
+
+void print_summary(const RunOptions& o, const RunSummary& s) {
+  std::printf("mode            %s\n", s.mode.c_str());
+  std::printf("model           %s on %s, %d worker(s)\n", o.model.c_str(), o.device.c_str(),
+              o.workers);
+  std::printf("images          %zu ok, %zu skipped\n", s.ok, s.skipped);
+  if (s.labelled > 0) {
+    std::printf("accuracy        %.2f %% (%zu of %zu)\n", 100.0 * s.accuracy(), s.correct,
+                s.labelled);
   }
-  return ok > 0 ? kExitOk : kExitRunFailed;
+  std::printf("throughput      %.1f images/s (%.3f s)\n", s.throughput, s.wall_s);
+  std::printf("latency         p50 %s, p99 %s\n", ms_or_none(s.latency.p50).c_str(),
+              ms_or_none(s.latency.p99).c_str());
+  std::printf("mean batch      %.2f\n", s.batch_mean);
+}
+
+void print_comparison(const RunSummary& a, const RunSummary& b) {
+  auto row = [](const char* name, const std::string& x, const std::string& y, const std::string& r) {
+    std::printf("%-16s %18s %18s %12s\n", name, x.c_str(), y.c_str(), r.c_str());
+  };
+  auto num = [](double v, const char* fmt) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, fmt, v);
+    return std::string(buf);
+  };
+  std::printf("\n");
+  row("", a.mode, b.mode, b.mode + "/" + a.mode);
+  row("images ok", std::to_string(a.ok), std::to_string(b.ok), "");
+  if (a.labelled > 0) {
+    row("accuracy", num(100.0 * a.accuracy(), "%.2f %%"), num(100.0 * b.accuracy(), "%.2f %%"),
+        a.correct == b.correct ? "identical" : "DIFFERENT");
+  }
+  row("throughput", num(a.throughput, "%.1f img/s"), num(b.throughput, "%.1f img/s"),
+      num(a.throughput > 0 ? b.throughput / a.throughput : 0, "%.2fx"));
+  auto ratio = [&](const std::optional<double>& x, const std::optional<double>& y) {
+    return x && y && *x > 0 ? num(*y / *x, "%.2fx") : std::string("-");
+  };
+  row("latency p50", ms_or_none(a.latency.p50), ms_or_none(b.latency.p50),
+      ratio(a.latency.p50, b.latency.p50));
+  row("latency p99", ms_or_none(a.latency.p99), ms_or_none(b.latency.p99),
+      ratio(a.latency.p99, b.latency.p99));
+  row("mean batch", num(a.batch_mean, "%.2f"), num(b.batch_mean, "%.2f"), "");
+}
+
+int run_job(const RunOptions& o) {
+  const std::vector<std::string> modes =
+      o.compare ? std::vector<std::string>{"sync", "async"} : std::vector<std::string>{o.mode};
+  std::vector<RunSummary> results;
+  json all = json::array();
+  for (const std::string& mode : modes) {
+    RunSummary s;
+    const int rc = run_once(o, mode, s);
+    if (rc != kExitOk) return rc;
+    if (!o.compare) print_summary(o, s);
+    all.push_back(summary_json(o, s));
+    results.push_back(s);
+  }
+  if (o.compare) print_comparison(results[0], results[1]);
+  if (!o.summary.empty()) {
+    std::ofstream out(o.summary);
+    if (!out) {
+      std::fprintf(stderr, "asyncinfer run: cannot write --summary file '%s'\n", o.summary.c_str());
+      return kExitRunFailed;
+    }
+    out << (o.compare ? json{{"runs", all}} : all[0]).dump(2) << "\n";
+  }
+  if (o.compare && results[0].correct != results[1].correct) {
+    std::fprintf(stderr, "asyncinfer run: sync and async predictions differ\n");
+    return kExitRunFailed;
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -422,6 +519,11 @@ Command add_run_command(CLI::App& parent) {
   app->add_option("--output", o->output, "predictions file (.csv or .json)");
   app->add_option("--summary", o->summary, "summary JSON file");
   app->add_flag("--quiet", o->quiet, "no progress line");
+  app->add_option("--repeat", o->repeat, "run the image list this many times")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app->add_flag("--compare", o->compare,
+                "run sync, then async, in one process and print them side by side");
   return Command{app, [o] { return run_job(*o); }};
 }
 

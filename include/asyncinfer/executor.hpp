@@ -53,6 +53,15 @@ class Executor {
   virtual bool post(Task&& task) = 0;
 };
 
+/// Runs each task at once on the posting thread (exceptions are caught, counted and reported).
+/// For completion points of host-thread streams (cpu, sim), where handing off to another thread
+/// would only add a wake-up; never for a CUDA or CANN callback thread, which must not run code
+/// that may call the device runtime.
+class InlineExecutor final : public Executor {
+ public:
+  bool post(Task&& task) override;
+};
+
 class ThreadPool final : public Executor {
  public:
   /// Starts `threads` (>= 1) workers named "<name>-<i>" (thread names are cut to 15 chars).

@@ -26,6 +26,16 @@ void setup_thread(const std::string& name) noexcept {
 }
 }  // namespace detail
 
+bool InlineExecutor::post(Task&& task) {
+  Task run = std::move(task);
+  try {
+    run();
+  } catch (...) {
+    detail::report_callback_exception("inline task", std::current_exception());
+  }
+  return true;
+}
+
 ThreadPool::ThreadPool(std::size_t threads, std::string name) : name_(std::move(name)) {
   ASYNCINFER_CHECK(threads >= 1);
   threads_.reserve(threads);

@@ -119,6 +119,15 @@ struct OrderQueue {
 
 }  // namespace
 
+namespace {
+/// Callbacks collected while a batch's requests are ended (see EngineCore::CallbackBatch).
+struct Scope {
+  const EngineCore* core = nullptr;
+  std::vector<Pending> pending;
+};
+thread_local Scope* tl_callbacks = nullptr;
+}  // namespace
+
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
   EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device, EngineOptions options,
@@ -474,12 +483,42 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// hands the callback to the completion executor.
   void run_sink(const std::shared_ptr<Request>& r, Result<Outputs>&& result) {
     if (r->has_callback) {
+      if (tl_callbacks != nullptr && tl_callbacks->core == this) {
+        tl_callbacks->pending.push_back(Pending{r, std::move(result)});  // posted with its batch
+        return;
+      }
       Task task([this, r, res = std::move(result)]() mutable { invoke_callback(*r, res); });
       if (!completion_.post(std::move(task))) task();  // NOLINT(bugprone-use-after-move)
     } else if (r->promise) {
       r->promise->set_result(std::move(result));
     }
   }
+
+  /// While alive on a thread, callbacks of this engine's requests ended on that thread are
+  /// collected and handed to the completion executor as one task when it goes (one hand-off per
+  /// batch instead of one per request). Order within the batch is kept.
+  class CallbackBatch {
+   public:
+    explicit CallbackBatch(EngineCore& core) : core_(core), prev_(tl_callbacks) {
+      scope_.core = &core;
+      tl_callbacks = &scope_;
+    }
+    ~CallbackBatch() {
+      tl_callbacks = prev_;
+      if (scope_.pending.empty()) return;
+      Task task([&core = core_, pending = std::move(scope_.pending)]() mutable {
+        for (Pending& p : pending) core.invoke_callback(*p.request, p.result);
+      });
+      if (!core_.completion_.post(std::move(task))) task();  // NOLINT(bugprone-use-after-move)
+    }
+    CallbackBatch(const CallbackBatch&) = delete;
+    CallbackBatch& operator=(const CallbackBatch&) = delete;
+
+   private:
+    EngineCore& core_;
+    Scope* prev_;
+    Scope scope_;
+  };
 
   void invoke_callback(Request& r, const Result<Outputs>& result) {
     try {
@@ -555,7 +594,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   Status make_stream_and_instance(Worker& w, int threads) {
     StreamOptions so;
-    so.host_func_executor = &dispatcher_;
+    so.host_func_executor = completion_point_executor();
     so.name = "ai-w" + std::to_string(w.index) + "-stream";
     auto stream = device_->create_stream(so);
     if (!stream.ok()) return stream.status().with_context("worker " + std::to_string(w.index));
@@ -570,6 +609,15 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     w.stream = std::move(*stream);
     w.instance = std::move(*instance);
     return Status();
+  }
+
+  /// Where the streams' completion points run: on cpu and sim the stream thread itself runs the
+  /// (library-only) completion code, saving a thread hand-off per batch; elsewhere (cuda, whose
+  /// callback thread must not call CUDA) the dispatcher thread.
+  Executor* completion_point_executor() {
+    const DeviceKind k = device_->kind();
+    if (k == DeviceKind::cpu || k == DeviceKind::sim) return &inline_;
+    return &dispatcher_;
   }
 
   void worker_loop(Worker& w) {
@@ -870,6 +918,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       breaker_failure(w, st.code());
     }
     const bool stale = release_slot(w, *batch);
+    CallbackBatch callbacks(*this);
     if (st.ok()) {
       complete(batch, compute);
     } else if (stale && st.code() == StatusCode::aborted) {
@@ -1325,6 +1374,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Executors. Destroyed in reverse order; shutdown() stops them in the right order first.
   ThreadPool completion_;
   ThreadPool dispatcher_;
+  InlineExecutor inline_;
   DeadlineTimer timer_;
   ThreadPool reaper_;
 

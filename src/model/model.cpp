@@ -36,12 +36,12 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const TensorSpec& spec = sig.inputs[i];
     const Tensor& t = inputs[i];
-    const std::string expected =
-        std::string(to_string(spec.dtype)) + shape_to_string(spec.shape);
+    // Built only when an error needs it: this runs on every submit.
+    auto expected = [&spec] { return std::string(to_string(spec.dtype)) + shape_to_string(spec.shape); };
     if (!t.defined()) return invalid_argument_error("input '" + spec.name + "' is undefined");
     if (t.dtype() != spec.dtype) {
       return invalid_argument_error("input '" + spec.name + "': expected dtype " +
-                                    std::string(to_string(spec.dtype)) + " (" + expected +
+                                    std::string(to_string(spec.dtype)) + " (" + expected() +
                                     "), got " + t.describe());
     }
     if (t.rank() != spec.shape.size()) {
@@ -54,7 +54,7 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
         return invalid_argument_error("input '" + spec.name + "': dim " + std::to_string(d) +
                                       " is " + std::to_string(t.shape()[d]) +
                                       " but the model expects " + std::to_string(spec.shape[d]) +
-                                      " (expected " + expected + ", got " + t.describe() + ")");
+                                      " (expected " + expected() + ", got " + t.describe() + ")");
       }
     }
     if (sig.batched) {

@@ -1,0 +1,266 @@
+// bench.cpp — `asyncinfer bench`: options, the runs to make (single, --compare, sweep), and the
+// outputs (table, --json, --csv, --report). The load generators are in drivers.cpp.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "asyncinfer/device.hpp"
+#include "asyncinfer/model.hpp"
+#include "bench_options.hpp"
+#include "commands.hpp"
+#include "drivers.hpp"
+#include "inputs.hpp"
+#include "machine.hpp"
+#include "output.hpp"
+#include "report.hpp"
+
+namespace asyncinfer::cli {
+namespace {
+
+constexpr const char* kPrefix = "asyncinfer bench: error: ";
+
+int usage(const std::string& message) {
+  std::fprintf(stderr, "%s%s\nRun with --help for more information.\n", kPrefix, message.c_str());
+  return kExitUsage;
+}
+
+/// An error from the library, printed with the option it concerns. Before any run starts (device,
+/// model, inputs) every error is a usage error: the configuration asked for cannot be had
+/// (unknown name, missing file, backend not built, no hardware). Once runs start, bad-argument
+/// errors (e.g. EngineOptions) are still usage errors; the rest are run failures.
+int library_error(const std::string& option, const Status& s, bool setup) {
+  const bool user =
+      setup || s.code() == StatusCode::invalid_argument || s.code() == StatusCode::not_found;
+  std::fprintf(stderr, "%s%s%s\n", kPrefix, option.empty() ? "" : (option + ": ").c_str(),
+               s.to_string().c_str());
+  return user ? kExitUsage : kExitRunFailed;
+}
+
+/// Writes `text` to `path` ("-" = stdout). False (with a message) when it cannot.
+bool write_output(const std::string& option, const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "%s%s: cannot write '%s'\n", kPrefix, option.c_str(), path.c_str());
+    return false;
+  }
+  return true;
+}
+
+std::vector<RunPoint> points_of(const BenchOptions& o, std::string& kind) {
+  std::vector<RunPoint> points;
+  auto point = [&](const std::string& mode, int c, double r) {
+    RunPoint p;
+    p.mode = mode;
+    p.concurrency = c;
+    p.request_rate = r;
+    return p;
+  };
+  const int c0 = o.concurrency.front();
+  const double r0 = o.request_rate.empty() ? 0 : o.request_rate.front();
+  if (!o.compare.empty()) {
+    kind = "compare";
+    for (const std::string& m : o.compare) points.push_back(point(m, c0, r0));
+  } else if (o.mode == "sweep") {
+    kind = "sweep";
+    if (!o.request_rate.empty()) {
+      for (double r : o.request_rate) points.push_back(point("rate", 0, r));
+    } else {
+      for (int c : o.concurrency) points.push_back(point("async", c, 0));
+    }
+  } else {
+    kind = "single";
+    points.push_back(point(o.mode, c0, r0));
+  }
+  return points;
+}
+
+int run_bench(BenchOptions& o) {
+  Status v = validate(o);
+  if (!v.ok()) return usage(std::string(v.message()));
+
+  auto device = open_device(o.device);
+  if (!device.ok()) return library_error("--device", device.status(), true);
+  auto model = load_model(o.model);
+  if (!model.ok()) return library_error("--model", model.status(), true);
+  const ModelSignature& sig = (*model)->signature();
+
+  auto plan = plan_inputs(sig, o);
+  if (!plan.ok()) return usage(std::string(plan.status().message()));
+  auto pool = InputPool::make(*plan, o.data, o.seed);
+  if (!pool.ok()) return usage(std::string(pool.status().message()));  // names --data
+  {
+    // Refuse inputs the model would refuse, before any engine starts.
+    auto sample = pool->next(0);
+    if (!sample.ok()) return library_error("", sample.status(), true);
+    Status s = validate_inputs(sig, *sample);
+    if (!s.ok()) {
+      return usage("--input-shape/--batch-rows: the model refuses " + plan->describe() + ": " +
+                   std::string(s.message()));
+    }
+  }
+
+  BenchReport rep;
+  rep.options = &o;
+  rep.device_description = (*device)->info().description;
+  rep.model_signature = sig.to_string();
+  rep.inputs = plan->describe() + " (" + std::to_string(plan->rows) + " row(s) per request)";
+  rep.machine = machine_info();
+  const std::vector<RunPoint> points = points_of(o, rep.kind);
+
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  BenchContext ctx{o, *model, *device, *plan, *pool, !o.quiet && tty};
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    if (ctx.progress && points.size() > 1) {
+      const RunPoint& p = points[i];
+      if (p.mode == "rate") {
+        std::fprintf(stderr, "[%zu/%zu] rate %g/s\n", i + 1, points.size(), p.request_rate);
+      } else if (p.mode == "async") {
+        std::fprintf(stderr, "[%zu/%zu] async c=%d\n", i + 1, points.size(), p.concurrency);
+      } else {
+        std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, points.size(), p.mode.c_str());
+      }
+    }
+    Result<RunResult> r = run_point(ctx, points[i]);
+    if (!r.ok()) return library_error("", r.status(), false);
+    rep.runs.push_back(std::move(*r));
+  }
+
+  // Outputs. A machine-readable stream on stdout moves the table to stderr.
+  const bool stdout_taken = o.json == "-" || o.csv == "-";
+  if (!stdout_taken) {
+    print_table(stdout, rep);
+    std::fflush(stdout);
+  } else if (!o.quiet) {
+    print_table(stderr, rep);
+  }
+  bool ok = true;
+  if (!o.json.empty()) ok = write_output("--json", o.json, to_json(rep).dump(2) + "\n") && ok;
+  if (!o.csv.empty()) ok = write_output("--csv", o.csv, to_csv(rep)) && ok;
+  if (!o.report.empty()) ok = write_output("--report", o.report, render_html_report(rep)) && ok;
+  if (!ok) return kExitRunFailed;
+
+  for (const RunResult& r : rep.runs) {
+    if (r.requests > 0 && r.completed == 0) {
+      std::fprintf(stderr, "%s%s: no request succeeded\n", kPrefix, r.label.c_str());
+      return kExitRunFailed;
+    }
+    if (o.fail_on_error && r.failed > 0) {
+      std::fprintf(stderr, "%s%s: %llu request(s) failed (--fail-on-error)\n", kPrefix,
+                   r.label.c_str(), static_cast<unsigned long long>(r.failed));
+      return kExitRunFailed;
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& parent) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* app = parent.add_subcommand(
+      "bench", "Measure throughput and latency of a model on a device through the engine");
+  app->footer(
+      "Modes: sync (one caller, Engine::infer), async (closed loop, --concurrency in flight), "
+      "rate (open loop at --request-rate; latency from the intended send time), sweep (a list "
+      "of --concurrency or --request-rate values). See docs/bench.md.");
+
+  // What to run on.
+  app->add_option("--model,-m", o->model,
+                  "Model URI or path: builtin:identity, builtin:fixed_cost?base_us=&per_item_us=, "
+                  "builtin:faulty?..., path/to/model.pt")
+      ->required();
+  app->add_option("--device,-d", o->device, "Device: cpu, sim, sim:<key>=<value>,..., cuda:0")
+      ->capture_default_str();
+  // How to drive it.
+  app->add_option("--mode", o->mode, "sync | async | rate | sweep")->capture_default_str();
+  CLI::Option* conc =
+      app->add_option("--concurrency,-c", o->concurrency,
+                      "Requests in flight (async); a list such as 1,4,16 for a sweep")
+          ->delimiter(',')
+          ->capture_default_str();
+  app->add_option("--request-rate,-r", o->request_rate,
+                  "Requests per second (rate); a list such as 100,200,400 for a sweep")
+      ->delimiter(',');
+  app->add_option("--arrivals", o->arrivals, "Arrival process of rate mode: poisson | constant")
+      ->capture_default_str();
+  app->add_option("--compare", o->compare,
+                  "Run these modes back to back and print ratios against the first, e.g. "
+                  "sync,async")
+      ->delimiter(',');
+  // Engine.
+  app->add_option("--workers,-w", o->workers, "Engine workers (streams + model instances)")
+      ->capture_default_str();
+  app->add_option("--max-batch", o->max_batch,
+                  "Largest batch in rows; 0 = the model's, 1 = no batching")
+      ->capture_default_str();
+  app->add_option("--max-queue-delay-us", o->max_queue_delay_us,
+                  "Longest a forming batch waits for more requests (us)")
+      ->capture_default_str();
+  app->add_option("--preferred-batch", o->preferred_batch,
+                  "Preferred batch sizes, e.g. 4,8 (dispatched at once when reachable)")
+      ->delimiter(',');
+  app->add_option("--inflight-per-worker", o->inflight_per_worker,
+                  "Batches queued on a worker's stream ahead of completion")
+      ->capture_default_str();
+  app->add_option("--priority-levels", o->priority_levels, "Engine priority levels (1..64)")
+      ->capture_default_str();
+  app->add_option("--priority", o->priority,
+                  "Request priority: 1..levels (1 = highest), or 'mixed' to draw uniformly; "
+                  "default: the engine's default level");
+  app->add_option("--timeout-ms", o->timeout_ms, "Request timeout in ms (0 = none)")
+      ->capture_default_str();
+  app->add_option("--completion-threads", o->completion_threads,
+                  "Engine threads that run completion callbacks")
+      ->capture_default_str();
+  app->add_option("--queue-capacity", o->queue_capacity,
+                  "Engine queue capacity; 0 = max(4096, 2 x concurrency)")
+      ->capture_default_str();
+  app->add_option("--max-attempts", o->max_attempts,
+                  "Attempts per request, first included (engine retry policy)")
+      ->capture_default_str();
+  // Length.
+  app->add_option("--warmup", o->warmup,
+                  "Warm-up requests after the first inference (excluded from the figures)")
+      ->capture_default_str();
+  app->add_option("--warmup-s", o->warmup_s, "Or warm-up seconds (excluded from the figures)")
+      ->capture_default_str();
+  app->add_option("--duration-s,-t", o->duration_s,
+                  "Measured seconds (default 5 unless --requests is given)");
+  app->add_option("--requests,-n", o->requests, "Measured requests (instead of --duration-s)");
+  // Inputs.
+  app->add_option("--input-shape", o->input_shape,
+                  "Per-item dims after the batch dim, e.g. 1x32x32, or NAME:DIMS per input; "
+                  "default: the model signature with -1 dims as 1")
+      ->delimiter(',');
+  app->add_option("--batch-rows", o->batch_rows, "Rows (dim 0) per request")->capture_default_str();
+  app->add_option("--data", o->data,
+                  "Input contents: random | zeros | file:<path.raw> (raw little-endian bytes of "
+                  "the input dtype, reused cyclically)")
+      ->capture_default_str();
+  app->add_option("--seed", o->seed, "Seed of random data, arrivals and priority draws")
+      ->capture_default_str();
+  // Output.
+  app->add_option("--json", o->json, "Write the results as JSON to a file, or - for stdout");
+  app->add_option("--csv", o->csv, "Write one CSV line per run to a file, or - for stdout");
+  app->add_option("--report", o->report, "Write a self-contained HTML report (latency plots)");
+  app->add_flag("--quiet,-q", o->quiet,
+                "No progress line (and no table when stdout carries JSON/CSV)");
+  app->add_flag("--fail-on-error", o->fail_on_error, "Exit 1 when any measured request failed");
+
+  return Command{app, [o, conc] {
+                   o->concurrency_given = conc->count() > 0;
+                   return run_bench(*o);
+                 }};
+}
+
+}  // namespace asyncinfer::cli

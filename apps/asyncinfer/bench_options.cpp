@@ -1,0 +1,197 @@
+// bench_options.cpp — checks and parsers for `asyncinfer bench` options (bench_options.hpp).
+#include "bench_options.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+namespace asyncinfer::cli {
+namespace {
+
+Status bad(std::string_view option, const std::string& what) {
+  return invalid_argument_error(std::string(option) + ": " + what);
+}
+
+/// 'text' (built by appending: GCC 12 warns falsely on "literal" + std::string&&).
+std::string quoted(std::string_view text) {
+  std::string q;
+  q.reserve(text.size() + 2);
+  q += '\'';
+  q.append(text);
+  q += '\'';
+  return q;
+}
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+Status check_min(std::string_view option, double value, double min) {
+  if (!(value >= min)) return bad(option, num(value) + " is below the minimum " + num(min));
+  return Status();
+}
+
+}  // namespace
+
+bool is_run_mode(std::string_view mode) noexcept {
+  return std::find(kRunModes.begin(), kRunModes.end(), mode) != kRunModes.end();
+}
+
+Result<std::vector<std::int64_t>> parse_dims(std::string_view text, std::string_view option) {
+  const std::string expect = "expected dims >= 1 separated by 'x', e.g. 1x32x32";
+  if (text.empty()) return bad(option, "empty shape; " + expect);
+  std::vector<std::int64_t> dims;
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t x = text.find('x', pos);
+    const std::string_view item =
+        text.substr(pos, x == std::string_view::npos ? std::string_view::npos : x - pos);
+    std::int64_t v = 0;
+    const char* first = item.data();
+    const char* last = item.data() + item.size();
+    auto [ptr, ec] = std::from_chars(first, last, v);
+    if (item.empty() || ec != std::errc() || ptr != last || v < 1 || v > (std::int64_t{1} << 40)) {
+      return bad(option, "bad shape '" + std::string(text) + "' (item '" + std::string(item) +
+                             "'); " + expect);
+    }
+    dims.push_back(v);
+    if (x == std::string_view::npos) break;
+    pos = x + 1;
+  }
+  return dims;
+}
+
+Result<InputShapeArg> parse_input_shape(std::string_view text) {
+  InputShapeArg arg;
+  const std::size_t colon = text.rfind(':');
+  std::string_view dims = text;
+  if (colon != std::string_view::npos) {
+    arg.name = std::string(text.substr(0, colon));
+    dims = text.substr(colon + 1);
+    if (arg.name.empty()) {
+      return bad("--input-shape", "empty input name in '" + std::string(text) +
+                                      "'; expected DIMS or NAME:DIMS, e.g. 1x32x32 or x:1x32x32");
+    }
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(arg.dims, parse_dims(dims, "--input-shape"));
+  return arg;
+}
+
+Result<int> parse_priority(std::string_view text, int levels) {
+  if (text.empty()) return 0;
+  if (text == "mixed") return -1;
+  int v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size() || v < 1 || v > levels) {
+    return bad("--priority", quoted(text) + " is not one of 1.." + std::to_string(levels) +
+                                 " (1 = highest; see --priority-levels) or 'mixed'");
+  }
+  return v;
+}
+
+Status validate(BenchOptions& o) {
+  if (o.model.empty()) return bad("--model", "required (e.g. builtin:identity, path/to/model.pt)");
+  if (o.device.empty())
+    return bad("--device", "empty; expected cpu, sim, sim:<key>=<value>,..., cuda:0");
+  if (o.mode != "sweep" && !is_run_mode(o.mode)) {
+    return bad("--mode",
+               "unknown mode '" + o.mode + "'; expected one of " + std::string(kAllModes));
+  }
+  for (int c : o.concurrency) {
+    if (c < 1)
+      return bad("--concurrency", std::to_string(c) + " is below 1; expected integers >= 1");
+  }
+  if (o.concurrency.empty()) return bad("--concurrency", "empty list; expected integers >= 1");
+  for (double r : o.request_rate) {
+    if (!(r > 0) || !std::isfinite(r)) {
+      return bad("--request-rate", num(r) + " is not > 0; expected requests per second > 0");
+    }
+  }
+  if (o.arrivals != "poisson" && o.arrivals != "constant") {
+    return bad("--arrivals", "'" + o.arrivals + "' is not one of poisson, constant");
+  }
+  // Which runs: a single mode, a comparison of modes, or a sweep.
+  if (!o.compare.empty()) {
+    if (o.mode == "sweep") return bad("--compare", "cannot be combined with --mode sweep");
+    for (const std::string& m : o.compare) {
+      if (!is_run_mode(m)) {
+        return bad("--compare", "unknown mode '" + m + "'; expected a list of sync, async, rate");
+      }
+    }
+  }
+  std::vector<std::string> modes = o.compare;
+  if (modes.empty()) modes.push_back(o.mode);
+  for (const std::string& m : modes) {
+    if (m == "rate" && o.request_rate.empty()) {
+      return bad("--request-rate", "required by mode rate (requests per second, e.g. 500)");
+    }
+    if (m != "sweep") {
+      if (o.request_rate.size() > 1) {
+        return bad("--request-rate", "a list of rates needs --mode sweep");
+      }
+      if (o.concurrency.size() > 1) {
+        return bad("--concurrency", "a list of values needs --mode sweep");
+      }
+    }
+  }
+  if (o.mode == "sweep" && o.compare.empty()) {
+    const bool by_rate = !o.request_rate.empty();
+    if (by_rate && o.concurrency_given) {
+      return bad("--mode sweep", "give either --concurrency LIST or --request-rate LIST, not both");
+    }
+    if (!by_rate && !o.concurrency_given) {
+      return bad(
+          "--mode sweep",
+          "needs --concurrency LIST (e.g. 1,4,16) or --request-rate LIST (e.g. 100,200,400)");
+    }
+  }
+  // Engine.
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--workers", o.workers, 1));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--max-batch", static_cast<double>(o.max_batch), 0));
+  ASYNCINFER_RETURN_IF_ERROR(
+      check_min("--max-queue-delay-us", static_cast<double>(o.max_queue_delay_us), 0));
+  for (std::int64_t p : o.preferred_batch) {
+    ASYNCINFER_RETURN_IF_ERROR(check_min("--preferred-batch", static_cast<double>(p), 1));
+  }
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--inflight-per-worker", o.inflight_per_worker, 1));
+  if (o.priority_levels < 1 || o.priority_levels > 64) {
+    return bad("--priority-levels", std::to_string(o.priority_levels) + " is outside 1..64");
+  }
+  ASYNCINFER_RETURN_IF_ERROR(parse_priority(o.priority, o.priority_levels).status());
+  if (!(o.timeout_ms >= 0) || !std::isfinite(o.timeout_ms)) {
+    return bad("--timeout-ms", num(o.timeout_ms) + " is not >= 0 (0 = no timeout)");
+  }
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--completion-threads", o.completion_threads, 1));
+  ASYNCINFER_RETURN_IF_ERROR(
+      check_min("--queue-capacity", static_cast<double>(o.queue_capacity), 0));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--max-attempts", o.max_attempts, 1));
+  // Length.
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--warmup", static_cast<double>(o.warmup), 0));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--warmup-s", o.warmup_s, 0));
+  if (o.warmup > 0 && o.warmup_s > 0) {
+    return bad("--warmup", "give either --warmup N (requests) or --warmup-s S (seconds), not both");
+  }
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--duration-s", o.duration_s, 0));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--requests", static_cast<double>(o.requests), 0));
+  if (o.duration_s > 0 && o.requests > 0) {
+    return bad("--duration-s", "give either --duration-s S or --requests N, not both");
+  }
+  if (!std::isfinite(o.duration_s) || !std::isfinite(o.warmup_s)) {
+    return bad("--duration-s", "must be finite");
+  }
+  if (o.duration_s == 0 && o.requests == 0) o.duration_s = BenchOptions::kDefaultDurationS;
+  // Inputs.
+  for (const std::string& s : o.input_shape) {
+    ASYNCINFER_RETURN_IF_ERROR(parse_input_shape(s).status());
+  }
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--batch-rows", static_cast<double>(o.batch_rows), 1));
+  if (o.data != "random" && o.data != "zeros" &&
+      !(o.data.rfind("file:", 0) == 0 && o.data.size() > 5)) {
+    return bad("--data", "'" + o.data + "' is not one of random, zeros, file:<path.raw>");
+  }
+  return Status();
+}
+
+}  // namespace asyncinfer::cli

@@ -1,0 +1,50 @@
+// main.cpp — the `asyncinfer` command-line tool: parses the command line and dispatches to the
+// chosen subcommand (each in its own file; see commands.hpp).
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include "commands.hpp"
+
+#ifndef ASYNCINFER_VERSION
+#define ASYNCINFER_VERSION "unknown"
+#endif
+
+namespace {
+
+int run_tool(int argc, char** argv) {
+  using namespace asyncinfer::cli;
+  CLI::App app{"asyncinfer: command-line tool of the asyncinfer inference runtime", "asyncinfer"};
+  app.set_version_flag("--version", "asyncinfer " ASYNCINFER_VERSION);
+  app.require_subcommand(1);
+  app.get_formatter()->column_width(36);
+
+  std::vector<Command> commands;
+  commands.push_back(add_run_command(app));
+  commands.push_back(add_bench_command(app));
+  commands.push_back(add_info_command(app));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help/version (code 0) or the error
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  for (const Command& c : commands) {
+    if (c.app->parsed()) return c.run();
+  }
+  return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_tool(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "asyncinfer: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "asyncinfer: error: unknown exception\n");
+  }
+  return asyncinfer::cli::kExitRunFailed;
+}

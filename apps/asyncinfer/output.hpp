@@ -1,0 +1,45 @@
+// output.hpp — what one `asyncinfer bench` invocation produced, and its renderings: the human
+// table, the JSON document (schema in docs/bench.md) and CSV.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_options.hpp"
+#include "machine.hpp"
+#include "run_result.hpp"
+
+namespace asyncinfer::cli {
+
+/// Version of the JSON schema; bumped only on incompatible changes (fields are only added).
+inline constexpr int kJsonSchemaVersion = 1;
+
+struct BenchReport {
+  std::string kind;  ///< "single", "compare" or "sweep"
+  const BenchOptions* options = nullptr;
+  std::string device_description;  ///< DeviceInfo::description
+  std::string model_signature;     ///< ModelSignature::to_string()
+  std::string inputs;              ///< InputPlan::describe()
+  MachineInfo machine;
+  std::vector<RunResult> runs;
+};
+
+/// Ratio of each run to the first (compare): throughput, p50 and p99 latency.
+struct Ratio {
+  std::string mode;
+  std::string label;
+  std::optional<double> throughput, p50, p99;
+};
+std::vector<Ratio> ratios(const BenchReport& report);
+
+nlohmann::ordered_json to_json(const BenchReport& report);
+std::string to_csv(const BenchReport& report);
+void print_table(std::FILE* out, const BenchReport& report);
+
+/// "12.3 us", "4.56 ms", "1.23 s"; "-" for nullopt.
+std::string format_us(std::optional<double> us);
+
+}  // namespace asyncinfer::cli
