@@ -15,6 +15,7 @@
 #include "inputs.hpp"
 #include "machine.hpp"
 #include "output.hpp"
+#include "pipeline_bench.hpp"
 #include "report.hpp"
 
 namespace asyncinfer::cli {
@@ -75,7 +76,8 @@ std::vector<RunPoint> points_of(const BenchOptions& o, std::string& kind) {
     if (!o.request_rate.empty()) {
       for (double r : o.request_rate) points.push_back(point("rate", 0, r));
     } else {
-      for (int c : o.concurrency) points.push_back(point("async", c, 0));
+      const std::string mode = o.stages.empty() ? "async" : "pipeline";
+      for (int c : o.concurrency) points.push_back(point(mode, c, 0));
     }
   } else {
     kind = "single";
@@ -84,9 +86,35 @@ std::vector<RunPoint> points_of(const BenchOptions& o, std::string& kind) {
   return points;
 }
 
+int report_outputs(const BenchOptions& o, BenchReport& rep);
+
+/// `--stages`: a pipeline of timed stages instead of a model (pipeline_bench.hpp).
+int run_stage_bench(BenchOptions& o) {
+  auto stages = parse_stages(o.stages);
+  if (!stages.ok()) return usage(std::string(stages.status().message()));
+  BenchReport rep;
+  rep.options = &o;
+  rep.device_description = "stages " + o.stages;
+  char bound[64];
+  std::snprintf(bound, sizeof bound, "%.1f items/s", stage_bound_per_s(*stages));
+  rep.model_signature = std::string("pipeline of ") + std::to_string(stages->size()) +
+                        " timed stages; bound " + bound;
+  rep.inputs = "none (timed stages)";
+  rep.machine = machine_info();
+  const std::vector<RunPoint> points = points_of(o, rep.kind);
+  const bool progress = !o.quiet && isatty(STDERR_FILENO) != 0;
+  for (const RunPoint& p : points) {
+    Result<RunResult> r = run_stages(o, *stages, p, progress);
+    if (!r.ok()) return library_error("--stages", r.status(), false);
+    rep.runs.push_back(std::move(*r));
+  }
+  return report_outputs(o, rep);
+}
+
 int run_bench(BenchOptions& o) {
   Status v = validate(o);
   if (!v.ok()) return usage(std::string(v.message()));
+  if (!o.stages.empty()) return run_stage_bench(o);
 
   auto device = open_device(o.device);
   if (!device.ok()) return library_error("--device", device.status(), true);
@@ -134,7 +162,11 @@ int run_bench(BenchOptions& o) {
     if (!r.ok()) return library_error("", r.status(), false);
     rep.runs.push_back(std::move(*r));
   }
+  return report_outputs(o, rep);
+}
 
+/// Prints the table and writes --json, --csv and --report; the exit code of the whole bench.
+int report_outputs(const BenchOptions& o, BenchReport& rep) {
   // Outputs. A machine-readable stream on stdout moves the table to stderr.
   const bool stdout_taken = o.json == "-" || o.csv == "-";
   if (!stdout_taken) {
@@ -177,12 +209,16 @@ Command add_bench_command(CLI::App& parent) {
   // What to run on.
   app->add_option("--model,-m", o->model,
                   "Model URI or path: builtin:identity, builtin:fixed_cost?base_us=&per_item_us=, "
-                  "builtin:faulty?..., path/to/model.pt")
-      ->required();
+                  "builtin:faulty?..., path/to/model.pt (required unless --stages)");
+  app->add_option("--stages", o->stages,
+                  "Measure a pipeline of timed stages instead of a model, e.g. "
+                  "host:2ms,sim:5ms,host:2ms (kinds host, sleep, sim, cpu, cuda); modes sync "
+                  "and pipeline; --concurrency is the window");
   app->add_option("--device,-d", o->device, "Device: cpu, sim, sim:<key>=<value>,..., cuda:0")
       ->capture_default_str();
   // How to drive it.
-  app->add_option("--mode", o->mode, "sync | async | rate | sweep")->capture_default_str();
+  app->add_option("--mode", o->mode, "sync | async | rate | sweep | pipeline (with --stages)")
+      ->capture_default_str();
   CLI::Option* conc =
       app->add_option("--concurrency,-c", o->concurrency,
                       "Requests in flight (async); a list such as 1,4,16 for a sweep")

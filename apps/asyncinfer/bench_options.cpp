@@ -92,7 +92,22 @@ Result<int> parse_priority(std::string_view text, int levels) {
 }
 
 Status validate(BenchOptions& o) {
-  if (o.model.empty()) return bad("--model", "required (e.g. builtin:identity, path/to/model.pt)");
+  if (o.model.empty() && o.stages.empty()) {
+    return bad("--model", "required (e.g. builtin:identity, path/to/model.pt), or --stages");
+  }
+  {
+    std::vector<std::string> ms = o.compare;
+    if (ms.empty()) ms.push_back(o.mode);
+    for (const std::string& m : ms) {
+      if (m == "pipeline" && o.stages.empty()) {
+        return bad("--stages", "required by mode pipeline (e.g. host:2ms,sim:5ms,host:2ms)");
+      }
+      if (!o.stages.empty() && m != "sync" && m != "pipeline" && m != "sweep") {
+        return bad("--mode", "with --stages the modes are sync (the stages one after another) "
+                             "and pipeline; got '" + m + "'");
+      }
+    }
+  }
   if (o.device.empty())
     return bad("--device", "empty; expected cpu, sim, sim:<key>=<value>,..., cuda:0");
   if (o.mode != "sweep" && !is_run_mode(o.mode)) {
@@ -117,7 +132,8 @@ Status validate(BenchOptions& o) {
     if (o.mode == "sweep") return bad("--compare", "cannot be combined with --mode sweep");
     for (const std::string& m : o.compare) {
       if (!is_run_mode(m)) {
-        return bad("--compare", "unknown mode '" + m + "'; expected a list of sync, async, rate");
+        return bad("--compare",
+                   "unknown mode '" + m + "'; expected a list of sync, async, rate, pipeline");
       }
     }
   }

@@ -15,8 +15,9 @@ namespace asyncinfer::cli {
 
 /// Modes a single run can have. "sweep" runs one of them at several points.
 /// (A later `--mode pipeline` adds itself here; see run_pipeline() in drivers.hpp.)
-inline constexpr std::array<std::string_view, 3> kRunModes = {"sync", "async", "rate"};
-inline constexpr std::string_view kAllModes = "sync, async, rate, sweep";
+inline constexpr std::array<std::string_view, 4> kRunModes = {"sync", "async", "rate",
+                                                               "pipeline"};
+inline constexpr std::string_view kAllModes = "sync, async, rate, sweep, pipeline";
 
 /// One input's per-item shape from --input-shape: "1x32x32" (every input) or "name:1x32x32".
 struct InputShapeArg {
@@ -29,6 +30,7 @@ struct BenchOptions {
   // What to run on.
   std::string model;
   std::string device = "cpu";
+  std::string stages;  ///< --stages: measure a pipeline of timed stages instead of a model
   // How to drive it.
   std::string mode = "async";
   std::vector<int> concurrency = {1};

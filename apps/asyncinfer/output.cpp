@@ -108,6 +108,10 @@ json run_json(const BenchReport& rep, const RunResult& r) {
       {"cpu_user_s", r3(r.cpu_user_s)},
       {"cpu_sys_s", r3(r.cpu_sys_s)},
       {"first_inference_us", opt(r.first_inference_us)},
+      {"bound_rps", opt(r.bound_rps)},
+      {"fraction_of_bound",
+       r.bound_rps && *r.bound_rps > 0 ? json(r.throughput_rps / *r.bound_rps)
+                                       : json(nullptr)},
       {"send_lag_us", r.send_lag_us ? latency_json(*r.send_lag_us) : json(nullptr)},
       {"config", config_json(rep, &r)},
       {"machine", machine_json(rep.machine)},
@@ -302,7 +306,16 @@ void print_table(std::FILE* f, const BenchReport& rep) {
       std::fprintf(f, "  cpu              %.2f cores busy (user %.2f s, sys %.2f s) of %u\n",
                    *r.cpu_util, r.cpu_user_s, r.cpu_sys_s, rep.machine.cores);
     }
-    std::fprintf(f, "  first inference  %s (excluded)\n", format_us(r.first_inference_us).c_str());
+    if (r.first_inference_us) {
+      std::fprintf(f, "  first inference  %s (excluded)\n", format_us(r.first_inference_us).c_str());
+    }
+    if (r.bound_rps && *r.bound_rps > 0) {
+      std::fprintf(f, "  bound            %.1f items/s (1 / slowest stage): %.1f %% reached\n",
+                   *r.bound_rps, 100.0 * r.throughput_rps / *r.bound_rps);
+    }
+    if (!r.stage_utilisation.empty()) {
+      std::fprintf(f, "  stages           %s\n", r.stage_utilisation.c_str());
+    }
     return;
   }
 

@@ -55,6 +55,10 @@ struct RunResult {
   std::optional<double> batch_size_mean;
   std::uint64_t batches = 0;
 
+  // Pipeline runs (bench --stages): items/s the slowest stage allows, and each stage's share.
+  std::optional<double> bound_rps;
+  std::string stage_utilisation;
+
   // Process CPU over the measured window: (user + sys) / wall, 1.0 = one core busy.
   double cpu_user_s = 0;
   double cpu_sys_s = 0;
