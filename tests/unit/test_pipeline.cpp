@@ -146,7 +146,15 @@ TEST_P(PipelineOnDevice, NoEventReuseTenThousandItemsThroughATwoSlotWindow) {
   EXPECT_LE(p->metrics().max_in_flight, 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, PipelineOnDevice, ::testing::Values("cpu", "sim"));
+std::vector<std::string> pipeline_backends() {
+  std::vector<std::string> names = {"cpu", "sim"};
+  for (const auto& b : device_backends()) {
+    if (b == "cuda") names.push_back("cuda:0");  // skips, saying why, without a GPU
+  }
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PipelineOnDevice, ::testing::ValuesIn(pipeline_backends()));
 
 TEST(Pipeline, AnErrorFailsOnlyItsItemAndNamesTheStage) {
   auto failing = StageSpec::host("decode", [](PipelineItem& it) -> Status {
