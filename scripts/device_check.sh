@@ -18,9 +18,11 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--pack" ]; then
   dir=${2:?usage: scripts/device_check.sh --pack DIR}
-  rm -rf "$dir" && mkdir -p "$dir/include" "$dir/lib"
+  rm -rf "$dir" && mkdir -p "$dir/include" "$dir/stb" "$dir/lib"
   cp -r /usr/include/CLI /usr/include/nlohmann "$dir/include/"
-  cp /usr/include/stb/stb_image.h /usr/include/stb/stb_image_resize.h "$dir/include/"
+  # stb apart from include/: only the image code may see it, never CLI11 or nlohmann from here
+  # (two CLI11 versions in one program would break it).
+  cp /usr/include/stb/stb_image.h /usr/include/stb/stb_image_resize.h "$dir/stb/"
   cp /usr/lib/x86_64-linux-gnu/libstb.a "$dir/lib/"
   cp -r /usr/src/googletest "$dir/googletest"
   du -sh "$dir"
@@ -37,6 +39,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 report="$out/report.txt"
 : >"$report"
 say() { echo "$*" | tee -a "$report"; }
@@ -62,6 +65,7 @@ configure() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DASYNCINFER_WERROR=OFF \
     -DASYNCINFER_BUILD_BENCH=OFF -DASYNCINFER_WITH_CUDA=ON \
     -DASYNCINFER_TORCH_PYTHON="$(command -v python3)" \
+    -UASYNCINFER_STB_INCLUDE_DIR -UASYNCINFER_STB_LIBRARY \
     ${vendor:+-DASYNCINFER_VENDOR_DIR=$vendor} "$@" >>"$out/build.log" 2>&1
 }
 torch_built=0
@@ -81,7 +85,9 @@ say "built in $(elapsed)"
 bin=$build/apps/asyncinfer/asyncinfer
 
 # ---- tests ------------------------------------------------------------------------------------
-(cd "$build" && timeout 240 ctest -j "$(nproc)" --timeout 120 >"../../$out/ctest.log" 2>&1)
+# DEVICE_CHECK_TESTS=<regex> runs a subset (default: every test).
+(cd "$build" && timeout 240 ctest -j "$(nproc)" --timeout 120 ${DEVICE_CHECK_TESTS:+-R "$DEVICE_CHECK_TESTS"} \
+  --output-on-failure >"$out/ctest.log" 2>&1)
 say "tests: $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
 grep -E "\(Failed\)|\(Timeout\)|\*\*\*Failed" "$out/ctest.log" | head -20 | tee -a "$report"
 say "cuda tests run (not skipped): $(grep -E '(Cuda|cuda_0|CudaEngine|TorchCuda).*Passed' "$out/ctest.log" | wc -l)," \
@@ -90,18 +96,26 @@ say "tests done at $(elapsed)"
 
 # ---- benchmarks -------------------------------------------------------------------------------
 bench() { timeout 60 "$bin" bench --quiet "$@" 2>&1 | tee -a "$out/bench.txt"; }
-gemm='builtin:gemm?m=1024&n=1024&k=1024&dtype=bf16&max_batch=8'
+cost='builtin:fixed_cost?base_us=1000&per_item_us=10&shape=64'
 say ""
-say "== sync vs async: $gemm on cuda:0"
-bench --model "$gemm" --device cuda:0 --compare sync,async --concurrency 16 --duration-s 2 \
+say "== batching: $cost on cuda:0 (a 1 ms + 10 us/item spin kernel), sync vs async"
+bench --model "$cost" --device cuda:0 --compare sync,async --concurrency 64 --duration-s 2 \
   | grep -E "^  (sync|async)|x$" | tee -a "$report"
 say ""
-say "== workers 1, 2, 4 (async, 32 in flight) with GPU utilisation sampled by nvidia-smi"
+say "== workers 1, 2, 4: one stream each, batches of 1 (1 ms kernels), 32 in flight"
+for w in 1 2 4; do
+  line=$(bench --model "$cost" --device cuda:0 --mode async --workers "$w" --max-batch 1 \
+    --concurrency 32 --duration-s 2 | grep -E "^  (throughput|latency) ")
+  say "workers=$w $line"
+done
+gemm='builtin:gemm?m=1024&n=1024&k=1024&dtype=bf16&max_batch=8'
+say ""
+say "== cuBLAS: $gemm, workers 1, 2, 4, GPU utilisation sampled by nvidia-smi (not events)"
 for w in 1 2 4; do
   nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 >"$out/smi_$w.csv" 2>/dev/null &
   smi=$!
   line=$(bench --model "$gemm" --device cuda:0 --mode async --workers "$w" --concurrency 32 \
-    --duration-s 2 | grep -E "^  async")
+    --duration-s 2 | grep -E "^  (throughput|latency) ")
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
   util=$(awk '{s+=$1; n++} END {if (n) printf "%.0f", s/n}' "$out/smi_$w.csv")
   say "workers=$w $line  gpu busy ${util}%"

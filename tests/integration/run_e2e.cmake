@@ -13,8 +13,9 @@ foreach(row IN LISTS rows)
   endif()
 endforeach()
 file(WRITE ${WORK}/images/labels.csv "${labels}")
-# A PNG header followed by garbage, and a text file named like an image.
-file(WRITE ${WORK}/images/corrupt.png "\x89PNG\r\n\x1a\nthis is not image data")
+# A file named like a PNG whose bytes are not an image, and a text file named like an image.
+# (Plain ASCII: CMake 4 rejects \x escapes in strings.)
+file(WRITE ${WORK}/images/corrupt.png "PNG\r\n-- truncated: no header, no IHDR, no image data")
 file(WRITE ${WORK}/images/notes.png "just some text, not an image\n")
 
 foreach(mode sync async)
