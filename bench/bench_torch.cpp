@@ -3,8 +3,8 @@
 // model; the engine is measured against it (docs/performance.md).
 //
 //   bench_torch <model.pt> [--benchmark_* flags]
-#include <benchmark/benchmark.h>
 #include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
 #include <torch/script.h>
 
 #include <cstdio>

@@ -20,16 +20,17 @@ int main() {
   for (int i = 0; i < kRequests; ++i) {
     Tensor input = *Tensor::zeros(DType::f32, {1, 8});
     input.data_as<float>()[0] = static_cast<float>(i);
-    Status accepted = (*engine)->submit({std::move(input)}, [i, &done, &ok](const Result<Outputs>& r) {
-      if (r.ok()) {
-        ok++;
-        std::printf("on_complete(%d): output[0] = %.0f, shape %s\n", i,
-                    (*r)[0].data_as<float>()[0], shape_to_string((*r)[0].shape()).c_str());
-      } else {
-        std::printf("on_complete(%d): %s\n", i, r.status().to_string().c_str());
-      }
-      done.count_down();
-    });
+    Status accepted =
+        (*engine)->submit({std::move(input)}, [i, &done, &ok](const Result<Outputs>& r) {
+          if (r.ok()) {
+            ok++;
+            std::printf("on_complete(%d): output[0] = %.0f, shape %s\n", i,
+                        (*r)[0].data_as<float>()[0], shape_to_string((*r)[0].shape()).c_str());
+          } else {
+            std::printf("on_complete(%d): %s\n", i, r.status().to_string().c_str());
+          }
+          done.count_down();
+        });
     if (!accepted.ok()) return std::fprintf(stderr, "%s\n", accepted.to_string().c_str()), 1;
   }
   std::printf("%d requests submitted; doing other work...\n", kRequests);

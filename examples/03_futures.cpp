@@ -11,8 +11,7 @@ using namespace std::chrono_literals;
 
 int main() {
   auto engine = Engine::create(*load_model("builtin:fixed_cost?base_us=2000&shape=8"),
-                               *open_device("sim:compute_engines=2"),
-                               EngineOptions{.workers = 2});
+                               *open_device("sim:compute_engines=2"), EngineOptions{.workers = 2});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
   Engine& e = **engine;
   // Submit three requests; the host is free meanwhile.
@@ -22,8 +21,8 @@ int main() {
   for (Future<Outputs>* f : {&f1, &f2, &f3}) {
     if (!f->wait_for(5s)) return std::fprintf(stderr, "timed out\n"), 1;  // result(timeout=5.0)
     auto r = f->get();
-    std::printf("result: %s\n", r.ok() ? shape_to_string((*r)[0].shape()).c_str()
-                                       : r.status().to_string().c_str());
+    std::printf("result: %s\n",
+                r.ok() ? shape_to_string((*r)[0].shape()).c_str() : r.status().to_string().c_str());
   }
   // infer_batch: many requests, one wait, each result with its own status.
   std::vector<Future<Outputs>> batch;

@@ -12,7 +12,7 @@ using namespace std::chrono_literals;
 
 int main() {
   EngineOptions options;
-  options.queue_capacity = 100;         // max_queue_size=100
+  options.queue_capacity = 100;  // max_queue_size=100
   options.result_store_capacity = 1000;
   options.result_ttl = 60s;
   auto engine = Engine::create(*load_model("builtin:fixed_cost?base_us=5000&shape=8"),

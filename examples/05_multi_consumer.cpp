@@ -13,9 +13,9 @@ using namespace std::chrono_literals;
 
 int main() {
   EngineOptions options;
-  options.workers = 4;                        // num_consumers=4
-  options.queue_capacity = 1000;              // maxsize=1000
-  options.batching.max_batch_size = 1;        // one request per call, as in the article
+  options.workers = 4;                  // num_consumers=4
+  options.queue_capacity = 1000;        // maxsize=1000
+  options.batching.max_batch_size = 1;  // one request per call, as in the article
   auto engine = Engine::create(*load_model("builtin:fixed_cost?base_us=4000&shape=8"),
                                *open_device("sim:compute_engines=4"), options);
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
@@ -31,7 +31,8 @@ int main() {
     completed += r.ok() ? 1 : 0;
   }
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  std::printf("100 requests of 4 ms on 4 consumers: %.0f ms (one consumer would need 400 ms)\n", ms);
+  std::printf("100 requests of 4 ms on 4 consumers: %.0f ms (one consumer would need 400 ms)\n",
+              ms);
   for (const auto& w : e.metrics().workers) {
     std::printf("  consumer %d ran %llu requests\n", w.index,
                 static_cast<unsigned long long>(w.batches));

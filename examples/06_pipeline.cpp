@@ -64,9 +64,10 @@ int main(int argc, char** argv) {
   const double sync_rate = items / sync_s;
   const double pipe_rate = items / pipe_s;
   std::printf("sync loop : %7.1f items/s (%.1f ms per item)\n", sync_rate, 1000.0 / sync_rate);
-  std::printf("pipeline  : %7.1f items/s = %.1f%% of the bound 1/(5 ms); %.2fx the sync loop "
-              "(bound 1.8x)\n",
-              pipe_rate, 100.0 * pipe_rate / bound, pipe_rate / sync_rate);
+  std::printf(
+      "pipeline  : %7.1f items/s = %.1f%% of the bound 1/(5 ms); %.2fx the sync loop "
+      "(bound 1.8x)\n",
+      pipe_rate, 100.0 * pipe_rate / bound, pipe_rate / sync_rate);
   const auto m = (*pipeline)->metrics();
   for (const auto& s : m.stages) {
     std::printf("  stage %-5s utilisation %5.1f%%, mean queue %.2f ms\n", s.name.c_str(),

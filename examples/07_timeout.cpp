@@ -13,7 +13,7 @@ using namespace std::chrono_literals;
 
 int main() {
   EngineOptions options;
-  options.default_timeout = 5s;                // default_timeout=5.0
+  options.default_timeout = 5s;  // default_timeout=5.0
   options.max_inflight_per_worker = 1;
   options.batching.max_batch_size = 1;
   // Each item's first element is its cost in microseconds.
@@ -33,7 +33,8 @@ int main() {
               std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
               r.status().to_string().c_str());
   auto lj = long_job.get();
-  std::printf("the job ahead still completed: %s\n", lj.ok() ? "ok" : lj.status().to_string().c_str());
+  std::printf("the job ahead still completed: %s\n",
+              lj.ok() ? "ok" : lj.status().to_string().c_str());
   const auto m = e.metrics();
   std::printf("timed_out=%llu completed=%llu threads created per call: 0\n",
               static_cast<unsigned long long>(m.timed_out),

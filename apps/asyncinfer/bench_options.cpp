@@ -103,8 +103,10 @@ Status validate(BenchOptions& o) {
         return bad("--stages", "required by mode pipeline (e.g. host:2ms,sim:5ms,host:2ms)");
       }
       if (!o.stages.empty() && m != "sync" && m != "pipeline" && m != "sweep") {
-        return bad("--mode", "with --stages the modes are sync (the stages one after another) "
-                             "and pipeline; got '" + m + "'");
+        return bad("--mode",
+                   "with --stages the modes are sync (the stages one after another) "
+                   "and pipeline; got '" +
+                       m + "'");
       }
     }
   }

@@ -15,8 +15,7 @@ namespace asyncinfer::cli {
 
 /// Modes a single run can have. "sweep" runs one of them at several points.
 /// (A later `--mode pipeline` adds itself here; see run_pipeline() in drivers.hpp.)
-inline constexpr std::array<std::string_view, 4> kRunModes = {"sync", "async", "rate",
-                                                               "pipeline"};
+inline constexpr std::array<std::string_view, 4> kRunModes = {"sync", "async", "rate", "pipeline"};
 inline constexpr std::string_view kAllModes = "sync, async, rate, sweep, pipeline";
 
 /// One input's per-item shape from --input-shape: "1x32x32" (every input) or "name:1x32x32".

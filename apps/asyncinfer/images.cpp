@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 bool has_image_extension(const fs::path& p) {
   static const std::set<std::string> kExt = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tga",
-                                             ".pgm", ".ppm", ".pnm", ".psd", ".hdr", ".pic"};
+                                             ".pgm", ".ppm", ".pnm",  ".psd", ".hdr", ".pic"};
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -42,7 +42,7 @@ Result<Tensor> load_image(const std::string& path, const Preprocess& p) {
       stbi_load(path.c_str(), &width, &height, &file_channels, p.channels), &stbi_image_free);
   if (!pixels) {
     std::error_code ec;
-    const std::string why = !fs::exists(path, ec) ? "no such file"
+    const std::string why = !fs::exists(path, ec)        ? "no such file"
                             : fs::is_directory(path, ec) ? "it is a folder"
                                                          : stbi_failure_reason();
     return invalid_argument_error("cannot decode image '" + path + "': " + why);
@@ -50,13 +50,12 @@ Result<Tensor> load_image(const std::string& path, const Preprocess& p) {
   const auto size = static_cast<std::size_t>(p.size);
   const auto channels = static_cast<std::size_t>(p.channels);
   std::vector<unsigned char> small(size * size * channels);
-  const int ok = stbir_resize_uint8_generic(
-      pixels.get(), width, height, 0, small.data(), p.size, p.size, 0, p.channels,
-      STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
-      STBIR_COLORSPACE_LINEAR, nullptr);
+  const int ok =
+      stbir_resize_uint8_generic(pixels.get(), width, height, 0, small.data(), p.size, p.size, 0,
+                                 p.channels, STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP,
+                                 STBIR_FILTER_TRIANGLE, STBIR_COLORSPACE_LINEAR, nullptr);
   if (ok != 1) return internal_error("resizing image '" + path + "' failed");
-  ASYNCINFER_ASSIGN_OR_RETURN(
-      Tensor t, Tensor::empty(DType::f32, {1, p.channels, p.size, p.size}));
+  ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::empty(DType::f32, {1, p.channels, p.size, p.size}));
   // stb gives interleaved HWC; the model wants planar CHW.
   float* out = t.data_as<float>();
   const float inv_std = 1.0f / p.std;
@@ -138,9 +137,8 @@ Result<std::map<std::string, int>> read_labels(const std::string& csv_path) {
 }
 
 int label_of(const std::map<std::string, int>& labels, const std::string& image_path) {
-  for (const std::string& key :
-       {image_path, fs::path(image_path).lexically_normal().string(),
-        fs::path(image_path).filename().string()}) {
+  for (const std::string& key : {image_path, fs::path(image_path).lexically_normal().string(),
+                                 fs::path(image_path).filename().string()}) {
     auto it = labels.find(key);
     if (it != labels.end()) return it->second;
   }

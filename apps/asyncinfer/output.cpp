@@ -110,8 +110,7 @@ json run_json(const BenchReport& rep, const RunResult& r) {
       {"first_inference_us", opt(r.first_inference_us)},
       {"bound_rps", opt(r.bound_rps)},
       {"fraction_of_bound",
-       r.bound_rps && *r.bound_rps > 0 ? json(r.throughput_rps / *r.bound_rps)
-                                       : json(nullptr)},
+       r.bound_rps && *r.bound_rps > 0 ? json(r.throughput_rps / *r.bound_rps) : json(nullptr)},
       {"send_lag_us", r.send_lag_us ? latency_json(*r.send_lag_us) : json(nullptr)},
       {"config", config_json(rep, &r)},
       {"machine", machine_json(rep.machine)},
@@ -307,7 +306,8 @@ void print_table(std::FILE* f, const BenchReport& rep) {
                    *r.cpu_util, r.cpu_user_s, r.cpu_sys_s, rep.machine.cores);
     }
     if (r.first_inference_us) {
-      std::fprintf(f, "  first inference  %s (excluded)\n", format_us(r.first_inference_us).c_str());
+      std::fprintf(f, "  first inference  %s (excluded)\n",
+                   format_us(r.first_inference_us).c_str());
     }
     if (r.bound_rps && *r.bound_rps > 0) {
       std::fprintf(f, "  bound            %.1f items/s (1 / slowest stage): %.1f %% reached\n",

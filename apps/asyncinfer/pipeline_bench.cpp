@@ -64,10 +64,12 @@ Result<std::vector<StageArg>> parse_stages(const std::string& text) {
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? text.npos : comma - start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? text.npos : comma - start);
     start = comma == std::string::npos ? text.size() + 1 : comma + 1;
     const std::size_t c1 = item.find(':');
-    if (c1 == std::string::npos) return invalid_argument_error("--stages: '" + item + "': " + forms);
+    if (c1 == std::string::npos)
+      return invalid_argument_error("--stages: '" + item + "': " + forms);
     StageArg s;
     s.kind = item.substr(0, c1);
     if (s.kind != "host" && s.kind != "sleep" && s.kind != "sim" && s.kind != "cpu" &&
@@ -186,8 +188,8 @@ Result<RunResult> run_stages(const BenchOptions& o, const std::vector<StageArg>&
       const StageArg s = stages[i];
       const std::string name = s.kind + std::to_string(i);
       if (s.kind == "host") {
-        specs.push_back(StageSpec::host(name, [s](PipelineItem&) { return spin_for(s.time), Status(); },
-                                        s.threads));
+        specs.push_back(StageSpec::host(
+            name, [s](PipelineItem&) { return spin_for(s.time), Status(); }, s.threads));
       } else if (s.kind == "sleep") {
         specs.push_back(StageSpec::host(
             name, [s](PipelineItem&) { return std::this_thread::sleep_for(s.time), Status(); },
@@ -199,9 +201,9 @@ Result<RunResult> run_stages(const BenchOptions& o, const std::vector<StageArg>&
       }
     }
     ASYNCINFER_ASSIGN_OR_RETURN(
-        auto pipeline,
-        Pipeline::create(std::move(specs),
-                         PipelineOptions{.window = static_cast<std::size_t>(window), .ordered = false}));
+        auto pipeline, Pipeline::create(std::move(specs),
+                                        PipelineOptions{.window = static_cast<std::size_t>(window),
+                                                        .ordered = false}));
     std::mutex mu;
     std::int64_t measured = 0;
     std::int64_t failed = 0;

@@ -69,7 +69,7 @@ struct RunSummary {
 
 struct Prediction {
   std::string file;
-  int label = -1;                        // -1: unknown
+  int label = -1;                          // -1: unknown
   std::vector<std::pair<int, float>> top;  // (class, probability), best first
   double latency_us = 0;
   Status error;
@@ -119,8 +119,10 @@ Result<Preprocess> preprocessing(const RunOptions& o, const ModelSignature& sig,
     }
   }
   if (sig.inputs.size() != 1 || sig.inputs[0].shape.size() != 4) {
-    return invalid_argument_error("asyncinfer run needs a model with one input of shape "
-                                  "[N, C, H, W]; this one has " + sig.to_string());
+    return invalid_argument_error(
+        "asyncinfer run needs a model with one input of shape "
+        "[N, C, H, W]; this one has " +
+        sig.to_string());
   }
   const Shape& s = sig.inputs[0].shape;
   if (s[1] > 0) p.channels = static_cast<int>(s[1]);
@@ -152,8 +154,8 @@ class Progress {
     if (now - last_ < every && done != total_) return;
     last_ = now;
     const double s = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "%s[run] %zu/%zu images, %.0f images/s%s", tty_ ? "\r" : "", done,
-                 total_, s > 0 ? static_cast<double>(done) / s : 0.0, tty_ ? "" : "\n");
+    std::fprintf(stderr, "%s[run] %zu/%zu images, %.0f images/s%s", tty_ ? "\r" : "", done, total_,
+                 s > 0 ? static_cast<double>(done) / s : 0.0, tty_ ? "" : "\n");
     if (tty_ && done == total_) std::fputc('\n', stderr);
   }
 
@@ -170,7 +172,7 @@ Status write_predictions(const std::string& path, const std::vector<Prediction>&
                          const std::vector<std::string>& names) {
   auto name_of = [&](int c) {
     return c >= 0 && static_cast<std::size_t>(c) < names.size() ? names[static_cast<std::size_t>(c)]
-                                                                 : std::to_string(c);
+                                                                : std::to_string(c);
   };
   std::ofstream out(path);
   if (!out) return invalid_argument_error("cannot write --output file '" + path + "'");
@@ -234,8 +236,9 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
   }
   for (const auto& p : problems) std::fprintf(stderr, "asyncinfer run: skipped: %s\n", p.c_str());
   if (files.empty()) {
-    std::fprintf(stderr, "asyncinfer run: no images to run (--images takes files, folders or "
-                         "glob patterns)\n");
+    std::fprintf(stderr,
+                 "asyncinfer run: no images to run (--images takes files, folders or "
+                 "glob patterns)\n");
     return kExitRunFailed;
   }
   std::map<std::string, int> labels;
@@ -273,8 +276,8 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
   const auto t0 = Clock::now();
 
   auto postprocess = [&](std::size_t i, const Tensor& logits) {
-    preds[i].top = top_k(logits.data_as<float>(), std::min<std::size_t>(classes, logits.numel()),
-                         o.top_k);
+    preds[i].top =
+        top_k(logits.data_as<float>(), std::min<std::size_t>(classes, logits.numel()), o.top_k);
   };
 
   if (mode == "sync") {
@@ -303,24 +306,25 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
                              ? o.decode_threads
                              : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
     auto pipeline = Pipeline::create(
-        {StageSpec::host("decode",
-                         [&](PipelineItem& item) -> Status {
-                           const auto& m = std::any_cast<const Meta&>(item.user);
-                           ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, load_image(files[m.index], p));
-                           item.tensors = {std::move(t)};
-                           return Status();
-                         },
-                         decoders),
+        {StageSpec::host(
+             "decode",
+             [&](PipelineItem& item) -> Status {
+               const auto& m = std::any_cast<const Meta&>(item.user);
+               ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, load_image(files[m.index], p));
+               item.tensors = {std::move(t)};
+               return Status();
+             },
+             decoders),
          StageSpec::run_engine("infer", e),
-         StageSpec::host("postprocess",
-                         [&](PipelineItem& item) -> Status {
-                           const auto& m = std::any_cast<const Meta&>(item.user);
-                           postprocess(m.index, item.tensors.at(0));
-                           preds[m.index].latency_us = std::chrono::duration<double, std::micro>(
-                                                           Clock::now() - m.submitted)
-                                                           .count();
-                           return Status();
-                         })},
+         StageSpec::host(
+             "postprocess",
+             [&](PipelineItem& item) -> Status {
+               const auto& m = std::any_cast<const Meta&>(item.user);
+               postprocess(m.index, item.tensors.at(0));
+               preds[m.index].latency_us =
+                   std::chrono::duration<double, std::micro>(Clock::now() - m.submitted).count();
+               return Status();
+             })},
         PipelineOptions{.window = o.window, .ordered = false});
     if (!pipeline.ok()) {
       std::fprintf(stderr, "asyncinfer run: %s\n", pipeline.status().to_string().c_str());
@@ -374,7 +378,8 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
     std::string path = o.output;
     if (o.compare) {  // one file per mode: name.sync.csv, name.async.csv
       const auto dot = path.find_last_of('.');
-      path = dot == std::string::npos ? path + "." + mode : path.substr(0, dot) + "." + mode + path.substr(dot);
+      path = dot == std::string::npos ? path + "." + mode
+                                      : path.substr(0, dot) + "." + mode + path.substr(dot);
     }
     Status s = write_predictions(path, preds, class_names);
     if (!s.ok()) {
@@ -423,7 +428,8 @@ void print_summary(const RunOptions& o, const RunSummary& s) {
 }
 
 void print_comparison(const RunSummary& a, const RunSummary& b) {
-  auto row = [](const char* name, const std::string& x, const std::string& y, const std::string& r) {
+  auto row = [](const char* name, const std::string& x, const std::string& y,
+                const std::string& r) {
     std::printf("%-16s %18s %18s %12s\n", name, x.c_str(), y.c_str(), r.c_str());
   };
   auto num = [](double v, const char* fmt) {

@@ -18,7 +18,10 @@
 //     the completion point of whatever depends on it, and nothing else.
 //   - Destroying a stream stops its running kernel where the backend can, drops work not yet
 //     started, completes its pending events as failed (aborted) and runs every pending host
-//     function with an aborted status: nothing is left pending (CUDA instead lets work finish).
+//     function with an aborted status: nothing is left pending. (cuda: device work already
+//     launched runs to its end; events recorded on a stream that only copies complete normally.
+//     Destruction waits for the stream, so it must not be called from that stream's own host
+//     function, and it waits for a cross-stream wait that has not been satisfied.)
 //
 // Backends: "cpu" (each stream is one host thread), "sim" (a simulated accelerator: compute and
 // copy engines whose occupancy is simulated in real time without burning host CPU), and "cuda"
@@ -53,15 +56,15 @@ std::string_view to_string(DeviceKind kind) noexcept;
 
 /// What a device is and can do.
 struct DeviceInfo {
-  std::string name;          ///< as opened: "cpu", "sim", "cuda:0"
+  std::string name;  ///< as opened: "cpu", "sim", "cuda:0"
   DeviceKind kind = DeviceKind::cpu;
-  std::string description;   ///< one line for people ("NVIDIA H200, 132 SMs, 140 GiB")
-  bool async = true;         ///< enqueue returns before the work runs
-  bool simulated = false;    ///< true for "sim": timings are simulated, not measured hardware
-  bool unified_memory = false;  ///< device memory is plain host memory (no copies needed)
+  std::string description;        ///< one line for people ("NVIDIA H200, 132 SMs, 140 GiB")
+  bool async = true;              ///< enqueue returns before the work runs
+  bool simulated = false;         ///< true for "sim": timings are simulated, not measured hardware
+  bool unified_memory = false;    ///< device memory is plain host memory (no copies needed)
   bool cancellable_work = false;  ///< running kernels end early when their stop token fires
   int compute_engines = 1;
-  int copy_engines = 0;      ///< engines that overlap host<->device copies with compute
+  int copy_engines = 0;  ///< engines that overlap host<->device copies with compute
 };
 
 /// Options for Device::create_event.
@@ -83,7 +86,12 @@ struct StreamOptions {
 };
 
 /// Direction of a copy, derived from the tensors' placements.
-enum class CopyKind : std::uint8_t { host_to_host, host_to_device, device_to_host, device_to_device };
+enum class CopyKind : std::uint8_t {
+  host_to_host,
+  host_to_device,
+  device_to_host,
+  device_to_device
+};
 std::string_view to_string(CopyKind kind) noexcept;
 
 /// One unit of work on a stream.
@@ -95,9 +103,10 @@ struct Kernel {
   std::chrono::nanoseconds duration{0};
   bool spin = false;
   /// Optional host function, run in stream order after the occupancy (cpu, sim: on the stream's
-  /// thread, so it may compute for real; cuda: through cudaLaunchHostFunc, so it must not call
-  /// CUDA). The token fires when `stop` does or when the stream is destroyed. A non-ok return
-  /// or an exception becomes the stream's pending error (see the header comment).
+  /// thread, so it may compute for real; cuda: on the stream's own host thread, handed over by
+  /// cudaLaunchHostFunc while a small kernel holds the stream, so it must not call CUDA). The
+  /// token fires when `stop` does or when the stream is destroyed. A non-ok return or an
+  /// exception becomes the stream's pending error (see the header comment).
   detail::UniqueFunction<Status(std::stop_token)> host_fn;
   /// Cancellation: where the backend can (cpu, sim), the occupancy ends early when it fires.
   std::stop_token stop;

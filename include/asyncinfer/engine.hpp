@@ -71,9 +71,9 @@ using Outputs = std::vector<Tensor>;
 
 /// Where a request is in its life. The last five are terminal.
 enum class RequestState : std::uint8_t {
-  unknown,    ///< no such id (status() only)
-  pending,    ///< queued, or waiting to retry
-  running,    ///< in a batch on a worker's stream
+  unknown,  ///< no such id (status() only)
+  pending,  ///< queued, or waiting to retry
+  running,  ///< in a batch on a worker's stream
   completed,
   failed,
   timed_out,

@@ -91,12 +91,11 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
     // The result is immutable from here on: read it without the lock.
     if (first && callback_executor_ != nullptr) {
       // Hand the callbacks to the executor (the producer's thread runs no user code).
-      UniqueFunction<void()> task(
-          [self = this->shared_from_this(), first = std::move(first),
-           rest = std::move(rest)]() mutable {
-            self->run_callback(first);
-            for (Callback& cb : rest) self->run_callback(cb);
-          });
+      UniqueFunction<void()> task([self = this->shared_from_this(), first = std::move(first),
+                                   rest = std::move(rest)]() mutable {
+        self->run_callback(first);
+        for (Callback& cb : rest) self->run_callback(cb);
+      });
       if (post_to(*callback_executor_, task)) return true;
       task();  // the executor has shut down: run them here rather than never
       return true;
@@ -343,8 +342,8 @@ class Promise {
  private:
   void break_if_unset() {
     if (state_ && !state_->is_ready()) {
-      state_->set(Result<T>(internal_error(
-          "broken promise: the producer was destroyed without setting a result")));
+      state_->set(Result<T>(
+          internal_error("broken promise: the producer was destroyed without setting a result")));
     }
   }
   std::shared_ptr<detail::FutureState<T>> state_;

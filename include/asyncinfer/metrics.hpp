@@ -23,8 +23,8 @@ namespace asyncinfer {
 
 /// A point-in-time copy of a histogram.
 struct HistogramSnapshot {
-  std::vector<double> bounds;           ///< upper bounds of the buckets, ascending (µs or units)
-  std::vector<std::uint64_t> counts;    ///< per bucket; one more than bounds (the +Inf bucket)
+  std::vector<double> bounds;         ///< upper bounds of the buckets, ascending (µs or units)
+  std::vector<std::uint64_t> counts;  ///< per bucket; one more than bounds (the +Inf bucket)
   std::uint64_t count = 0;
   double sum = 0;
   double max = 0;
@@ -85,7 +85,7 @@ struct EngineMetrics {
   std::map<std::string, std::uint64_t> rejections_by_reason;
   // Work.
   std::uint64_t batches = 0;
-  std::uint64_t attempts = 0;          ///< request executions, first attempts included
+  std::uint64_t attempts = 0;  ///< request executions, first attempts included
   std::uint64_t retries = 0;
   std::uint64_t retries_denied_by_budget = 0;
   std::uint64_t split_batches = 0;     ///< failed batches re-run request by request

@@ -67,13 +67,13 @@ enum class StageKind : std::uint8_t { host, device, engine };
 struct StageSpec {
   std::string name;
   StageKind kind = StageKind::host;
-  int concurrency = 1;                 ///< host stages: parallel threads
+  int concurrency = 1;  ///< host stages: parallel threads
   HostStageFn host_fn;
-  std::shared_ptr<Device> device;      ///< device stages
+  std::shared_ptr<Device> device;  ///< device stages
   DeviceStageFn device_fn;
-  int stream_depth = 2;                ///< device stages: items enqueued ahead on the stream
-  std::shared_ptr<Model> model;        ///< model stages (a kind of device stage)
-  Engine* engine = nullptr;            ///< engine stages; the engine must outlive the pipeline
+  int stream_depth = 2;          ///< device stages: items enqueued ahead on the stream
+  std::shared_ptr<Model> model;  ///< model stages (a kind of device stage)
+  Engine* engine = nullptr;      ///< engine stages; the engine must outlive the pipeline
 
   static StageSpec host(std::string name, HostStageFn fn, int concurrency = 1);
   static StageSpec on_device(std::string name, std::shared_ptr<Device> device, DeviceStageFn fn,
@@ -109,11 +109,11 @@ struct StageMetrics {
   std::string name;
   std::string kind;
   int concurrency = 1;
-  std::uint64_t items = 0;     ///< items this stage finished (ok or failed)
+  std::uint64_t items = 0;  ///< items this stage finished (ok or failed)
   std::uint64_t failures = 0;
-  double busy_s = 0;           ///< host: time in the stage function; device/engine: occupancy
-  double utilisation = 0;      ///< busy_s ÷ (elapsed × concurrency)
-  std::int64_t queued = 0;     ///< waiting at this stage now
+  double busy_s = 0;             ///< host: time in the stage function; device/engine: occupancy
+  double utilisation = 0;        ///< busy_s ÷ (elapsed × concurrency)
+  std::int64_t queued = 0;       ///< waiting at this stage now
   HistogramSnapshot queue_us;    ///< time items waited at this stage
   HistogramSnapshot service_us;  ///< time the stage spent on one item
 };
@@ -130,7 +130,7 @@ struct PipelineMetrics {
   double elapsed_s = 0;            ///< since the first submit
   double items_per_s = 0;          ///< completed ÷ elapsed
   std::vector<StageMetrics> stages;
-  HistogramSnapshot latency_us;    ///< submit → delivered
+  HistogramSnapshot latency_us;  ///< submit → delivered
 
   /// The stage with the highest utilisation (the bottleneck), or "" before any item.
   std::string bottleneck() const;

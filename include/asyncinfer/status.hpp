@@ -103,8 +103,8 @@ const Status& ok_status() noexcept;
 }  // namespace detail
 
 /// Aborts with file:line when `cond` is false. For invariants, never for user input.
-#define ASYNCINFER_CHECK(cond)                                                 \
-  do {                                                                         \
+#define ASYNCINFER_CHECK(cond)                                                  \
+  do {                                                                          \
     if (!(cond)) ::asyncinfer::detail::check_failed(__FILE__, __LINE__, #cond); \
   } while (false)
 
@@ -129,9 +129,7 @@ class [[nodiscard]] Result {
 
   bool ok() const noexcept { return v_.index() == 1; }
   /// The error, or an ok Status when a value is held.
-  const Status& status() const noexcept {
-    return ok() ? detail::ok_status() : std::get<0>(v_);
-  }
+  const Status& status() const noexcept { return ok() ? detail::ok_status() : std::get<0>(v_); }
 
   /// The value. Calling these on an error is a programming error: aborts with the status.
   T& value() & {
@@ -169,17 +167,17 @@ class [[nodiscard]] Result {
 #define ASYNCINFER_CONCAT_(a, b) ASYNCINFER_CONCAT_INNER_(a, b)
 
 /// Returns the Status of `expr` from the enclosing function when it is not ok.
-#define ASYNCINFER_RETURN_IF_ERROR(expr)                                  \
-  do {                                                                    \
-    ::asyncinfer::Status asyncinfer_status_ = (expr);                     \
-    if (!asyncinfer_status_.ok()) return asyncinfer_status_;              \
+#define ASYNCINFER_RETURN_IF_ERROR(expr)                     \
+  do {                                                       \
+    ::asyncinfer::Status asyncinfer_status_ = (expr);        \
+    if (!asyncinfer_status_.ok()) return asyncinfer_status_; \
   } while (false)
 
 /// `lhs = value of expr` (a Result), or returns its Status from the enclosing function.
-#define ASYNCINFER_ASSIGN_OR_RETURN(lhs, expr)                                              \
-  auto ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__) = (expr);                            \
-  if (!ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__).ok())                                \
-    return ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__).status();                        \
+#define ASYNCINFER_ASSIGN_OR_RETURN(lhs, expr)                        \
+  auto ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__) = (expr);     \
+  if (!ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__).ok())         \
+    return ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__).status(); \
   lhs = std::move(ASYNCINFER_CONCAT_(asyncinfer_result_, __LINE__)).value()
 
 }  // namespace asyncinfer

@@ -29,8 +29,8 @@ void report_callback_exception(const char* where, std::exception_ptr e) noexcept
     what = text.c_str();
   } catch (...) {
   }
-  std::fprintf(stderr, "asyncinfer: exception in %s caught and counted (%llu so far): %s\n",
-               where, static_cast<unsigned long long>(n), what);
+  std::fprintf(stderr, "asyncinfer: exception in %s caught and counted (%llu so far): %s\n", where,
+               static_cast<unsigned long long>(n), what);
 }
 }  // namespace detail
 }  // namespace asyncinfer

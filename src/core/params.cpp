@@ -42,16 +42,15 @@ Result<std::string> Params::get_string(std::string_view key, std::string fallbac
   return it == values_.end() ? fallback : it->second;
 }
 
-Result<std::int64_t> Params::get_int(std::string_view key, std::int64_t fallback,
-                                     std::int64_t min, std::int64_t max) const {
+Result<std::int64_t> Params::get_int(std::string_view key, std::int64_t fallback, std::int64_t min,
+                                     std::int64_t max) const {
   auto it = values_.find(std::string(key));
   if (it == values_.end()) return fallback;
   const std::string& v = it->second;
   errno = 0;
   char* end = nullptr;
   const long long parsed = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || parsed < min ||
-      parsed > max) {
+  if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || parsed < min || parsed > max) {
     return invalid_argument_error(context_ + ": " + std::string(key) + "=" + v +
                                   " is not an integer in [" + std::to_string(min) + ", " +
                                   std::to_string(max) + "]");

@@ -6,9 +6,9 @@
 namespace asyncinfer {
 namespace {
 constexpr std::array<std::string_view, 11> kCodeNames = {
-    "ok",        "cancelled",          "invalid_argument",    "deadline_exceeded",
-    "not_found", "already_exists",     "resource_exhausted",  "failed_precondition",
-    "aborted",   "unavailable",        "internal",
+    "ok",        "cancelled",      "invalid_argument",   "deadline_exceeded",
+    "not_found", "already_exists", "resource_exhausted", "failed_precondition",
+    "aborted",   "unavailable",    "internal",
 };
 }  // namespace
 

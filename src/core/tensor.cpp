@@ -33,14 +33,14 @@ struct Alias {
 };
 // Lower-case aliases; "TYPE_" prefixes (Triton model configs) are stripped before lookup.
 constexpr std::array<Alias, 24> kAliases = {{
-    {"f32", DType::f32},     {"fp32", DType::f32},      {"float32", DType::f32},
-    {"float", DType::f32},   {"f16", DType::f16},       {"fp16", DType::f16},
-    {"float16", DType::f16}, {"half", DType::f16},      {"bf16", DType::bf16},
-    {"bfloat16", DType::bf16}, {"f64", DType::f64},     {"fp64", DType::f64},
-    {"float64", DType::f64}, {"double", DType::f64},    {"i8", DType::i8},
-    {"int8", DType::i8},     {"u8", DType::u8},         {"uint8", DType::u8},
-    {"i32", DType::i32},     {"int32", DType::i32},     {"i64", DType::i64},
-    {"int64", DType::i64},   {"bool", DType::boolean},  {"boolean", DType::boolean},
+    {"f32", DType::f32},       {"fp32", DType::f32},     {"float32", DType::f32},
+    {"float", DType::f32},     {"f16", DType::f16},      {"fp16", DType::f16},
+    {"float16", DType::f16},   {"half", DType::f16},     {"bf16", DType::bf16},
+    {"bfloat16", DType::bf16}, {"f64", DType::f64},      {"fp64", DType::f64},
+    {"float64", DType::f64},   {"double", DType::f64},   {"i8", DType::i8},
+    {"int8", DType::i8},       {"u8", DType::u8},        {"uint8", DType::u8},
+    {"i32", DType::i32},       {"int32", DType::i32},    {"i64", DType::i64},
+    {"int64", DType::i64},     {"bool", DType::boolean}, {"boolean", DType::boolean},
 }};
 
 }  // namespace
@@ -56,7 +56,8 @@ std::string_view to_string(DType dtype) noexcept {
 Result<DType> parse_dtype(std::string_view name) {
   std::string lower;
   lower.reserve(name.size());
-  for (char c : name) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : name)
+    lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   if (lower.rfind("type_", 0) == 0) lower.erase(0, 5);
   for (const Alias& a : kAliases) {
     if (a.name == lower) return a.dtype;
@@ -152,11 +153,10 @@ Result<Tensor> Tensor::from_storage(std::shared_ptr<Storage> storage, DType dtyp
   if (!storage) return invalid_argument_error("Tensor::from_storage: storage is null");
   ASYNCINFER_ASSIGN_OR_RETURN(std::size_t bytes, checked_byte_size(dtype, shape));
   if (offset > storage->bytes() || bytes > storage->bytes() - offset) {
-    return invalid_argument_error("Tensor::from_storage: " + std::string(to_string(dtype)) +
-                                  shape_to_string(shape) + " (" + std::to_string(bytes) +
-                                  " bytes) at offset " + std::to_string(offset) +
-                                  " does not fit in storage of " +
-                                  std::to_string(storage->bytes()) + " bytes");
+    return invalid_argument_error(
+        "Tensor::from_storage: " + std::string(to_string(dtype)) + shape_to_string(shape) + " (" +
+        std::to_string(bytes) + " bytes) at offset " + std::to_string(offset) +
+        " does not fit in storage of " + std::to_string(storage->bytes()) + " bytes");
   }
   Tensor t;
   t.storage_ = std::move(storage);
@@ -194,8 +194,8 @@ Result<Tensor> Tensor::reshape(Shape shape) const {
   if (!defined()) return invalid_argument_error("reshape of an undefined tensor");
   ASYNCINFER_ASSIGN_OR_RETURN(std::size_t n, checked_element_count(shape));
   if (n != numel_) {
-    return invalid_argument_error("cannot reshape " + describe() + " to " +
-                                  shape_to_string(shape) + ": element counts differ");
+    return invalid_argument_error("cannot reshape " + describe() + " to " + shape_to_string(shape) +
+                                  ": element counts differ");
   }
   return from_storage(storage_, dtype_, std::move(shape), offset_);
 }

@@ -45,12 +45,13 @@ namespace detail {
 
 const std::vector<DeviceBackend>& device_backend_registry() {
   static const std::vector<DeviceBackend> registry = {
-      {"cpu", "cpu", &open_cpu_device},
-      {"sim", "sim or sim:<key>=<value>,... (keys: compute_engines, copy_engines, "
-              "copy_bytes_per_us, d2d_bytes_per_us, copy_latency_us, launch_overhead_us)",
-       &open_sim_device},
+    {"cpu", "cpu", &open_cpu_device},
+    {"sim",
+     "sim or sim:<key>=<value>,... (keys: compute_engines, copy_engines, "
+     "copy_bytes_per_us, d2d_bytes_per_us, copy_latency_us, launch_overhead_us)",
+     &open_sim_device},
 #if defined(ASYNCINFER_HAVE_CUDA)
-      {"cuda", "cuda or cuda:<index>", &open_cuda_device},
+    {"cuda", "cuda or cuda:<index>", &open_cuda_device},
 #endif
   };
   return registry;
@@ -102,11 +103,11 @@ Result<std::shared_ptr<Device>> open_device(std::string_view spec) {
     }
   }
   if (name == "cuda") {
-    return unavailable_error("device '" + std::string(spec) +
-                             "': the cuda backend was not built into this library (built: " +
-                             built +
-                             "); rebuild with -DASYNCINFER_WITH_CUDA=ON where the CUDA "
-                             "toolkit is installed");
+    return unavailable_error(
+        "device '" + std::string(spec) +
+        "': the cuda backend was not built into this library (built: " + built +
+        "); rebuild with -DASYNCINFER_WITH_CUDA=ON where the CUDA "
+        "toolkit is installed");
   }
   if (name == "npu") {
     return unavailable_error(

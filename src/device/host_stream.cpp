@@ -9,6 +9,15 @@
 
 namespace asyncinfer::detail {
 
+Result<std::shared_ptr<Storage>> allocate_host_backed(std::size_t bytes, MemoryKind kind) {
+  ASYNCINFER_ASSIGN_OR_RETURN(auto host, Storage::allocate_host(bytes));
+  if (kind == MemoryKind::host) return host;
+  void* p = host->data();
+  return std::make_shared<Storage>(
+      p, bytes, Placement{kind, kind == MemoryKind::device ? 0 : -1},
+      [keep = std::move(host)](void*) {}, true);
+}
+
 bool sleep_until(Clock::time_point deadline, std::stop_token stop) {
   if (Clock::now() >= deadline) return !stop.stop_requested();
   std::mutex mu;

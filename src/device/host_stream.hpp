@@ -27,6 +27,10 @@
 
 namespace asyncinfer::detail {
 
+/// Memory of `kind` for a device whose memory is host memory (cpu, sim): host bytes labelled with
+/// the kind asked for, still host-accessible.
+Result<std::shared_ptr<Storage>> allocate_host_backed(std::size_t bytes, MemoryKind kind);
+
 /// Sleeps until `deadline` without burning CPU; returns false when `stop` fired first.
 bool sleep_until(Clock::time_point deadline, std::stop_token stop);
 /// Busy-waits until `deadline` (a CPU-bound kernel); returns false when `stop` fired first.
@@ -86,8 +90,7 @@ class HostEvent final : public Event {
 
 class HostStream : public Stream {
  public:
-  HostStream(std::shared_ptr<Device> device, const StreamOptions& options,
-             std::string thread_name);
+  HostStream(std::shared_ptr<Device> device, const StreamOptions& options, std::string thread_name);
   /// Stops the thread: see device.hpp for what happens to pending work. Derived destructors
   /// must call close() first, so the hooks never run on a half-destroyed object.
   ~HostStream() override;
@@ -107,7 +110,8 @@ class HostStream : public Stream {
   /// Runs `kernel` on the stream thread: its occupancy, then its host function (run_host_fn).
   /// `start_at` is the simulated time at which it may start (sim); `stop` combines the kernel's
   /// token and the stream's closing. Returns the failure to record as pending, or ok.
-  virtual Status run_kernel(Kernel& kernel, Clock::time_point enqueued_at, std::stop_token stop) = 0;
+  virtual Status run_kernel(Kernel& kernel, Clock::time_point enqueued_at,
+                            std::stop_token stop) = 0;
   virtual Status run_copy(const Tensor& dst, const Tensor& src, CopyKind kind,
                           Clock::time_point enqueued_at, std::stop_token stop) = 0;
   /// The completion time to stamp on a recorded marker (cpu: now; sim: its simulated timeline).

@@ -54,9 +54,7 @@ std::string_view to_string(RequestState state) noexcept {
 
 std::ostream& operator<<(std::ostream& os, RequestState state) { return os << to_string(state); }
 
-bool is_terminal(RequestState state) noexcept {
-  return state >= RequestState::completed;
-}
+bool is_terminal(RequestState state) noexcept { return state >= RequestState::completed; }
 
 namespace detail {
 namespace {
@@ -88,17 +86,17 @@ enum class Breaker : std::uint8_t { closed, open, half_open };
 
 struct Worker {
   int index = 0;
-  std::unique_ptr<Stream> stream;             // replaced only by the worker thread (recycle)
+  std::unique_ptr<Stream> stream;  // replaced only by the worker thread (recycle)
   std::unique_ptr<ModelInstance> instance;
   std::mutex mu;
   std::condition_variable cv;
-  std::uint64_t generation = 0;               // under mu
-  int inflight = 0;                           // under mu
+  std::uint64_t generation = 0;                 // under mu
+  int inflight = 0;                             // under mu
   std::vector<std::shared_ptr<Batch>> running;  // under mu
-  bool recycle = false;                       // under mu
-  Breaker breaker = Breaker::closed;          // under mu
-  int consecutive_failures = 0;               // under mu
-  Clock::time_point open_until{};             // under mu
+  bool recycle = false;                         // under mu
+  Breaker breaker = Breaker::closed;            // under mu
+  int consecutive_failures = 0;                 // under mu
+  Clock::time_point open_until{};               // under mu
   std::atomic<std::uint64_t> batches{0};
   std::atomic<std::uint64_t> failed_batches{0};
   std::atomic<std::uint64_t> recycles{0};
@@ -233,22 +231,21 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     if (queue_.size() >= opt_.queue_capacity) {
       if (opt_.queue_full_policy == QueueFullPolicy::reject) {
         return reject("queue_full",
-                      resource_exhausted_error(
-                          context("queue full", r->tag) + ": " + std::to_string(queue_.size()) +
-                          " requests queued (queue_capacity " +
-                          std::to_string(opt_.queue_capacity) + ")"));
+                      resource_exhausted_error(context("queue full", r->tag) + ": " +
+                                               std::to_string(queue_.size()) +
+                                               " requests queued (queue_capacity " +
+                                               std::to_string(opt_.queue_capacity) + ")"));
       }
       const Clock::time_point until = Clock::now() + opt_.submit_timeout;
-      const bool room = space_cv_.wait_until(lock, until, [this] {
-        return stopping_ || queue_.size() < opt_.queue_capacity;
-      });
+      const bool room = space_cv_.wait_until(
+          lock, until, [this] { return stopping_ || queue_.size() < opt_.queue_capacity; });
       if (stopping_) return reject("shut_down", unavailable_error("engine is shut down"));
       if (!room) {
         return reject("queue_full",
-                      resource_exhausted_error(
-                          context("queue full", r->tag) + ": still " +
-                          std::to_string(queue_.size()) + " requests queued after waiting " +
-                          ms_text(opt_.submit_timeout) + " (submit_timeout)"));
+                      resource_exhausted_error(context("queue full", r->tag) + ": still " +
+                                               std::to_string(queue_.size()) +
+                                               " requests queued after waiting " +
+                                               ms_text(opt_.submit_timeout) + " (submit_timeout)"));
       }
     }
     const Clock::time_point now = Clock::now();
@@ -345,7 +342,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     r->future_state = r->promise->get_future().state();
     set_callback_executor(*r->promise);
     Status s = store_.insert(r);
-    if (!s.ok()) return reject(s.code() == StatusCode::already_exists ? "duplicate_id" : "store_full", s);
+    if (!s.ok())
+      return reject(s.code() == StatusCode::already_exists ? "duplicate_id" : "store_full", s);
     s = accept(r);
     if (!s.ok()) {
       store_.erase_refused(r->id, r.get());
@@ -376,7 +374,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   Status cancel(std::string_view id) {
     ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Request> r, store_.find(id));
-    if (try_resolve(r, Stage::cancelled, cancelled_error(context("cancelled by the caller", r->tag)))) {
+    if (try_resolve(r, Stage::cancelled,
+                    cancelled_error(context("cancelled by the caller", r->tag)))) {
       return Status();
     }
     return failed_precondition_error("request '" + std::string(id) + "' has already ended (" +
@@ -689,7 +688,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
           for (Request* r = queue_.head(l); r != nullptr && rows < cap && scanned < scan_limit;
                r = r->next) {
             ++scanned;
-            if (r == head || r->solo || rows + r->rows > cap || !detail::batch_compatible(*head, *r)) {
+            if (r == head || r->solo || rows + r->rows > cap ||
+                !detail::batch_compatible(*head, *r)) {
               continue;
             }
             picked.push_back(r);
@@ -699,8 +699,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
           }
         }
       }
-      bool dispatch = !batching || rows >= cap || stopping_ ||
-                      opt_.batching.max_queue_delay.count() <= 0;
+      bool dispatch =
+          !batching || rows >= cap || stopping_ || opt_.batching.max_queue_delay.count() <= 0;
       Clock::time_point wake = Clock::time_point::max();
       if (!dispatch && !opt_.batching.preferred_batch_sizes.empty()) {
         std::int64_t best = 0;
@@ -876,7 +876,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     }
     batch.host_outputs.reserve(io.outputs.size());
     for (const Tensor& out : io.outputs) {
-      if (!out.defined()) return internal_error("model '" + model_->name() + "' left an output undefined");
+      if (!out.defined())
+        return internal_error("model '" + model_->name() + "' left an output undefined");
       ASYNCINFER_ASSIGN_OR_RETURN(
           Tensor host, device_->empty(out.dtype(), out.shape(), MemoryKind::pinned_host));
       ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(host, out));
@@ -1107,8 +1108,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     }
     Status final = st;
     if (attempts > 1 || !why_not.empty()) {
-      std::string msg = "failed after " + std::to_string(attempts) + " attempt" +
-                        (attempts == 1 ? "" : "s");
+      std::string msg =
+          "failed after " + std::to_string(attempts) + " attempt" + (attempts == 1 ? "" : "s");
       if (!why_not.empty()) msg += " (" + why_not + ")";
       msg += "; last error: " + st.to_string();
       final = Status(st.code(), context(msg, r->tag));
@@ -1135,9 +1136,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
     }
     if (shut) {
-      try_resolve(r, Stage::shut_down,
-                  aborted_error(context("engine shut down while the request waited to retry",
-                                        r->tag)));
+      try_resolve(
+          r, Stage::shut_down,
+          aborted_error(context("engine shut down while the request waited to retry", r->tag)));
       return;
     }
     qcv_.notify_one();
@@ -1156,8 +1157,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     release_slot(w, *batch);
     batch->stop.request_stop();  // cancellable backends end the hung work
     const Status st = deadline_exceeded_error(
-        "worker " + std::to_string(w.index) + ": the batch did not reach its completion point "
-        "within the " + std::to_string(opt_.watchdog.count()) +
+        "worker " + std::to_string(w.index) +
+        ": the batch did not reach its completion point "
+        "within the " +
+        std::to_string(opt_.watchdog.count()) +
         " ms hang watchdog; the worker's stream and model instance are being replaced");
     for (const auto& r : batch->requests) try_resolve(r, Stage::timed_out, st);
     batch_finished();
@@ -1181,7 +1184,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       } else {
         // Try again after a cool-down; meanwhile the other workers serve the queue.
         w.breaker = Breaker::open;
-        w.open_until = Clock::now() + std::max(opt_.breaker.cooldown, std::chrono::milliseconds(100));
+        w.open_until =
+            Clock::now() + std::max(opt_.breaker.cooldown, std::chrono::milliseconds(100));
         std::fprintf(stderr, "asyncinfer: worker %d could not be recycled: %s\n", w.index,
                      s.to_string().c_str());
       }
@@ -1234,9 +1238,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     wake_everyone();
     if (mode == ShutdownMode::drain) {
       std::unique_lock lock(qmu_);
-      const Clock::time_point until =
-          drain_timeout == std::chrono::milliseconds::max() ? Clock::time_point::max()
-                                                            : Clock::now() + drain_timeout;
+      const Clock::time_point until = drain_timeout == std::chrono::milliseconds::max()
+                                          ? Clock::time_point::max()
+                                          : Clock::now() + drain_timeout;
       const bool drained = drain_cv_.wait_until(lock, until, [this] {
         return queue_.empty() && retry_waiting_.empty() && inflight_batches_ == 0;
       });
@@ -1292,11 +1296,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     }
     for (auto& r : victims) {
       const bool was_running = r->stage.load(std::memory_order_acquire) == Stage::running;
-      try_resolve(r, Stage::shut_down,
-                  aborted_error(context(was_running
-                                            ? "engine shut down before the request completed"
+      try_resolve(
+          r, Stage::shut_down,
+          aborted_error(context(was_running ? "engine shut down before the request completed"
                                             : "engine shut down before the request ran",
-                                        r->tag)));
+                                r->tag)));
     }
   }
 
@@ -1383,11 +1387,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::condition_variable space_cv_;
   std::condition_variable drain_cv_;
   detail::RequestQueue queue_;
-  bool stopping_ = false;                      // under qmu_
-  ShutdownMode mode_ = ShutdownMode::drain;    // under qmu_
+  bool stopping_ = false;                                                 // under qmu_
+  ShutdownMode mode_ = ShutdownMode::drain;                               // under qmu_
   std::unordered_map<Request*, std::shared_ptr<Request>> retry_waiting_;  // under qmu_
-  std::int64_t inflight_batches_ = 0;          // under qmu_
-  std::uint64_t next_seq_ = 0;                 // under qmu_
+  std::int64_t inflight_batches_ = 0;                                     // under qmu_
+  std::uint64_t next_seq_ = 0;                                            // under qmu_
   std::atomic<bool> stopping_flag_{false};
   std::atomic<bool> cancel_mode_{false};
 
@@ -1443,7 +1447,8 @@ Status validate_options(const EngineOptions& o, const ModelSignature& sig, std::
   if (o.completion_threads < 1 || o.completion_threads > 256) {
     return bad("completion_threads must be in 1..256");
   }
-  if (o.priority_levels < 1 || o.priority_levels > 64) return bad("priority_levels must be in 1..64");
+  if (o.priority_levels < 1 || o.priority_levels > 64)
+    return bad("priority_levels must be in 1..64");
   if (o.default_priority < 1 || o.default_priority > o.priority_levels) {
     return bad("default_priority must be in 1..priority_levels (" +
                std::to_string(o.priority_levels) + ")");
@@ -1459,7 +1464,8 @@ Status validate_options(const EngineOptions& o, const ModelSignature& sig, std::
     }
   }
   if (o.submit_timeout.count() < 0) return bad("submit_timeout must be >= 0");
-  if (o.default_timeout && o.default_timeout->count() <= 0) return bad("default_timeout must be > 0");
+  if (o.default_timeout && o.default_timeout->count() <= 0)
+    return bad("default_timeout must be > 0");
   if (o.watchdog.count() < 0) return bad("watchdog must be >= 0");
   if (o.breaker.failure_threshold < 0) return bad("breaker.failure_threshold must be >= 0");
   if (o.result_store_capacity < 1) return bad("result_store_capacity must be >= 1");

@@ -75,9 +75,9 @@ struct Request {
   std::uint64_t seq = 0;  ///< submit order, engine-wide
   std::string id;         ///< id-based API only
   Inputs inputs;
-  std::int64_t rows = 1;  ///< dim 0 (batch rows this request brings)
+  std::int64_t rows = 1;        ///< dim 0 (batch rows this request brings)
   std::uint64_t shape_key = 0;  ///< hash of dtypes and non-batch dims (batch compatibility)
-  int level = 0;          ///< 0-based priority level, 0 = highest
+  int level = 0;                ///< 0-based priority level, 0 = highest
   std::string tag;
   std::string sequence_key;
   std::uint64_t order_seq = 0;
@@ -88,8 +88,8 @@ struct Request {
 
   std::atomic<Stage> stage{Stage::queued};
   std::atomic<int> attempts{0};  ///< executions so far (read by the deadline message too)
-  bool solo = false;   ///< run alone (a failed batch is being split); under the queue mutex
-  Status last_error;   ///< the last failed attempt's error; under timer_mu
+  bool solo = false;  ///< run alone (a failed batch is being split); under the queue mutex
+  Status last_error;  ///< the last failed attempt's error; under timer_mu
 
   // Sink: a promise (future and id APIs) or a callback.
   std::optional<Promise<Outputs>> promise;
@@ -120,8 +120,8 @@ struct Batch {
   std::shared_ptr<BatchIO> io;
   std::vector<Tensor> host_outputs;  ///< device → host copies (non-unified devices)
   std::stop_source stop;
-  std::atomic<int> live{0};          ///< requests not yet ended early
-  std::atomic<bool> done{false};     ///< completion point handled (vs the watchdog)
+  std::atomic<int> live{0};       ///< requests not yet ended early
+  std::atomic<bool> done{false};  ///< completion point handled (vs the watchdog)
   Clock::time_point compute_start{};
   TimerId watchdog;
   std::mutex watchdog_mu;

@@ -20,8 +20,8 @@ namespace asyncinfer::detail {
 
 class RequestQueue {
  public:
-  explicit RequestQueue(int levels) : heads_(static_cast<std::size_t>(levels)),
-                                      tails_(static_cast<std::size_t>(levels)) {}
+  explicit RequestQueue(int levels)
+      : heads_(static_cast<std::size_t>(levels)), tails_(static_cast<std::size_t>(levels)) {}
 
   void push_back(const std::shared_ptr<Request>& r);
   void push_front(const std::shared_ptr<Request>& r);

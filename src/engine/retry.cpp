@@ -77,8 +77,8 @@ bool RetryBudget::try_retry(Clock::time_point now) {
     requests += x.requests;
     retries += x.retries;
   }
-  const double allowed = ratio_ * static_cast<double>(requests) +
-                         min_per_s_ * static_cast<double>(window_s_);
+  const double allowed =
+      ratio_ * static_cast<double>(requests) + min_per_s_ * static_cast<double>(window_s_);
   if (static_cast<double>(retries) + 1.0 > allowed) return false;
   b.retries++;
   return true;

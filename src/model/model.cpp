@@ -37,7 +37,9 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
     const TensorSpec& spec = sig.inputs[i];
     const Tensor& t = inputs[i];
     // Built only when an error needs it: this runs on every submit.
-    auto expected = [&spec] { return std::string(to_string(spec.dtype)) + shape_to_string(spec.shape); };
+    auto expected = [&spec] {
+      return std::string(to_string(spec.dtype)) + shape_to_string(spec.shape);
+    };
     if (!t.defined()) return invalid_argument_error("input '" + spec.name + "' is undefined");
     if (t.dtype() != spec.dtype) {
       return invalid_argument_error("input '" + spec.name + "': expected dtype " +
@@ -111,7 +113,8 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
     if (rest.substr(0, 4) == "gemm") {
 #if defined(ASYNCINFER_HAVE_CUDA)
       const std::size_t q = rest.find('?');
-      return detail::load_gemm_model(q == std::string_view::npos ? "" : rest.substr(q + 1), options);
+      return detail::load_gemm_model(q == std::string_view::npos ? "" : rest.substr(q + 1),
+                                     options);
 #else
       return unavailable_error("model '" + std::string(uri) +
                                "': builtin:gemm needs the cuda backend, which was not built into "

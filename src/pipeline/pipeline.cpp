@@ -114,14 +114,14 @@ struct PItem {
   PipelineItem data;
   std::atomic<IState> state{IState::active};
   Promise<PipelineItem> promise;
-  std::stop_source stop;                    // fired when the item ends early
-  Event* ready_event = nullptr;             // for the next device stage to wait on
-  std::shared_ptr<BatchIO> model_io;        // model stage whose outputs appear in stream order
+  std::stop_source stop;              // fired when the item ends early
+  Event* ready_event = nullptr;       // for the next device stage to wait on
+  std::shared_ptr<BatchIO> model_io;  // model stage whose outputs appear in stream order
   std::atomic<int> outstanding{0};
   std::atomic<int> queued_stage{-1};
   std::atomic<int> at_stage{0};
   std::atomic<bool> retired{false};
-  Clock::time_point stage_enter{};          // written by the pusher, read by the popper
+  Clock::time_point stage_enter{};  // written by the pusher, read by the popper
   std::mutex timer_mu;
   TimerId deadline_timer;
 };
@@ -136,11 +136,11 @@ struct Stage {
   std::map<std::pair<int, std::uint64_t>, ItemPtr> queue;  // (level, seq): priority, then FIFO
   int inflight = 0;                                        // device: on the stream, not done
   std::unique_ptr<Stream> stream;
-  std::vector<std::unique_ptr<Event>> events;              // one per window slot
+  std::vector<std::unique_ptr<Event>> events;  // one per window slot
   std::unique_ptr<ModelInstance> instance;
   bool unified = true;
   std::vector<std::jthread> threads;
-  Clock::time_point last_done{};                           // device: dispatcher thread only
+  Clock::time_point last_done{};  // device: dispatcher thread only
   std::atomic<std::uint64_t> items{0};
   std::atomic<std::uint64_t> failures{0};
   std::atomic<double> busy_s{0};
@@ -232,8 +232,7 @@ class PipelineCore {
     if (s.model) {
       InstanceOptions io;
       io.intra_op_threads = 1;
-      ASYNCINFER_ASSIGN_OR_RETURN(st.instance,
-                                  s.model->create_instance(*s.device, *st.stream, io));
+      ASYNCINFER_ASSIGN_OR_RETURN(st.instance, s.model->create_instance(*s.device, *st.stream, io));
     }
     return Status();
   }
@@ -285,13 +284,14 @@ class PipelineCore {
       std::lock_guard tl(item->timer_mu);
       item->deadline_timer = timer_.add(d, [this, item] {
         const int at = item->at_stage.load();
-        std::string where = at >= 0 && at < static_cast<int>(stages_.size())
-                                ? " at stage '" + stages_[static_cast<std::size_t>(at)]->spec.name + "'"
-                                : "";
+        std::string where =
+            at >= 0 && at < static_cast<int>(stages_.size())
+                ? " at stage '" + stages_[static_cast<std::size_t>(at)]->spec.name + "'"
+                : "";
         char buf[64];
-        std::snprintf(buf, sizeof buf, " after %.1f ms",
-                      std::chrono::duration<double, std::milli>(Clock::now() - item->submitted)
-                          .count());
+        std::snprintf(
+            buf, sizeof buf, " after %.1f ms",
+            std::chrono::duration<double, std::milli>(Clock::now() - item->submitted).count());
         end(item, IState::timed_out, deadline_exceeded_error("item timed out" + where + buf));
       });
     }
@@ -337,8 +337,8 @@ class PipelineCore {
 
   void fail(Stage& st, const ItemPtr& item, const Status& s) {
     st.failures.fetch_add(1, std::memory_order_relaxed);
-    end(item, IState::failed, Status(s.code(), "stage '" + st.spec.name + "': " +
-                                                   std::string(s.message())));
+    end(item, IState::failed,
+        Status(s.code(), "stage '" + st.spec.name + "': " + std::string(s.message())));
   }
 
   /// Releases the stage's hold on the item.
@@ -347,33 +347,51 @@ class PipelineCore {
     maybe_retire(item);
   }
 
-  void host_loop(Stage& st) {
+  /// Blocks until the stage has an item to work on (live items only: ended ones are let go
+  /// here) and records how long it waited; null when the stages stop.
+  ItemPtr take(Stage& st) {
     for (;;) {
       ItemPtr item;
       {
         std::unique_lock lock(st.mu);
         st.cv.wait(lock, [&] { return stop_stages_ || !st.queue.empty(); });
-        if (stop_stages_) return;
+        if (stop_stages_) return nullptr;
         item = pop(st);
       }
       if (item->state.load() != IState::active) {
         done_with(item);
         continue;
       }
+      st.queue_us.observe(
+          std::chrono::duration<double, std::micro>(Clock::now() - item->stage_enter).count());
+      return item;
+    }
+  }
+
+  /// Counts one item's service time towards the stage's busy time.
+  static void account(Stage& st, double seconds) {
+    st.busy_s.fetch_add(seconds, std::memory_order_relaxed);
+    st.service_us.observe(seconds * 1e6);
+    st.items.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  /// Runs a stage function with exceptions turned into a Status.
+  template <class F>
+  static Status guarded(F&& fn) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      return internal_error(std::string("threw: ") + e.what());
+    } catch (...) {
+      return internal_error("threw an unknown exception");
+    }
+  }
+
+  void host_loop(Stage& st) {
+    while (ItemPtr item = take(st)) {
       const Clock::time_point t0 = Clock::now();
-      st.queue_us.observe(std::chrono::duration<double, std::micro>(t0 - item->stage_enter).count());
-      Status s;
-      try {
-        s = st.spec.host_fn(item->data);
-      } catch (const std::exception& e) {
-        s = internal_error(std::string("threw: ") + e.what());
-      } catch (...) {
-        s = internal_error("threw an unknown exception");
-      }
-      const double took = std::chrono::duration<double>(Clock::now() - t0).count();
-      st.busy_s.fetch_add(took, std::memory_order_relaxed);
-      st.service_us.observe(took * 1e6);
-      st.items.fetch_add(1, std::memory_order_relaxed);
+      Status s = guarded([&] { return st.spec.host_fn(item->data); });
+      account(st, std::chrono::duration<double>(Clock::now() - t0).count());
       if (s.ok()) {
         advance(st, item);
       } else {
@@ -384,20 +402,8 @@ class PipelineCore {
   }
 
   void engine_loop(Stage& st) {
-    for (;;) {
-      ItemPtr item;
-      {
-        std::unique_lock lock(st.mu);
-        st.cv.wait(lock, [&] { return stop_stages_ || !st.queue.empty(); });
-        if (stop_stages_) return;
-        item = pop(st);
-      }
-      if (item->state.load() != IState::active) {
-        done_with(item);
-        continue;
-      }
+    while (ItemPtr item = take(st)) {
       const Clock::time_point t0 = Clock::now();
-      st.queue_us.observe(std::chrono::duration<double, std::micro>(t0 - item->stage_enter).count());
       RequestOptions ro;
       ro.priority = std::min(item->level + 1, st.spec.engine->options().priority_levels);
       if (item->deadline != Clock::time_point::max()) ro.deadline = item->deadline;
@@ -405,10 +411,7 @@ class PipelineCore {
       Status s = st.spec.engine->submit(
           std::move(item->data.tensors),
           [this, sp, item, t0](const Result<Outputs>& r) {
-            const double took = std::chrono::duration<double>(Clock::now() - t0).count();
-            sp->busy_s.fetch_add(took, std::memory_order_relaxed);
-            sp->service_us.observe(took * 1e6);
-            sp->items.fetch_add(1, std::memory_order_relaxed);
+            account(*sp, std::chrono::duration<double>(Clock::now() - t0).count());
             if (r.ok()) {
               if (item->state.load() == IState::active) item->data.tensors = *r;
               advance(*sp, item);
@@ -446,20 +449,17 @@ class PipelineCore {
         continue;
       }
       const Clock::time_point t_enq = Clock::now();
-      st.queue_us.observe(std::chrono::duration<double, std::micro>(t_enq - item->stage_enter).count());
+      st.queue_us.observe(
+          std::chrono::duration<double, std::micro>(t_enq - item->stage_enter).count());
       Status s;
       if (item->ready_event != nullptr) {
         s = st.stream->wait(*item->ready_event);  // the previous device stage's point: no host wait
         item->ready_event = nullptr;
       }
       if (s.ok()) {
-        try {
-          s = st.instance ? enqueue_model(st, *item) : st.spec.device_fn(item->data, *st.stream);
-        } catch (const std::exception& e) {
-          s = internal_error(std::string("threw: ") + e.what());
-        } catch (...) {
-          s = internal_error("threw an unknown exception");
-        }
+        s = guarded([&] {
+          return st.instance ? enqueue_model(st, *item) : st.spec.device_fn(item->data, *st.stream);
+        });
       }
       if (s.ok()) s = st.stream->record(*st.events[static_cast<std::size_t>(item->slot)]);
       if (!s.ok()) {
@@ -493,8 +493,8 @@ class PipelineCore {
       io->inputs = io->host_inputs;
     } else {
       for (const Tensor& h : io->host_inputs) {
-        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d,
-                                    st.spec.device->empty(h.dtype(), h.shape(), MemoryKind::device));
+        ASYNCINFER_ASSIGN_OR_RETURN(
+            Tensor d, st.spec.device->empty(h.dtype(), h.shape(), MemoryKind::device));
         ASYNCINFER_RETURN_IF_ERROR(st.stream->copy(d, h));
         io->inputs.push_back(std::move(d));
       }
@@ -535,10 +535,7 @@ class PipelineCore {
     // item done) to its completion point.
     const Clock::time_point start = std::max(t_enq, st.last_done);
     st.last_done = now;
-    const double took = std::chrono::duration<double>(now - start).count();
-    st.busy_s.fetch_add(took, std::memory_order_relaxed);
-    st.service_us.observe(took * 1e6);
-    st.items.fetch_add(1, std::memory_order_relaxed);
+    account(st, std::chrono::duration<double>(now - start).count());
     if (!s.ok()) {
       fail(st, item, s);
     } else {

@@ -100,8 +100,8 @@ TEST(EngineStress, ResultStoreStaysBoundedOverAMillionUnfetchedRequests) {
       << engine->result(recent, 1ms).status();
   EXPECT_EQ(engine->status("r" + std::to_string(kN - 1)), RequestState::completed);
   // Memory stays flat: 900,000 more requests added less than 32 MiB.
-  EXPECT_LT(rss_end - rss_at_100k, 32 * 1024) << "RSS grew from " << rss_at_100k << " KiB to "
-                                                << rss_end << " KiB";
+  EXPECT_LT(rss_end - rss_at_100k, 32 * 1024)
+      << "RSS grew from " << rss_at_100k << " KiB to " << rss_end << " KiB";
   const auto m = engine->metrics();
   EXPECT_EQ(m.completed, static_cast<std::uint64_t>(kN));
   RecordProperty("refused_while_full", refused);

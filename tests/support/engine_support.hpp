@@ -31,7 +31,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& model_uri,
 inline Tensor rows_tensor(std::int64_t rows, std::int64_t cols, float first) {
   std::vector<float> v(static_cast<std::size_t>(rows * cols));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i);
-  for (std::int64_t r = 0; r < rows; ++r) v[static_cast<std::size_t>(r * cols)] = first + static_cast<float>(r);
+  for (std::int64_t r = 0; r < rows; ++r)
+    v[static_cast<std::size_t>(r * cols)] = first + static_cast<float>(r);
   return *Tensor::from_values<float>({rows, cols}, v);
 }
 

@@ -35,8 +35,7 @@ class ScriptedModel final : public Model, public std::enable_shared_from_this<Sc
  public:
   using Script = std::function<Decision(const Call&)>;
 
-  explicit ScriptedModel(Script script, std::int64_t max_batch = 64)
-      : script_(std::move(script)) {
+  explicit ScriptedModel(Script script, std::int64_t max_batch = 64) : script_(std::move(script)) {
     sig_.batched = true;
     sig_.max_batch_size = max_batch;
     sig_.inputs.push_back({"x", DType::f32, {-1, -1}});
@@ -50,7 +49,7 @@ class ScriptedModel final : public Model, public std::enable_shared_from_this<Sc
   Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
                                                          const InstanceOptions& o) override {
     return std::unique_ptr<ModelInstance>(
-        std::make_unique<Instance>(shared_from_this(), next_instance_++ , o.worker_index));
+        std::make_unique<Instance>(shared_from_this(), next_instance_++, o.worker_index));
   }
 
   std::vector<Call> calls() const {

@@ -127,7 +127,7 @@ TEST(Batching, PreferredSizeIsTakenAsSoonAsItIsReachable) {
   ASSERT_GE(calls.size(), 2u);
   EXPECT_EQ(calls[0].firsts, (std::vector<float>{-1, -1, -1, -1}));
   EXPECT_EQ(calls[1].firsts, (std::vector<float>{0, 1, 2, 3}));
-  EXPECT_FALSE(fs[4].is_ready());               // the fifth waits for company or the delay
+  EXPECT_FALSE(fs[4].is_ready());  // the fifth waits for company or the delay
   ASSERT_TRUE(get_within(fs[4], 10'000ms).ok());
 }
 
@@ -188,7 +188,7 @@ TEST(Priority, HighPriorityRequestEntersTheNextBatchAheadOfQueuedLowOnes) {
   ASSERT_GE(calls.size(), 2u);
   EXPECT_EQ(calls[1].firsts.front(), 1000.0f);  // first in the very next batch
   EXPECT_EQ(calls[1].firsts.size(), 4u);
-  EXPECT_EQ(calls[1].firsts[1], 0.0f);          // then the oldest low ones, FIFO
+  EXPECT_EQ(calls[1].firsts[1], 0.0f);  // then the oldest low ones, FIFO
 }
 
 /// Feeds high-priority requests for `feed` while one low-priority request waits; returns how

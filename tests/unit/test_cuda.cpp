@@ -182,7 +182,8 @@ TEST_F(CudaTest, MemoryKindsAndPinnedReuse) {
   EXPECT_EQ(huge.status().code(), StatusCode::resource_exhausted) << huge.status();
 }
 
-// ---- the same work on cpu and cuda ----------------------------------------------------------------
+// ---- the same work on cpu and cuda
+// ----------------------------------------------------------------
 
 struct PipelineResult {
   std::vector<float> out;
@@ -234,7 +235,8 @@ TEST_F(CudaTest, SameWorkOnCpuAndCudaGivesTheSameResult) {
   const Shape shape = {4, 256};
   std::vector<float> values(4 * 256);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.25f - 3.0f;
-  for (const char* uri : {"builtin:identity?shape=256", "builtin:fixed_cost?base_us=300&shape=256"}) {
+  for (const char* uri :
+       {"builtin:identity?shape=256", "builtin:fixed_cost?base_us=300&shape=256"}) {
     SCOPED_TRACE(uri);
     auto model = load_model(uri);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -267,10 +269,12 @@ TEST_F(CudaTest, PageableCopiesAreStagedInStreamOrder) {
   ASSERT_TRUE(s->copy(dev, produced).ok());
   ASSERT_TRUE(s->copy(back, dev).ok());
   ASSERT_TRUE(s->synchronize_for(testing::kWatchdog).ok());
-  for (std::size_t i = 0; i < kN; i += 997) ASSERT_EQ(back.data_as<float>()[i], static_cast<float>(i));
+  for (std::size_t i = 0; i < kN; i += 997)
+    ASSERT_EQ(back.data_as<float>()[i], static_cast<float>(i));
 }
 
-// ---- builtin:gemm against float64 -------------------------------------------------------------------
+// ---- builtin:gemm against float64
+// -------------------------------------------------------------------
 
 TEST_F(CudaTest, GemmMatchesAFloat64Reference) {
   constexpr std::int64_t kM = 32, kN = 48, kK = 64, kBatch = 3;
@@ -282,7 +286,8 @@ TEST_F(CudaTest, GemmMatchesAFloat64Reference) {
   for (const Case& c : {Case{"f32", DType::f32, 1e-5}, Case{"f16", DType::f16, 1.0 / 1024},
                         Case{"bf16", DType::bf16, 1.0 / 128}}) {
     SCOPED_TRACE(c.dtype);
-    auto model = load_model("builtin:gemm?m=32&n=48&k=64&max_batch=8&dtype=" + std::string(c.dtype));
+    auto model =
+        load_model("builtin:gemm?m=32&n=48&k=64&max_batch=8&dtype=" + std::string(c.dtype));
     ASSERT_TRUE(model.ok()) << model.status();
     auto s = stream(*cuda_);
     auto inst = (*model)->create_instance(*cuda_, *s, {});
@@ -346,7 +351,8 @@ TEST_F(CudaTest, GemmRejectsHostInputs) {
   EXPECT_NE(st.message().find("memory of cuda:0"), std::string_view::npos) << st;
 }
 
-// ---- spin kernels ---------------------------------------------------------------------------------
+// ---- spin kernels
+// ---------------------------------------------------------------------------------
 
 TEST_F(CudaTest, SpinKernelDurationIsHonoured) {
   auto s = stream(*cuda_);
@@ -391,7 +397,8 @@ TEST_F(CudaTest, SpinKernelEndsWhenItsStopTokenFires) {
   EXPECT_TRUE(get_within(host_func_status(*s))->ok());
 }
 
-// ---- host functions ---------------------------------------------------------------------------------
+// ---- host functions
+// ---------------------------------------------------------------------------------
 
 struct CallbackThreads {
   std::mutex mu;
@@ -523,7 +530,8 @@ TEST_F(CudaTest, TensorsAndStreamsMayOutliveTheDeviceHandle) {
   p = Tensor();
 }
 
-// ---- no GPU needed ---------------------------------------------------------------------------------
+// ---- no GPU needed
+// ---------------------------------------------------------------------------------
 
 TEST(CudaWithoutGpu, OpenDeviceFailsAsUnavailableWithCudasWordsOrSucceeds) {
   auto d = open_device("cuda:0");
@@ -557,10 +565,10 @@ TEST(CudaWithoutGpu, GemmParametersAreCheckedByName) {
     const char* uri;
     const char* mentions;
   };
-  for (const Bad& b : {Bad{"builtin:gemm?m=0", "m="}, Bad{"builtin:gemm?k=abc", "k="},
-                       Bad{"builtin:gemm?dtype=i8", "f32, f16, bf16"},
-                       Bad{"builtin:gemm?max_batch=-1", "max_batch"},
-                       Bad{"builtin:gemm?size=3", "size"}}) {
+  for (const Bad& b :
+       {Bad{"builtin:gemm?m=0", "m="}, Bad{"builtin:gemm?k=abc", "k="},
+        Bad{"builtin:gemm?dtype=i8", "f32, f16, bf16"},
+        Bad{"builtin:gemm?max_batch=-1", "max_batch"}, Bad{"builtin:gemm?size=3", "size"}}) {
     auto r = load_model(b.uri);
     ASSERT_FALSE(r.ok()) << b.uri;
     EXPECT_EQ(r.status().code(), StatusCode::invalid_argument) << r.status();

@@ -58,8 +58,8 @@ TEST_F(CudaEngine, DeadlineCancelsASpinningKernel) {
   EXPECT_EQ(r.status().code(), StatusCode::deadline_exceeded) << r.status();
   EXPECT_LT(Clock::now() - t0, 1s);
   // The spin kernel was stopped (when the backend can): the worker takes the next request soon.
-  EXPECT_TRUE(testing::eventually(
-      [&] { return e->metrics().workers.at(0).inflight_batches == 0; }, 6000ms));
+  EXPECT_TRUE(testing::eventually([&] { return e->metrics().workers.at(0).inflight_batches == 0; },
+                                  6000ms));
 }
 
 TEST_F(CudaEngine, GemmModelRunsBatchedAndMatchesTheCpuReference) {
@@ -102,11 +102,11 @@ TEST_F(CudaEngine, PipelineOfDeviceStagesLinkedByEvents) {
     k.duration = 200us;
     return s.enqueue(std::move(k));
   };
-  auto p = Pipeline::create({StageSpec::on_device("a", device_, copy_kernel),
-                             StageSpec::on_device("b", device_, copy_kernel),
-                             StageSpec::run_model("model", device_,
-                                                  *load_model("builtin:identity?shape=4"))},
-                            PipelineOptions{.window = 4});
+  auto p = Pipeline::create(
+      {StageSpec::on_device("a", device_, copy_kernel),
+       StageSpec::on_device("b", device_, copy_kernel),
+       StageSpec::run_model("model", device_, *load_model("builtin:identity?shape=4"))},
+      PipelineOptions{.window = 4});
   ASSERT_TRUE(p.ok()) << p.status();
   std::vector<PipelineItem> items;
   for (int i = 0; i < 100; ++i) {
@@ -116,7 +116,8 @@ TEST_F(CudaEngine, PipelineOfDeviceStagesLinkedByEvents) {
   }
   auto results = (*p)->run(std::move(items));
   for (int i = 0; i < 100; ++i) {
-    ASSERT_TRUE(results[static_cast<std::size_t>(i)].ok()) << results[static_cast<std::size_t>(i)].status();
+    ASSERT_TRUE(results[static_cast<std::size_t>(i)].ok())
+        << results[static_cast<std::size_t>(i)].status();
     EXPECT_EQ(results[static_cast<std::size_t>(i)]->tensors[0].data_as<float>()[0],
               static_cast<float>(i));
   }

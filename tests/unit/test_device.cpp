@@ -166,16 +166,16 @@ TEST_P(DeviceConformance, ReRecordDoesNotMoveAnEarlierWait) {
   auto e = event();
   Gate first, second;
   ASSERT_TRUE(a->enqueue(gate_kernel(first)).ok());
-  ASSERT_TRUE(a->record(*e).ok());     // point 1
-  ASSERT_TRUE(b->wait(*e).ok());       // b captures point 1
+  ASSERT_TRUE(a->record(*e).ok());  // point 1
+  ASSERT_TRUE(b->wait(*e).ok());    // b captures point 1
   std::atomic<bool> b_ran{false};
   ASSERT_TRUE(b->enqueue(host_kernel([&] { b_ran = true; })).ok());
   ASSERT_TRUE(a->enqueue(gate_kernel(second)).ok());
-  ASSERT_TRUE(a->record(*e).ok());     // point 2: must not hold b
+  ASSERT_TRUE(a->record(*e).ok());  // point 2: must not hold b
   first.open();
   ASSERT_TRUE(b->synchronize_for(testing::kWatchdog).ok());
   EXPECT_TRUE(b_ran.load());
-  EXPECT_FALSE(e->query());            // the event now stands for point 2
+  EXPECT_FALSE(e->query());  // the event now stands for point 2
   second.open();
   EXPECT_TRUE(e->synchronize_for(testing::kWatchdog).ok());
 }

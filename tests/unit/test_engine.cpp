@@ -84,7 +84,8 @@ TEST(Engine, BadInputIsRejectedAtSubmitNamingTheProblem) {
   ASSERT_FALSE(wrong_shape.ok());
   EXPECT_NE(wrong_shape.status().message().find("dim 1 is 5"), std::string_view::npos)
       << wrong_shape.status();
-  auto too_many = engine->infer({*Tensor::zeros(DType::f32, {1, 4}), *Tensor::zeros(DType::f32, {1, 4})});
+  auto too_many =
+      engine->infer({*Tensor::zeros(DType::f32, {1, 4}), *Tensor::zeros(DType::f32, {1, 4})});
   EXPECT_EQ(too_many.status().code(), StatusCode::invalid_argument);
   bool called = false;
   Status refused = engine->submit({*Tensor::zeros(DType::f32, {1, 5})},
@@ -282,9 +283,11 @@ TEST(Engine, ModelExceptionsAreCountedReportedAndTheWorkerSurvives) {
 TEST(Engine, CallbackExceptionsAreCountedAndTheEngineGoesOn) {
   auto engine = make_engine("builtin:identity");
   for (int i = 0; i < 5; ++i) {
-    ASSERT_TRUE(engine->submit(one(1), [](const Result<Outputs>&) {
-                        throw std::runtime_error("user callback bug");
-                      }).ok());
+    ASSERT_TRUE(
+        engine
+            ->submit(one(1),
+                     [](const Result<Outputs>&) { throw std::runtime_error("user callback bug"); })
+            .ok());
   }
   EXPECT_TRUE(testing::eventually([&] { return engine->metrics().callback_exceptions == 5; }));
   EXPECT_TRUE(engine->infer(one(2)).ok());
@@ -324,11 +327,14 @@ TEST(Engine, CallbackThatWaitsOnAnotherFutureCompletes) {
   auto engine = make_engine("builtin:identity", "cpu", o);
   Promise<float> outer;
   auto outer_f = outer.get_future();
-  ASSERT_TRUE(engine->submit(one(1), [&](const Result<Outputs>&) {
-                      auto inner = engine->submit(one(42));
-                      auto r = inner.get();  // blocks this completion thread
-                      outer.set_value(r.ok() ? first_value(*r) : -1.0f);
-                    }).ok());
+  ASSERT_TRUE(engine
+                  ->submit(one(1),
+                           [&](const Result<Outputs>&) {
+                             auto inner = engine->submit(one(42));
+                             auto r = inner.get();  // blocks this completion thread
+                             outer.set_value(r.ok() ? first_value(*r) : -1.0f);
+                           })
+                  .ok());
   auto r = get_within(outer_f, 10'000ms);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, 42.0f);
@@ -436,11 +442,12 @@ TEST(Engine, MetricsAndPrometheusText) {
   EXPECT_GE(m.compute_us.count, 1u);
   EXPECT_GT(m.request_us.percentile(0.5), 0.0);
   const std::string text = m.to_prometheus();
-  for (const char* name :
-       {"asyncinfer_inference_request_success{model=\"builtin:identity\"} 10",
-        "asyncinfer_inference_queue_duration_us_bucket", "asyncinfer_inference_compute_infer_duration_us_count",
-        "asyncinfer_inference_request_rejected{model=\"builtin:identity\",reason=\"bad_request\"} 1",
-        "# TYPE asyncinfer_inference_request_duration_us histogram"}) {
+  for (const char* name : {"asyncinfer_inference_request_success{model=\"builtin:identity\"} 10",
+                           "asyncinfer_inference_queue_duration_us_bucket",
+                           "asyncinfer_inference_compute_infer_duration_us_count",
+                           "asyncinfer_inference_request_rejected{model=\"builtin:identity\","
+                           "reason=\"bad_request\"} 1",
+                           "# TYPE asyncinfer_inference_request_duration_us histogram"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
   }
 }

@@ -160,7 +160,7 @@ TEST(DeadlineTimer, ShutdownWithPendingTimersDropsThemUnrun) {
   EXPECT_EQ(timer->pending(), 10u);
   timer->shutdown();
   EXPECT_EQ(fired.load(), 0);
-  EXPECT_TRUE(weak.expired());  // the functions were destroyed
+  EXPECT_TRUE(weak.expired());                    // the functions were destroyed
   EXPECT_FALSE(timer->add(Clock::now(), [] {}));  // after shutdown: nothing armed
   timer.reset();
 }

@@ -65,7 +65,7 @@ TEST(Deadlines, QueuedRequestTimesOutOnTimeBehindALongJob) {
   EXPECT_EQ(engine->metrics().queue_depth, 0);  // its slot is free
   EXPECT_FALSE(long_job.is_ready());            // the job ahead still runs...
   auto lr = get_within(long_job, 5000ms);
-  EXPECT_TRUE(lr.ok()) << lr.status();          // ...and completes
+  EXPECT_TRUE(lr.ok()) << lr.status();  // ...and completes
   EXPECT_EQ(engine->metrics().timed_out, 1u);
 }
 
@@ -83,25 +83,25 @@ TEST(Deadlines, RunningRequestResolvesAtOnceAndItsWorkIsCancelled) {
   EXPECT_TRUE(testing::eventually(
       [&] { return engine->metrics().workers.at(0).inflight_batches == 0; }, 5000ms));
   auto next = get_within(engine->submit(one(1), ro), 5000ms);  // dispatched, then times out too
-  EXPECT_NE(next.status().message().find("while running"), std::string_view::npos)
-      << next.status();
+  EXPECT_NE(next.status().message().find("while running"), std::string_view::npos) << next.status();
 }
 
 TEST(Deadlines, LateResultOfUncancellableWorkIsDiscardedAndCounted) {
-  auto engine =
-      make_engine("builtin:fixed_cost?base_us=200000&cancellable=false", "sim", serial());
+  auto engine = make_engine("builtin:fixed_cost?base_us=200000&cancellable=false", "sim", serial());
   std::atomic<int> callbacks{0};
   Promise<StatusCode> got;
   auto got_f = got.get_future();
   RequestOptions ro;
   ro.timeout = 50ms;
   ASSERT_TRUE(engine->submit("late", one(7), ro).ok());
-  ASSERT_TRUE(engine->submit(one(7),
-                             [&](const Result<Outputs>& r) {
-                               callbacks++;
-                               got.set_value(r.status().code());
-                             },
-                             ro)
+  ASSERT_TRUE(engine
+                  ->submit(
+                      one(7),
+                      [&](const Result<Outputs>& r) {
+                        callbacks++;
+                        got.set_value(r.status().code());
+                      },
+                      ro)
                   .ok());
   EXPECT_EQ(*get_within(got_f, 5000ms), StatusCode::deadline_exceeded);
   // The first timed out while running (its result arrives late); the second while queued.
@@ -160,7 +160,8 @@ TEST(Deadlines, AdmissionControlRejectsWhatCannotMakeItsDeadline) {
   ASSERT_TRUE(refused.is_ready());
   auto r = refused.get();
   EXPECT_EQ(r.status().code(), StatusCode::resource_exhausted);
-  EXPECT_NE(r.status().message().find("predicted queue wait"), std::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("predicted queue wait"), std::string_view::npos)
+      << r.status();
   RequestOptions loose;
   loose.timeout = 5s;
   EXPECT_TRUE(get_within(engine->submit(one(1), loose), 10'000ms).ok());
@@ -377,15 +378,15 @@ TEST(CircuitBreaker, FailingWorkerIsTakenOutAndProbedAfterCooldown) {
   EXPECT_EQ(m.workers.at(0).breaker, "open");
   EXPECT_EQ(m.workers.at(1).breaker, "closed");
   auto calls = model->calls();
-  const auto sick = std::count_if(calls.begin(), calls.end(),
-                                  [](const Call& c) { return c.instance == 0; });
+  const auto sick =
+      std::count_if(calls.begin(), calls.end(), [](const Call& c) { return c.instance == 0; });
   EXPECT_LE(sick, 4);  // taken out after 3 failures (one more may have been in flight)
   // After the cool-down it is probed with one request, fails, and opens again.
   std::this_thread::sleep_for(350ms);
   for (int i = 0; i < 10; ++i) EXPECT_TRUE(get_within(engine->submit(one(1)), 10'000ms).ok());
   calls = model->calls();
-  const auto sick_after = std::count_if(calls.begin(), calls.end(),
-                                        [](const Call& c) { return c.instance == 0; });
+  const auto sick_after =
+      std::count_if(calls.begin(), calls.end(), [](const Call& c) { return c.instance == 0; });
   EXPECT_EQ(sick_after, sick + 1);
   EXPECT_EQ(engine->metrics().workers.at(0).breaker, "open");
 }

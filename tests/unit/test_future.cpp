@@ -21,7 +21,7 @@ TEST(Future, SetThenGet) {
   EXPECT_TRUE(p.set_value(7));
   EXPECT_TRUE(f.is_ready());
   EXPECT_EQ(*f.get(), 7);
-  EXPECT_EQ(*f.get(), 7);  // get() may be called again
+  EXPECT_EQ(*f.get(), 7);        // get() may be called again
   EXPECT_FALSE(p.set_value(8));  // exactly once
   EXPECT_EQ(*f.get(), 7);
 }
@@ -94,7 +94,8 @@ TEST(Future, ManyCallbacksRunOnceInOrder) {
   Promise<int> p;
   Future<int> f = p.get_future();
   std::vector<int> order;
-  for (int i = 0; i < 5; ++i) f.on_complete([&order, i](const Result<int>&) { order.push_back(i); });
+  for (int i = 0; i < 5; ++i)
+    f.on_complete([&order, i](const Result<int>&) { order.push_back(i); });
   p.set_value(0);
   p.set_value(1);
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
@@ -303,7 +304,8 @@ TEST(UniqueFunction, HoldsMoveOnlyAndLargeCallables) {
   big[0] = 9;
   detail::UniqueFunction<int()> large([big] { return static_cast<int>(big[0]); });
   detail::UniqueFunction<int()> moved = std::move(large);
-  EXPECT_FALSE(static_cast<bool>(large));  // NOLINT(bugprone-use-after-move): checks the moved-from state
+  EXPECT_FALSE(
+      static_cast<bool>(large));  // NOLINT(bugprone-use-after-move): checks the moved-from state
   EXPECT_EQ(moved(), 9);
 }
 

@@ -72,7 +72,8 @@ TEST(Pipeline, OrderIsPreservedWithRandomStageTimes) {
   PipelineOptions o;
   o.window = 16;
   o.ordered = true;
-  auto p = make({add("a", 1, 3000us, 3, 1), add("b", 1, 3000us, 3, 2), add("c", 1, 3000us, 3, 3)}, o);
+  auto p =
+      make({add("a", 1, 3000us, 3, 1), add("b", 1, 3000us, 3, 2), add("c", 1, 3000us, 3, 3)}, o);
   std::mutex mu;
   std::vector<float> delivered;
   std::vector<Future<PipelineItem>> fs;
@@ -89,7 +90,8 @@ TEST(Pipeline, OrderIsPreservedWithRandomStageTimes) {
     std::lock_guard lock(mu);
     return delivered.size() == 200;
   }));
-  for (int i = 0; i < 200; ++i) EXPECT_EQ(delivered[static_cast<std::size_t>(i)], static_cast<float>(i) + 3.0f);
+  for (int i = 0; i < 200; ++i)
+    EXPECT_EQ(delivered[static_cast<std::size_t>(i)], static_cast<float>(i) + 3.0f);
 }
 
 /// A device stage whose kernel (random length) computes out = in * mul + add into a NEW tensor,
@@ -99,8 +101,7 @@ StageSpec device_affine(std::string name, std::shared_ptr<Device> device, float 
                         unsigned seed) {
   auto rng = std::make_shared<std::mt19937>(seed);
   return StageSpec::on_device(
-      std::move(name), device,
-      [=](PipelineItem& it, Stream& stream) -> Status {
+      std::move(name), device, [=](PipelineItem& it, Stream& stream) -> Status {
         const Tensor in = it.tensors.at(0);
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor out, Tensor::empty(DType::f32, in.shape()));
         std::memset(out.data(), 0xFF, out.byte_size());  // poison: NaN until the kernel writes

@@ -39,11 +39,17 @@ TEST(Status, WithContextPrefixes) {
 }
 
 TEST(Status, EveryCodeHasANameThatParsesBack) {
-  const StatusCode codes[] = {
-      StatusCode::ok,          StatusCode::cancelled,          StatusCode::invalid_argument,
-      StatusCode::deadline_exceeded, StatusCode::not_found,    StatusCode::already_exists,
-      StatusCode::resource_exhausted, StatusCode::failed_precondition, StatusCode::aborted,
-      StatusCode::unavailable, StatusCode::internal};
+  const StatusCode codes[] = {StatusCode::ok,
+                              StatusCode::cancelled,
+                              StatusCode::invalid_argument,
+                              StatusCode::deadline_exceeded,
+                              StatusCode::not_found,
+                              StatusCode::already_exists,
+                              StatusCode::resource_exhausted,
+                              StatusCode::failed_precondition,
+                              StatusCode::aborted,
+                              StatusCode::unavailable,
+                              StatusCode::internal};
   for (StatusCode c : codes) {
     StatusCode parsed{};
     ASSERT_TRUE(parse_status_code(to_string(c), &parsed)) << to_string(c);

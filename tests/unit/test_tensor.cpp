@@ -98,7 +98,8 @@ TEST(Tensor, CopiesShareStorageCloneDoesNot) {
 }
 
 TEST(Tensor, SliceIsAViewAlongDim0) {
-  auto t = *Tensor::from_values<std::int64_t>({4, 2}, std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  auto t =
+      *Tensor::from_values<std::int64_t>({4, 2}, std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
   auto s = t.slice(1, 3);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->shape(), (Shape{2, 2}));

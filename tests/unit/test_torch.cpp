@@ -26,8 +26,8 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
-#include <nlohmann/json.hpp>
 #include <torch/script.h>
+#include <nlohmann/json.hpp>
 #if defined(ASYNCINFER_TEST_HAVE_STB)
 #include <stb_image.h>
 #include <stb_image_resize.h>
@@ -282,8 +282,8 @@ TEST(TorchDigits, WrongInputsFailAtEnqueueWithClearErrors) {
   EXPECT_EQ(st.code(), StatusCode::invalid_argument) << st;
   EXPECT_TRUE(contains(st.message(), "64")) << st;
 
-  auto two_inputs = batch_of({*Tensor::zeros(DType::f32, {1, 1, 32, 32}),
-                              *Tensor::zeros(DType::f32, {1, 1, 32, 32})});
+  auto two_inputs = batch_of(
+      {*Tensor::zeros(DType::f32, {1, 1, 32, 32}), *Tensor::zeros(DType::f32, {1, 1, 32, 32})});
   st = w->instance->enqueue(*w->stream, two_inputs);
   EXPECT_EQ(st.code(), StatusCode::invalid_argument) << st;
 
@@ -424,28 +424,40 @@ TEST(TorchLoad, SidecarContradictingTheModelIsRejected) {
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {"wrong output dim", input,
-       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 12}}}}, {"'logits'", "[1,10]", "[-1,12]"}},
-      {"wrong output dtype", input,
-       {{{"name", "logits"}, {"dtype", "f64"}, {"shape", {-1, 10}}}}, {"'logits'", "f64"}},
-      {"wrong output rank", input,
-       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10, 1}}}}, {"'logits'"}},
-      {"too many outputs", input,
+      {"wrong output dim",
+       input,
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 12}}}},
+       {"'logits'", "[1,10]", "[-1,12]"}},
+      {"wrong output dtype",
+       input,
+       {{{"name", "logits"}, {"dtype", "f64"}, {"shape", {-1, 10}}}},
+       {"'logits'", "f64"}},
+      {"wrong output rank",
+       input,
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10, 1}}}},
+       {"'logits'"}},
+      {"too many outputs",
+       input,
        {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}},
         {{"name", "extra"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
        {"1 output", "2", "extra"}},
       {"input the model cannot take",
        {{{"name", "input"}, {"dtype", "f32"}, {"shape", {-1, 1, 28, 28}}}},
-       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}}, {"failed", "28"}},
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
+       {"failed", "28"}},
       {"two inputs for a one-argument forward",
        {{{"name", "a"}, {"dtype", "f32"}, {"shape", {-1, 1, 32, 32}}},
         {{"name", "b"}, {"dtype", "f32"}, {"shape", {-1, 1, 32, 32}}}},
-       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}}, {"forward takes 1"}},
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
+       {"forward takes 1"}},
       {"batch dim not -1",
        {{{"name", "input"}, {"dtype", "f32"}, {"shape", {1, 1, 32, 32}}}},
-       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}}, {"batch dim"}},
-      {"unknown dtype", {{{"name", "input"}, {"dtype", "f33"}, {"shape", {-1, 1, 32, 32}}}},
-       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}}, {"f33"}},
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
+       {"batch dim"}},
+      {"unknown dtype",
+       {{{"name", "input"}, {"dtype", "f33"}, {"shape", {-1, 1, 32, 32}}}},
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
+       {"f33"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -456,7 +468,8 @@ TEST(TorchLoad, SidecarContradictingTheModelIsRejected) {
     EXPECT_EQ(model.status().code(), StatusCode::invalid_argument) << model.status();
     EXPECT_TRUE(contains(model.status().message(), kDigits)) << model.status();
     for (const std::string& part : c.expect) {
-      EXPECT_TRUE(contains(model.status().message(), part)) << part << " not in: " << model.status();
+      EXPECT_TRUE(contains(model.status().message(), part))
+          << part << " not in: " << model.status();
     }
   }
 }
@@ -701,7 +714,8 @@ TEST(TorchDigits, StbPipelineReachesTheAccuracyPythonMeasured) {
   const int size = pre.at("input_size").get<int>();
   const float mean = pre.at("mean").get<float>();
   const float stddev = pre.at("std").get<float>();
-  const fs::path test_dir = fs::path(kModelsDir) / sidecar.at("test_set").at("dir").get<std::string>();
+  const fs::path test_dir =
+      fs::path(kModelsDir) / sidecar.at("test_set").at("dir").get<std::string>();
   std::ifstream labels_csv(test_dir / sidecar.at("test_set").at("labels").get<std::string>());
   std::string line;
   std::getline(labels_csv, line);
@@ -729,10 +743,9 @@ TEST(TorchDigits, StbPipelineReachesTheAccuracyPythonMeasured) {
       ASSERT_NE(pixels, nullptr) << png << ": " << stbi_failure_reason();
       EXPECT_EQ(width, 128);
       std::vector<unsigned char> small(static_cast<std::size_t>(size * size));
-      const int ok = stbir_resize_uint8_generic(pixels, width, height, 0, small.data(), size, size,
-                                                0, 1, -1, 0, STBIR_EDGE_CLAMP,
-                                                STBIR_FILTER_TRIANGLE, STBIR_COLORSPACE_LINEAR,
-                                                nullptr);
+      const int ok = stbir_resize_uint8_generic(
+          pixels, width, height, 0, small.data(), size, size, 0, 1, -1, 0, STBIR_EDGE_CLAMP,
+          STBIR_FILTER_TRIANGLE, STBIR_COLORSPACE_LINEAR, nullptr);
       stbi_image_free(pixels);
       ASSERT_EQ(ok, 1);
       float* dst = x.data_as<float>() + i * small.size();

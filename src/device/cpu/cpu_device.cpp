@@ -47,8 +47,8 @@ class CpuDevice final : public Device {
   const DeviceInfo& info() const noexcept override { return info_; }
 
   Result<std::unique_ptr<Stream>> create_stream(const StreamOptions& options) override {
-    std::string name = options.name.empty() ? "cpu-s" + std::to_string(next_stream_++)
-                                            : options.name;
+    std::string name =
+        options.name.empty() ? "cpu-s" + std::to_string(next_stream_++) : options.name;
     return std::unique_ptr<Stream>(
         std::make_unique<CpuStream>(shared_from_this(), options, std::move(name)));
   }
@@ -58,12 +58,7 @@ class CpuDevice final : public Device {
   }
 
   Result<std::shared_ptr<Storage>> allocate(std::size_t bytes, MemoryKind kind) override {
-    ASYNCINFER_ASSIGN_OR_RETURN(auto host, Storage::allocate_host(bytes));
-    if (kind == MemoryKind::host) return host;
-    // Same host bytes, labelled with the kind asked for (and still host-accessible).
-    void* p = host->data();
-    return std::make_shared<Storage>(p, bytes, Placement{kind, kind == MemoryKind::device ? 0 : -1},
-                                     [keep = std::move(host)](void*) {}, true);
+    return allocate_host_backed(bytes, kind);
   }
 
   Executor& host_func_executor() noexcept override { return host_pool_; }
@@ -78,8 +73,8 @@ class CpuDevice final : public Device {
 
 Result<std::shared_ptr<Device>> open_cpu_device(std::string_view args) {
   if (!args.empty()) {
-    return invalid_argument_error("the cpu device takes no options, got 'cpu:" +
-                                  std::string(args) + "'");
+    return invalid_argument_error("the cpu device takes no options, got 'cpu:" + std::string(args) +
+                                  "'");
   }
   return std::shared_ptr<Device>(std::make_shared<CpuDevice>());
 }

@@ -36,7 +36,8 @@ std::string cuda_error_text(cudaError_t error);
 
 #define ASYNCINFER_CUDA_STATUS(call) \
   ::asyncinfer::detail::cuda_status((call), #call, __FILE__, __LINE__)
-#define ASYNCINFER_CUDA_RETURN_IF_ERROR(call) ASYNCINFER_RETURN_IF_ERROR(ASYNCINFER_CUDA_STATUS(call))
+#define ASYNCINFER_CUDA_RETURN_IF_ERROR(call) \
+  ASYNCINFER_RETURN_IF_ERROR(ASYNCINFER_CUDA_STATUS(call))
 
 /// Makes `ordinal` the calling thread's current CUDA device for the guard's lifetime and restores
 /// the previous one afterwards (other code on the thread, e.g. libtorch, keeps its device).

@@ -95,7 +95,8 @@
 
 namespace asyncinfer::detail {
 
-// ---- errors, device guard, callback flag ----------------------------------------------------------
+// ---- errors, device guard, callback flag
+// ----------------------------------------------------------
 
 std::string cuda_error_text(cudaError_t error) {
   const char* name = cudaGetErrorName(error);
@@ -486,7 +487,7 @@ struct WaiterBox final : CallbackBox {
 /// A Completion signalled once `point` completes, set up on first use (one waiter stream per
 /// point, however many threads wait for it).
 Result<std::shared_ptr<Completion>> watch_point(Point& point,
-                                               const std::shared_ptr<WaiterPool>& waiters) {
+                                                const std::shared_ptr<WaiterPool>& waiters) {
   if (auto c = point.completion()) return c;
   CudaDeviceGuard guard(point.ordinal());
   ASYNCINFER_RETURN_IF_ERROR(guard.status());
@@ -624,16 +625,15 @@ class MemoryCore : public std::enable_shared_from_this<MemoryCore> {
       Status s = ASYNCINFER_CUDA_STATUS(cudaHostAlloc(&p, cls, cudaHostAllocPortable));
       if (!s.ok()) {
         return Status(s.code() == StatusCode::internal ? StatusCode::resource_exhausted : s.code(),
-                      "allocating " + std::to_string(bytes) + " bytes of pinned host memory: " +
-                          std::string(s.message()));
+                      "allocating " + std::to_string(bytes) +
+                          " bytes of pinned host memory: " + std::string(s.message()));
       }
       std::lock_guard lock(mu_);
       pinned_all_.push_back(p);
     }
     auto self = shared_from_this();
     return std::make_shared<Storage>(
-        p, bytes, where, [self, cls](void* q) { release(self, q, cls, false); },
-        true);
+        p, bytes, where, [self, cls](void* q) { release(self, q, cls, false); }, true);
   }
 
  private:
@@ -710,8 +710,8 @@ struct SettleItem {
 /// callbacks (its destructor drains the stream).
 class StreamState {
  public:
-  StreamState(std::string stream_name, Executor* host_executor,
-              std::shared_ptr<SlotPool> slot_pool, MappedSlot* mapped_words)
+  StreamState(std::string stream_name, Executor* host_executor, std::shared_ptr<SlotPool> slot_pool,
+              MappedSlot* mapped_words)
       : name(std::move(stream_name)),
         executor(host_executor),
         slots(std::move(slot_pool)),
@@ -918,7 +918,7 @@ struct SnapshotBox final : StreamBox {
   void run() noexcept override {
     state->settle(seq);
     point->set_status(state->closing.load(std::memory_order_acquire) ? state->aborted()
-                                                                      : state->peek());
+                                                                     : state->peek());
   }
   std::shared_ptr<Point> point;
 };
@@ -1100,9 +1100,9 @@ class CudaDevice final : public Device {
     ASYNCINFER_RETURN_IF_ERROR(guard.status());
     // CUDA: numerically lower is higher priority; "greatest" is the lowest number.
     const int priority = std::clamp(options.priority, greatest_priority_, least_priority_);
-    std::string name = options.name.empty()
-                           ? "cuda" + std::to_string(ordinal_) + "-s" + std::to_string(next_stream_++)
-                           : options.name;
+    std::string name = options.name.empty() ? "cuda" + std::to_string(ordinal_) + "-s" +
+                                                  std::to_string(next_stream_++)
+                                            : options.name;
     ASYNCINFER_ASSIGN_OR_RETURN(MappedSlot * words, slots_->acquire());
     cudaStream_t s = nullptr;
     Status created =
@@ -1157,7 +1157,8 @@ class CudaDevice final : public Device {
   std::atomic<int> next_stream_{0};
 };
 
-// ---- CudaEvent ------------------------------------------------------------------------------------
+// ---- CudaEvent
+// ------------------------------------------------------------------------------------
 
 CudaEvent::CudaEvent(std::shared_ptr<CudaDevice> device, bool timing)
     : device_(std::move(device)), timing_(timing) {}
@@ -1193,8 +1194,9 @@ Status CudaEvent::synchronize_for(nanoseconds timeout) {
   if (first != cudaErrorNotReady) return ASYNCINFER_CUDA_STATUS(first);
   auto c = watch_point(*p, device_->waiters());
   const cudaEvent_t ev = p->event();
-  Status s = await(c.ok() ? *c : nullptr, deadline, [ev] { return cudaEventQuery(ev); },
-                   "cudaEventQuery(event)");
+  Status s = await(
+      c.ok() ? *c : nullptr, deadline, [ev] { return cudaEventQuery(ev); },
+      "cudaEventQuery(event)");
   if (s.code() == StatusCode::deadline_exceeded) {
     return deadline_exceeded_error("event not reached within " + micros(timeout));
   }
@@ -1216,9 +1218,10 @@ Result<double> CudaEvent::elapsed_us_since(Event& start) {
   auto b = current();
   if (!a || !b) return failed_precondition_error("elapsed_time_us: an event was never recorded");
   if (a->ordinal() != b->ordinal()) {
-    return failed_precondition_error("elapsed_time_us: the events were recorded on different "
-                                     "devices (cuda:" + std::to_string(a->ordinal()) + ", cuda:" +
-                                     std::to_string(b->ordinal()) + ")");
+    return failed_precondition_error(
+        "elapsed_time_us: the events were recorded on different "
+        "devices (cuda:" +
+        std::to_string(a->ordinal()) + ", cuda:" + std::to_string(b->ordinal()) + ")");
   }
   CudaDeviceGuard guard(b->ordinal());
   ASYNCINFER_RETURN_IF_ERROR(guard.status());
@@ -1234,7 +1237,8 @@ Result<double> CudaEvent::elapsed_us_since(Event& start) {
   return static_cast<double>(ms) * 1000.0;
 }
 
-// ---- CudaStream -----------------------------------------------------------------------------------
+// ---- CudaStream
+// -----------------------------------------------------------------------------------
 
 CudaStream::CudaStream(std::shared_ptr<CudaDevice> device, cudaStream_t stream, int priority,
                        std::shared_ptr<StreamState> state)
@@ -1246,7 +1250,7 @@ CudaStream::~CudaStream() {
     closing_ = true;
   }
   state_->closing.store(true, std::memory_order_release);
-  state_->stop.request_stop();       // a running host_fn sees its token fire
+  state_->stop.request_stop();         // a running host_fn sees its token fire
   store_flag(state_->words->stop, 1);  // spin and host-wait kernels of this stream end now
   {
     CudaDeviceGuard guard(ordinal());
@@ -1279,10 +1283,10 @@ Status CudaStream::enqueue(Kernel kernel) {
       ASYNCINFER_ASSIGN_OR_RETURN(slot, device_->slots()->acquire());
       on_stop = std::make_unique<StopFlagCallback>(kernel.stop, SetFlag{&slot->stop});
     }
-    const cudaError_t e = launch_spin_kernel(
-        stream_, static_cast<std::uint64_t>(kernel.duration.count()),
-        slot != nullptr ? &slot->stop : nullptr, &state_->words->stop,
-        slot != nullptr ? &slot->cut : nullptr);
+    const cudaError_t e =
+        launch_spin_kernel(stream_, static_cast<std::uint64_t>(kernel.duration.count()),
+                           slot != nullptr ? &slot->stop : nullptr, &state_->words->stop,
+                           slot != nullptr ? &slot->cut : nullptr);
     if (e != cudaSuccess) {
       on_stop.reset();
       device_->slots()->release(slot);
@@ -1442,9 +1446,9 @@ Status CudaStream::record(Event& event) {
                                   state_->name + "'");
   }
   if (e->device().ordinal() != ordinal()) {
-    return invalid_argument_error("record: the event belongs to cuda:" +
-                                  std::to_string(e->device().ordinal()) + ", stream '" +
-                                  state_->name + "' to cuda:" + std::to_string(ordinal()));
+    return invalid_argument_error(
+        "record: the event belongs to cuda:" + std::to_string(e->device().ordinal()) +
+        ", stream '" + state_->name + "' to cuda:" + std::to_string(ordinal()));
   }
   CudaDeviceGuard guard(ordinal());
   ASYNCINFER_RETURN_IF_ERROR(guard.status());
@@ -1501,8 +1505,8 @@ Status CudaStream::await_marker(Clock::time_point deadline, const std::string& w
         launch_box(stream_, std::make_unique<MarkerBox>(state_, box_seq(), done)));
   }
   cudaStream_t s = stream_;
-  ASYNCINFER_RETURN_IF_ERROR(await(done, deadline, [s] { return cudaStreamQuery(s); },
-                                   "cudaStreamQuery(" + what + ")"));
+  ASYNCINFER_RETURN_IF_ERROR(await(
+      done, deadline, [s] { return cudaStreamQuery(s); }, "cudaStreamQuery(" + what + ")"));
   // Idle by cudaStreamQuery means the marker has run; allow for its signal still in flight.
   if (!done->wait_until(Clock::now() + std::chrono::seconds(1))) return state_->peek();
   return done->status();
@@ -1532,8 +1536,8 @@ Result<int> parse_ordinal(std::string_view args) {
   int value = 0;
   for (char c : args) {
     if (c < '0' || c > '9' || value > 100000) {
-      return invalid_argument_error("cuda device: expected cuda or cuda:<index>, got 'cuda:" +
-                                    std::string(args) + "'");
+      return invalid_argument_error(
+          "cuda device: expected cuda or cuda:<index>, got 'cuda:" + std::string(args) + "'");
     }
     value = value * 10 + (c - '0');
   }
@@ -1550,8 +1554,9 @@ Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args) {
   Status s = ASYNCINFER_CUDA_STATUS(cudaGetDeviceCount(&count));
   if (!s.ok()) return unavailable(s);
   if (count == 0) {
-    return unavailable_error("no CUDA device is visible (cudaGetDeviceCount returned 0; check "
-                             "CUDA_VISIBLE_DEVICES)");
+    return unavailable_error(
+        "no CUDA device is visible (cudaGetDeviceCount returned 0; check "
+        "CUDA_VISIBLE_DEVICES)");
   }
   if (ordinal >= count) {
     return unavailable_error("cuda:" + std::to_string(ordinal) + " does not exist: " +
@@ -1598,10 +1603,10 @@ Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args) {
   info.cancellable_work = true;  // spin kernels poll their stop flag; host_fns get stop tokens
   info.compute_engines = 1;      // one GPU; it runs kernels of several streams concurrently
   info.copy_engines = prop.asyncEngineCount;
-  return std::shared_ptr<Device>(std::make_shared<CudaDevice>(
-      ordinal, std::move(info), least, greatest, std::move(slots),
-      std::make_shared<EventCache>(ordinal), std::move(memory),
-      std::make_shared<WaiterPool>(ordinal)));
+  return std::shared_ptr<Device>(
+      std::make_shared<CudaDevice>(ordinal, std::move(info), least, greatest, std::move(slots),
+                                   std::make_shared<EventCache>(ordinal), std::move(memory),
+                                   std::make_shared<WaiterPool>(ordinal)));
 }
 
 Result<int> cuda_device_ordinal(const Device& device) {

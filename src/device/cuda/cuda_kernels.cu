@@ -59,8 +59,8 @@ __global__ void host_wait_kernel(const unsigned long long* counter, unsigned lon
 __global__ void gemm_weight_init_kernel(void* out, unsigned long long count, int elem,
                                         unsigned long long seed) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x +
-                              threadIdx.x;
+  for (unsigned long long i =
+           static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < count; i += stride) {
     const float v = gemm_weight_value(seed, i);
     if (elem == static_cast<int>(GemmElem::f16)) {

@@ -50,11 +50,11 @@ Status cublas_status(cublasStatus_t s, const char* call, const char* file, int l
   if (slash != std::string_view::npos) where.remove_prefix(slash + 1);
   const char* name = cublasGetStatusName(s);
   const char* text = cublasGetStatusString(s);
-  return Status(s == CUBLAS_STATUS_ALLOC_FAILED ? StatusCode::resource_exhausted
-                                                : StatusCode::internal,
-                std::string(call) + " failed at " + std::string(where) + ":" +
-                    std::to_string(line) + ": " + (name != nullptr ? name : "cublasStatus?") +
-                    ": " + (text != nullptr ? text : "unknown cuBLAS error"));
+  return Status(
+      s == CUBLAS_STATUS_ALLOC_FAILED ? StatusCode::resource_exhausted : StatusCode::internal,
+      std::string(call) + " failed at " + std::string(where) + ":" + std::to_string(line) + ": " +
+          (name != nullptr ? name : "cublasStatus?") + ": " +
+          (text != nullptr ? text : "unknown cuBLAS error"));
 }
 
 #define ASYNCINFER_CUBLAS_RETURN_IF_ERROR(call) \
@@ -164,8 +164,8 @@ class GemmInstance final : public ModelInstance {
   Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
     const GemmConfig& cfg = model_->config();
     if (&stream != &stream_) {
-      return invalid_argument_error(model_->name() +
-                                    ": enqueue on another stream than the instance was created for");
+      return invalid_argument_error(
+          model_->name() + ": enqueue on another stream than the instance was created for");
     }
     if (io->inputs.size() != 1) {
       return invalid_argument_error(model_->name() + ": expected 1 input (a), got " +
@@ -181,9 +181,9 @@ class GemmInstance final : public ModelInstance {
     }
     if (a.placement().kind != MemoryKind::device || a.placement().device_id != ordinal_ ||
         a.is_host_accessible()) {
-      return invalid_argument_error(model_->name() + ": input 'a' must be in the memory of cuda:" +
-                                    std::to_string(ordinal_) + ", got " +
-                                    std::string(to_string(a.placement().kind)) + " memory");
+      return invalid_argument_error(
+          model_->name() + ": input 'a' must be in the memory of cuda:" + std::to_string(ordinal_) +
+          ", got " + std::string(to_string(a.placement().kind)) + " memory");
     }
     const std::int64_t batch = a.dim(0);
     if (batch > INT_MAX) {
@@ -206,8 +206,8 @@ class GemmInstance final : public ModelInstance {
     const int k = static_cast<int>(cfg.k);
     // Column-major view: cᵀ[n×m] = Bᵀ[n×k] · aᵀ[k×m] for each item.
     ASYNCINFER_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
-        handle_, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, weight_->data(), type, n,
-        0LL, a.data(), type, k, static_cast<long long>(cfg.m * cfg.k), &beta, c.data(), type, n,
+        handle_, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, weight_->data(), type, n, 0LL, a.data(),
+        type, k, static_cast<long long>(cfg.m * cfg.k), &beta, c.data(), type, n,
         static_cast<long long>(cfg.m * cfg.n), static_cast<int>(batch), CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
     ASYNCINFER_CUDA_RETURN_IF_ERROR(cudaEventRecord(last_, native(stream_)));
@@ -252,15 +252,16 @@ Result<std::unique_ptr<ModelInstance>> GemmModel::create_instance(
   auto h = HandlePool::instance().acquire(ord);
   Status st = h.status();
   if (h.ok()) handle = *h;
-  if (st.ok()) st = cublas_status(cublasSetStream(handle, s), "cublasSetStream", __FILE__, __LINE__);
+  if (st.ok())
+    st = cublas_status(cublasSetStream(handle, s), "cublasSetStream", __FILE__, __LINE__);
   if (st.ok()) {
     st = cublas_status(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode",
                        __FILE__, __LINE__);
   }
   bool launched = false;
   if (st.ok()) {
-    st = ASYNCINFER_CUDA_STATUS(launch_gemm_weight_init(s, weight->data(), elems,
-                                                        gemm_elem(cfg_.dtype), kGemmWeightSeed));
+    st = ASYNCINFER_CUDA_STATUS(
+        launch_gemm_weight_init(s, weight->data(), elems, gemm_elem(cfg_.dtype), kGemmWeightSeed));
     launched = st.ok();
   }
   if (st.ok()) st = ASYNCINFER_CUDA_STATUS(cudaEventRecord(last, s));
@@ -290,8 +291,7 @@ Result<std::shared_ptr<Model>> load_gemm_model(std::string_view query,
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch, p.get_int("max_batch", cfg.max_batch, 1, 1 << 20));
   ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
   auto parsed = parse_dtype(dtype);
-  if (!parsed.ok() ||
-      (*parsed != DType::f32 && *parsed != DType::f16 && *parsed != DType::bf16)) {
+  if (!parsed.ok() || (*parsed != DType::f32 && *parsed != DType::f16 && *parsed != DType::bf16)) {
     return invalid_argument_error(context + ": dtype=" + dtype + " is not one of f32, f16, bf16");
   }
   cfg.dtype = *parsed;

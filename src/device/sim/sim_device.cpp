@@ -80,11 +80,7 @@ class SimDevice final : public Device {
   }
 
   Result<std::shared_ptr<Storage>> allocate(std::size_t bytes, MemoryKind kind) override {
-    ASYNCINFER_ASSIGN_OR_RETURN(auto host, Storage::allocate_host(bytes));
-    if (kind == MemoryKind::host) return host;
-    void* p = host->data();
-    return std::make_shared<Storage>(p, bytes, Placement{kind, kind == MemoryKind::device ? 0 : -1},
-                                     [keep = std::move(host)](void*) {}, true);
+    return allocate_host_backed(bytes, kind);
   }
 
   Executor& host_func_executor() noexcept override { return host_pool_; }
@@ -92,7 +88,8 @@ class SimDevice final : public Device {
   /// Reserves the earliest-free engine of `cls` from `earliest` for `duration`.
   Reservation reserve(EngineClass cls, Clock::time_point earliest, nanoseconds duration) {
     std::lock_guard lock(mu_);
-    std::vector<Clock::time_point>& engines = cls == EngineClass::compute ? compute_free_ : copy_free_;
+    std::vector<Clock::time_point>& engines =
+        cls == EngineClass::compute ? compute_free_ : copy_free_;
     std::size_t index = 0;
     if (cls != EngineClass::compute && engines.size() >= 2) {
       index = cls == EngineClass::h2d ? 0 : 1;  // one engine per direction
@@ -126,27 +123,24 @@ class SimDevice final : public Device {
   std::atomic<int> next_stream_{0};
 };
 
-nanoseconds from_us(double us) {
-  return nanoseconds(static_cast<std::int64_t>(us * 1000.0));
-}
+nanoseconds from_us(double us) { return nanoseconds(static_cast<std::int64_t>(us * 1000.0)); }
 
 class SimStream final : public HostStream {
  public:
   SimStream(std::shared_ptr<Device> device, const StreamOptions& options, std::string name)
-      : HostStream(device, options, std::move(name)),
-        sim_(static_cast<SimDevice&>(*device)) {}
+      : HostStream(device, options, std::move(name)), sim_(static_cast<SimDevice&>(*device)) {}
   ~SimStream() override { close(); }
 
  protected:
   Status run_kernel(Kernel& kernel, Clock::time_point enqueued_at, std::stop_token stop) override {
     const nanoseconds occupancy = kernel.duration + from_us(sim_.config().launch_overhead_us);
-    ASYNCINFER_RETURN_IF_ERROR(occupy(EngineClass::compute, enqueued_at, occupancy, stop,
-                                      "kernel '" + kernel.name + "'"));
+    ASYNCINFER_RETURN_IF_ERROR(
+        occupy(EngineClass::compute, enqueued_at, occupancy, stop, "kernel '" + kernel.name + "'"));
     return timed_host_fn(kernel, stop);
   }
 
-  Status run_copy(const Tensor& dst, const Tensor& src, CopyKind kind, Clock::time_point enqueued_at,
-                  std::stop_token stop) override {
+  Status run_copy(const Tensor& dst, const Tensor& src, CopyKind kind,
+                  Clock::time_point enqueued_at, std::stop_token stop) override {
     const auto& cfg = sim_.config();
     const double bytes = static_cast<double>(src.byte_size());
     if (kind == CopyKind::host_to_host) {
@@ -155,10 +149,11 @@ class SimStream final : public HostStream {
       ASYNCINFER_RETURN_IF_ERROR(occupy(EngineClass::compute, enqueued_at,
                                         from_us(bytes / cfg.d2d_bytes_per_us), stop, "copy"));
     } else {
-      const EngineClass cls = kind == CopyKind::host_to_device ? EngineClass::h2d : EngineClass::d2h;
-      ASYNCINFER_RETURN_IF_ERROR(occupy(cls, enqueued_at,
-                                        from_us(cfg.copy_latency_us + bytes / cfg.copy_bytes_per_us),
-                                        stop, "copy"));
+      const EngineClass cls =
+          kind == CopyKind::host_to_device ? EngineClass::h2d : EngineClass::d2h;
+      ASYNCINFER_RETURN_IF_ERROR(
+          occupy(cls, enqueued_at, from_us(cfg.copy_latency_us + bytes / cfg.copy_bytes_per_us),
+                 stop, "copy"));
     }
     if (src.byte_size() > 0) std::memmove(dst.data(), src.data(), src.byte_size());
     return Status();
@@ -206,8 +201,7 @@ class SimStream final : public HostStream {
 };
 
 Result<std::unique_ptr<Stream>> SimDevice::create_stream(const StreamOptions& options) {
-  std::string name =
-      options.name.empty() ? "sim-s" + std::to_string(next_stream_++) : options.name;
+  std::string name = options.name.empty() ? "sim-s" + std::to_string(next_stream_++) : options.name;
   return std::unique_ptr<Stream>(
       std::make_unique<SimStream>(shared_from_this(), options, std::move(name)));
 }
@@ -216,9 +210,9 @@ Result<std::unique_ptr<Stream>> SimDevice::create_stream(const StreamOptions& op
 
 Result<std::shared_ptr<Device>> open_sim_device(std::string_view args) {
   ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(args, ',', "sim device"));
-  ASYNCINFER_RETURN_IF_ERROR(p.check_known({"compute_engines", "copy_engines", "copy_bytes_per_us",
-                                            "d2d_bytes_per_us", "copy_latency_us",
-                                            "launch_overhead_us"}));
+  ASYNCINFER_RETURN_IF_ERROR(
+      p.check_known({"compute_engines", "copy_engines", "copy_bytes_per_us", "d2d_bytes_per_us",
+                     "copy_latency_us", "launch_overhead_us"}));
   SimConfig cfg;
   ASYNCINFER_ASSIGN_OR_RETURN(auto engines, p.get_int("compute_engines", 1, 1, 64));
   ASYNCINFER_ASSIGN_OR_RETURN(auto copies, p.get_int("copy_engines", 2, 1, 2));

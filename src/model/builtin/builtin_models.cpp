@@ -123,8 +123,8 @@ class BuiltinInstance final : public ModelInstance {
     // copies back to the host right after.
     io->outputs.clear();
     for (const Tensor& in : io->inputs) {
-      const MemoryKind kind = in.placement().kind == MemoryKind::device ? MemoryKind::device
-                                                                         : MemoryKind::host;
+      const MemoryKind kind =
+          in.placement().kind == MemoryKind::device ? MemoryKind::device : MemoryKind::host;
       Result<Tensor> out = kind == MemoryKind::host ? Tensor::empty(in.dtype(), in.shape())
                                                     : device_.empty(in.dtype(), in.shape(), kind);
       if (!out.ok()) return out.status();

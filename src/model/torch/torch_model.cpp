@@ -66,8 +66,8 @@
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
-#include <nlohmann/json.hpp>
 #include <torch/script.h>
+#include <nlohmann/json.hpp>
 #if defined(ASYNCINFER_TORCH_CUDA)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -115,15 +115,24 @@ Status status_from_current_exception(const std::string& what) {
 
 at::ScalarType to_scalar_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return at::kFloat;
-    case DType::f16: return at::kHalf;
-    case DType::bf16: return at::kBFloat16;
-    case DType::f64: return at::kDouble;
-    case DType::i8: return at::kChar;
-    case DType::u8: return at::kByte;
-    case DType::i32: return at::kInt;
-    case DType::i64: return at::kLong;
-    case DType::boolean: return at::kBool;
+    case DType::f32:
+      return at::kFloat;
+    case DType::f16:
+      return at::kHalf;
+    case DType::bf16:
+      return at::kBFloat16;
+    case DType::f64:
+      return at::kDouble;
+    case DType::i8:
+      return at::kChar;
+    case DType::u8:
+      return at::kByte;
+    case DType::i32:
+      return at::kInt;
+    case DType::i64:
+      return at::kLong;
+    case DType::boolean:
+      return at::kBool;
   }
   return at::kFloat;
 }
@@ -131,23 +140,43 @@ at::ScalarType to_scalar_type(DType dtype) {
 /// Our dtype for a libtorch scalar type; false for types we do not have (complex, quantized...).
 bool from_scalar_type(at::ScalarType type, DType* out) {
   switch (type) {
-    case at::kFloat: *out = DType::f32; return true;
-    case at::kHalf: *out = DType::f16; return true;
-    case at::kBFloat16: *out = DType::bf16; return true;
-    case at::kDouble: *out = DType::f64; return true;
-    case at::kChar: *out = DType::i8; return true;
-    case at::kByte: *out = DType::u8; return true;
-    case at::kInt: *out = DType::i32; return true;
-    case at::kLong: *out = DType::i64; return true;
-    case at::kBool: *out = DType::boolean; return true;
-    default: return false;
+    case at::kFloat:
+      *out = DType::f32;
+      return true;
+    case at::kHalf:
+      *out = DType::f16;
+      return true;
+    case at::kBFloat16:
+      *out = DType::bf16;
+      return true;
+    case at::kDouble:
+      *out = DType::f64;
+      return true;
+    case at::kChar:
+      *out = DType::i8;
+      return true;
+    case at::kByte:
+      *out = DType::u8;
+      return true;
+    case at::kInt:
+      *out = DType::i32;
+      return true;
+    case at::kLong:
+      *out = DType::i64;
+      return true;
+    case at::kBool:
+      *out = DType::boolean;
+      return true;
+    default:
+      return false;
   }
 }
 
 std::string describe(const at::Tensor& t) {
   DType d;
-  std::string type = from_scalar_type(t.scalar_type(), &d) ? std::string(to_string(d))
-                                                             : std::string(c10::toString(t.scalar_type()));
+  std::string type = from_scalar_type(t.scalar_type(), &d)
+                         ? std::string(to_string(d))
+                         : std::string(c10::toString(t.scalar_type()));
   return type + shape_to_string(std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end()));
 }
 
@@ -244,7 +273,8 @@ Result<ModelSignature> read_sidecar(const std::string& file) {
   ASYNCINFER_ASSIGN_OR_RETURN(sig.inputs, parse_specs(j, "inputs", source));
   ASYNCINFER_ASSIGN_OR_RETURN(sig.outputs, parse_specs(j, "outputs", source));
   if (j.contains("batched")) {
-    if (!j["batched"].is_boolean()) return invalid_argument_error(source + ": \"batched\" must be true or false");
+    if (!j["batched"].is_boolean())
+      return invalid_argument_error(source + ": \"batched\" must be true or false");
     sig.batched = j["batched"].get<bool>();
   }
   if (j.contains("max_batch_size")) {
@@ -287,8 +317,7 @@ Result<SignatureSource> resolve_signature(const std::string& path, const ModelOp
       }
     }
     sig.max_batch_size = std::max<std::int64_t>(options.max_batch_size, 0);
-    ASYNCINFER_RETURN_IF_ERROR(
-        check_signature(sig, "torch model '" + path + "': " + out.source));
+    ASYNCINFER_RETURN_IF_ERROR(check_signature(sig, "torch model '" + path + "': " + out.source));
     return out;
   }
   std::string file = options.signature_path;
@@ -297,7 +326,8 @@ Result<SignatureSource> resolve_signature(const std::string& path, const ModelOp
   if (file.empty()) {
     return invalid_argument_error(
         "torch model '" + path + "': no signature: put a sidecar JSON file next to the model ('" +
-        path + ".json', or name one with ModelOptions::signature_path / --signature) listing "
+        path +
+        ".json', or name one with ModelOptions::signature_path / --signature) listing "
         "inputs and outputs with names, dtypes and shapes, or give the inputs and outputs as "
         "command-line specs (name:dtype:dims, e.g. input:f32:1x32x32 and logits:f32:10)");
   }
@@ -320,9 +350,8 @@ std::vector<torch::jit::IValue> zero_inputs(const ModelSignature& sig, std::int6
     for (std::size_t d = 0; d < sizes.size(); ++d) {
       if (sizes[d] < 0) sizes[d] = (sig.batched && d == 0) ? batch : 1;
     }
-    values.emplace_back(torch::zeros(sizes, at::TensorOptions()
-                                                .dtype(to_scalar_type(s.dtype))
-                                                .device(device)));
+    values.emplace_back(
+        torch::zeros(sizes, at::TensorOptions().dtype(to_scalar_type(s.dtype)).device(device)));
   }
   return values;
 }
@@ -334,8 +363,8 @@ Result<std::vector<at::Tensor>> result_tensors(const torch::jit::IValue& result,
   std::vector<at::Tensor> out;
   auto take = [&](const c10::IValue& v, std::size_t index) -> Status {
     if (!v.isTensor()) {
-      return invalid_argument_error("output " + std::to_string(index) + " is a " +
-                                    v.tagKind() + ", not a Tensor");
+      return invalid_argument_error("output " + std::to_string(index) + " is a " + v.tagKind() +
+                                    ", not a Tensor");
     }
     out.push_back(v.toTensor());
     return Status();
@@ -344,7 +373,8 @@ Result<std::vector<at::Tensor>> result_tensors(const torch::jit::IValue& result,
     out.push_back(result.toTensor());
   } else if (result.isTuple()) {
     const auto& elements = result.toTupleRef().elements();
-    for (std::size_t i = 0; i < elements.size(); ++i) ASYNCINFER_RETURN_IF_ERROR(take(elements[i], i));
+    for (std::size_t i = 0; i < elements.size(); ++i)
+      ASYNCINFER_RETURN_IF_ERROR(take(elements[i], i));
   } else if (result.isList()) {
     const c10::List<c10::IValue> list = result.toList();
     for (std::size_t i = 0; i < list.size(); ++i) ASYNCINFER_RETURN_IF_ERROR(take(list.get(i), i));
@@ -410,8 +440,7 @@ Result<torch::jit::Module> parse_module(const std::string& path, const std::stri
                                         const std::optional<c10::Device>& device) {
   try {
     std::istringstream in(bytes);
-    torch::jit::Module module =
-        device ? torch::jit::load(in, *device) : torch::jit::load(in);
+    torch::jit::Module module = device ? torch::jit::load(in, *device) : torch::jit::load(in);
     module.eval();
     if (!module.find_method("forward")) {
       return invalid_argument_error("torch model '" + path +
@@ -664,9 +693,9 @@ class CudaTorchInstance final : public ModelInstance {
     ASYNCINFER_RETURN_IF_ERROR(check_batch(*runner_, *io, false));
     for (const Tensor& in : io->inputs) {
       if (in.placement().kind != MemoryKind::device || in.placement().device_id != index_) {
-        return invalid_argument_error(runner_->what() + ": inputs must be in the memory of cuda:" +
-                                      std::to_string(index_) + ", got " +
-                                      std::string(to_string(in.placement().kind)));
+        return invalid_argument_error(
+            runner_->what() + ": inputs must be in the memory of cuda:" + std::to_string(index_) +
+            ", got " + std::string(to_string(in.placement().kind)));
       }
     }
     const ModelSignature& sig = runner_->definition().signature;
@@ -679,8 +708,8 @@ class CudaTorchInstance final : public ModelInstance {
     }
     std::vector<Tensor> wrapped;
     for (at::Tensor& t : outputs) {
-      ASYNCINFER_ASSIGN_OR_RETURN(
-          Tensor w, wrap(std::move(t), Placement{MemoryKind::device, index_}, false));
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor w,
+                                  wrap(std::move(t), Placement{MemoryKind::device, index_}, false));
       wrapped.push_back(std::move(w));
     }
     io->outputs = std::move(wrapped);
@@ -736,8 +765,11 @@ class TorchModel final : public Model {
         for (std::size_t d = sig.batched ? 1 : 0; d < s.shape.size(); ++d) {
           if (s.shape[d] < 0) {
             return unavailable_error(
-                what + ": output " + spec_string(s) + " has a dynamic dim after the batch dim; "
-                "on " + device.name() + " (no unified memory) outputs are allocated before the "
+                what + ": output " + spec_string(s) +
+                " has a dynamic dim after the batch dim; "
+                "on " +
+                device.name() +
+                " (no unified memory) outputs are allocated before the "
                 "forward runs, so their shapes must be known; use the cpu device");
           }
         }
@@ -745,9 +777,8 @@ class TorchModel final : public Model {
     }
     ASYNCINFER_ASSIGN_OR_RETURN(torch::jit::Module module,
                                 parse_module(def_->path, def_->bytes, std::nullopt));
-    auto runner = std::make_shared<TorchRunner>(def_, std::move(module),
-                                                std::max(1, options.intra_op_threads),
-                                                c10::Device(c10::kCPU));
+    auto runner = std::make_shared<TorchRunner>(
+        def_, std::move(module), std::max(1, options.intra_op_threads), c10::Device(c10::kCPU));
     if (def_->warmup_runs > 0) {
       // On the stream's thread, where the forwards will run (its OpenMP team, its thread count).
       auto outcome = std::make_shared<Status>();
@@ -770,7 +801,8 @@ class TorchModel final : public Model {
                                                               const std::string& what) {
 #if defined(ASYNCINFER_TORCH_CUDA)
     if (!torch::cuda::is_available()) {
-      return unavailable_error(what + ": libtorch was built with CUDA but sees no usable GPU "
+      return unavailable_error(what +
+                               ": libtorch was built with CUDA but sees no usable GPU "
                                "(torch::cuda::is_available() is false)");
     }
     c10::DeviceIndex index = 0;
@@ -810,7 +842,8 @@ class TorchModel final : public Model {
 Result<std::shared_ptr<Model>> load_torch_model(std::string_view path_view,
                                                 const ModelOptions& options) {
   const std::string path(path_view);
-  if (path.empty()) return invalid_argument_error("torch model: empty path (expected torch:<file.pt>)");
+  if (path.empty())
+    return invalid_argument_error("torch model: empty path (expected torch:<file.pt>)");
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) return not_found_error("torch model '" + path + "': no such file");
