@@ -99,9 +99,15 @@ TEST(EngineStress, ResultStoreStaysBoundedOverAMillionUnfetchedRequests) {
   EXPECT_NE(engine->result(recent, 1ms).status().message().find("evicted"), std::string_view::npos)
       << engine->result(recent, 1ms).status();
   EXPECT_EQ(engine->status("r" + std::to_string(kN - 1)), RequestState::completed);
-  // Memory stays flat: 900,000 more requests added less than 32 MiB.
+  // Memory stays flat: 900,000 more requests added less than 32 MiB. (Not under the sanitizers:
+  // ASan's quarantine and TSan's shadow memory grow with every allocation, bounded store or not;
+  // the eviction checks above still run there.)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   EXPECT_LT(rss_end - rss_at_100k, 32 * 1024)
       << "RSS grew from " << rss_at_100k << " KiB to " << rss_end << " KiB";
+#else
+  RecordProperty("rss_growth_kib_under_sanitizer", static_cast<int>(rss_end - rss_at_100k));
+#endif
   const auto m = engine->metrics();
   EXPECT_EQ(m.completed, static_cast<std::uint64_t>(kN));
   RecordProperty("refused_while_full", refused);
