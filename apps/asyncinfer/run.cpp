@@ -193,13 +193,24 @@ Status write_predictions(const std::string& path, const std::vector<Prediction>&
     }
     out << arr.dump(2) << "\n";
   } else {
-    out << "file,label,prediction,probability,latency_us,error\n";
+    std::size_t k = 1;
+    for (const Prediction& p : preds) k = std::max(k, p.top.size());
+    out << "file,label";
+    for (std::size_t i = 1; i <= k; ++i) out << ",prediction" << i << ",probability" << i;
+    out << ",latency_us,error\n";
     for (const Prediction& p : preds) {
-      out << p.file << "," << (p.label >= 0 ? name_of(p.label) : "") << ",";
-      if (p.error.ok() && !p.top.empty()) {
-        out << name_of(p.top[0].first) << "," << p.top[0].second << "," << p.latency_us << ",";
+      out << p.file << "," << (p.label >= 0 ? name_of(p.label) : "");
+      for (std::size_t i = 0; i < k; ++i) {
+        if (p.error.ok() && i < p.top.size()) {
+          out << "," << name_of(p.top[i].first) << "," << p.top[i].second;
+        } else {
+          out << ",,";
+        }
+      }
+      if (p.error.ok()) {
+        out << "," << p.latency_us << ",";
       } else {
-        out << ",,,\"" << p.error.to_string() << "\"";
+        out << ",,\"" << p.error.to_string() << "\"";
       }
       out << "\n";
     }
@@ -209,6 +220,8 @@ Status write_predictions(const std::string& path, const std::vector<Prediction>&
 
 /// Files that failed are reported one by one up to this many, then counted.
 constexpr std::size_t kMaxReported = 20;
+/// Runs of at most this many images print each image's top-k.
+constexpr std::size_t kPrintPredictions = 20;
 
 /// One run in `mode`; fills `result`. Returns an exit code.
 int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
@@ -354,7 +367,10 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
   for (const Prediction& pr : preds) {
     if (!pr.error.ok()) {
       if (++sum.skipped <= kMaxReported) {
-        std::fprintf(stderr, "asyncinfer run: skipped %s\n", pr.error.to_string().c_str());
+        std::string why(pr.error.message());
+        const std::string stage = "stage 'decode': ";
+        if (why.rfind(stage, 0) == 0) why.erase(0, stage.size());
+        std::fprintf(stderr, "asyncinfer run: skipped: %s\n", why.c_str());
       }
       continue;
     }
@@ -371,15 +387,32 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
   }
   sum.latency = summarize(latencies);
   sum.wall_s = wall_s;
+  if (preds.size() <= kPrintPredictions && mode == (o.compare ? "sync" : o.mode)) {
+    for (const Prediction& pr : preds) {
+      if (!pr.error.ok() || pr.top.empty()) continue;
+      std::string line = pr.file + ": ";
+      for (std::size_t i = 0; i < pr.top.size(); ++i) {
+        const int c = pr.top[i].first;
+        const std::string name = c >= 0 && static_cast<std::size_t>(c) < class_names.size()
+                                     ? class_names[static_cast<std::size_t>(c)]
+                                     : std::to_string(c);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s%s (%.3f)", i == 0 ? "" : ", ", name.c_str(),
+                      pr.top[i].second);
+        line += buf;
+      }
+      if (pr.label >= 0) line += "  [label " + std::to_string(pr.label) + "]";
+      std::printf("%s\n", line.c_str());
+    }
+  }
   sum.throughput = wall_s > 0 ? static_cast<double>(sum.ok) / wall_s : 0;
   sum.batch_mean = e.metrics().batch_size.mean();
   result = sum;
   if (!o.output.empty()) {
     std::string path = o.output;
     if (o.compare) {  // one file per mode: name.sync.csv, name.async.csv
-      const auto dot = path.find_last_of('.');
-      path = dot == std::string::npos ? path + "." + mode
-                                      : path.substr(0, dot) + "." + mode + path.substr(dot);
+      const fs::path f(path);
+      path = (f.parent_path() / (f.stem().string() + "." + mode + f.extension().string())).string();
     }
     Status s = write_predictions(path, preds, class_names);
     if (!s.ok()) {
@@ -491,8 +524,8 @@ Command add_run_command(CLI::App& parent) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* app = parent.add_subcommand(
       "run", "Classify image files with a model: decode -> infer -> top-k, sync or async");
-  app->add_option("--model", o->model, "model file (.pt) or URI")->required();
-  app->add_option("--device", o->device, "cpu, sim[:options] or cuda:N")->capture_default_str();
+  app->add_option("--model,-m", o->model, "model file (.pt) or URI")->required();
+  app->add_option("--device,-d", o->device, "cpu, sim[:options] or cuda:N")->capture_default_str();
   app->add_option("--images", o->images, "image files, folders or glob patterns")
       ->required()
       ->expected(1, -1);
@@ -507,7 +540,7 @@ Command add_run_command(CLI::App& parent) {
   app->add_option("--mode", o->mode, "sync (one image at a time) or async (pipeline)")
       ->check(CLI::IsMember({"sync", "async"}))
       ->capture_default_str();
-  app->add_option("--workers", o->workers, "engine workers (each a model instance)")
+  app->add_option("--workers,-w", o->workers, "engine workers (each a model instance)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app->add_option("--batch", o->batch, "max batch size (0 = the model's)")
@@ -524,7 +557,7 @@ Command add_run_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--output", o->output, "predictions file (.csv or .json)");
   app->add_option("--summary", o->summary, "summary JSON file");
-  app->add_flag("--quiet", o->quiet, "no progress line");
+  app->add_flag("--quiet,-q", o->quiet, "no progress line");
   app->add_option("--repeat", o->repeat, "run the image list this many times")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

@@ -33,7 +33,7 @@
 //   - Ordered delivery (optional): results reach futures and callbacks in submit order, per
 //     sequence key when one is given (so one slow client does not hold up the others).
 //
-// Guarantees (DESIGN.md §4): every accepted request ends in exactly one terminal state
+// Guarantees (docs/design.md): every accepted request ends in exactly one terminal state
 // (completed, failed, timed_out, cancelled, shut_down); its future is fulfilled once and its
 // callback runs once, on the completion executor, with no engine lock held (a callback may submit
 // or wait on other futures); a request refused at submit gets its error synchronously and is
@@ -214,7 +214,7 @@ class Engine {
   /// it is still pending or running.
   Status release(std::string_view id);
 
-  /// Stops the engine (DESIGN.md §4.5): submits are rejected from now on; drain finishes queued
+  /// Stops the engine (docs/design.md, guarantee 5): submits are rejected from now on; drain finishes queued
   /// and running work (switching to cancel once `drain_timeout` passes; default
   /// EngineOptions::drain_timeout); cancel resolves it as shut_down at once. Wakes every waiter,
   /// joins every thread. Idempotent. Blocks; bounded by the drain timeout plus the time running

@@ -4,7 +4,7 @@
 //   - one dispatcher thread: runs the streams' completion points (library code only: splits the
 //     outputs, ends requests, fulfils futures — waking waiters — and hands callbacks on);
 //   - completion_threads completion threads: run user callbacks and future continuations, so a
-//     callback may block on another future without starving the dispatcher (DESIGN.md §4.2);
+//     callback may block on another future without starving the dispatcher (docs/design.md, guarantee 2);
 //   - one deadline timer thread (deadlines, retry backoff, hang watchdog);
 //   - one reaper thread: destroys streams and model instances replaced by the watchdog.
 //

@@ -95,7 +95,9 @@ TEST(SimTiming, TwoStreamsOnTwoComputeEnginesOverlap) {
   EXPECT_NEAR(sim.sim_ms_to(*end_a), 10.0, 0.3);  // about 10 ms, not 20
   EXPECT_NEAR(sim.sim_ms_to(*end_b), 10.0, 0.3);
   EXPECT_GE(wall, 9.9);
-  EXPECT_LT(wall, 19.0);
+  // The simulated timeline above proves the overlap; the wall clock, which a loaded machine (or a
+  // sanitizer) stretches, is only bounded loosely.
+  EXPECT_LT(wall, 200.0);
 }
 
 TEST(SimTiming, TwoStreamsOnOneComputeEngineSerialise) {
