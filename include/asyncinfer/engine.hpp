@@ -139,7 +139,10 @@ struct EngineOptions {
   /// 0 = off. Otherwise a request that has waited this long is served as if at level 1.
   std::chrono::microseconds priority_aging{0};
   BatchingOptions batching;
-  /// Results reach futures and callbacks in submit order (per sequence key).
+  /// Results reach futures and callbacks in submit order (per sequence key). A callback of an
+  /// ordered request must not wait for a LATER request of the same key: that request is
+  /// delivered only after this callback returns, so the wait would never end (waiting for other
+  /// keys, or unordered engines, is fine).
   bool ordered_delivery = false;
 
   /// Default request timeout (none when unset). A request may only shorten it unless
@@ -214,8 +217,8 @@ class Engine {
   /// it is still pending or running.
   Status release(std::string_view id);
 
-  /// Stops the engine (docs/design.md, guarantee 5): submits are rejected from now on; drain finishes queued
-  /// and running work (switching to cancel once `drain_timeout` passes; default
+  /// Stops the engine (docs/design.md, guarantee 5): submits are rejected from now on; drain
+  /// finishes queued and running work (switching to cancel once `drain_timeout` passes; default
   /// EngineOptions::drain_timeout); cancel resolves it as shut_down at once. Wakes every waiter,
   /// joins every thread. Idempotent. Blocks; bounded by the drain timeout plus the time running
   /// work that cannot be cancelled takes to finish.

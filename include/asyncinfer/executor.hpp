@@ -100,7 +100,7 @@ class ThreadPool final : public Executor {
   /// called from one of this pool's own workers (aborts: it would join itself).
   void shutdown();
 
-  std::size_t size() const noexcept { return threads_.size(); }
+  std::size_t size() const noexcept { return thread_count_; }
   /// True when called from one of this pool's workers.
   bool in_pool() const noexcept;
   /// Exceptions thrown by tasks and caught by the pool.
@@ -115,6 +115,8 @@ class ThreadPool final : public Executor {
   std::condition_variable_any cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
+  std::mutex shutdown_mu_;  // serialises shutdown() calls (only one joins the workers)
+  std::size_t thread_count_ = 0;
   std::vector<std::jthread> threads_;
   std::string name_;
   std::atomic<std::uint64_t> exceptions_{0};

@@ -145,7 +145,11 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
         return;
       }
     }
-    run_callback(cb);  // already complete: run now, on this thread
+    // Already complete: run now, on this thread. The callback may destroy the last Future that
+    // refers to this state (erasing it from a map, say): keep the state, and so the result it
+    // reads, alive until it returns.
+    const auto keep = this->shared_from_this();
+    run_callback(cb);
   }
 
   /// Marks cancellation and runs the cancel handlers. False when already set or cancelled.

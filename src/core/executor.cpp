@@ -38,6 +38,7 @@ bool InlineExecutor::post(Task&& task) {
 
 ThreadPool::ThreadPool(std::size_t threads, std::string name) : name_(std::move(name)) {
   ASYNCINFER_CHECK(threads >= 1);
+  thread_count_ = threads;
   threads_.reserve(threads);
   for (std::size_t i = 0; i < threads; ++i) {
     threads_.emplace_back([this, i](std::stop_token st) { worker_loop(st, i); });
@@ -57,18 +58,18 @@ bool ThreadPool::post(Task&& task) {
 }
 
 void ThreadPool::shutdown() {
+  ASYNCINFER_CHECK(!in_pool());
+  // Concurrent calls: the first joins the workers, the others wait for it, then return.
+  std::lock_guard serial(shutdown_mu_);
   {
     std::lock_guard lock(mu_);
-    if (stopping_ && threads_.empty()) return;
     stopping_ = true;
   }
-  ASYNCINFER_CHECK(!in_pool());
   cv_.notify_all();
   for (auto& t : threads_) {
     if (t.joinable()) t.join();  // workers drain the queue, then exit (see worker_loop)
   }
-  std::lock_guard lock(mu_);
-  threads_.clear();
+  threads_.clear();  // threads_ is touched only here (under shutdown_mu_) and at construction
 }
 
 bool ThreadPool::in_pool() const noexcept { return tl_current_pool == this; }

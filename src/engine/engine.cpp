@@ -4,7 +4,8 @@
 //   - one dispatcher thread: runs the streams' completion points (library code only: splits the
 //     outputs, ends requests, fulfils futures — waking waiters — and hands callbacks on);
 //   - completion_threads completion threads: run user callbacks and future continuations, so a
-//     callback may block on another future without starving the dispatcher (docs/design.md, guarantee 2);
+//     callback may block on another future without starving the dispatcher (docs/design.md,
+//     guarantee 2);
 //   - one deadline timer thread (deadlines, retry backoff, hang watchdog);
 //   - one reaper thread: destroys streams and model instances replaced by the watchdog.
 //
@@ -65,6 +66,17 @@ inline double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+/// `t + d` without overflow: a duration too long to represent means "never" (time_point::max).
+template <class Rep, class Period>
+Clock::time_point saturating_add(Clock::time_point t, std::chrono::duration<Rep, Period> d) {
+  if (d <= std::chrono::duration<Rep, Period>::zero()) return t;
+  const auto room = Clock::time_point::max() - t;
+  if (d >= std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(room)) {
+    return Clock::time_point::max();
+  }
+  return t + std::chrono::duration_cast<Clock::duration>(d);
+}
+
 inline std::string ms_text(std::chrono::nanoseconds d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f ms", std::chrono::duration<double, std::milli>(d).count());
@@ -77,6 +89,7 @@ void set_assembly_hook(AssemblyHook hook) noexcept { g_assembly_hook.store(hook)
 using detail::Batch;
 using detail::ms_text;
 using detail::Request;
+using detail::saturating_add;
 using detail::Stage;
 using detail::us_between;
 
@@ -94,6 +107,7 @@ struct Worker {
   int inflight = 0;                             // under mu
   std::vector<std::shared_ptr<Batch>> running;  // under mu
   bool recycle = false;                         // under mu
+  std::atomic<bool> recycle_wanted{false};      // the same, readable without mu (next_batch)
   Breaker breaker = Breaker::closed;            // under mu
   int consecutive_failures = 0;                 // under mu
   Clock::time_point open_until{};               // under mu
@@ -219,7 +233,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
     }
     Clock::time_point d = Clock::time_point::max();
-    if (timeout) d = now + *timeout;
+    if (timeout) d = saturating_add(now, *timeout);  // a negative timeout is already past
+    if (timeout && timeout->count() <= 0) d = now;
     if (o.deadline && *o.deadline < d) d = *o.deadline;
     return d;
   }
@@ -236,7 +251,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                                                " requests queued (queue_capacity " +
                                                std::to_string(opt_.queue_capacity) + ")"));
       }
-      const Clock::time_point until = Clock::now() + opt_.submit_timeout;
+      const Clock::time_point until = saturating_add(Clock::now(), opt_.submit_timeout);
       const bool room = space_cv_.wait_until(
           lock, until, [this] { return stopping_ || queue_.size() < opt_.queue_capacity; });
       if (stopping_) return reject("shut_down", unavailable_error("engine is shut down"));
@@ -249,6 +264,15 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
     }
     const Clock::time_point now = Clock::now();
+    if (detail::is_final(r->stage.load(std::memory_order_acquire))) {
+      // Ended before it reached the queue (cancel(id) between the result store and here; the
+      // check is under qmu_, as is try_resolve's for queued requests): it is accepted and already
+      // resolved, and queueing it would run it and end it a second time. finish() counted it
+      // out of the requests in flight, so count it in.
+      inflight_requests_.fetch_add(1, std::memory_order_relaxed);
+      submitted_.fetch_add(1, std::memory_order_relaxed);
+      return Status();
+    }
     if (opt_.admission_control && r->deadline != Clock::time_point::max()) {
       const double service = service_us_.load(std::memory_order_relaxed);
       const double predicted_us =
@@ -358,7 +382,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     auto& state = *r->future_state;
     if (timeout == std::chrono::nanoseconds::max()) {
       state.wait();
-    } else if (!state.wait_until(Clock::now() + timeout)) {
+    } else if (!state.wait_until(saturating_add(Clock::now(), timeout))) {
       return deadline_exceeded_error("request '" + std::string(id) + "' is still " +
                                      std::string(to_string(detail::to_state(r->stage.load()))) +
                                      " after waiting " + ms_text(timeout));
@@ -628,10 +652,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         std::unique_lock lock(w.mu);
         for (;;) {
           if (stop_workers()) break;
-          if (w.recycle) {
-            do_recycle = true;
-            break;
-          }
+          // An open breaker first: a recycle that failed opened it, and is tried again only
+          // after the cool-down (never in a tight loop).
           if (w.breaker == Breaker::open) {
             if (Clock::now() >= w.open_until) {
               w.breaker = Breaker::half_open;
@@ -639,6 +661,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
             }
             w.cv.wait_until(lock, w.open_until);
             continue;
+          }
+          if (w.recycle) {
+            do_recycle = true;
+            break;
           }
           const int limit = w.breaker == Breaker::half_open ? 1 : opt_.max_inflight_per_worker;
           if (w.inflight < limit) {
@@ -653,7 +679,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         continue;
       }
       std::shared_ptr<Batch> batch = next_batch(w, cap);
-      if (!batch) return;
+      if (!batch) {
+        if (w.recycle_wanted.load(std::memory_order_acquire)) continue;  // recycle, then go on
+        return;
+      }
       launch(w, batch);
     }
   }
@@ -668,6 +697,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::unique_lock lock(qmu_);
     for (;;) {
       if (stopping_ && mode_ == ShutdownMode::cancel) return nullptr;
+      if (w.recycle_wanted.load(std::memory_order_acquire)) return nullptr;  // see worker_loop
       if (queue_.empty()) {
         if (stopping_ && retry_waiting_.empty() && inflight_batches_ == 0) return nullptr;
         qcv_.wait(lock);
@@ -797,8 +827,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     batch->compute_start = Clock::now();
     if (opt_.watchdog.count() > 0) {
       std::lock_guard wl(batch->watchdog_mu);
-      batch->watchdog =
-          timer_.add(batch->compute_start + opt_.watchdog, [this, batch] { on_watchdog(batch); });
+      batch->watchdog = timer_.add(saturating_add(batch->compute_start, opt_.watchdog),
+                                   [this, batch] { on_watchdog(batch); });
     }
     s = w.stream->launch_host_func(
         [this, batch](Status st) { on_batch_done(batch, std::move(st)); });
@@ -1145,15 +1175,43 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   }
 
   void on_watchdog(const std::shared_ptr<Batch>& batch) {
+    if (batch->done.load(std::memory_order_acquire)) return;
+    {
+      // A batch queued on the stream behind an older one that has not finished has not started:
+      // its time runs from when the one ahead ends. Check again later instead of failing it.
+      Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+      std::lock_guard lock(w.mu);
+      bool behind = w.recycle || batch->generation != w.generation;  // its stream is going away:
+      // it comes back through requeue_all when that stream is destroyed
+      for (const auto& other : w.running) {
+        if (behind) break;
+        if (other.get() == batch.get()) break;  // `running` is in launch order
+        if (!other->done.load(std::memory_order_acquire) &&
+            other->generation == batch->generation) {
+          behind = true;
+        }
+      }
+      if (behind) {
+        std::lock_guard wl(batch->watchdog_mu);
+        batch->watchdog = timer_.add(saturating_add(Clock::now(), opt_.watchdog),
+                                     [this, batch] { on_watchdog(batch); });
+        return;
+      }
+    }
     if (batch->done.exchange(true)) return;
     watchdog_fired_.fetch_add(1, std::memory_order_relaxed);
     Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
     {
       std::lock_guard lock(w.mu);
-      if (batch->generation == w.generation) w.recycle = true;
+      if (batch->generation == w.generation) {
+        w.recycle = true;
+        w.recycle_wanted.store(true, std::memory_order_release);
+      }
     }
     w.failed_batches.fetch_add(1, std::memory_order_relaxed);
     breaker_failure(w, StatusCode::deadline_exceeded);
+    { std::lock_guard lock(qmu_); }  // a worker waiting for work in next_batch sees the flag
+    qcv_.notify_all();
     release_slot(w, *batch);
     batch->stop.request_stop();  // cancellable backends end the hung work
     const Status st = deadline_exceeded_error(
@@ -1181,6 +1239,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       std::lock_guard lock(w.mu);
       if (s.ok()) {
         w.recycle = false;
+        w.recycle_wanted.store(false, std::memory_order_release);
       } else {
         // Try again after a cool-down; meanwhile the other workers serve the queue.
         w.breaker = Breaker::open;
@@ -1226,7 +1285,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // ---- shutdown ---------------------------------------------------------------------------
 
   void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
-    std::lock_guard guard(shutdown_mu_);
+    std::unique_lock guard(shutdown_mu_, std::try_to_lock);
+    if (!guard.owns_lock()) {
+      // Another thread is shutting down. A cancel escalates its drain (the queued and running
+      // work ends now), then both wait for that shutdown to finish.
+      if (mode == ShutdownMode::cancel) escalate_to_cancel();
+      guard.lock();
+    }
     if (shut_) return;
     {
       std::lock_guard lock(qmu_);
@@ -1238,18 +1303,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     wake_everyone();
     if (mode == ShutdownMode::drain) {
       std::unique_lock lock(qmu_);
-      const Clock::time_point until = drain_timeout == std::chrono::milliseconds::max()
-                                          ? Clock::time_point::max()
-                                          : Clock::now() + drain_timeout;
+      const Clock::time_point until = saturating_add(Clock::now(), drain_timeout);
       const bool drained = drain_cv_.wait_until(lock, until, [this] {
-        return queue_.empty() && retry_waiting_.empty() && inflight_batches_ == 0;
+        return mode_ == ShutdownMode::cancel ||
+               (queue_.empty() && retry_waiting_.empty() && inflight_batches_ == 0);
       });
-      if (!drained) {
-        mode_ = ShutdownMode::cancel;
+      if (!drained || mode_ == ShutdownMode::cancel) {
         lock.unlock();
-        cancel_mode_.store(true, std::memory_order_release);
-        wake_everyone();
-        cancel_all();
+        escalate_to_cancel();
       }
     } else {
       cancel_all();
@@ -1268,6 +1329,19 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     completion_.shutdown();
     timer_.shutdown();
     shut_ = true;
+  }
+
+  /// Switches a shutdown in progress to cancel: the queued and running requests end now.
+  void escalate_to_cancel() {
+    {
+      std::lock_guard lock(qmu_);
+      stopping_ = true;
+      mode_ = ShutdownMode::cancel;
+    }
+    cancel_mode_.store(true, std::memory_order_release);
+    stopping_flag_.store(true, std::memory_order_release);
+    wake_everyone();
+    cancel_all();
   }
 
   void wake_everyone() {

@@ -103,6 +103,17 @@ std::string PipelineMetrics::to_prometheus(std::string_view prefix) const {
 
 namespace {
 
+/// `t + d` without overflow; a duration too long to represent means "never".
+template <class Rep, class Period>
+Clock::time_point saturating_add(Clock::time_point t, std::chrono::duration<Rep, Period> d) {
+  if (d <= std::chrono::duration<Rep, Period>::zero()) return t;
+  if (d >= std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(Clock::time_point::max() -
+                                                                          t)) {
+    return Clock::time_point::max();
+  }
+  return t + std::chrono::duration_cast<Clock::duration>(d);
+}
+
 enum class IState : std::uint8_t { active, ok, failed, timed_out, cancelled, shut_down };
 
 struct PItem {
@@ -249,12 +260,25 @@ class PipelineCore {
     auto item = std::make_shared<PItem>();
     item->data = std::move(data);
     item->level = level;
+    // Everything about the item is set before it is published (active_, a queue), where a
+    // concurrent shutdown may end it.
+    const Clock::time_point now = Clock::now();
+    item->submitted = now;
+    Clock::time_point d = Clock::time_point::max();
+    if (o.timeout) d = saturating_add(now, *o.timeout);
+    if (o.deadline && *o.deadline < d) d = *o.deadline;
+    item->deadline = d;
+    Future<PipelineItem> f = item->promise.get_future();
+    // Continuations run on the completion executor; with ordered delivery they are posted in
+    // order, and with one completion thread (the default) they also run in order.
+    item->promise.set_callback_executor(&completion_);
     {
       std::unique_lock lock(window_mu_);
       window_cv_.wait(lock, [this] { return stopping_ || !free_slots_.empty(); });
       if (stopping_) {
-        return make_ready_future<PipelineItem>(
+        item->promise.set_error(
             unavailable_error("pipeline is shut down: no new items are accepted"));
+        return f;
       }
       item->slot = free_slots_.back();
       free_slots_.pop_back();
@@ -262,19 +286,9 @@ class PipelineCore {
       ++in_flight_;
       max_in_flight_ = std::max(max_in_flight_, in_flight_);
       active_.emplace(item->seq, item);
-      if (!first_submit_) first_submit_ = Clock::now();
+      if (!first_submit_) first_submit_ = now;
     }
     submitted_.fetch_add(1, std::memory_order_relaxed);
-    const Clock::time_point now = Clock::now();
-    item->submitted = now;
-    Clock::time_point d = Clock::time_point::max();
-    if (o.timeout) d = now + *o.timeout;
-    if (o.deadline && *o.deadline < d) d = *o.deadline;
-    item->deadline = d;
-    Future<PipelineItem> f = item->promise.get_future();
-    // Continuations run on the completion executor; with ordered delivery they are posted in
-    // order, and with one completion thread (the default) they also run in order.
-    item->promise.set_callback_executor(&completion_);
     item->promise.on_cancel([this, weak = std::weak_ptr<PItem>(item)] {
       if (auto it = weak.lock()) {
         end(it, IState::cancelled, cancelled_error("item cancelled by the caller"));
@@ -408,23 +422,30 @@ class PipelineCore {
       ro.priority = std::min(item->level + 1, st.spec.engine->options().priority_levels);
       if (item->deadline != Clock::time_point::max()) ro.deadline = item->deadline;
       Stage* sp = &st;
-      Status s = st.spec.engine->submit(
-          std::move(item->data.tensors),
-          [this, sp, item, t0](const Result<Outputs>& r) {
-            account(*sp, std::chrono::duration<double>(Clock::now() - t0).count());
-            if (r.ok()) {
-              if (item->state.load() == IState::active) item->data.tensors = *r;
-              advance(*sp, item);
-            } else {
-              fail(*sp, item, r.status());
-            }
-            done_with(item);
-          },
-          ro);
-      if (!s.ok()) {
-        fail(st, item, s);
-        done_with(item);
+      Future<Outputs> call = st.spec.engine->submit(std::move(item->data.tensors), ro);
+      {
+        // Tracked until its callback has returned: shutdown cancels what is left and waits, so
+        // no engine callback runs on a destroyed pipeline.
+        std::lock_guard lock(engine_mu_);
+        ++engine_pending_;
+        std::erase_if(engine_calls_, [](const auto& kv) { return kv.second.is_ready(); });
       }
+      const std::uint64_t seq = item->seq;
+      call.on_complete([this, sp, item, t0](const Result<Outputs>& r) {
+        account(*sp, std::chrono::duration<double>(Clock::now() - t0).count());
+        if (r.ok()) {
+          if (item->state.load() == IState::active) item->data.tensors = *r;
+          advance(*sp, item);
+        } else {
+          fail(*sp, item, r.status());
+        }
+        done_with(item);
+        std::lock_guard lock(engine_mu_);  // the last use of `this` (see shutdown)
+        --engine_pending_;
+        engine_cv_.notify_all();
+      });
+      std::lock_guard lock(engine_mu_);
+      if (!call.is_ready()) engine_calls_.emplace(seq, std::move(call));
     }
   }
 
@@ -652,7 +673,8 @@ class PipelineCore {
     bool drained = mode == ShutdownMode::drain;
     if (drained) {
       std::unique_lock lock(window_mu_);
-      drained = drain_cv_.wait_for(lock, drain_timeout, [this] { return in_flight_ == 0; });
+      drained = drain_cv_.wait_until(lock, saturating_add(Clock::now(), drain_timeout),
+                                     [this] { return in_flight_ == 0; });
     }
     if (!drained) {
       std::vector<ItemPtr> items;
@@ -673,6 +695,28 @@ class PipelineCore {
       for (auto& t : st->threads) {
         if (t.joinable()) t.join();
       }
+    }
+    {
+      // Requests still inside engine stages: cancel them (they end at once) and wait for their
+      // callbacks, which use this pipeline.
+      std::unique_lock lock(engine_mu_);
+      for (auto& [seq, call] : engine_calls_) call.cancel();
+      engine_cv_.wait(lock, [this] { return engine_pending_ == 0; });
+      engine_calls_.clear();
+    }
+    // An item a stage handed on while the stages stopped can sit in a queue no thread serves any
+    // more; every item has ended by now, so let them go.
+    for (auto& st : stages_) {
+      std::vector<ItemPtr> left;
+      {
+        std::lock_guard lock(st->mu);
+        for (auto& [key, item] : st->queue) {
+          item->queued_stage.store(-1);
+          left.push_back(std::move(item));
+        }
+        st->queue.clear();
+      }
+      for (auto& item : left) maybe_retire(item);
     }
     // Destroying the streams stops what still runs (where the backend can) and delivers their
     // pending completion points to the dispatcher, which retires the items.
@@ -744,6 +788,11 @@ class PipelineCore {
   std::optional<Clock::time_point> first_submit_;
   std::unordered_map<std::uint64_t, ItemPtr> active_;
   std::atomic<bool> stop_stages_{false};
+
+  std::mutex engine_mu_;
+  std::condition_variable engine_cv_;
+  std::int64_t engine_pending_ = 0;                                  // under engine_mu_
+  std::unordered_map<std::uint64_t, Future<Outputs>> engine_calls_;  // under engine_mu_
 
   std::mutex order_mu_;
   std::map<std::uint64_t, Ready> ready_;
