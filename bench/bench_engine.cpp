@@ -17,8 +17,8 @@ void BM_EngineClosedLoop(benchmark::State& state) {
   EngineOptions o;
   o.workers = static_cast<int>(state.range(0));
   o.queue_capacity = 1 << 20;
-  auto engine = std::move(*Engine::create(*load_model("builtin:identity?shape=4"),
-                                          *open_device("cpu"), o));
+  auto engine =
+      std::move(*Engine::create(*load_model("builtin:identity?shape=4"), *open_device("cpu"), o));
   const int in_flight = static_cast<int>(state.range(1));
   constexpr int kPerIteration = 100'000;
   for (auto _ : state) {

@@ -14,7 +14,6 @@
 namespace asyncinfer::cli {
 
 /// Modes a single run can have. "sweep" runs one of them at several points.
-/// (A later `--mode pipeline` adds itself here; see run_pipeline() in drivers.hpp.)
 inline constexpr std::array<std::string_view, 4> kRunModes = {"sync", "async", "rate", "pipeline"};
 inline constexpr std::string_view kAllModes = "sync, async, rate, sweep, pipeline";
 

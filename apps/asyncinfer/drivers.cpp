@@ -558,7 +558,7 @@ EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
 
 Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
   const BenchOptions& o = ctx.options;
-  // ---- PLUG-IN POINT: `if (point.mode == "pipeline") return run_pipeline(o, point);` ----
+  // (Pipelines of timed stages are measured by run_stages(), pipeline_bench.cpp.)
   RunResult res;
   res.mode = point.mode;
   res.label = label_of(point, o);
@@ -685,10 +685,6 @@ Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
     if (wall > 0) res.cpu_util = (res.cpu_user_s + res.cpu_sys_s) / wall;
   }
   return res;
-}
-
-Result<RunResult> run_pipeline(const BenchOptions& /*options*/, const RunPoint& /*point*/) {
-  return unavailable_error("--mode pipeline is not implemented yet (see drivers.hpp)");
 }
 
 }  // namespace asyncinfer::cli

@@ -49,17 +49,4 @@ EngineOptions engine_options(const BenchOptions& options, const RunPoint& point)
 /// failed, ...); request failures are counted in the result instead.
 Result<RunResult> run_point(const BenchContext& context, const RunPoint& point);
 
-// =============================================================================================
-// PLUG-IN POINT for `--mode pipeline --stages host:2ms,sim:5ms,host:2ms` (NOT IMPLEMENTED).
-//
-// A later change implements this function: it takes the parsed options (the stages come with
-// the new --stages option in BenchOptions) and the point, drives the pipeline the way the other
-// modes drive the engine (closed loop at point.concurrency, or open loop at point.request_rate),
-// and returns the same RunResult, so the table, JSON, CSV, --compare, sweep and the HTML report
-// need no change. To wire it in: add "pipeline" to kRunModes (bench_options.hpp), add the
-// --stages option in bench.cpp, and dispatch to it at the marked line in run_point()
-// (drivers.cpp). Until then it returns `unavailable` and nothing calls it.
-// =============================================================================================
-Result<RunResult> run_pipeline(const BenchOptions& options, const RunPoint& point);
-
 }  // namespace asyncinfer::cli
