@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "asyncinfer/device.hpp"
+#include "device/sim/engine_timeline.hpp"
 #include "test_support.hpp"
 
 namespace asyncinfer {
@@ -158,6 +159,74 @@ TEST(SimTiming, CopiesInOneDirectionShareTheirEngine) {
   ASSERT_TRUE(end_a->synchronize().ok());
   ASSERT_TRUE(end_b->synchronize().ok());
   EXPECT_NEAR(std::max(sim.sim_ms_to(*end_a), sim.sim_ms_to(*end_b)), 2.0, 0.2);  // 1 + 1 ms
+}
+
+// The engine choice, replayed in host orders that a loaded machine produces.
+using detail::EngineTimeline;
+constexpr Clock::time_point at_ms(int m) { return Clock::time_point{} + std::chrono::milliseconds(m); }
+
+TEST(SimEngineTimeline, AStreamThatRunsAheadKeepsItsEngineAndLeavesTheIdleOneToALateStream) {
+  // The order seen in CI: streams A and B both start at t=100 on two engines, but B's thread is
+  // late, so A reserves its first two items before B reserves its first.
+  EngineTimeline engines(2);
+  const auto a1 = engines.reserve(at_ms(100), 2ms);
+  const auto a2 = engines.reserve(a1.end, 2ms);
+  const auto b1 = engines.reserve(at_ms(100), 2ms);
+  EXPECT_EQ(a1.start, at_ms(100));
+  EXPECT_EQ(a2.index, a1.index);  // A stays on its engine ...
+  EXPECT_EQ(a2.start, at_ms(102));
+  EXPECT_NE(b1.index, a1.index);  // ... so B, late on the host, is on time in simulated time.
+  EXPECT_EQ(b1.start, at_ms(100));
+  EXPECT_EQ(b1.end, at_ms(102));
+}
+
+TEST(SimEngineTimeline, TwoStreamsOnTwoEnginesEndTogetherWhateverTheHostOrder) {
+  // Every interleaving of A's and B's five reservations (B up to five behind A) ends at 110.
+  for (int lag = 0; lag <= 5; ++lag) {
+    EngineTimeline engines(2);
+    Clock::time_point a = at_ms(100);
+    Clock::time_point b = at_ms(100);
+    for (int i = 0; i < 5 + lag; ++i) {
+      if (i < 5) a = engines.reserve(a, 2ms).end;
+      if (i >= lag) b = engines.reserve(b, 2ms).end;
+    }
+    EXPECT_EQ(a, at_ms(110)) << "lag " << lag;
+    EXPECT_EQ(b, at_ms(110)) << "lag " << lag;
+  }
+}
+
+TEST(SimEngineTimeline, WhenEveryEngineIsBusyTheItemWaitsForTheFirstToFree) {
+  EngineTimeline engines(2);
+  engines.reserve(at_ms(0), 5ms);
+  const auto second = engines.reserve(at_ms(0), 3ms);
+  const auto third = engines.reserve(at_ms(1), 4ms);
+  EXPECT_EQ(third.index, second.index);
+  EXPECT_EQ(third.start, at_ms(3));
+  EXPECT_EQ(third.end, at_ms(7));
+}
+
+TEST(SimEngineTimeline, AmongFreeEnginesTheMostRecentlyFreedIsTaken) {
+  EngineTimeline engines(3);
+  const auto x = engines.reserve(at_ms(0), 4ms);   // engine free at 4
+  const auto y = engines.reserve(at_ms(0), 6ms);   // engine free at 6
+  const auto z = engines.reserve(at_ms(10), 1ms);  // all free by 10: takes the one free at 6
+  EXPECT_EQ(z.index, y.index);
+  EXPECT_EQ(z.start, at_ms(10));
+  const auto w = engines.reserve(at_ms(5), 1ms);  // free by 5: the one free at 4, then the idle one
+  EXPECT_EQ(w.index, x.index);
+  EXPECT_EQ(w.start, at_ms(5));
+}
+
+TEST(SimEngineTimeline, ReleaseEarlyGivesBackTheUnusedEndUnlessReservedAgain) {
+  EngineTimeline engines(1);
+  const auto a = engines.reserve(at_ms(0), 10ms);
+  engines.release_early(a, at_ms(3));
+  EXPECT_EQ(engines.free_at(0), at_ms(3));
+  const auto b = engines.reserve(at_ms(3), 10ms);
+  engines.release_early(a, at_ms(4));  // stale: b was reserved after a, nothing changes
+  EXPECT_EQ(engines.free_at(0), b.end);
+  engines.release_early(b, at_ms(1));  // cut before it started: free from its start
+  EXPECT_EQ(engines.free_at(0), at_ms(3));
 }
 
 TEST(SimTiming, CancelledKernelFreesItsEngineEarly) {

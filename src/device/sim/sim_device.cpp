@@ -14,16 +14,18 @@
 // thread takes to wake never accumulate into simulated time. Host functions of kernels run for
 // real on the stream thread after the occupancy, in real time (they end no earlier than they
 // really ended).
-// Engines serve reservations first come, first served; stream priorities are recorded only.
+// Which engine an item takes is chosen best fit (engine_timeline.hpp), so that a stream thread
+// that wakes late does not find its engine taken by one that ran ahead; stream priorities are
+// recorded only.
 //
 // Memory: "device" memory is host memory labelled as device memory (still host-accessible, so
 // the simulated kernels can compute real results). Documented as simulated in docs/backends.md.
 #include <algorithm>
 #include <cstring>
-#include <set>
 
 #include "core/params.hpp"
 #include "device/host_stream.hpp"
+#include "device/sim/engine_timeline.hpp"
 
 namespace asyncinfer::detail {
 namespace {
@@ -44,17 +46,16 @@ enum class EngineClass { compute, h2d, d2h };
 
 struct Reservation {
   EngineClass cls;
-  std::size_t index;
-  Clock::time_point start;
-  Clock::time_point end;
+  EngineSlot slot;
 };
 
 class SimDevice final : public Device {
  public:
   explicit SimDevice(SimConfig cfg)
       : cfg_(cfg),
-        compute_free_(static_cast<std::size_t>(cfg.compute_engines)),
-        copy_free_(static_cast<std::size_t>(cfg.copy_engines)),
+        compute_(static_cast<std::size_t>(cfg.compute_engines)),
+        h2d_(1),
+        d2h_(1),
         host_pool_(1, "sim-hostfn") {
     info_.name = "sim";
     info_.kind = DeviceKind::sim;
@@ -85,40 +86,33 @@ class SimDevice final : public Device {
 
   Executor& host_func_executor() noexcept override { return host_pool_; }
 
-  /// Reserves the earliest-free engine of `cls` from `earliest` for `duration`.
+  /// Reserves an engine of `cls` from `earliest` (or the first moment one is free) for
+  /// `duration`.
   Reservation reserve(EngineClass cls, Clock::time_point earliest, nanoseconds duration) {
     std::lock_guard lock(mu_);
-    std::vector<Clock::time_point>& engines =
-        cls == EngineClass::compute ? compute_free_ : copy_free_;
-    std::size_t index = 0;
-    if (cls != EngineClass::compute && engines.size() >= 2) {
-      index = cls == EngineClass::h2d ? 0 : 1;  // one engine per direction
-    } else {
-      for (std::size_t i = 1; i < engines.size(); ++i) {
-        if (engines[i] < engines[index]) index = i;
-      }
-    }
-    const Clock::time_point start = std::max(earliest, engines[index]);
-    const Clock::time_point end = start + duration;
-    engines[index] = end;
-    return {cls, index, start, end};
+    return {cls, engines(cls).reserve(earliest, duration)};
   }
 
   /// Gives back the unused end of a reservation cut short at `at` (when nothing was reserved on
   /// that engine after it).
   void release_early(const Reservation& r, Clock::time_point at) {
     std::lock_guard lock(mu_);
-    std::vector<Clock::time_point>& engines =
-        r.cls == EngineClass::compute ? compute_free_ : copy_free_;
-    if (engines[r.index] == r.end) engines[r.index] = std::max(r.start, std::min(at, r.end));
+    engines(r.cls).release_early(r.slot, at);
   }
 
  private:
   SimConfig cfg_;
   DeviceInfo info_;
+  // One copy engine per direction, or one engine (h2d_) for both when copy_engines=1.
+  EngineTimeline& engines(EngineClass cls) {
+    if (cls == EngineClass::compute) return compute_;
+    return cls == EngineClass::d2h && cfg_.copy_engines >= 2 ? d2h_ : h2d_;
+  }
+
   std::mutex mu_;
-  std::vector<Clock::time_point> compute_free_;
-  std::vector<Clock::time_point> copy_free_;
+  EngineTimeline compute_;
+  EngineTimeline h2d_;
+  EngineTimeline d2h_;
   ThreadPool host_pool_;
   std::atomic<int> next_stream_{0};
 };
@@ -175,13 +169,13 @@ class SimStream final : public HostStream {
       return Status();
     }
     const Reservation r = sim_.reserve(cls, earliest, duration);
-    if (!sleep_until(r.end, stop)) {
+    if (!sleep_until(r.slot.end, stop)) {
       const Clock::time_point now = Clock::now();
       sim_.release_early(r, now);
-      ready_at_ = std::min(std::max(now, r.start), r.end);
+      ready_at_ = std::min(std::max(now, r.slot.start), r.slot.end);
       return cancelled_error(what + " stopped before completion");
     }
-    ready_at_ = r.end;
+    ready_at_ = r.slot.end;
     return Status();
   }
 
