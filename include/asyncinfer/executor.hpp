@@ -148,8 +148,12 @@ class DeadlineTimer {
   /// called from a timer function (aborts).
   void shutdown();
 
+  /// Timers not yet fired.
   std::size_t pending() const;
+  /// Timers fired: counted as each timer function starts, so a timer function (and whoever it
+  /// signals) already sees itself counted.
   std::uint64_t fired() const noexcept { return fired_.load(std::memory_order_relaxed); }
+  /// Timer functions that threw (reported, then dropped).
   std::uint64_t exceptions() const noexcept { return exceptions_.load(std::memory_order_relaxed); }
 
  private:

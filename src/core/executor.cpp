@@ -174,13 +174,13 @@ void DeadlineTimer::loop(std::stop_token stop) {
     }
     auto node = timers_.extract(timers_.begin());
     lock.unlock();
+    fired_.fetch_add(1, std::memory_order_relaxed);
     try {
       node.mapped()();
     } catch (...) {
       exceptions_.fetch_add(1, std::memory_order_relaxed);
       detail::report_callback_exception("timer function", std::current_exception());
     }
-    fired_.fetch_add(1, std::memory_order_relaxed);
     node = {};  // destroy the function outside the lock
     lock.lock();
   }
