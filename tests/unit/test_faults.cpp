@@ -116,19 +116,19 @@ TEST(Deadlines, LateResultOfUncancellableWorkIsDiscardedAndCounted) {
 TEST(Deadlines, EngineDefaultTimeoutMayOnlyBeShortened) {
   EngineOptions o = serial();
   o.default_timeout = 60ms;
-  auto engine = make_engine("builtin:fixed_cost?base_us=300000", "sim", o);
+  auto engine = make_engine("builtin:fixed_cost?base_us=3000000", "sim", o);
   RequestOptions longer;
   longer.timeout = 10s;
   const auto t0 = Clock::now();
   EXPECT_EQ(get_within(engine->submit(one(1), longer), 5000ms).status().code(),
             StatusCode::deadline_exceeded);
-  EXPECT_LT(ms_since(t0), 250.0);  // the engine's 60 ms applied, not the request's 10 s
+  EXPECT_LT(ms_since(t0), 1500.0);  // the engine's 60 ms applied, not the 3 s of work
   RequestOptions shorter;
   shorter.timeout = 20ms;
   const auto t1 = Clock::now();
   EXPECT_EQ(get_within(engine->submit(one(1), shorter), 5000ms).status().code(),
             StatusCode::deadline_exceeded);
-  EXPECT_LT(ms_since(t1), 55.0 + 150.0);
+  EXPECT_LT(ms_since(t1), 1500.0);
 
   o.allow_timeout_override = true;
   auto overriding = make_engine("builtin:fixed_cost?base_us=100000", "sim", o);
@@ -137,14 +137,14 @@ TEST(Deadlines, EngineDefaultTimeoutMayOnlyBeShortened) {
 }
 
 TEST(Deadlines, AbsoluteDeadlineAndTimeoutTakeTheEarlier) {
-  auto engine = make_engine("builtin:fixed_cost?base_us=300000", "sim", serial());
+  auto engine = make_engine("builtin:fixed_cost?base_us=3000000", "sim", serial());
   RequestOptions ro;
   ro.timeout = 10s;
   ro.deadline = Clock::now() + 40ms;
   const auto t0 = Clock::now();
   EXPECT_EQ(get_within(engine->submit(one(1), ro), 5000ms).status().code(),
             StatusCode::deadline_exceeded);
-  EXPECT_LT(ms_since(t0), 250.0);
+  EXPECT_LT(ms_since(t0), 1500.0);  // the 40 ms deadline applied, not the 3 s of work
 }
 
 TEST(Deadlines, AdmissionControlRejectsWhatCannotMakeItsDeadline) {
@@ -171,7 +171,7 @@ TEST(Deadlines, AdmissionControlRejectsWhatCannotMakeItsDeadline) {
 // ---- cancellation ---------------------------------------------------------------------------
 
 TEST(Cancellation, FutureCancelOfQueuedAndRunningRequests) {
-  auto engine = make_engine("builtin:fixed_cost?base_us=300000", "sim", serial());
+  auto engine = make_engine("builtin:fixed_cost?base_us=3000000", "sim", serial());
   auto running = engine->submit(one(1));
   ASSERT_TRUE(testing::eventually([&] { return engine->metrics().queue_depth == 0; }));
   auto queued = engine->submit(one(2));
@@ -182,7 +182,7 @@ TEST(Cancellation, FutureCancelOfQueuedAndRunningRequests) {
   const auto t0 = Clock::now();
   EXPECT_TRUE(running.cancel());
   EXPECT_EQ(get_within(running, 5000ms).status().code(), StatusCode::cancelled);
-  EXPECT_LT(ms_since(t0), 100.0);  // resolved at once, not after the 300 ms of work
+  EXPECT_LT(ms_since(t0), 1500.0);  // resolved at once, not after the 3 s of work
   auto next = get_within(engine->submit(one(3)), 5000ms);
   EXPECT_TRUE(next.ok());
   EXPECT_EQ(engine->metrics().cancelled, 2u);
@@ -366,7 +366,7 @@ TEST(CircuitBreaker, FailingWorkerIsTakenOutAndProbedAfterCooldown) {
   o.batching.max_batch_size = 1;
   o.max_inflight_per_worker = 1;
   o.breaker.failure_threshold = 3;
-  o.breaker.cooldown = 300ms;
+  o.breaker.cooldown = 1s;  // long enough that the 60 requests finish inside it
   o.retry.max_attempts = 4;
   o.retry.initial_backoff = 100us;
   o.retry.budget_min_retries_per_s = 1e6;
@@ -381,12 +381,20 @@ TEST(CircuitBreaker, FailingWorkerIsTakenOutAndProbedAfterCooldown) {
   const auto sick =
       std::count_if(calls.begin(), calls.end(), [](const Call& c) { return c.instance == 0; });
   EXPECT_LE(sick, 4);  // taken out after 3 failures (one more may have been in flight)
-  // After the cool-down it is probed with one request, fails, and opens again.
-  std::this_thread::sleep_for(350ms);
-  for (int i = 0; i < 10; ++i) EXPECT_TRUE(get_within(engine->submit(one(1)), 10'000ms).ok());
-  calls = model->calls();
-  const auto sick_after =
-      std::count_if(calls.begin(), calls.end(), [](const Call& c) { return c.instance == 0; });
+  // After the cool-down it is probed with one request, fails, and opens again. Workers pull from
+  // one queue, so requests one at a time may all go to the healthy worker (seen under load);
+  // bursts of ten keep it busy, and the half-open worker takes one.
+  ASSERT_TRUE(testing::eventually(
+      [&] { return engine->metrics().workers.at(0).breaker == "half_open"; }));
+  auto sick_after = sick;
+  for (int burst = 0; burst < 100 && sick_after == sick; ++burst) {
+    std::vector<Future<Outputs>> more;
+    for (int i = 0; i < 10; ++i) more.push_back(engine->submit(one(1)));
+    for (auto& f : more) EXPECT_TRUE(get_within(f, 10'000ms).ok());
+    calls = model->calls();
+    sick_after =
+        std::count_if(calls.begin(), calls.end(), [](const Call& c) { return c.instance == 0; });
+  }
   EXPECT_EQ(sick_after, sick + 1);
   EXPECT_EQ(engine->metrics().workers.at(0).breaker, "open");
 }

@@ -210,8 +210,9 @@ TEST(Pipeline, DeviceErrorsReachTheItemThroughTheCompletionPoint) {
 }
 
 TEST(Pipeline, DeadlinePassesWhileQueuedAtASlowStage) {
+  // The slow stage takes 1 s; the quick item's 30 ms deadline passes while it waits behind it.
   auto slow = StageSpec::host("slow", [](PipelineItem&) {
-    std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(1s);
     return Status();
   });
   PipelineOptions o;
@@ -225,7 +226,7 @@ TEST(Pipeline, DeadlinePassesWhileQueuedAtASlowStage) {
   auto r = get_within(second);
   EXPECT_EQ(r.status().code(), StatusCode::deadline_exceeded);
   EXPECT_NE(r.status().message().find("stage 'slow'"), std::string_view::npos) << r.status();
-  EXPECT_LT(Clock::now() - t0, 90ms);  // resolved at its deadline, not after the slow stage
+  EXPECT_LT(Clock::now() - t0, 500ms);  // resolved at its deadline, not after the slow stage
   EXPECT_TRUE(get_within(first).ok());
 }
 

@@ -74,7 +74,7 @@ TEST(SimTiming, ThreeItemsOnOneEngineRunBackToBack) {
   ASSERT_TRUE(end->synchronize().ok());
   EXPECT_NEAR(sim.sim_ms_to(*end), 6.0, 0.2);
   EXPECT_GE(ms(Clock::now() - t0), 5.9);
-  EXPECT_LT(ms(Clock::now() - t0), 100.0);
+  EXPECT_LT(ms(Clock::now() - t0), 1000.0);  // a hang guard; the timeline proves the rest
 }
 
 TEST(SimTiming, TwoStreamsOnTwoComputeEnginesOverlap) {
@@ -98,7 +98,7 @@ TEST(SimTiming, TwoStreamsOnTwoComputeEnginesOverlap) {
   EXPECT_GE(wall, 9.9);
   // The simulated timeline above proves the overlap; the wall clock, which a loaded machine (or a
   // sanitizer) stretches, is only bounded loosely.
-  EXPECT_LT(wall, 200.0);
+  EXPECT_LT(wall, 1000.0);
 }
 
 TEST(SimTiming, TwoStreamsOnOneComputeEngineSerialise) {
@@ -138,7 +138,7 @@ TEST(SimTiming, CopyAndComputeOnDifferentEnginesOverlap) {
   ASSERT_TRUE(end_compute->synchronize().ok());
   EXPECT_NEAR(sim.sim_ms_to(*end_copy), 2.0, 0.2);
   EXPECT_NEAR(sim.sim_ms_to(*end_compute), 2.0, 0.2);  // overlapped: both end at ~2 ms, not 4
-  EXPECT_LT(ms(Clock::now() - t0), 100.0);
+  EXPECT_LT(ms(Clock::now() - t0), 1000.0);  // a hang guard; the timeline proves the rest
 }
 
 TEST(SimTiming, CopiesInOneDirectionShareTheirEngine) {
