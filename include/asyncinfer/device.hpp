@@ -171,7 +171,9 @@ class Stream {
   /// Runs `fn` on the stream's executor once the stream reaches this point (see HostFunc).
   virtual Status launch_host_func(HostFunc fn) = 0;
   /// Blocks until all work enqueued so far has finished; returns the first error of that work
-  /// not yet delivered to a host function.
+  /// not yet delivered to a host function. A host function counts as finished once handed to its
+  /// executor: it may not have run yet when this returns (unlike cudaStreamSynchronize, which
+  /// waits for it); wait on what the function itself signals.
   virtual Status synchronize() = 0;
   /// Like synchronize() but waits at most `timeout`: deadline_exceeded on expiry, and the stream
   /// stays usable (aclrtSynchronizeStreamWithTimeout).
