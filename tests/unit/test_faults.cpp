@@ -308,8 +308,10 @@ TEST(Retry, ConcurrentFailuresRetryAtSpreadOutTimes) {
   o.batching.max_batch_size = 1;
   o.max_inflight_per_worker = 4;
   o.retry.max_attempts = 2;
-  o.retry.initial_backoff = 40ms;
-  o.retry.max_backoff = 40ms;
+  // A 200 ms window: wide enough that a worker thread starved for tens of ms on a loaded machine
+  // (which bunches the calls it then makes) cannot crowd half the retries into 2 ms.
+  o.retry.initial_backoff = 200ms;
+  o.retry.max_backoff = 200ms;
   o.retry.budget_min_retries_per_s = 1e6;
   auto engine = scripted_engine(model, o);
   std::vector<Future<Outputs>> fs;
@@ -327,7 +329,7 @@ TEST(Retry, ConcurrentFailuresRetryAtSpreadOutTimes) {
   ASSERT_EQ(second.size(), 100u);
   std::sort(second.begin(), second.end());
   const double spread = second.back() - second.front();
-  EXPECT_GT(spread, 15.0) << "retries arrived in lockstep";
+  EXPECT_GT(spread, 75.0) << "retries arrived in lockstep";
   // Not all in one 2 ms slot: count the most crowded 2 ms window.
   std::size_t crowded = 0;
   for (std::size_t i = 0, j = 0; i < second.size(); ++i) {
