@@ -386,8 +386,8 @@ TEST(CircuitBreaker, FailingWorkerIsTakenOutAndProbedAfterCooldown) {
   // After the cool-down it is probed with one request, fails, and opens again. Workers pull from
   // one queue, so requests one at a time may all go to the healthy worker (seen under load);
   // bursts of ten keep it busy, and the half-open worker takes one.
-  ASSERT_TRUE(testing::eventually(
-      [&] { return engine->metrics().workers.at(0).breaker == "half_open"; }));
+  ASSERT_TRUE(
+      testing::eventually([&] { return engine->metrics().workers.at(0).breaker == "half_open"; }));
   auto sick_after = sick;
   for (int burst = 0; burst < 100 && sick_after == sick; ++burst) {
     std::vector<Future<Outputs>> more;

@@ -138,7 +138,7 @@ TEST(SimTiming, CopyAndComputeOnDifferentEnginesOverlap) {
   ASSERT_TRUE(end_compute->synchronize().ok());
   EXPECT_NEAR(sim.sim_ms_to(*end_copy), 2.0, 0.2);
   EXPECT_NEAR(sim.sim_ms_to(*end_compute), 2.0, 0.2);  // overlapped: both end at ~2 ms, not 4
-  EXPECT_LT(ms(Clock::now() - t0), 1000.0);  // a hang guard; the timeline proves the rest
+  EXPECT_LT(ms(Clock::now() - t0), 1000.0);            // a hang guard; the timeline proves the rest
 }
 
 TEST(SimTiming, CopiesInOneDirectionShareTheirEngine) {
@@ -163,7 +163,9 @@ TEST(SimTiming, CopiesInOneDirectionShareTheirEngine) {
 
 // The engine choice, replayed in host orders that a loaded machine produces.
 using detail::EngineTimeline;
-constexpr Clock::time_point at_ms(int m) { return Clock::time_point{} + std::chrono::milliseconds(m); }
+constexpr Clock::time_point at_ms(int m) {
+  return Clock::time_point{} + std::chrono::milliseconds(m);
+}
 
 TEST(SimEngineTimeline, AStreamThatRunsAheadKeepsItsEngineAndLeavesTheIdleOneToALateStream) {
   // The order seen in CI: streams A and B both start at t=100 on two engines, but B's thread is

@@ -40,8 +40,8 @@ class EngineTimeline {
   /// Reserves an engine for `duration` from `earliest` or, when all are busy then, from the
   /// first moment one is free (best fit, above).
   EngineSlot reserve(Clock::time_point earliest, Clock::duration duration) {
-    std::size_t fit = free_at_.size();    // engine free by `earliest`, freed most recently
-    std::size_t first = 0;                // engine that frees first
+    std::size_t fit = free_at_.size();  // engine free by `earliest`, freed most recently
+    std::size_t first = 0;              // engine that frees first
     for (std::size_t i = 0; i < free_at_.size(); ++i) {
       if (free_at_[i] <= earliest && (fit == free_at_.size() || free_at_[i] > free_at_[fit])) {
         fit = i;
