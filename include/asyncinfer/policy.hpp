@@ -14,6 +14,8 @@
 //   - CircuitBreakerOptions: per worker (model instance). After `failure_threshold` consecutive
 //     failed batches the worker is taken out for `cooldown`, then probed with one request; a
 //     success closes it, a failure opens it again. Meanwhile requests go to healthy workers.
+//     Workers pull from one queue, so the probe is the first request the half-open worker takes:
+//     while healthy workers keep up with the traffic alone, it may wait (harmlessly) for load.
 //
 // Thread safety: plain option structs; RetryPolicy's member functions are const and thread-safe.
 #pragma once
