@@ -71,6 +71,18 @@ void fill_random(std::vector<unsigned char>& out, DType dtype, std::mt19937_64& 
       case DType::boolean:
         put(p, i, static_cast<std::uint8_t>(small(rng) & 1));
         break;
+      case DType::i16:
+        put(p, i, static_cast<std::int16_t>(small(rng)));
+        break;
+      case DType::u16:
+        put(p, i, static_cast<std::uint16_t>(small(rng)));
+        break;
+      case DType::u32:
+        put(p, i, static_cast<std::uint32_t>(small(rng)));
+        break;
+      case DType::u64:
+        put(p, i, static_cast<std::uint64_t>(small(rng)));
+        break;
     }
   }
 }

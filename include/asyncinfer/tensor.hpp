@@ -30,15 +30,34 @@
 
 namespace asyncinfer {
 
-/// Element types. Names follow the short forms used by DLPack/Triton configs (f32 = FP32, ...).
-enum class DType : std::uint8_t { f32, f16, bf16, f64, i8, u8, i32, i64, boolean };
+/// Element types, in short forms (f32 = FP32, ...). The Open Inference Protocol's names (FP32,
+/// FP16, BF16, FP64, INT8, UINT8, INT32, INT64, BOOL, INT16, UINT16, UINT32, UINT64) map one to
+/// one; the last four were added after the others, so they come last and the earlier values keep
+/// their numbers.
+enum class DType : std::uint8_t {
+  f32,
+  f16,
+  bf16,
+  f64,
+  i8,
+  u8,
+  i32,
+  i64,
+  boolean,
+  i16,
+  u16,
+  u32,
+  u64
+};
 
-/// Bytes per element: f32 4, f16 2, bf16 2, f64 8, i8 1, u8 1, i32 4, i64 8, bool 1.
+/// Bytes per element: f32 4, f16 2, bf16 2, f64 8, i8 1, u8 1, i32 4, i64 8, bool 1, i16 2,
+/// u16 2, u32 4, u64 8.
 std::size_t dtype_size(DType dtype) noexcept;
-/// Short name: "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64", "bool".
+/// Short name: "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64", "bool", "i16", "u16",
+/// "u32", "u64".
 std::string_view to_string(DType dtype) noexcept;
 /// Accepts the short names and common aliases ("float32", "float", "FP32", "TYPE_FP32",
-/// "int64", "uint8", "bool", ...). invalid_argument names the accepted forms.
+/// "int64", "uint8", "bool", "INT16", "UINT64", ...). invalid_argument names the accepted forms.
 Result<DType> parse_dtype(std::string_view name);
 
 /// Storage for IEEE half and bfloat16 values (bit patterns; conversion is the caller's).
@@ -87,6 +106,22 @@ struct dtype_of<std::int64_t> {
 template <>
 struct dtype_of<bool> {
   static constexpr DType value = DType::boolean;
+};
+template <>
+struct dtype_of<std::int16_t> {
+  static constexpr DType value = DType::i16;
+};
+template <>
+struct dtype_of<std::uint16_t> {
+  static constexpr DType value = DType::u16;
+};
+template <>
+struct dtype_of<std::uint32_t> {
+  static constexpr DType value = DType::u32;
+};
+template <>
+struct dtype_of<std::uint64_t> {
+  static constexpr DType value = DType::u64;
 };
 
 using Shape = std::vector<std::int64_t>;

@@ -15,7 +15,7 @@ struct DTypeInfo {
   std::size_t size;
   std::string_view name;
 };
-constexpr std::array<DTypeInfo, 9> kDTypes = {{
+constexpr std::array<DTypeInfo, 13> kDTypes = {{
     {DType::f32, 4, "f32"},
     {DType::f16, 2, "f16"},
     {DType::bf16, 2, "bf16"},
@@ -25,14 +25,26 @@ constexpr std::array<DTypeInfo, 9> kDTypes = {{
     {DType::i32, 4, "i32"},
     {DType::i64, 8, "i64"},
     {DType::boolean, 1, "bool"},
+    {DType::i16, 2, "i16"},
+    {DType::u16, 2, "u16"},
+    {DType::u32, 4, "u32"},
+    {DType::u64, 8, "u64"},
 }};
+
+constexpr bool indexed_by_dtype() {
+  for (std::size_t i = 0; i < kDTypes.size(); ++i) {
+    if (static_cast<std::size_t>(kDTypes[i].dtype) != i) return false;
+  }
+  return true;
+}
+static_assert(indexed_by_dtype(), "kDTypes must be in DType order");
 
 struct Alias {
   std::string_view name;
   DType dtype;
 };
 // Lower-case aliases; "TYPE_" prefixes (Triton model configs) are stripped before lookup.
-constexpr std::array<Alias, 24> kAliases = {{
+constexpr std::array<Alias, 32> kAliases = {{
     {"f32", DType::f32},       {"fp32", DType::f32},     {"float32", DType::f32},
     {"float", DType::f32},     {"f16", DType::f16},      {"fp16", DType::f16},
     {"float16", DType::f16},   {"half", DType::f16},     {"bf16", DType::bf16},
@@ -41,6 +53,9 @@ constexpr std::array<Alias, 24> kAliases = {{
     {"int8", DType::i8},       {"u8", DType::u8},        {"uint8", DType::u8},
     {"i32", DType::i32},       {"int32", DType::i32},    {"i64", DType::i64},
     {"int64", DType::i64},     {"bool", DType::boolean}, {"boolean", DType::boolean},
+    {"i16", DType::i16},       {"int16", DType::i16},    {"u16", DType::u16},
+    {"uint16", DType::u16},    {"u32", DType::u32},      {"uint32", DType::u32},
+    {"u64", DType::u64},       {"uint64", DType::u64},
 }};
 
 }  // namespace
@@ -63,9 +78,10 @@ Result<DType> parse_dtype(std::string_view name) {
     if (a.name == lower) return a.dtype;
   }
   return invalid_argument_error("unknown dtype '" + std::string(name) +
-                                "': expected one of f32, f16, bf16, f64, i8, u8, i32, i64, bool "
-                                "(or float32, float16, bfloat16, float64, int8, uint8, int32, "
-                                "int64, boolean)");
+                                "': expected one of f32, f16, bf16, f64, i8, u8, i16, u16, i32, "
+                                "u32, i64, u64, bool (or float32, float16, bfloat16, float64, "
+                                "int8, uint8, int16, uint16, int32, uint32, int64, uint64, "
+                                "boolean; FP32, INT64, TYPE_FP32, ...)");
 }
 
 std::string_view to_string(MemoryKind kind) noexcept {

@@ -18,6 +18,11 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::i32), 4u);
   EXPECT_EQ(dtype_size(DType::i64), 8u);
   EXPECT_EQ(dtype_size(DType::boolean), 1u);
+  EXPECT_EQ(dtype_size(DType::i16), 2u);
+  EXPECT_EQ(dtype_size(DType::u16), 2u);
+  EXPECT_EQ(dtype_size(DType::u32), 4u);
+  EXPECT_EQ(dtype_size(DType::u64), 8u);
+  EXPECT_EQ(to_string(DType::u32), "u32");
   EXPECT_EQ(to_string(DType::bf16), "bf16");
   EXPECT_EQ(to_string(DType::boolean), "bool");
 }
@@ -30,6 +35,13 @@ TEST(DType, ParsesNamesAndAliases) {
   EXPECT_EQ(*parse_dtype("int64"), DType::i64);
   EXPECT_EQ(*parse_dtype("uint8"), DType::u8);
   EXPECT_EQ(*parse_dtype("bool"), DType::boolean);
+  // The Open Inference Protocol's datatype names.
+  EXPECT_EQ(*parse_dtype("INT16"), DType::i16);
+  EXPECT_EQ(*parse_dtype("UINT16"), DType::u16);
+  EXPECT_EQ(*parse_dtype("UINT32"), DType::u32);
+  EXPECT_EQ(*parse_dtype("TYPE_UINT64"), DType::u64);
+  EXPECT_EQ(*parse_dtype("FP64"), DType::f64);
+  EXPECT_EQ(*parse_dtype("BOOL"), DType::boolean);
   auto bad = parse_dtype("complex64");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);

@@ -458,6 +458,10 @@ TEST(TorchLoad, SidecarContradictingTheModelIsRejected) {
        {{{"name", "input"}, {"dtype", "f33"}, {"shape", {-1, 1, 32, 32}}}},
        {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
        {"f33"}},
+      {"a dtype libtorch lacks",
+       {{{"name", "input"}, {"dtype", "UINT32"}, {"shape", {-1, 1, 32, 32}}}},
+       {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}},
+       {"libtorch has no u32"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -64,6 +64,14 @@ double first_element(const Tensor& t, std::int64_t row) {
       return t.data_as<std::uint8_t>()[i];
     case DType::boolean:
       return t.data_as<bool>()[i] ? 1 : 0;
+    case DType::i16:
+      return t.data_as<std::int16_t>()[i];
+    case DType::u16:
+      return t.data_as<std::uint16_t>()[i];
+    case DType::u32:
+      return t.data_as<std::uint32_t>()[i];
+    case DType::u64:
+      return static_cast<double>(t.data_as<std::uint64_t>()[i]);
     case DType::f16:
     case DType::bf16:
       return 0;  // no arithmetic on half types here; cost_from_input/poison need f32 or wider

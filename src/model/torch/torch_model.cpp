@@ -113,28 +113,52 @@ Status status_from_current_exception(const std::string& what) {
 
 // ---- dtypes ------------------------------------------------------------------------------
 
-at::ScalarType to_scalar_type(DType dtype) {
+/// libtorch's scalar type for `dtype`; false for u16, u32 and u64, which libtorch 1.13 lacks
+/// (check_signature rejects them, so a loaded model never meets them).
+bool to_scalar_type(DType dtype, at::ScalarType* out) {
   switch (dtype) {
     case DType::f32:
-      return at::kFloat;
+      *out = at::kFloat;
+      return true;
     case DType::f16:
-      return at::kHalf;
+      *out = at::kHalf;
+      return true;
     case DType::bf16:
-      return at::kBFloat16;
+      *out = at::kBFloat16;
+      return true;
     case DType::f64:
-      return at::kDouble;
+      *out = at::kDouble;
+      return true;
     case DType::i8:
-      return at::kChar;
+      *out = at::kChar;
+      return true;
     case DType::u8:
-      return at::kByte;
+      *out = at::kByte;
+      return true;
+    case DType::i16:
+      *out = at::kShort;
+      return true;
     case DType::i32:
-      return at::kInt;
+      *out = at::kInt;
+      return true;
     case DType::i64:
-      return at::kLong;
+      *out = at::kLong;
+      return true;
     case DType::boolean:
-      return at::kBool;
+      *out = at::kBool;
+      return true;
+    case DType::u16:
+    case DType::u32:
+    case DType::u64:
+      return false;
   }
-  return at::kFloat;
+  return false;
+}
+
+at::ScalarType to_scalar_type(DType dtype) {
+  at::ScalarType t = at::kFloat;
+  to_scalar_type(dtype, &t);
+  return t;
 }
 
 /// Our dtype for a libtorch scalar type; false for types we do not have (complex, quantized...).
@@ -157,6 +181,9 @@ bool from_scalar_type(at::ScalarType type, DType* out) {
       return true;
     case at::kByte:
       *out = DType::u8;
+      return true;
+    case at::kShort:
+      *out = DType::i16;
       return true;
     case at::kInt:
       *out = DType::i32;
@@ -203,6 +230,13 @@ Status check_signature(const ModelSignature& sig, const std::string& source) {
           return invalid_argument_error(source + ": " + kind + " name '" + s.name +
                                         "' is used twice");
         }
+      }
+      at::ScalarType scalar{};
+      if (!to_scalar_type(s.dtype, &scalar)) {
+        return invalid_argument_error(source + ": " + kind + " " + spec_string(s) +
+                                      ": libtorch has no " + std::string(to_string(s.dtype)) +
+                                      " tensors (TorchScript models take i16, i32, i64, u8, i8, "
+                                      "bool and the float types)");
       }
       for (std::int64_t d : s.shape) {
         if (d < -1) {
