@@ -30,6 +30,12 @@ if(ASYNCINFER_WITH_CUDA)
       find_package(CUDAToolkit QUIET)
       if(CUDAToolkit_FOUND)
         set(ASYNCINFER_HAVE_CUDA ON)
+        # Device code of the cuda backend and of builtin:gemm is small (spin and host-wait
+        # kernels, the gemm weight initialiser), so it is built for Hopper (sm_90, H100/H200) as
+        # machine code plus compute_75 PTX that the driver JIT-compiles on any other GPU CUDA 13
+        # supports (Turing and later). Override with e.g. "80-real;90-real;75-virtual".
+        set(ASYNCINFER_CUDA_ARCHITECTURES "90-real;75-virtual" CACHE STRING
+            "CUDA_ARCHITECTURES of the cuda backend's and builtin:gemm's device code")
       else()
         message(STATUS "asyncinfer: nvcc found but not the CUDA runtime; cuda backend off")
       endif()

@@ -133,6 +133,10 @@ struct ModelOptions {
 /// missing file; unavailable for a backend that was not built.
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options = {});
 
+/// The model kinds built into this library, in registration order ("builtin:identity", ...,
+/// "builtin:gemm" where the cuda backend is built, "torch" where libtorch is). Never blocks.
+std::vector<std::string> model_backends();
+
 /// Parses "x:f32:1x32x32" style specs used on the command line: name, dtype and the dims after
 /// the batch dim separated by 'x' (-1 for dynamic). For batched models the batch dim is added.
 Result<TensorSpec> parse_tensor_spec(std::string_view text, bool batched);

@@ -21,7 +21,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/model.hpp"
-#include "device/cuda/gemm_weights.hpp"
+#include "model/cuda/gemm_weights.hpp"
 #include "test_support.hpp"
 
 namespace asyncinfer {

@@ -873,7 +873,8 @@ class TorchModel final : public Model {
 
 }  // namespace
 
-Result<std::shared_ptr<Model>> load_torch_model(std::string_view path_view,
+Result<std::shared_ptr<Model>> load_torch_model(std::string_view /*uri*/,
+                                                std::string_view path_view,
                                                 const ModelOptions& options) {
   const std::string path(path_view);
   if (path.empty())
