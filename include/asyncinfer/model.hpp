@@ -48,8 +48,9 @@ struct ModelSignature {
   std::vector<TensorSpec> outputs;
   /// Dim 0 of every input and output is the batch dim.
   bool batched = true;
-  /// Largest batch (sum of dim 0 over the requests of a batch) the model accepts; 0 = no limit.
-  /// Ignored when not batched.
+  /// Largest batch (sum of dim 0 over the requests of a batch) the model accepts; 0 = the model
+  /// sets no limit (the engine then batches up to kDefaultMaxBatchSize unless told otherwise:
+  /// BatchingOptions::max_batch_size in engine.hpp is the one rule). Ignored when not batched.
   std::int64_t max_batch_size = 0;
 
   /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; max batch 64".
