@@ -63,9 +63,9 @@ for s in "${sections[@]}"; do
     m='builtin:fixed_cost?base_us=2000&per_item_us=50&shape=16'
     # Unbatched capacity: one request per 2.05 ms = 488 requests/s; 50 %, 80 %, 100 % of it.
     for mb in 1 32; do
-      run batching $cli bench --model "$m" --device sim --max-batch $mb --mode sweep \
+      run batching $cli bench --model "$m" --device sim --max-batch-size $mb --mode sweep \
         --request-rate 244,390,488 --arrivals poisson --duration-s 4 --quiet
-      run batching $cli bench --model "$m" --device sim --max-batch $mb --mode async \
+      run batching $cli bench --model "$m" --device sim --max-batch-size $mb --mode async \
         --concurrency 256 --duration-s 4 --quiet
     done
     ;;
@@ -79,7 +79,7 @@ for s in "${sections[@]}"; do
     begin digits
     run digits $B/bench/bench_torch $model --benchmark_min_time=0.3
     run digits $cli bench --model $model --device cpu --compare sync,async --concurrency 32 \
-      --max-batch 1 --duration-s 3 --quiet
+      --max-batch-size 1 --duration-s 3 --quiet
     run digits $cli bench --model $model --device cpu --compare sync,async --concurrency 128 \
       --duration-s 3 --quiet
     run digits $cli bench --model $model --device cpu --mode async --workers 2 --concurrency 128 \

@@ -53,7 +53,7 @@ struct ModelSignature {
   /// BatchingOptions::max_batch_size in engine.hpp is the one rule). Ignored when not batched.
   std::int64_t max_batch_size = 0;
 
-  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; max batch 64".
+  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; batched, max_batch_size 64".
   std::string to_string() const;
 };
 

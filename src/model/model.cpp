@@ -17,8 +17,8 @@ std::string ModelSignature::to_string() const {
   };
   std::string out = "inputs: " + list(inputs) + "; outputs: " + list(outputs);
   if (batched) {
-    out += "; batched, max batch " +
-           (max_batch_size > 0 ? std::to_string(max_batch_size) : std::string("unlimited"));
+    out += "; batched, max_batch_size " +
+           (max_batch_size > 0 ? std::to_string(max_batch_size) : std::string("0 (no limit)"));
   } else {
     out += "; not batched";
   }
@@ -73,7 +73,7 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
       batch = b;
       if (sig.max_batch_size > 0 && b > sig.max_batch_size) {
         return invalid_argument_error("input '" + spec.name + "': batch of " + std::to_string(b) +
-                                      " exceeds the model's max batch size " +
+                                      " exceeds the model's max_batch_size " +
                                       std::to_string(sig.max_batch_size));
       }
     }
