@@ -44,3 +44,21 @@ if(ASYNCINFER_WITH_CUDA)
     endif()
   endif()
 endif()
+
+# asyncinfer_cuda_object_library(<name> <sources...>): an OBJECT library of CUDA code for
+# libasyncinfer (the cuda device backend, builtin:gemm), built for ASYNCINFER_CUDA_ARCHITECTURES
+# with our warnings, our include paths and ASYNCINFER_HAVE_CUDA. CUDA's headers come from the
+# imported CUDA:: targets, which CMake marks SYSTEM: our -Werror flags do not apply to them.
+function(asyncinfer_cuda_object_library name)
+  add_library(${name} OBJECT ${ARGN})
+  set_target_properties(${name} PROPERTIES
+    CUDA_ARCHITECTURES "${ASYNCINFER_CUDA_ARCHITECTURES}"
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    CUDA_RUNTIME_LIBRARY Shared
+    POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include
+                                             ${PROJECT_SOURCE_DIR}/src)
+  target_compile_definitions(${name} PRIVATE ASYNCINFER_HAVE_CUDA=1)
+  target_link_libraries(${name} PRIVATE CUDA::cudart asyncinfer_compile_options)
+endfunction()
