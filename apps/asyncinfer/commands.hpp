@@ -29,5 +29,6 @@ struct Command {
 Command add_bench_command(CLI::App& parent);  // bench.cpp
 Command add_info_command(CLI::App& parent);   // info.cpp
 Command add_run_command(CLI::App& parent);    // run.cpp
+Command add_serve_command(CLI::App& parent);  // serve.cpp
 
 }  // namespace asyncinfer::cli
