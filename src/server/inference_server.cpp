@@ -132,6 +132,13 @@ Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::s
                                     std::to_string(i));
     }
   }
+  auto bytes = checked_byte_size(*dtype, shape);
+  if (!bytes.ok()) {
+    return invalid_argument_error(what + ": shape " + dims_text(shape) + " of " +
+                                  std::string(datatype) +
+                                  " is too large (its byte size overflows "
+                                  "64 bits)");
+  }
   if (sig.batched) {
     if (shape[0] < 1) {
       return invalid_argument_error(what + ": batch dim (dim 0) is 0; it must be at least 1");
@@ -141,13 +148,6 @@ Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::s
                                     " exceeds the model's max_batch_size " +
                                     std::to_string(model.max_batch_size));
     }
-  }
-  auto bytes = checked_byte_size(*dtype, shape);
-  if (!bytes.ok()) {
-    return invalid_argument_error(what + ": shape " + dims_text(shape) + " of " +
-                                  std::string(datatype) +
-                                  " is too large (its byte size overflows "
-                                  "64 bits)");
   }
   InputSlot slot;
   slot.index = static_cast<std::size_t>(it - sig.inputs.begin());

@@ -224,6 +224,10 @@ Result<Shape> shape_of(const json& in, const std::string& what) {
       shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
     } else if (d.is_number_integer()) {
       shape.push_back(d.get<std::int64_t>());
+    } else if (d.is_number_float() && std::floor(d.get<double>()) == d.get<double>() &&
+               std::fabs(d.get<double>()) >= 9.2e18) {
+      // An integer beyond 64 bits reaches the parser as a float.
+      return invalid_argument_error(what + ": shape dim " + d.dump() + " is too large");
     } else {
       return invalid_argument_error(what + ": shape dims must be integers, got " + json_kind(d));
     }
