@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages asyncinfer needs (build tools, GoogleTest, Google Benchmark,
-# CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model). Idempotent:
+# CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model; for
+# `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, and curl, requests,
+# prometheus_client, h2load, wrk and nginx for its tests and benchmarks). Idempotent:
 # skips apt entirely when everything is already there. Needs root (or sudo).
 set -euo pipefail
 
@@ -9,6 +11,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libstb-dev
   libtorch-dev python3-torch python3-sklearn
+  libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  curl python3-requests python3-prometheus-client nghttp2-client wrk nginx-light
 )
 
 missing=()

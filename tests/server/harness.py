@@ -132,6 +132,8 @@ class Server:
                 self.proc.wait()
         if self._reader:
             self._reader.join(5)
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
 
     def __enter__(self):
         return self.start()
