@@ -13,6 +13,7 @@
 #include "cli_options.hpp"
 #include "commands.hpp"
 #include "drivers.hpp"
+#include "http_bench.hpp"
 #include "inputs.hpp"
 #include "machine.hpp"
 #include "output.hpp"
@@ -288,8 +289,11 @@ Command add_bench_command(CLI::App& parent) {
                 "No progress line (and no table when stdout carries JSON/CSV)");
   app->add_flag("--fail-on-error", o->fail_on_error, "Exit 1 when any measured request failed");
 
-  return Command{app, [o, conc] {
+  auto http = add_http_bench_options(*app);  // --url: the HTTP mode (http_bench.cpp)
+
+  return Command{app, [o, conc, http] {
                    o->concurrency_given = conc->count() > 0;
+                   if (!http->url.empty()) return run_http_bench(*o, *http);
                    return run_bench(*o);
                  }};
 }

@@ -340,6 +340,24 @@ class Conformance(harness.unittest.TestCase):
             f.close()
             s.close()
 
+    def test_bench_http_mode(self):
+        # `asyncinfer bench --url`: closed loop (JSON) and open loop (binary) against this server.
+        url = self.url + "/v2/models/identity/infer"
+        for args, mode in ((["--concurrency", "4", "--requests", "300"], "closed loop"),
+                           (["--mode", "rate", "--request-rate", "2000", "--requests", "200",
+                             "--binary"], "rate")):
+            out = subprocess.run([harness.ARGS.cli, "bench", "--url", url, "--warmup-s", "0"] + args,
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("http %s %s" % (mode, url), out.stdout)
+            self.assertRegex(out.stdout, r"throughput +[0-9.]+ req/s \((3|2)\d\d ok")
+            self.assertRegex(out.stdout, r"latency us +p50 [0-9.]+ +p90")
+            self.assertNotIn("failures", out.stdout)
+        bad = subprocess.run([harness.ARGS.cli, "bench", "--url", self.url + "/v2/models/nope/infer"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("HTTP 404", bad.stderr)
+
     # ---- metrics -------------------------------------------------------------------------------
 
     def test_metrics(self):
