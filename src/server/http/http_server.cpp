@@ -24,6 +24,11 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using Response = http::response<http::string_body>;
+// Concrete executor types: the type-erased any_io_executor costs a few percent per request.
+using Strand = net::strand<net::io_context::executor_type>;
+using Socket = net::basic_stream_socket<tcp, Strand>;
+using Timer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, Strand>;
+using Acceptor = net::basic_socket_acceptor<tcp, Strand>;
 
 constexpr std::size_t kReadChunk = 16 * 1024;
 /// Bytes of a pipelined next request read ahead while one is being answered.
@@ -109,7 +114,7 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   enum class Phase : std::uint8_t { idle, header, body, handling, writing, closing };
 
-  Session(HttpServer::Impl& impl, tcp::socket socket, bool metrics_port, bool reject)
+  Session(HttpServer::Impl& impl, Socket socket, bool metrics_port, bool reject)
       : impl_(impl),
         socket_(std::move(socket)),
         timer_(socket_.get_executor()),
@@ -153,7 +158,7 @@ class Session : public std::enable_shared_from_this<Session> {
     close();
   }
 
-  net::any_io_executor executor() { return socket_.get_executor(); }
+  Strand executor() { return socket_.get_executor(); }
 
  private:
   // ---- reading ---------------------------------------------------------------------------------
@@ -168,7 +173,7 @@ class Session : public std::enable_shared_from_this<Session> {
       read_header();
       return;
     }
-    arm_timer(impl_.opt.idle_timeout);
+    set_deadline(impl_.opt.idle_timeout);
     if (!reading_) read_some();
   }
 
@@ -212,7 +217,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(impl_.opt.max_header_bytes));
     parser_->body_limit(impl_.opt.max_body_bytes);
-    arm_timer(impl_.opt.header_timeout);
+    set_deadline(impl_.opt.header_timeout);
     http::async_read_header(
         socket_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
@@ -239,7 +244,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void read_body() {
     phase_ = Phase::body;
-    arm_timer(impl_.opt.body_timeout);
+    set_deadline(impl_.opt.body_timeout);
     http::async_read(
         socket_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_body(ec); });
@@ -253,7 +258,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_read_error(beast::error_code ec, const char* part) {
     const bool timed_out = timed_out_;
-    cancel_timer();
+    clear_deadline();
     keep_alive_ = false;
     if (timed_out) {
       const auto limit =
@@ -280,7 +285,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- handling --------------------------------------------------------------------------------
 
   void on_request() {
-    cancel_timer();
+    clear_deadline();
     request_read_at_ = Clock::now();
     request_ = parser_->release();
     parser_.reset();
@@ -468,14 +473,14 @@ class Session : public std::enable_shared_from_this<Session> {
     const int status = static_cast<int>(res.result_int());
     impl_.metrics.count_request(static_cast<std::size_t>(std::clamp(status / 100, 1, 5) - 1));
     response_.emplace(std::move(res));
-    arm_timer(impl_.opt.idle_timeout);  // a client that does not read its response
+    set_deadline(impl_.opt.idle_timeout);  // a client that does not read its response
     http::async_write(
         socket_, *response_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_write(ec); });
   }
 
   void on_write(beast::error_code ec) {
-    cancel_timer();
+    clear_deadline();
     response_.reset();
     if (is_infer_ && !ec) {
       impl_.metrics.observe_infer_us(
@@ -489,26 +494,39 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- timers and closing ----------------------------------------------------------------------
 
-  /// Also stops a timer that has expired but whose handler has not run yet.
-  void cancel_timer() {
-    ++timer_gen_;
-    timer_.cancel();
+  // One timer per session, and a deadline that moves: setting a later deadline (the common
+  // case: header, then write, then idle) does not touch the timer; when it fires early it waits
+  // again until the current deadline. So a request costs no timer cancellations.
+
+  void set_deadline(std::chrono::milliseconds after) {
+    timed_out_ = false;
+    deadline_ = Clock::now() + after;
+    if (timer_waiting_ && timer_at_ <= deadline_) return;  // it fires first, then waits again
+    start_timer(deadline_);
   }
 
-  void arm_timer(std::chrono::milliseconds after) {
-    timed_out_ = false;
-    timer_.expires_after(after);
-    timer_.async_wait([self = shared_from_this(), gen = ++timer_gen_](beast::error_code ec) {
-      if (ec || self->closed_ || gen != self->timer_gen_) return;
-      self->timed_out_ = true;
-      if (self->phase_ == Phase::idle || self->phase_ == Phase::writing ||
-          self->phase_ == Phase::closing) {
-        self->close();
-      } else {
-        beast::error_code ignored;
-        self->socket_.cancel(ignored);  // the read's handler answers 408
-      }
-    });
+  /// No deadline while the engine has the request (its own deadline applies).
+  void clear_deadline() { deadline_ = Clock::time_point::max(); }
+
+  void start_timer(Clock::time_point at) {
+    timer_at_ = at;
+    timer_waiting_ = true;
+    timer_.expires_at(at);  // a wait still pending ends with operation_aborted
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) { self->on_timer(ec); });
+  }
+
+  void on_timer(beast::error_code ec) {
+    if (ec == net::error::operation_aborted) return;  // a newer wait replaced this one
+    timer_waiting_ = false;
+    if (closed_ || deadline_ == Clock::time_point::max()) return;
+    if (Clock::now() < deadline_) return start_timer(deadline_);
+    timed_out_ = true;
+    if (phase_ == Phase::idle || phase_ == Phase::writing || phase_ == Phase::closing) {
+      close();
+    } else {
+      beast::error_code ignored;
+      socket_.cancel(ignored);  // the pending read's handler answers 408
+    }
   }
 
   /// Stops sending, then reads and discards what the client still sends (for up to kLinger)
@@ -518,7 +536,7 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
     if (ec) return close();
-    arm_timer(kLinger);
+    set_deadline(kLinger);
     discard();
   }
 
@@ -541,14 +559,15 @@ class Session : public std::enable_shared_from_this<Session> {
     phase_ = Phase::closing;
     if (inflight_.valid()) inflight_.cancel();
     beast::error_code ec;
-    cancel_timer();
+    clear_deadline();
+    timer_.cancel();  // the pending wait holds this session
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
   }
 
   HttpServer::Impl& impl_;
-  tcp::socket socket_;
-  net::steady_timer timer_;
+  Socket socket_;
+  Timer timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
@@ -556,7 +575,9 @@ class Session : public std::enable_shared_from_this<Session> {
   DecodedInfer decoded_;
   InflightRequest inflight_;
   Clock::time_point request_read_at_;
-  std::uint64_t timer_gen_ = 0;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  Clock::time_point timer_at_;
+  bool timer_waiting_ = false;
   unsigned version_ = 11;
   Phase phase_ = Phase::idle;
   bool metrics_port_;
@@ -599,7 +620,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
 
   void accept() {
     acceptor_.async_accept(net::make_strand(impl_.ioc),
-                           [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+                           [self = shared_from_this()](beast::error_code ec, Socket s) {
                              self->on_accept(ec, std::move(s));
                            });
   }
@@ -614,7 +635,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   }
 
  private:
-  void on_accept(beast::error_code ec, tcp::socket socket) {
+  void on_accept(beast::error_code ec, Socket socket) {
     if (closed_ || !acceptor_.is_open()) return;
     if (ec) {
       // Out of file descriptors and the like: try again shortly rather than spin.
@@ -637,8 +658,8 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
 
   Impl& impl_;
   bool metrics_;
-  tcp::acceptor acceptor_;
-  net::steady_timer retry_;
+  Acceptor acceptor_;
+  Timer retry_;
   int port_ = 0;
   bool closed_ = false;
 };
