@@ -95,6 +95,28 @@ class Deadlines(harness.unittest.TestCase):
         busy.join()
         self.assertEqual(results["busy"][0], 200, results["busy"])
 
+    def test_priority_orders_queued_requests(self):
+        # Behind 0.6 s of work: a priority-3 request queued first, a priority-1 one after it.
+        results = {}
+        busy = post_in_thread(self.server.url + SLOW, slow_body(600_000), results, "busy")
+        time.sleep(0.2)
+        done = []
+
+        def send(name, priority):
+            body = json.loads(slow_body(1000, rid=name))
+            body["parameters"] = {"priority": priority}
+            r = requests.post(self.server.url + SLOW, data=json.dumps(body), timeout=30)
+            done.append((name, r.status_code))
+
+        low = threading.Thread(target=send, args=("low", 3))
+        low.start()
+        time.sleep(0.1)
+        high = threading.Thread(target=send, args=("high", 1))
+        high.start()
+        for t in (busy, low, high):
+            t.join(30)
+        self.assertEqual(done, [("high", 200), ("low", 200)])
+
     def test_disconnect_cancels_and_frees_the_slot(self):
         before = metric(self.server, "asyncinfer_inference_request_cancelled", model="slow")
         s = socket.create_connection(("127.0.0.1", self.server.http_port), timeout=10)
