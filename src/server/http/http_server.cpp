@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -725,7 +726,17 @@ Status HttpServer::start() {
   if (im.metrics_listener) im.metrics_listener->accept();
   im.work.emplace(net::make_work_guard(im.ioc));
   for (int i = 0; i < im.opt.threads; ++i) {
-    im.threads.emplace_back([&im] { im.ioc.run(); });
+    im.threads.emplace_back([&im] {
+      // A handler that throws (out of memory, say) loses its connection, not the server.
+      for (;;) {
+        try {
+          im.ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "asyncinfer serve: http: a connection failed: %s\n", e.what());
+        }
+      }
+    });
   }
   return Status();
 }
