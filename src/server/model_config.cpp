@@ -1,5 +1,7 @@
 #include "model_config.hpp"
 
+#include "model_config.pb.h"
+
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
@@ -8,6 +10,14 @@
 #include <set>
 
 namespace asyncinfer::server {
+
+// The protobuf types stay in this file (model_config.hpp says why).
+Result<DType> dtype_from_config(inference::DataType type);
+Result<inference::ModelConfig> parse_model_config(std::string_view text, std::string_view source,
+                                                  std::vector<std::string>* warnings);
+Result<ModelPlan> plan_model(const inference::ModelConfig& config, std::string_view dir_name,
+                             std::vector<std::string>* warnings);
+
 namespace {
 
 // Messages whose content asyncinfer skips: an unknown field inside them is not reported again
@@ -546,6 +556,13 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     }
   }
   return plan;
+}
+
+Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
+                                    std::string_view dir_name, std::vector<std::string>* warnings) {
+  ASYNCINFER_ASSIGN_OR_RETURN(inference::ModelConfig config,
+                              parse_model_config(text, source, warnings));
+  return plan_model(config, dir_name, warnings);
 }
 
 Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {

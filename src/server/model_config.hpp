@@ -27,15 +27,8 @@
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/model.hpp"
 #include "asyncinfer/status.hpp"
-#include "model_config.pb.h"
 
 namespace asyncinfer::server {
-
-/// Parses the text of a config.pbtxt. `source` (the file's path) starts every message. Syntax
-/// errors and unknown fields outside the ignorable messages are invalid_argument with
-/// "source:line:column"; warnings for skipped content are appended to `warnings`.
-Result<inference::ModelConfig> parse_model_config(std::string_view text, std::string_view source,
-                                                  std::vector<std::string>* warnings);
 
 /// Which versions to serve (Triton's version_policy; the default is latest { num_versions: 1 }).
 struct VersionPolicy {
@@ -74,11 +67,14 @@ struct ModelPlan {
   std::string summary() const;
 };
 
-/// Checks a parsed config against asyncinfer's subset and makes the plan. `dir_name` is the
-/// model's folder (Triton requires `name`, when given, to equal it). invalid_argument names the
-/// field and what was expected; ignorable fields add warnings.
-Result<ModelPlan> plan_model(const inference::ModelConfig& config, std::string_view dir_name,
-                             std::vector<std::string>* warnings);
+/// Parses the text of a config.pbtxt (`source`, the file's path, starts the messages) and checks
+/// it against asyncinfer's subset. `dir_name` is the model's folder (Triton requires `name`, when
+/// given, to equal it). invalid_argument with "source:line:column" for syntax errors and unknown
+/// fields, or naming the field and what was expected; warnings for ignorable fields are appended
+/// to `warnings`. The protobuf types stay inside model_config.cpp (see the CMake file: under
+/// ThreadSanitizer, protobuf's map fields change layout, so that file is built like libprotobuf).
+Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
+                                    std::string_view dir_name, std::vector<std::string>* warnings);
 
 /// Checks a loaded model's signature against the plan's inputs/outputs and max_batch_size
 /// (names, dtypes, dims). invalid_argument names the first difference.
@@ -88,7 +84,5 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& signature);
 /// names are invalid_argument with a message naming the supported datatypes.
 std::string_view oip_datatype(DType dtype) noexcept;
 Result<DType> dtype_from_oip(std::string_view name);
-/// A config data_type (TYPE_FP32 ...) as a DType; TYPE_STRING and TYPE_INVALID are errors.
-Result<DType> dtype_from_config(inference::DataType type);
 
 }  // namespace asyncinfer::server

@@ -106,9 +106,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
       plan = not_found_error("no config.pbtxt in " + dir.string() +
                              " (asyncinfer needs one: it does not guess a model's config)");
     } else {
-      auto config = parse_model_config(*text, config_path.string(), &warnings);
-      plan =
-          config.ok() ? plan_model(*config, name, &warnings) : Result<ModelPlan>(config.status());
+      plan = plan_model_config(*text, config_path.string(), name, &warnings);
     }
     for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
     if (!plan.ok()) {
