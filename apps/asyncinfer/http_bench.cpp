@@ -254,10 +254,10 @@ int run_http_bench(const BenchOptions& o, const HttpBenchArgs& h) {
       s.url.path.compare(s.url.path.size() - 6, 6, "/infer") != 0) {
     return fail("'" + h.url + "' is not http://HOST:PORT/v2/models/MODEL[/versions/V]/infer");
   }
-  const bool open_loop = o.mode == "rate";
-  if (o.mode != "async" && !open_loop) {
+  const bool open_loop = o.mode == Mode::rate;
+  if (o.mode != Mode::async && !open_loop) {
     return fail("the HTTP mode runs --mode async (closed loop) or rate (open loop), not '" +
-                o.mode + "'");
+                std::string(to_string(o.mode)) + "'");
   }
   if (open_loop && o.request_rate.size() != 1) return fail("--mode rate needs one --request-rate");
   if (o.concurrency.size() != 1) return fail("one --concurrency (connections) value");
@@ -364,7 +364,7 @@ int run_http_bench(const BenchOptions& o, const HttpBenchArgs& h) {
         }
       }
       if (!sent) s.backlog.push_back(t);
-      const double g = o.arrivals == "constant" ? 1.0 / rate : gap(rng);
+      const double g = o.arrivals == Arrivals::constant ? 1.0 / rate : gap(rng);
       next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g));
       timer.expires_at(next);
       timer.async_wait([&arrive](beast::error_code wec) {
@@ -388,7 +388,8 @@ int run_http_bench(const BenchOptions& o, const HttpBenchArgs& h) {
               body->describe.c_str());
   char loop[96];
   std::snprintf(loop, sizeof loop, " (open loop at %g/s, %s arrivals)",
-                open_loop ? o.request_rate[0] : 0.0, o.arrivals.c_str());
+                open_loop ? o.request_rate[0] : 0.0,
+                o.arrivals == Arrivals::constant ? "constant" : "poisson");
   std::printf("  connections      %d%s\n", connections,
               open_loop ? loop : " (one request in flight each)");
   std::printf("  throughput       %.1f req/s (%llu ok in %.2f s)\n",
