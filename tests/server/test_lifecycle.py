@@ -96,10 +96,11 @@ class Deadlines(harness.unittest.TestCase):
         self.assertEqual(results["busy"][0], 200, results["busy"])
 
     def test_priority_orders_queued_requests(self):
-        # Behind 0.6 s of work: a priority-3 request queued first, a priority-1 one after it.
+        # Behind 2 s of work: a priority-3 request queued first, a priority-1 one after it (the
+        # margins are for a loaded machine, where a client thread may start late).
         results = {}
-        busy = post_in_thread(self.server.url + SLOW, slow_body(600_000), results, "busy")
-        time.sleep(0.2)
+        busy = post_in_thread(self.server.url + SLOW, slow_body(2_000_000), results, "busy")
+        time.sleep(0.4)
         done = []
 
         def send(name, priority):
@@ -110,7 +111,7 @@ class Deadlines(harness.unittest.TestCase):
 
         low = threading.Thread(target=send, args=("low", 3))
         low.start()
-        time.sleep(0.1)
+        time.sleep(0.4)
         high = threading.Thread(target=send, args=("high", 1))
         high.start()
         for t in (busy, low, high):
