@@ -104,7 +104,7 @@ class Deadlines(harness.unittest.TestCase):
         done = []
 
         def send(name, priority):
-            body = json.loads(slow_body(1000, rid=name))
+            body = json.loads(slow_body(200_000, rid=name))  # 0.2 s apart at the end
             body["parameters"] = {"priority": priority}
             r = requests.post(self.server.url + SLOW, data=json.dumps(body), timeout=30)
             done.append((name, r.status_code))
