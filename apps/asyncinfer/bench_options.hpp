@@ -37,7 +37,7 @@ struct BenchOptions {
   std::string arrivals = "poisson";  ///< poisson | constant
   std::vector<std::string> compare;  ///< --compare modes (empty: off)
   // Engine.
-  int workers = 1;
+  int workers = 0;             ///< 0 = the engine's rule; run_bench fills in the number chosen
   std::int64_t max_batch = 0;  ///< 0 = the model's
   std::int64_t max_queue_delay_us = 0;
   std::vector<std::int64_t> preferred_batch;
@@ -48,6 +48,12 @@ struct BenchOptions {
   int completion_threads = 1;
   std::int64_t queue_capacity = 0;  ///< 0 = auto (max(4096, 2 × concurrency))
   int max_attempts = 1;
+  int intra_op_threads = 0;  ///< 0 = the engine's rule (EngineOptions::intra_op_threads)
+  // CPU contention (contention.hpp): with N > 0 every run is made `contention_rounds` times
+  // quiet and as often with N busy-looping processes beside it, alternating, and the medians
+  // are compared.
+  int contention = 0;
+  int contention_rounds = 3;
   // Length.
   std::int64_t warmup = 0;    ///< warm-up requests (after the first inference)
   double warmup_s = 0;        ///< or warm-up seconds

@@ -546,6 +546,7 @@ EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
   e.batching.max_queue_delay = microseconds(o.max_queue_delay_us);
   e.batching.preferred_batch_sizes = o.preferred_batch;
   e.retry.max_attempts = o.max_attempts;
+  e.intra_op_threads = o.intra_op_threads;
   if (o.queue_capacity > 0) {
     e.queue_capacity = static_cast<std::size_t>(o.queue_capacity);
   } else {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,16 @@ struct BenchReport {
   std::string inputs;              ///< InputPlan::describe()
   MachineInfo machine;
   std::vector<RunResult> runs;
+  /// --contention: medians of the quiet and the contended runs (alternated, same settings).
+  struct Contention {
+    int processes = 0;  ///< busy-looping processes beside the contended runs
+    int rounds = 0;
+    double quiet_rps = 0;
+    double contended_rps = 0;
+  };
+  std::optional<Contention> contention;
+  /// Lines printed after the table (e.g. the --contention summary).
+  std::vector<std::string> notes;
 };
 
 /// Ratio of each run to the first (compare): throughput, p50 and p99 latency.

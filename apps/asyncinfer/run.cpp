@@ -40,7 +40,7 @@ struct RunOptions {
   std::optional<float> std_dev;
   int top_k = 1;
   std::string mode = "async";
-  int workers = 1;
+  int workers = 0;  ///< 0 = the engine's rule (EngineOptions::workers)
   std::int64_t batch = 0;
   std::int64_t max_queue_delay_us = 0;
   int decode_threads = 0;
@@ -54,6 +54,7 @@ struct RunOptions {
 
 struct RunSummary {
   std::string mode;
+  int workers = 0;  ///< as the engine chose them
   std::size_t ok = 0;
   std::size_t skipped = 0;
   std::size_t labelled = 0;
@@ -275,6 +276,7 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
     return kExitRunFailed;
   }
   Engine& e = **engine;
+  result.workers = e.options().workers;
   const Preprocess p = *pre;
   const std::size_t classes = static_cast<std::size_t>(
       std::max<std::int64_t>(1, (*model)->signature().outputs.at(0).shape.back()));
@@ -448,7 +450,7 @@ std::string ms_or_none(const std::optional<double>& us) {
 void print_summary(const RunOptions& o, const RunSummary& s) {
   std::printf("mode            %s\n", s.mode.c_str());
   std::printf("model           %s on %s, %d worker(s)\n", o.model.c_str(), o.device.c_str(),
-              o.workers);
+              s.workers);
   std::printf("images          %zu ok, %zu skipped\n", s.ok, s.skipped);
   if (s.labelled > 0) {
     std::printf("accuracy        %.2f %% (%zu of %zu)\n", 100.0 * s.accuracy(), s.correct,
@@ -540,8 +542,10 @@ Command add_run_command(CLI::App& parent) {
   app->add_option("--mode", o->mode, "sync (one image at a time) or async (pipeline)")
       ->check(CLI::IsMember({"sync", "async"}))
       ->capture_default_str();
-  app->add_option("--workers,-w", o->workers, "engine workers (each a model instance)")
-      ->check(CLI::Range(1, 64))
+  app->add_option("--workers,-w", o->workers,
+                  "engine workers (each a model instance); 0 = one per core for a model that "
+                  "computes on host cores, else 1")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   app->add_option("--batch", o->batch, "max batch size (0 = the model's)")
       ->check(CLI::Range(0, 4096))

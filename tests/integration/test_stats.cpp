@@ -225,7 +225,7 @@ TEST(BenchOptionsValidate, DefaultsAndErrorsNameTheOption) {
   sh.input_shape = {"1xq"};
   expect_names(check(sh), "--input-shape");
   BenchOptions wk = base();
-  wk.workers = 0;
+  wk.workers = -1;  // 0 is "auto"
   expect_names(check(wk), "--workers");
 }
 

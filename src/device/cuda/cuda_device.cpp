@@ -171,13 +171,6 @@ void run_outside_callbacks(Fn fn) {
   std::thread([fn = std::move(fn)]() mutable { fn(); }).detach();
 }
 
-Clock::time_point deadline_after(nanoseconds timeout) {
-  const Clock::time_point now = Clock::now();
-  if (timeout <= nanoseconds::zero()) return now;
-  if (timeout > std::chrono::hours(24 * 365)) return Clock::time_point::max();
-  return now + timeout;
-}
-
 std::string micros(nanoseconds t) {
   return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(t).count()) + " us";
 }
