@@ -105,8 +105,10 @@ double median(std::vector<double> v) {
 int run_contention(const BenchContext& ctx, const RunPoint& point, BenchReport& rep) {
   const BenchOptions& o = ctx.options;
   // Each busy process stops by itself after this, even if the bench is stuck.
-  const auto limit = std::chrono::milliseconds(
-      static_cast<std::int64_t>(1000.0 * (o.duration_s + o.warmup_s)) + 60'000);
+  const auto limit =
+      detail::saturating_sum(detail::saturating_cast<std::chrono::milliseconds>(
+                                 std::chrono::duration<double>(o.duration_s + o.warmup_s)),
+                             std::chrono::milliseconds(60'000));
   std::vector<double> quiet;
   std::vector<double> busy;
   for (int round = 1; round <= o.contention_rounds; ++round) {

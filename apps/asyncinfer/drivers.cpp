@@ -254,7 +254,9 @@ class Priorities {
     const int p = parse_priority(o.priority, o.priority_levels).value();
     std::optional<microseconds> timeout;
     if (o.timeout_ms > 0) {
-      timeout = microseconds(static_cast<std::int64_t>(std::llround(o.timeout_ms * 1000.0)));
+      // Saturating: --timeout-ms 1e300 means no limit, not an overflow.
+      timeout = detail::saturating_cast<microseconds>(
+          std::chrono::duration<double, std::milli>(o.timeout_ms));
     }
     if (p == -1) {
       for (int level = 1; level <= o.priority_levels; ++level) {

@@ -661,6 +661,126 @@ TEST(AdvEngine, DISABLED_OrderedDeliveryCallbackMayWaitOnAnotherFuture) {
   engine->shutdown(ShutdownMode::cancel);
 }
 
+// Issue 13: cancels racing blocked and unblocked submits on several keys, with shutdown racing
+// them. Each producer owns one key and submits callbacks (whose order it can check) between ids
+// that a canceller cancels at random, some while their submit waits for room. Before the fix a
+// cancel inside submit stalled the key for good.
+TEST(AdvEngine, OrderedKeysSurviveCancelsInsideBlockedSubmitsAndShutdown) {
+  for (const ShutdownMode mode : {ShutdownMode::drain, ShutdownMode::cancel}) {
+    SCOPED_TRACE(mode == ShutdownMode::drain ? "drain" : "cancel");
+    EngineOptions o;
+    o.workers = 2;
+    o.queue_capacity = 4;
+    o.queue_full_policy = QueueFullPolicy::block;
+    o.submit_timeout = 2'000'000us;
+    o.ordered_delivery = true;
+    o.completion_threads = 2;
+    auto engine = make_engine("builtin:fixed_cost?base_us=300", "sim", o);
+    ASSERT_TRUE(engine);
+    constexpr int kProducers = 3;
+    std::mutex mu;
+    std::map<int, std::vector<int>> delivered;
+    std::atomic<int> callbacks_accepted{0};
+    std::atomic<int> callbacks_called{0};
+    std::atomic<int> next_id{0};
+    std::atomic<bool> stop{false};
+    {
+      std::vector<std::jthread> producers;
+      for (int p = 0; p < kProducers; ++p) {
+        producers.emplace_back([&, p] {
+          RequestOptions ro;
+          ro.sequence_key = "k" + std::to_string(p);
+          for (int i = 0; !stop.load(); ++i) {
+            if (i % 2 == 0) {
+              const Status s = engine->submit(
+                  one(1),
+                  [&, p, i](const Result<Outputs>&) {
+                    {
+                      std::lock_guard lock(mu);
+                      delivered[p].push_back(i);
+                    }
+                    ++callbacks_called;
+                  },
+                  ro);
+              if (s.ok()) ++callbacks_accepted;
+            } else {
+              (void)engine->submit("x" + std::to_string(next_id++), one(1), ro);
+            }
+          }
+        });
+      }
+      std::jthread canceller([&] {
+        std::mt19937 g(7);
+        while (!stop.load()) {
+          const int n = next_id.load();
+          if (n > 0) (void)engine->cancel("x" + std::to_string(rnd(g, n)));
+        }
+      });
+      std::this_thread::sleep_for(400ms);
+      engine->shutdown(mode, 5000ms);
+      stop.store(true);
+    }
+    ASSERT_TRUE(eventually([&] { return callbacks_called.load() == callbacks_accepted.load(); }))
+        << callbacks_called.load() << " of " << callbacks_accepted.load() << " callbacks ran";
+    std::lock_guard lock(mu);
+    for (const auto& [key, order] : delivered) {
+      for (std::size_t j = 1; j < order.size(); ++j) {
+        ASSERT_LT(order[j - 1], order[j]) << "key " << key << " delivered out of submit order";
+      }
+    }
+    expect_balanced(engine->metrics(), "ordered keys, cancels inside submits");
+    EXPECT_EQ(engine->metrics().ordered_backlog_total, 0);
+  }
+}
+
+// Issue 13: shutdown (either mode) racing hang-watchdog recycles whose model cannot create new
+// instances after the first two, with uncancellable work of random length. Shutdown must return
+// (within the drain timeout plus the work that cannot be stopped), everything ends once.
+TEST(AdvEngine, ShutdownRacesRecyclesThatKeepFailing) {
+  set_log_hook([](LogLevel, std::string_view) {});
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(round);
+    EngineOptions o;
+    o.workers = 2;
+    o.watchdog = 10ms;
+    o.recovery.max_recycle_attempts = 3 + round;
+    o.recovery.recycle_backoff = 5ms;
+    o.drain_timeout = 300ms;
+    auto model = std::make_shared<testing::ControlledModel>(
+        2 + round % 2, [](int call) { return std::chrono::milliseconds((call * 7919) % 40); },
+        [](int call) { return std::chrono::milliseconds(call % 5 == 0 ? 15 : 0); });
+    auto device = open_device(round % 2 == 0 ? "cpu" : "sim");
+    auto created = Engine::create(model, *device, o);
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<Engine> engine = std::move(*created);
+    std::atomic<bool> stop{false};
+    {
+      std::vector<std::jthread> producers;
+      for (int t = 0; t < 2; ++t) {
+        producers.emplace_back([&, t] {
+          for (int i = 0; !stop.load(); ++i) {
+            if (t == 0) {
+              auto f = engine->submit(one(1));
+              (void)f;
+            } else {
+              (void)engine->submit("p" + std::to_string(i), one(1));
+            }
+            if (i % 8 == 0) std::this_thread::sleep_for(1ms);
+          }
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 + 60 * round));
+      testing::must_return_within(20'000ms, "shutdown racing failing recycles", [&] {
+        engine->shutdown(round % 2 == 0 ? ShutdownMode::drain : ShutdownMode::cancel);
+      });
+      stop.store(true);
+    }
+    expect_balanced(engine->metrics(), "failing recycles");
+    testing::must_return_within(20'000ms, "~Engine", [&] { engine.reset(); });
+  }
+  set_log_hook(nullptr);
+}
+
 // ==== 6. retry + deadline + watchdog + breaker with a hanging/faulty model on sim ===============
 
 TEST(AdvEngine, RetryDeadlineWatchdogAndBreakerTogetherEndEveryRequestOnce) {

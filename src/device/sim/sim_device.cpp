@@ -117,7 +117,9 @@ class SimDevice final : public Device {
   std::atomic<int> next_stream_{0};
 };
 
-nanoseconds from_us(double us) { return nanoseconds(static_cast<std::int64_t>(us * 1000.0)); }
+nanoseconds from_us(double us) {
+  return saturating_cast<nanoseconds>(std::chrono::duration<double, std::micro>(us));
+}
 
 class SimStream final : public HostStream {
  public:
