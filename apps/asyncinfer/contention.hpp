@@ -27,6 +27,7 @@ class BusyLoad {
   BusyLoad& operator=(const BusyLoad&) = delete;
   /// Kills and reaps the children.
   ~BusyLoad();
+  const std::vector<pid_t>& children() const noexcept { return children_; }
 
  private:
   BusyLoad() = default;
