@@ -682,16 +682,35 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   // ---- workers ----------------------------------------------------------------------------
 
+  /// A new stream and model instance for `w` (at start and on every recycle attempt). An
+  /// exception from the device or the model is a failed attempt, never an escape.
   Status make_stream_and_instance(Worker& w, int threads) {
+    const std::string where = "worker " + std::to_string(w.index);
     StreamOptions so;
     so.host_func_executor = completion_point_executor();
     so.name = "ai-w" + std::to_string(w.index) + "-stream";
-    auto stream = device_->create_stream(so);
-    if (!stream.ok()) return stream.status().with_context("worker " + std::to_string(w.index));
+    Result<std::unique_ptr<Stream>> stream = internal_error("no stream");
+    try {
+      stream = device_->create_stream(so);
+    } catch (const std::exception& e) {
+      stream = internal_error(std::string("device threw while creating a stream: ") + e.what());
+    } catch (...) {
+      stream = internal_error("device threw an unknown exception while creating a stream");
+    }
+    if (!stream.ok()) return stream.status().with_context(where);
     InstanceOptions io;
     io.worker_index = w.index;
     io.intra_op_threads = threads;
-    auto instance = model_->create_instance(*device_, **stream, io);
+    Result<std::unique_ptr<ModelInstance>> instance = internal_error("no instance");
+    try {
+      instance = model_->create_instance(*device_, **stream, io);
+    } catch (const std::exception& e) {
+      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      instance = internal_error(std::string("model threw in create_instance: ") + e.what());
+    } catch (...) {
+      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      instance = internal_error("model threw an unknown exception in create_instance");
+    }
     if (!instance.ok()) {
       return instance.status().with_context("worker " + std::to_string(w.index) + ": model '" +
                                             model_->name() + "' on " + device_->name());

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -123,8 +124,10 @@ class ControlledModel final : public Model, public std::enable_shared_from_this<
  public:
   using PerCall = std::function<std::chrono::milliseconds(int call)>;
 
-  ControlledModel(int good_instances, PerCall work, PerCall enqueue_block = {})
+  /// `throws`: a failing create_instance throws instead of returning an error.
+  ControlledModel(int good_instances, PerCall work, PerCall enqueue_block = {}, bool throws = false)
       : good_instances_(good_instances),
+        throws_(throws),
         work_(std::move(work)),
         enqueue_block_(std::move(enqueue_block)) {
     sig_.batched = true;
@@ -140,6 +143,7 @@ class ControlledModel final : public Model, public std::enable_shared_from_this<
                                                          const InstanceOptions&) override {
     ++create_calls_;
     if (instances_.load() >= good_instances_) {
+      if (throws_) throw std::runtime_error("driver: device lost (thrown)");
       return unavailable_error("device lost: no instance can be created (attempt " +
                                std::to_string(create_calls_.load()) + ")");
     }
@@ -185,6 +189,7 @@ class ControlledModel final : public Model, public std::enable_shared_from_this<
   };
 
   const int good_instances_;
+  const bool throws_;
   PerCall work_;
   PerCall enqueue_block_;
   ModelSignature sig_;

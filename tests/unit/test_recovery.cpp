@@ -236,6 +236,28 @@ TEST(Recovery, ShutdownCancelAndTheDestructorReturnDuringALongRecycleBackoff) {
   }
 }
 
+// A driver that throws instead of returning an error: a failed attempt like any other (before,
+// the exception left the worker thread and ended the process).
+TEST(Recovery, CreateInstanceThatThrowsIsAFailedAttempt) {
+  QuietLog log;
+  EngineOptions o = lost_device_options();
+  auto model = std::make_shared<ControlledModel>(
+      1, [](int call) { return call == 1 ? 200ms : 0ms; }, ControlledModel::PerCall{},
+      /*throws=*/true);
+  auto engine = engine_of(model, o);
+  ASSERT_TRUE(engine);
+  auto hung = engine->submit(one(1));
+  auto queued = engine->submit(one(2));
+  ASSERT_TRUE(eventually(
+      [&] { return engine->health().workers.at(0).health == WorkerHealth::unhealthy; }, 10'000ms));
+  auto r = get_within(queued, 5000ms);
+  EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status();
+  EXPECT_NE(r.status().message().find("device lost (thrown)"), std::string_view::npos)
+      << r.status();
+  EXPECT_EQ(engine->metrics().model_exceptions, 3u);
+  must_return_within(10'000ms, "shutdown", [&] { engine->shutdown(ShutdownMode::drain); });
+}
+
 TEST(Recovery, TheOtherWorkersGoOnServingWhenOneGivesUp) {
   QuietLog log;
   EngineOptions o = lost_device_options();
