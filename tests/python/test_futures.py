@@ -118,8 +118,8 @@ def test_concurrent_futures_wait_all_first_completed_first_exception():
         for i, f in enumerate(fs):
             assert f.result()[0][0, 0] == i
 
-    with asyncinfer.Engine(slow_model(200), "cpu") as e:
-        slow = [e.submit(x()) for _ in range(3)]
+    with asyncinfer.Engine(slow_model(200), "cpu", max_batch_size=1) as e:
+        slow = [e.submit(x()) for _ in range(3)]  # one after another, 200 ms each
         t0 = time.monotonic()
         done, not_done = cf.wait(slow, timeout=WAIT, return_when=cf.FIRST_COMPLETED)
         assert len(done) >= 1 and len(not_done) >= 1

@@ -182,8 +182,10 @@ def test_pipeline_priorities_timeouts_and_shutdown():
         cf.wait([first] + low + high, timeout=WAIT)
         assert sorted(order[:3]) == [100, 101, 102]
 
+
+    with asyncinfer.Pipeline([lambda i: time.sleep(0.3) or i]) as p:
         with pytest.raises(asyncinfer.DeadlineExceeded):
-            p.submit(0, timeout=0.0).result(WAIT)
+            p.submit(0, timeout=0.02).result(WAIT)
 
     p = asyncinfer.Pipeline([lambda i: time.sleep(0.05) or i], window=4)
     fs = [p.submit(i) for i in range(4)]
