@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages asyncinfer needs (build tools, GoogleTest, Google Benchmark,
-# CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model). Idempotent:
+# CLI11, nlohmann_json, stb, libtorch, PyTorch + scikit-learn for the demo model, and for the
+# Python module: pybind11, the Python headers, numpy, dlpack, pip/setuptools/venv for
+# `pip install .`, pytest + pytest-asyncio for its tests). Idempotent:
 # skips apt entirely when everything is already there. Needs root (or sudo).
 set -euo pipefail
 
@@ -9,6 +11,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libstb-dev
   libtorch-dev python3-torch python3-sklearn
+  pybind11-dev python3-pybind11 python3-dev python3-numpy libdlpack-dev
+  python3-pip python3-setuptools python3-wheel python3-venv
+  python3-pytest python3-pytest-asyncio
 )
 
 missing=()

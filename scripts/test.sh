@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README): on a fresh Debian 12 machine, installs what is missing, builds the
-# release preset (with the torch and cuda backends where their toolkits are found) and runs the
-# whole test suite with ctest; then builds the asan (address + undefined) and tsan presets
+# release preset (with the torch and cuda backends and the Python module where their toolkits
+# are found) and runs the whole test suite with ctest — the Python tests (pytest, label "python",
+# tests/python/) among them, on the module of this build, plus one check that `pip install .`
+# works; then builds the asan (address + undefined) and tsan presets
 # (core, devices, engine, pipeline) and runs the unit and stress tests under each.
 #
 #   scripts/test.sh            everything

@@ -325,3 +325,35 @@ def test_retry_policy_retries_then_succeeds():
                            retry=retry, max_batch_size=1) as e:
         assert e.infer(x())[0].shape == (1, 4)
         assert e.metrics()["retries"] == 2
+
+
+def test_stubs_match_the_module():
+    """__init__.pyi declares every public name and method the module has, and nothing else."""
+    import ast
+    import inspect
+    import os
+    path = os.path.join(os.path.dirname(asyncinfer.__file__), "__init__.pyi")
+    tree = ast.parse(open(path).read())
+    aliases = {"Seconds", "TensorLike", "Inputs", "Outputs", "StatusCodeLike"}
+    stubbed = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stubbed[node.name] = (
+                {n.name for n in node.body if isinstance(n, ast.FunctionDef)} |
+                {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)})
+        elif isinstance(node, ast.FunctionDef):
+            stubbed[node.name] = set()
+        elif isinstance(node, ast.AnnAssign) and node.target.id not in aliases:
+            stubbed[node.target.id] = set()
+    assert set(stubbed) - {"__version__"} == set(asyncinfer.__all__)
+    for name, members in stubbed.items():
+        obj = getattr(asyncinfer, name)
+        if not inspect.isclass(obj) or issubclass(obj, BaseException):
+            continue  # exceptions: code is a class attribute, message an instance one
+        for m in members:
+            assert hasattr(obj, m), f"{name}.{m} is in the stubs but not in the module"
+        if "__entries" in vars(obj):  # enums: their values are the members
+            continue
+        public = {m for m in vars(obj) if not m.startswith("_")}
+        missing = public - members
+        assert not missing, f"{name}: {sorted(missing)} are not in the stubs"
