@@ -60,6 +60,7 @@ void notify_waiters(const py::object& self) {
   const bool cancelled = is_cancelled(f);
   f.condition.attr("acquire")();
   try {
+    f.notified = true;
     for (py::handle w : py::list(f.waiters)) {
       if (cancelled) {
         w.attr("add_cancelled")(self);
@@ -289,7 +290,9 @@ GIL, or at once on this thread when it has already ended. An exception fn raises
       .def_property_readonly(
           "_state",
           [](PyFuture& f) {
-            if (!f.src->ready()) return "PENDING";
+            // Read by concurrent.futures under _condition, after it made the internals.
+            const bool finished = f.condition ? f.notified : f.src->ready();
+            if (!finished) return "PENDING";
             return is_cancelled(f) ? "CANCELLED_AND_NOTIFIED" : "FINISHED";
           },
           "For concurrent.futures.wait/as_completed.")

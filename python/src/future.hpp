@@ -69,6 +69,11 @@ class PyFuture {
   py::object outcome;
   py::object condition;  // threading.Condition, for concurrent.futures.wait / as_completed
   py::object waiters;    // their waiter objects
+  // Set under `condition` by the completion hook, together with telling the waiters: once the
+  // internals exist, _state follows this flag, not the C++ future, so that concurrent.futures
+  // (which reads _state and installs waiters under the condition) never sees a future finished
+  // whose waiters have not been told, or the other way round.
+  bool notified = false;
 };
 
 void init_future(py::module_& m);

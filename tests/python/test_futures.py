@@ -272,3 +272,26 @@ def test_future_chain_from_done_callbacks():
 
         e.submit(x(value=0)).add_done_callback(next_one)
         assert finished.result(120) == n
+
+
+def test_wait_and_as_completed_never_miss_a_future_racing_to_finish():
+    """Regression: concurrent.futures reads _state twice while it installs its waiter; a future
+    finishing in between was counted as done and also notified, so wait() returned early (or a
+    waiter waited for a notification already given). _state now flips under _condition."""
+    with asyncinfer.Engine("builtin:identity?shape=1x32x32", "cpu") as e:
+        a = np.zeros((1, 1, 32, 32), np.float32)
+        for _ in range(200):
+            fs = [e.submit(a) for _ in range(256)]
+            t0 = time.monotonic()
+            done, not_done = cf.wait(fs, timeout=WAIT)
+            # Returning at the timeout means a notification was lost (not a speed claim: the
+            # work takes milliseconds).
+            assert time.monotonic() - t0 < WAIT * 0.9
+            assert not not_done and len(done) == 256
+        for _ in range(50):
+            fs = [e.submit(a) for _ in range(256)]
+            assert len(list(cf.as_completed(fs, timeout=WAIT))) == 256
+            fs = [e.submit(a) for _ in range(64)]
+            done, _ = cf.wait(fs, timeout=WAIT, return_when=cf.FIRST_COMPLETED)
+            assert done and all(f.done() for f in done)
+            cf.wait(fs, timeout=WAIT)
