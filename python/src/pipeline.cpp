@@ -168,7 +168,7 @@ class PyPipeline {
           specs.push_back(StageSpec::host(s.name, host_stage(s, next, core_.get()), s.concurrency));
           break;
         case StageKind::engine:
-          keep_.push_back(s.engine);
+          keep_.emplace_back(s.engine);
           specs.push_back(StageSpec::run_engine(s.name, s.engine.cast<PyEngine&>().engine()));
           break;
         case StageKind::device:
@@ -195,7 +195,13 @@ class PyPipeline {
     if (!core_ || !core_->pipeline) return;
     unregister_for_exit(core_.get());
     if (CallbackScope::inside(core_.get())) {
-      destroy_elsewhere(std::move(core_));  // see ~PyEngine
+      // See ~PyEngine. The engines of engine stages go with it, released after it is gone.
+      struct Doomed {
+        std::vector<PyRef> keep;  // declared first: destroyed after the pipeline
+        std::shared_ptr<PipelineCore> core;
+      };
+      auto doomed = std::make_shared<Doomed>(Doomed{std::move(keep_), std::move(core_)});
+      destroy_elsewhere(std::move(doomed));
       return;
     }
     without_gil([&] { core_.reset(); });
@@ -287,7 +293,7 @@ class PyPipeline {
     return io;
   }
 
-  std::vector<py::object> keep_;  // engines of engine stages: destroyed after the pipeline
+  std::vector<PyRef> keep_;  // engines of engine stages: destroyed after the pipeline
   const ModelSignature* first_ = nullptr;
   std::shared_ptr<PipelineCore> core_;
 };

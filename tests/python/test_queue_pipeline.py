@@ -220,3 +220,29 @@ def test_pipeline_bad_stages():
         asyncinfer.Pipeline([3])
     with pytest.raises(asyncinfer.InvalidArgument):
         asyncinfer.Pipeline([])
+
+
+def test_pipeline_collected_on_its_own_stage_thread():
+    """The last reference to a pipeline dies inside one of its stages: it is destroyed on
+    another thread (its destructor waits for its stages), after finishing the item."""
+    import gc
+    import weakref
+    holder = {}
+
+    def stage(i):
+        holder.clear()  # drops the last reference here, on the stage's thread
+        return pre(i)
+
+    with asyncinfer.Engine("builtin:identity", "cpu") as e:
+        p = asyncinfer.Pipeline([stage, e, post])
+        ref = weakref.ref(p)
+        holder["p"] = p
+        f = p.submit(4)
+        del p
+        assert f.result(WAIT) == 40
+        deadline = time.monotonic() + WAIT
+        while ref() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        assert ref() is None
+        assert e.infer(x())[0].shape == (1, 4)  # the engine it used is fine
