@@ -164,7 +164,10 @@ def open_loop(design, x, rate, seconds):
     return out
 
 
-def make_design(name, model_path, noop):
+ENGINE_OPTIONS = {"workers": 2}
+
+
+def make_design(name, model_path, noop, engine_options=None):
     if name.startswith("article"):
         if noop:
             model = lambda t: t  # noqa: E731 (the article's model call, doing nothing)
@@ -173,7 +176,7 @@ def make_design(name, model_path, noop):
             torch.set_num_threads(max(1, os.cpu_count() or 1))
             model = torch.jit.load(model_path).eval()
         return (ArticleFuture if name == "article-future" else ArticleConsumers)(model)
-    options = {"workers": 1 if noop else 2}
+    options = {"workers": 1} if noop else dict(engine_options or ENGINE_OPTIONS)
     return (AsyncinferFuture if name == "asyncinfer-future" else AsyncinferId)(
         NOOP if noop else model_path, **options)
 
@@ -183,7 +186,7 @@ def run_design(args):
     import torch
     noop = args.model == "noop"
     x = torch.randn(1, 1, 32, 32)
-    design = make_design(args.design, args.model, noop)
+    design = make_design(args.design, args.model, noop, json.loads(args.engine_options))
     for _ in range(200):
         design.wait(design.submit(x))
     result = {"design": args.design, "closed": closed_loop(design, x, args.requests)}
@@ -193,9 +196,10 @@ def run_design(args):
     print(json.dumps(result))
 
 
-def spawn(design, model, requests, rates, seconds):
+def spawn(design, model, requests, rates, seconds, engine_options):
     cmd = [sys.executable, os.path.abspath(__file__), "--design", design, "--model", model,
-           "--requests", str(requests), "--seconds", str(seconds)]
+           "--requests", str(requests), "--seconds", str(seconds),
+           "--engine-options", engine_options]
     if rates:
         cmd += ["--rates", ",".join(f"{r:g}" for r in rates)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -210,11 +214,11 @@ def median_of(runs, key, field):
     return statistics.median(r[key][field] for r in runs)
 
 
-def compare(model, designs, requests, rounds, seconds, fractions):
+def compare(model, designs, requests, rounds, seconds, fractions, engine_options):
     runs = {d: [] for d in designs}
     for _ in range(rounds):  # closed loop first, alternating designs
         for d in designs:
-            runs[d].append(spawn(d, model, requests, [], seconds))
+            runs[d].append(spawn(d, model, requests, [], seconds, engine_options))
     article = [d for d in designs if d.startswith("article")]
     best = max(article, key=lambda d: median_of(runs[d], "closed", "rps"))
     best_rps = median_of(runs[best], "closed", "rps")
@@ -222,7 +226,7 @@ def compare(model, designs, requests, rounds, seconds, fractions):
     open_runs = {d: [] for d in designs}
     for _ in range(rounds):
         for d in designs:
-            open_runs[d].append(spawn(d, model, BURST, rates, seconds))
+            open_runs[d].append(spawn(d, model, BURST, rates, seconds, engine_options))
     table = {}
     for d in designs:
         row = {"closed": {k: median_of(runs[d], "closed", k) for k in ("rps", "p50_us", "p99_us")}}
@@ -402,6 +406,8 @@ def main():
     ap.add_argument("--fractions", default="0.5,0.9",
                     help="open-loop rates as fractions of the best article design's throughput")
     ap.add_argument("--noop-requests", type=int, default=200_000)
+    ap.add_argument("--engine-options", default=json.dumps(ENGINE_OPTIONS),
+                    help="asyncinfer.Engine keyword arguments for the digits model, as JSON")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--only", choices=["digits", "noop"], help="one section")
     ap.add_argument("--design", help=argparse.SUPPRESS)
@@ -416,9 +422,9 @@ def main():
     fractions = [float(f) for f in args.fractions.split(",")]
     if args.only in (None, "digits"):
         table, best, rates = compare(args.model, designs, args.requests, args.rounds, args.seconds,
-                                     fractions)
+                                     fractions, args.engine_options)
         print_table(f"digits model ({os.path.basename(args.model)}), medians of {args.rounds} "
-                    f"rounds", table, best, rates)
+                    f"rounds; asyncinfer.Engine(**{args.engine_options})", table, best, rates)
         report["digits"] = {"table": table, "best_article": best, "rates": rates}
     if args.only in (None, "noop"):
         print("\nno-op model, one Python thread (builtin:identity; the article designs run an "

@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -95,6 +95,12 @@ for s in "${sections[@]}"; do
     run baseline /usr/bin/python3 bench/article_baseline.py $model 3000
     run baseline $cli bench --model $model --device cpu --mode async --workers 2 \
       --concurrency 32 --duration-s 3 --quiet
+    ;;
+  python)
+    # The Python module against the article's Python designs, side by side (bench/python_bench.py).
+    begin python
+    run python env PYTHONPATH=$B/python /usr/bin/python3 bench/python_bench.py --model $model \
+      --rounds 3
     ;;
   *) echo "bench.sh: unknown section '$s'" >&2; exit 2 ;;
   esac
