@@ -254,7 +254,7 @@ Engine::Callback python_callback(const py::object& fn, const std::shared_ptr<Eng
   };
 }
 
-py::object submit(PyEngine& self, const py::handle& inputs, const py::object& callback,
+py::object submit(PyEngine& self, const py::object& inputs, const py::object& callback,
                   const py::object& timeout, int priority, const py::object& deadline,
                   const py::object& sequence_key, const py::object& tag, bool share_inputs) {
   drain_releases();
@@ -275,7 +275,7 @@ py::object submit(PyEngine& self, const py::handle& inputs, const py::object& ca
   return make_future(std::make_unique<EngineSource>(std::move(f), self.core().get()));
 }
 
-py::object infer(PyEngine& self, const py::handle& inputs, const py::object& timeout, int priority,
+py::object infer(PyEngine& self, const py::object& inputs, const py::object& timeout, int priority,
                  const py::object& deadline, const py::object& sequence_key, const py::object& tag,
                  bool share_inputs) {
   drain_releases();
@@ -288,7 +288,7 @@ py::object infer(PyEngine& self, const py::handle& inputs, const py::object& tim
   return to_python(*r);
 }
 
-void submit_id(PyEngine& self, const std::string& id, const py::handle& inputs,
+void submit_id(PyEngine& self, const std::string& id, const py::object& inputs,
                const py::object& timeout, int priority, const py::object& deadline,
                const py::object& sequence_key, const py::object& tag, bool share_inputs) {
   drain_releases();
@@ -367,7 +367,7 @@ class PyAsyncInferQueue {
     state_->callback = fn.is_none() ? PyRef() : PyRef(fn);
   }
 
-  void start_async(const py::handle& inputs, const py::object& userdata, const py::object& timeout,
+  void start_async(const py::object& inputs, const py::object& userdata, const py::object& timeout,
                    int priority, const py::object& deadline, bool share_inputs) {
     drain_releases();
     Engine& e = engine_.engine();

@@ -171,6 +171,10 @@ PYBIND11_MODULE(_asyncinfer, m) {
   m.doc() =
       "asyncinfer's C++ engine from Python (pybind11). Import the package, `import asyncinfer`, "
       "not this module.";
+  // The classes are named after the package users import (asyncinfer.Engine in help(), reprs
+  // and signatures), not after this private module; the name is restored below.
+  pybind11::object own_name = m.attr("__name__");
+  m.attr("__name__") = "asyncinfer";
   aip::init_runtime(m);
   aip::init_errors(m);
   aip::init_tensors(m);
@@ -179,4 +183,5 @@ PYBIND11_MODULE(_asyncinfer, m) {
   aip::init_engine(m);
   aip::init_pipeline(m);
   m.attr("__version__") = ASYNCINFER_VERSION;
+  m.attr("__name__") = own_name;
 }
