@@ -262,16 +262,25 @@ def print_table(title, table, best, rates):
 
 # ---- no-op: the binding's own cost ------------------------------------------------------------
 
-def progress(out):
+def put(out, key, fn, n):
+    out[key] = timeit(fn, n)
+    CPU[key] = timeit.last_cpu
     if os.environ.get("ASYNCINFER_BENCH_VERBOSE"):
-        k, v = list(out.items())[-1]
-        print(f"    ... {k}: {v:.2f} us", file=sys.stderr, flush=True)
+        print(f"    ... {key}: {out[key]:.2f} us", file=sys.stderr, flush=True)
+
+
+CPU = {}  # name -> CPU µs per request of the calling thread, next to the wall-clock figure
 
 
 def timeit(fn, n):
+    """Wall-clock µs per request; the calling thread's CPU µs per request goes to CPU[...] (a
+    figure that load from other processes on the machine barely moves)."""
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     fn(n)
-    return (time.perf_counter() - t0) / n * 1e6
+    wall = (time.perf_counter() - t0) / n * 1e6
+    timeit.last_cpu = (time.thread_time() - c0) / n * 1e6
+    return wall
 
 
 def noop_costs(n):
@@ -292,45 +301,43 @@ def noop_costs(n):
             for f in fs:
                 f.result()
 
-    out["windowed futures (256 in flight)"] = timeit(windowed, n)
-    progress(out)
-    out["windowed futures, share_inputs=True"] = timeit(
-        lambda k: windowed(k, share=True), n)
+    put(out, "windowed futures (256 in flight)", windowed, n)
+    put(out, "windowed futures, share_inputs=True", lambda k: windowed(k, share=True), n)
 
     def sequential(k):
         for _ in range(k):
             e.submit(x).result()
 
-    out["sequential submit().result() (1 in flight)"] = timeit(sequential, n // 10)
-    progress(out)
+    put(out, "sequential submit().result() (1 in flight)", sequential, n // 10)
 
     def infer(k):
         for _ in range(k):
             e.infer(x)
 
-    out["sequential infer()"] = timeit(infer, n // 10)
-    progress(out)
+    put(out, "sequential infer()", infer, n // 10)
 
     # Split of the windowed loop: submit calls, then result calls on finished futures.
-    sub = res = 0.0
+    sub = res = sub_cpu = res_cpu = 0.0
     for _ in range(n // W):
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         fs = [e.submit(x) for _ in range(W)]
-        t1 = time.perf_counter()
+        c1, t1 = time.thread_time(), time.perf_counter()
         concurrent.futures.wait(fs)  # let them finish, untimed
-        t2 = time.perf_counter()
+        c2, t2 = time.thread_time(), time.perf_counter()
         for f in fs:
             f.result()
-        t3 = time.perf_counter()
-        sub += t1 - t0
-        res += t3 - t2
-    out["  of which submit() (convert + copy + validate + enqueue + Future)"] = sub / n * 1e6
-    out["  of which result() on a finished future (numpy view)"] = res / n * 1e6
+        c3, t3 = time.thread_time(), time.perf_counter()
+        sub, sub_cpu = sub + t1 - t0, sub_cpu + c1 - c0
+        res, res_cpu = res + t3 - t2, res_cpu + c3 - c2
+    key = "  of which submit() (convert + copy + validate + enqueue + Future)"
+    out[key], CPU[key] = sub / n * 1e6, sub_cpu / n * 1e6
+    key = "  of which result() on a finished future (numpy view)"
+    out[key], CPU[key] = res / n * 1e6, res_cpu / n * 1e6
     done = e.submit(x)
     done.result()
-    out["pybind11 call floor: Future.done()"] = timeit(
+    put(out, "pybind11 call floor: Future.done()",
         lambda k: [done.done() for _ in range(k)], n)
-    out["pybind11 call floor: Engine.status(id)"] = timeit(
+    put(out, "pybind11 call floor: Engine.status(id)",
         lambda k: [e.status("none") for _ in range(k)], n)
 
     # Callbacks: one GIL hand-off per request to the completion thread.
@@ -342,8 +349,7 @@ def noop_costs(n):
             for _ in range(W):
                 sem.acquire()
 
-    out["windowed submit(callback=) (GIL taken per callback)"] = timeit(callbacks, n)
-    progress(out)
+    put(out, "windowed submit(callback=) (GIL taken per callback)", callbacks, n)
 
     # The pure-Python alternative: a concurrent.futures.Future resolved from the callback.
     def python_futures(k):
@@ -356,9 +362,8 @@ def noop_costs(n):
             for f in fs:
                 f.result()
 
-    out["same with concurrent.futures.Future (pure Python)"] = timeit(python_futures, n)
-    progress(out)
-    out["  concurrent.futures.Future() creation alone"] = timeit(
+    put(out, "same with concurrent.futures.Future (pure Python)", python_futures, n)
+    put(out, "  concurrent.futures.Future() creation alone",
         lambda k: [concurrent.futures.Future() for _ in range(k)], n)
 
     import asyncio
@@ -367,7 +372,7 @@ def noop_costs(n):
         for _ in range(k // W):
             await asyncio.gather(*(e.submit(x) for _ in range(W)))
 
-    out["asyncio.gather over asyncinfer.Future (256 at a time)"] = timeit(
+    put(out, "asyncio.gather over asyncinfer.Future (256 at a time)",
         lambda k: asyncio.run(gather(k)), n // 4)
 
     q = asyncinfer.AsyncInferQueue(e, W)
@@ -378,8 +383,7 @@ def noop_costs(n):
             q.start_async(x)
         q.wait_all()
 
-    out["AsyncInferQueue.start_async (256 jobs)"] = timeit(aiq, n)
-    progress(out)
+    put(out, "AsyncInferQueue.start_async (256 jobs)", aiq, n)
     e.shutdown()
     return out
 
@@ -434,9 +438,11 @@ def main():
             print(f"  {name:20} bursts of 32: {r['rps']:>10,.0f} req/s, p50 {r['p50_us']:,.0f} us")
         costs = noop_costs(args.noop_requests)
         print("  per request (µs), asyncinfer:")
+        print(f"    {'':66} {'wall':>9}  {'(rate)':>12}  {'CPU of this thread':>18}")
         for k, v in costs.items():
-            print(f"    {k:66} {v:7.2f} us  ({1e6 / v:>10,.0f} /s)")
-        report["noop"] = {"article": art, "costs_us": costs}
+            cpu = f"{CPU[k]:7.2f} us" if k in CPU else ""
+            print(f"    {k:66} {v:6.2f} us  ({1e6 / v:>10,.0f}/s)  {cpu:>18}")
+        report["noop"] = {"article": art, "costs_us": costs, "cpu_us": dict(CPU)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
