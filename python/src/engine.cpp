@@ -240,9 +240,8 @@ Engine::Callback python_callback(const py::object& fn, const std::shared_ptr<Eng
   if (!PyCallable_Check(fn.ptr())) raise_invalid("submit: callback is not callable");
   return [fn = PyRef(fn), owner = static_cast<const void*>(core.get()),
           stats = core->stats](const Result<Outputs>& r) mutable {
-    LibraryGil gil;
+    LibraryGil gil(owner);
     if (!gil) return fn.leak();
-    CallbackScope scope(owner);
     try {
       py::object arg = r.ok() ? py::object(to_python(*r)) : make_exception(r.status());
       fn.object()(arg);
@@ -379,9 +378,8 @@ class PyAsyncInferQueue {
                            owner = static_cast<const void*>(engine_.core().get()),
                            stats = engine_.core()->stats](const Result<Outputs>& r) mutable {
       {
-        LibraryGil gil;
+        LibraryGil gil(owner);
         if (gil) {
-          CallbackScope scope(owner);
           deliver(*st, r, userdata, stats.get());
           userdata.reset();
         } else {
@@ -562,9 +560,10 @@ PyEngine::PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
 PyEngine::~PyEngine() {
   if (!core_) return;
   unregister_for_exit(core_.get());
-  if (CallbackScope::inside(core_.get())) {
-    // The last reference went on one of this engine's own completion threads (a callback, or the
-    // garbage collector running there): its destructor would wait for that very thread.
+  if (CallbackScope::current() != nullptr) {
+    // The last reference went on a library thread (a callback, or the garbage collector running
+    // there): on one of this engine's own completion threads its destructor would wait for that
+    // very thread, and on another engine's or a pipeline's it would hold that thread up.
     destroy_elsewhere(std::move(core_));
     return;
   }

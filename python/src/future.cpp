@@ -85,9 +85,8 @@ void arm_waiters(const py::object& self) {
   f.condition = py::reinterpret_borrow<py::object>(g_condition_type)();
   f.waiters = py::list();
   f.src->on_complete([self = PyRef(self), owner = f.src->owner, stats = f.src->stats]() mutable {
-    LibraryGil gil;
+    LibraryGil gil(owner);
     if (!gil) return self.leak();
-    CallbackScope scope(owner);
     try {
       notify_waiters(self.object());
     } catch (py::error_already_set& e) {
@@ -114,13 +113,12 @@ void add_done_callback(const py::object& self, const py::object& fn) {
   }
   f.src->on_complete(
       [self = PyRef(self), fn = PyRef(fn), owner = f.src->owner, stats = f.src->stats]() mutable {
-        LibraryGil gil;
+        LibraryGil gil(owner);
         if (!gil) {
           self.leak();
           fn.leak();
           return;
         }
-        CallbackScope scope(owner);
         run_done_callback(fn.object(), self.object(), stats.get());
         fn.reset();
         self.reset();
@@ -153,14 +151,13 @@ py::object await_future(const py::object& self) {
   }
   f.src->on_complete([loop = PyRef(loop), aio = PyRef(aio), self = PyRef(self),
                       owner = f.src->owner, stats = f.src->stats]() mutable {
-    LibraryGil gil;
+    LibraryGil gil(owner);
     if (!gil) {
       loop.leak();
       aio.leak();
       self.leak();
       return;
     }
-    CallbackScope scope(owner);
     try {
       loop.object().attr("call_soon_threadsafe")(py::handle(g_resolve_aio), aio.object(),
                                                  self.object());

@@ -9,6 +9,7 @@
 // exception (with its traceback), and the C++ metrics count the failure at that stage.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <any>
 #include <memory>
 #include <vector>
@@ -113,9 +114,8 @@ PyStage stage_from(const py::handle& h, std::size_t index) {
 HostStageFn host_stage(const PyStage& s, const ModelSignature* next, const PipelineCore* core) {
   auto fn = std::make_shared<PyRef>(s.fn);
   return [fn, next, owner = static_cast<const void*>(core)](PipelineItem& item) -> Status {
-    LibraryGil gil;
+    LibraryGil gil(owner);
     if (!gil) return aborted_error("the Python interpreter is exiting");
-    CallbackScope scope(owner);
     ItemBox& box = **std::any_cast<BoxPtr>(&item.user);
     try {
       py::object in = item_value(item, box);
@@ -169,6 +169,7 @@ class PyPipeline {
           break;
         case StageKind::engine:
           keep_.emplace_back(s.engine);
+          owners_.push_back(s.engine.cast<PyEngine&>().core().get());
           specs.push_back(StageSpec::run_engine(s.name, s.engine.cast<PyEngine&>().engine()));
           break;
         case StageKind::device:
@@ -177,6 +178,7 @@ class PyPipeline {
       }
     }
     if (!in.empty() && in.front().takes_tensors()) first_ = &in.front().signature();
+    owners_.push_back(core_.get());
     PipelineOptions o;
     o.window = window;
     o.ordered = ordered;
@@ -194,7 +196,7 @@ class PyPipeline {
   ~PyPipeline() {
     if (!core_ || !core_->pipeline) return;
     unregister_for_exit(core_.get());
-    if (CallbackScope::inside(core_.get())) {
+    if (CallbackScope::current() != nullptr) {
       // See ~PyEngine. The engines of engine stages go with it, released after it is gone.
       struct Doomed {
         std::vector<PyRef> keep;  // declared first: destroyed after the pipeline
@@ -249,10 +251,11 @@ class PyPipeline {
   }
 
   void shutdown(const py::object& mode) {
-    if (CallbackScope::inside(core_.get())) {
+    const void* here = CallbackScope::current();
+    if (here != nullptr && std::find(owners_.begin(), owners_.end(), here) != owners_.end()) {
       raise_status(failed_precondition_error(
-          "Pipeline.shutdown() called from one of its stages or callbacks: it would wait for "
-          "itself"));
+          "Pipeline.shutdown() called from one of its stages or callbacks, or from a callback of "
+          "an engine it uses: it would wait for itself"));
     }
     ShutdownMode m = ShutdownMode::drain;
     if (py::isinstance<ShutdownMode>(mode)) {
@@ -295,6 +298,7 @@ class PyPipeline {
 
   std::vector<PyRef> keep_;  // engines of engine stages: destroyed after the pipeline
   const ModelSignature* first_ = nullptr;
+  std::vector<const void*> owners_;  // the threads shutdown() must not be called from
   std::shared_ptr<PipelineCore> core_;
 };
 

@@ -109,7 +109,7 @@ void restore_thread(PyThreadState* state) {
   PyEval_RestoreThread(state);
 }
 
-LibraryGil::LibraryGil() {
+LibraryGil::LibraryGil(const void* owner) {
   if (g_exiting.load(std::memory_order_relaxed)) return;
   if (!tl_pinned.checked) {
     tl_pinned.checked = true;
@@ -122,32 +122,36 @@ LibraryGil::LibraryGil() {
   }
   state_ = PyGILState_Ensure();
   held_ = true;
+  if (tl_pinned.state != nullptr) {  // a library thread (not a Python one running it inline)
+    marked_ = true;
+    prev_owner_ = tl_callback_owner;
+    tl_callback_owner = owner;
+  }
   drain_releases();
 }
 
 LibraryGil::~LibraryGil() {
+  if (marked_) tl_callback_owner = prev_owner_;
   if (held_) PyGILState_Release(state_);
 }
 
-CallbackScope::CallbackScope(const void* owner) noexcept : prev_(tl_callback_owner) {
-  tl_callback_owner = owner;
-}
-CallbackScope::~CallbackScope() { tl_callback_owner = prev_; }
 bool CallbackScope::inside(const void* owner) noexcept {
   return owner != nullptr && tl_callback_owner == owner;
 }
+const void* CallbackScope::current() noexcept { return tl_callback_owner; }
 
 void report_callback_exception(py::error_already_set& e, const std::string& what,
                                BindingStats* stats) noexcept {
-  if (stats != nullptr) stats->callback_exceptions.fetch_add(1, std::memory_order_relaxed);
-  const std::uint64_t n = g_reported.fetch_add(1, std::memory_order_relaxed) + 1;
-  // The first ten in full, then every thousandth, so a callback that always raises cannot flood
-  // the log; the counters keep the exact number.
+  // Counted per engine (or pipeline); the first ten of each are logged in full, then every
+  // thousandth, so a callback that always raises cannot flood the log; the counters keep the
+  // exact number.
+  const std::uint64_t n =
+      (stats != nullptr ? stats->callback_exceptions : g_reported).fetch_add(1) + 1;
   if (n > 10 && n % 1000 != 0) return;
   try {
     py::object logger = py::module_::import("logging").attr("getLogger")("asyncinfer");
     std::string msg = "exception in " + what + " (caught and counted; " + std::to_string(n) +
-                      " so far in this process)";
+                      " so far from this engine)";
     logger.attr("error")(msg, py::arg("exc_info") = py::make_tuple(e.type(), e.value(), e.trace()));
   } catch (py::error_already_set& again) {
     again.discard_as_unraisable(what.c_str());

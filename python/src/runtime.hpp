@@ -22,10 +22,11 @@
 // its references leaked), and a non-main thread that comes back from a blocking call parks
 // instead of taking the GIL of an interpreter that is being torn down.
 //
-// Callbacks of an engine run on that engine's completion threads; CallbackScope marks them, so
-// the binding refuses shutdown() from one (it would wait for itself) and hands the destruction of
-// an engine whose last reference dies there (the garbage collector runs on any thread) to a
-// reaper thread.
+// Callbacks of an engine run on that engine's completion threads; LibraryGil marks them with
+// their engine (CallbackScope), so the binding refuses shutdown() from one (it would wait for
+// itself) and hands the destruction of an engine or pipeline whose last reference dies on any
+// library thread (the garbage collector runs anywhere; a pipeline waits for its engines' threads)
+// to a reaper thread.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -111,11 +112,12 @@ auto without_gil(F&& f) -> decltype(f()) {
   }
 }
 
-/// Holds the GIL on a library thread (or on a Python thread, which may already hold it).
+/// Holds the GIL on a library thread (or on a Python thread, which may already hold it) to run
+/// Python code for `owner` (the engine or pipeline whose thread this is; see CallbackScope).
 /// Converts to false when the interpreter is exiting: the caller must then skip Python.
 class LibraryGil {
  public:
-  LibraryGil();
+  explicit LibraryGil(const void* owner);
   ~LibraryGil();
   LibraryGil(const LibraryGil&) = delete;
   LibraryGil& operator=(const LibraryGil&) = delete;
@@ -123,6 +125,8 @@ class LibraryGil {
 
  private:
   bool held_ = false;
+  bool marked_ = false;
+  const void* prev_owner_ = nullptr;
   PyGILState_STATE state_{};
 };
 
@@ -133,22 +137,19 @@ struct BindingStats {
   std::atomic<std::uint64_t> callback_exceptions{0};
 };
 
-/// Marks the current thread as running a Python callback of the engine that owns `owner`.
+/// Which library thread is running Python code now. LibraryGil marks a library thread (not a
+/// Python thread that runs a callback inline) with the engine or pipeline it belongs to.
 class CallbackScope {
  public:
-  explicit CallbackScope(const void* owner) noexcept;
-  ~CallbackScope();
-  CallbackScope(const CallbackScope&) = delete;
-  CallbackScope& operator=(const CallbackScope&) = delete;
-  /// True when this thread is inside a callback of `owner`.
+  /// True when this thread is a library thread of `owner` running Python code.
   static bool inside(const void* owner) noexcept;
-
- private:
-  const void* prev_;
+  /// The owner of the library thread running Python code now, or null on a Python thread.
+  static const void* current() noexcept;
 };
 
 /// Reports the Python exception `e` raised by callback `what` (logger "asyncinfer", with its
-/// traceback: the first ten in full, then every thousandth) and counts it in `stats`.
+/// traceback: the first ten of each engine in full, then every thousandth) and counts it in
+/// `stats`.
 void report_callback_exception(py::error_already_set& e, const std::string& what,
                                BindingStats* stats) noexcept;
 

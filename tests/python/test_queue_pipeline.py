@@ -246,3 +246,43 @@ def test_pipeline_collected_on_its_own_stage_thread():
             time.sleep(0.01)
         assert ref() is None
         assert e.infer(x())[0].shape == (1, 4)  # the engine it used is fine
+
+
+def test_pipeline_dropped_or_shut_down_from_a_callback_of_its_engine():
+    """A pipeline waits for its engine stages' requests, whose completions run on the engine's
+    threads: destroying it there goes to another thread, and shutdown() there is refused."""
+    import gc
+    import weakref
+    with asyncinfer.Engine("builtin:identity", "cpu") as e:
+        p = asyncinfer.Pipeline([pre, e, post])
+        assert p.submit(1).result(WAIT) == 10
+        refused = cf.Future()
+
+        def try_shutdown(_):
+            try:
+                p.shutdown()
+            except asyncinfer.FailedPrecondition as err:
+                refused.set_result(err)
+
+        e.submit(x(), callback=try_shutdown)
+        assert "engine it uses" in str(refused.result(WAIT))
+
+        ref = weakref.ref(p)
+        holder = {"p": p}
+        del p, try_shutdown
+        dropped = threading.Event()
+        f = holder["p"].submit(2)
+
+        def drop(_):
+            holder.clear()  # the pipeline's last reference dies on the engine's thread
+            dropped.set()
+
+        e.submit(x(), callback=drop)
+        assert dropped.wait(WAIT)
+        assert f.result(WAIT) == 20
+        deadline = time.monotonic() + WAIT
+        while ref() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        assert ref() is None
+        assert e.infer(x())[0].shape == (1, 4)
