@@ -44,7 +44,10 @@ endif()
 # on the PATH, since the module must match the interpreter that has Debian's numpy and torch.
 set(ASYNCINFER_HAVE_PYTHON OFF)
 if(ASYNCINFER_WITH_PYTHON)
-  if(ASYNCINFER_SANITIZE)
+  option(ASYNCINFER_PYTHON_WITH_SANITIZERS
+         "Build the python module under ASYNCINFER_SANITIZE too (manual checks: run python with LD_PRELOAD of the sanitizer runtime; see docs/python.md)"
+         OFF)
+  if(ASYNCINFER_SANITIZE AND NOT ASYNCINFER_PYTHON_WITH_SANITIZERS)
     message(STATUS "asyncinfer: python module off under sanitizers (the interpreter is uninstrumented)")
   else()
     if(NOT Python_EXECUTABLE AND EXISTS /usr/bin/python3)
