@@ -30,6 +30,12 @@ if(ASYNCINFER_WITH_CUDA)
       find_package(CUDAToolkit QUIET)
       if(CUDAToolkit_FOUND)
         set(ASYNCINFER_HAVE_CUDA ON)
+        # Device code of the cuda backend and of builtin:gemm is small (spin and host-wait
+        # kernels, the gemm weight initialiser), so it is built for Hopper (sm_90, H100/H200) as
+        # machine code plus compute_75 PTX that the driver JIT-compiles on any other GPU CUDA 13
+        # supports (Turing and later). Override with e.g. "80-real;90-real;75-virtual".
+        set(ASYNCINFER_CUDA_ARCHITECTURES "90-real;75-virtual" CACHE STRING
+            "CUDA_ARCHITECTURES of the cuda backend's and builtin:gemm's device code")
       else()
         message(STATUS "asyncinfer: nvcc found but not the CUDA runtime; cuda backend off")
       endif()
@@ -38,6 +44,24 @@ if(ASYNCINFER_WITH_CUDA)
     endif()
   endif()
 endif()
+
+# asyncinfer_cuda_object_library(<name> <sources...>): an OBJECT library of CUDA code for
+# libasyncinfer (the cuda device backend, builtin:gemm), built for ASYNCINFER_CUDA_ARCHITECTURES
+# with our warnings, our include paths and ASYNCINFER_HAVE_CUDA. CUDA's headers come from the
+# imported CUDA:: targets, which CMake marks SYSTEM: our -Werror flags do not apply to them.
+function(asyncinfer_cuda_object_library name)
+  add_library(${name} OBJECT ${ARGN})
+  set_target_properties(${name} PROPERTIES
+    CUDA_ARCHITECTURES "${ASYNCINFER_CUDA_ARCHITECTURES}"
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    CUDA_RUNTIME_LIBRARY Shared
+    POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include
+                                             ${PROJECT_SOURCE_DIR}/src)
+  target_compile_definitions(${name} PRIVATE ASYNCINFER_HAVE_CUDA=1)
+  target_link_libraries(${name} PRIVATE CUDA::cudart asyncinfer_compile_options)
+endfunction()
 
 # The Python module: pybind11 (Debian: pybind11-dev), the interpreter's headers (python3-dev) and
 # the DLPack header (libdlpack-dev). Debian's /usr/bin/python3 is preferred over another python3

@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline python)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline server python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -63,9 +63,9 @@ for s in "${sections[@]}"; do
     m='builtin:fixed_cost?base_us=2000&per_item_us=50&shape=16'
     # Unbatched capacity: one request per 2.05 ms = 488 requests/s; 50 %, 80 %, 100 % of it.
     for mb in 1 32; do
-      run batching $cli bench --model "$m" --device sim --max-batch $mb --mode sweep \
+      run batching $cli bench --model "$m" --device sim --max-batch-size $mb --mode sweep \
         --request-rate 244,390,488 --arrivals poisson --duration-s 4 --quiet
-      run batching $cli bench --model "$m" --device sim --max-batch $mb --mode async \
+      run batching $cli bench --model "$m" --device sim --max-batch-size $mb --mode async \
         --concurrency 256 --duration-s 4 --quiet
     done
     ;;
@@ -79,7 +79,7 @@ for s in "${sections[@]}"; do
     begin digits
     run digits $B/bench/bench_torch $model --benchmark_min_time=0.3
     run digits $cli bench --model $model --device cpu --compare sync,async --concurrency 32 \
-      --max-batch 1 --duration-s 3 --quiet
+      --max-batch-size 1 --duration-s 3 --quiet
     run digits $cli bench --model $model --device cpu --compare sync,async --concurrency 128 \
       --duration-s 3 --quiet
     run digits $cli bench --model $model --device cpu --mode async --workers 2 --concurrency 128 \
@@ -96,11 +96,16 @@ for s in "${sections[@]}"; do
     run baseline $cli bench --model $model --device cpu --mode async --workers 2 \
       --concurrency 32 --duration-s 3 --quiet
     ;;
+  server)
+    # asyncinfer serve: vs nginx, binary vs JSON, server-side p50, digits over HTTP.
+    begin server
+    run server scripts/bench_server.sh $B
+    ;;
   python)
     # The Python module against the article's Python designs, side by side (bench/python_bench.py).
     begin python
     run python env PYTHONPATH=$B/python /usr/bin/python3 bench/python_bench.py --model $model \
-      --rounds 3
+      --rounds 3 --fractions 0.5,0.7,0.9
     ;;
   *) echo "bench.sh: unknown section '$s'" >&2; exit 2 ;;
   esac

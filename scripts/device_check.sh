@@ -104,11 +104,11 @@ bench --model "$cost" --device cuda:0 --compare sync,async --concurrency 64 --du
 say ""
 say "== workers 1, 2, 4: one stream each, batches of 1 (1 ms kernels), 32 in flight"
 for w in 1 2 4; do
-  line=$(bench --model "$cost" --device cuda:0 --mode async --workers "$w" --max-batch 1 \
+  line=$(bench --model "$cost" --device cuda:0 --mode async --workers "$w" --max-batch-size 1 \
     --concurrency 32 --duration-s 2 | grep -E "^  (throughput|latency) ")
   say "workers=$w $line"
 done
-gemm='builtin:gemm?m=1024&n=1024&k=1024&dtype=bf16&max_batch=8'
+gemm='builtin:gemm?m=1024&n=1024&k=1024&dtype=bf16&max_batch_size=8'
 say ""
 say "== cuBLAS: $gemm, workers 1, 2, 4, GPU utilisation sampled by nvidia-smi (not events)"
 for w in 1 2 4; do

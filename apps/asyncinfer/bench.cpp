@@ -10,8 +10,10 @@
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/model.hpp"
 #include "bench_options.hpp"
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "drivers.hpp"
+#include "http_bench.hpp"
 #include "inputs.hpp"
 #include "machine.hpp"
 #include "output.hpp"
@@ -57,9 +59,9 @@ bool write_output(const std::string& option, const std::string& path, const std:
   return true;
 }
 
-std::vector<RunPoint> points_of(const BenchOptions& o, std::string& kind) {
+std::vector<RunPoint> points_of(const BenchOptions& o, ReportKind& kind) {
   std::vector<RunPoint> points;
-  auto point = [&](const std::string& mode, int c, double r) {
+  auto point = [&](Mode mode, int c, double r) {
     RunPoint p;
     p.mode = mode;
     p.concurrency = c;
@@ -69,18 +71,18 @@ std::vector<RunPoint> points_of(const BenchOptions& o, std::string& kind) {
   const int c0 = o.concurrency.front();
   const double r0 = o.request_rate.empty() ? 0 : o.request_rate.front();
   if (!o.compare.empty()) {
-    kind = "compare";
-    for (const std::string& m : o.compare) points.push_back(point(m, c0, r0));
-  } else if (o.mode == "sweep") {
-    kind = "sweep";
+    kind = ReportKind::compare;
+    for (Mode m : o.compare) points.push_back(point(m, c0, r0));
+  } else if (o.mode == Mode::sweep) {
+    kind = ReportKind::sweep;
     if (!o.request_rate.empty()) {
-      for (double r : o.request_rate) points.push_back(point("rate", 0, r));
+      for (double r : o.request_rate) points.push_back(point(Mode::rate, 0, r));
     } else {
-      const std::string mode = o.stages.empty() ? "async" : "pipeline";
+      const Mode mode = o.stages.empty() ? Mode::async : Mode::pipeline;
       for (int c : o.concurrency) points.push_back(point(mode, c, 0));
     }
   } else {
-    kind = "single";
+    kind = ReportKind::single;
     points.push_back(point(o.mode, c0, r0));
   }
   return points;
@@ -149,14 +151,7 @@ int run_bench(BenchOptions& o) {
   BenchContext ctx{o, *model, *device, *plan, *pool, !o.quiet && tty};
   for (std::size_t i = 0; i < points.size(); ++i) {
     if (ctx.progress && points.size() > 1) {
-      const RunPoint& p = points[i];
-      if (p.mode == "rate") {
-        std::fprintf(stderr, "[%zu/%zu] rate %g/s\n", i + 1, points.size(), p.request_rate);
-      } else if (p.mode == "async") {
-        std::fprintf(stderr, "[%zu/%zu] async c=%d\n", i + 1, points.size(), p.concurrency);
-      } else {
-        std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, points.size(), p.mode.c_str());
-      }
+      std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, points.size(), label_of(points[i], o).c_str());
     }
     Result<RunResult> r = run_point(ctx, points[i]);
     if (!r.ok()) return library_error("", r.status(), false);
@@ -217,8 +212,11 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--device,-d", o->device, "Device: cpu, sim, sim:<key>=<value>,..., cuda:0")
       ->capture_default_str();
   // How to drive it.
-  app->add_option("--mode", o->mode, "sync | async | rate | sweep | pipeline (with --stages)")
-      ->capture_default_str();
+  add_parsed_option(
+      *app, "--mode", o->mode,
+      [](std::string_view t) { return parse_mode(t, "--mode", kAllModes); },
+      "sync | async | rate | sweep | pipeline (with --stages)")
+      ->default_str("async");
   CLI::Option* conc =
       app->add_option("--concurrency,-c", o->concurrency,
                       "Requests in flight (async); a list such as 1,4,16 for a sweep")
@@ -227,18 +225,17 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--request-rate,-r", o->request_rate,
                   "Requests per second (rate); a list such as 100,200,400 for a sweep")
       ->delimiter(',');
-  app->add_option("--arrivals", o->arrivals, "Arrival process of rate mode: poisson | constant")
-      ->capture_default_str();
-  app->add_option("--compare", o->compare,
-                  "Run these modes back to back and print ratios against the first, e.g. "
-                  "sync,async")
-      ->delimiter(',');
+  add_parsed_option(*app, "--arrivals", o->arrivals, parse_arrivals,
+                    "Arrival process of rate mode: poisson | constant")
+      ->default_str("poisson");
+  add_parsed_list_option(
+      *app, "--compare", o->compare,
+      [](std::string_view t) { return parse_mode(t, "--compare", kRunModes); },
+      "Run these modes back to back and print ratios against the first, e.g. sync,async");
   // Engine.
   app->add_option("--workers,-w", o->workers, "Engine workers (streams + model instances)")
       ->capture_default_str();
-  app->add_option("--max-batch", o->max_batch,
-                  "Largest batch in rows; 0 = the model's, 1 = no batching")
-      ->capture_default_str();
+  add_max_batch_size_option(*app, o->max_batch_size, "--max-batch");
   app->add_option("--max-queue-delay-us", o->max_queue_delay_us,
                   "Longest a forming batch waits for more requests (us)")
       ->capture_default_str();
@@ -250,9 +247,9 @@ Command add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--priority-levels", o->priority_levels, "Engine priority levels (1..64)")
       ->capture_default_str();
-  app->add_option("--priority", o->priority,
-                  "Request priority: 1..levels (1 = highest), or 'mixed' to draw uniformly; "
-                  "default: the engine's default level");
+  add_parsed_option(*app, "--priority", o->priority, parse_priority,
+                    "Request priority: 1..levels (1 = highest), or 'mixed' to draw uniformly; "
+                    "default: the engine's default level");
   app->add_option("--timeout-ms", o->timeout_ms, "Request timeout in ms (0 = none)")
       ->capture_default_str();
   app->add_option("--completion-threads", o->completion_threads,
@@ -274,15 +271,14 @@ Command add_bench_command(CLI::App& parent) {
                   "Measured seconds (default 5 unless --requests is given)");
   app->add_option("--requests,-n", o->requests, "Measured requests (instead of --duration-s)");
   // Inputs.
-  app->add_option("--input-shape", o->input_shape,
-                  "Per-item dims after the batch dim, e.g. 1x32x32, or NAME:DIMS per input; "
-                  "default: the model signature with -1 dims as 1")
-      ->delimiter(',');
+  add_parsed_list_option(*app, "--input-shape", o->input_shapes, parse_input_shape,
+                         "Per-item dims after the batch dim, e.g. 1x32x32, or NAME:DIMS per "
+                         "input; default: the model signature with -1 dims as 1");
   app->add_option("--batch-rows", o->batch_rows, "Rows (dim 0) per request")->capture_default_str();
-  app->add_option("--data", o->data,
-                  "Input contents: random | zeros | file:<path.raw> (raw little-endian bytes of "
-                  "the input dtype, reused cyclically)")
-      ->capture_default_str();
+  add_parsed_option(*app, "--data", o->data, parse_data,
+                    "Input contents: random | zeros | file:<path.raw> (raw little-endian bytes "
+                    "of the input dtype, reused cyclically)")
+      ->default_str("random");
   app->add_option("--seed", o->seed, "Seed of random data, arrivals and priority draws")
       ->capture_default_str();
   // Output.
@@ -293,8 +289,11 @@ Command add_bench_command(CLI::App& parent) {
                 "No progress line (and no table when stdout carries JSON/CSV)");
   app->add_flag("--fail-on-error", o->fail_on_error, "Exit 1 when any measured request failed");
 
-  return Command{app, [o, conc] {
+  auto http = add_http_bench_options(*app);  // --url: the HTTP mode (http_bench.cpp)
+
+  return Command{app, [o, conc, http] {
                    o->concurrency_given = conc->count() > 0;
+                   if (!http->url.empty()) return run_http_bench(*o, *http);
                    return run_bench(*o);
                  }};
 }

@@ -35,8 +35,33 @@ Status check_min(std::string_view option, double value, double min) {
 
 }  // namespace
 
-bool is_run_mode(std::string_view mode) noexcept {
-  return std::find(kRunModes.begin(), kRunModes.end(), mode) != kRunModes.end();
+std::string InputShapeArg::to_string() const {
+  std::string text = name.empty() ? "" : name + ":";
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    text += (i == 0 ? "" : "x") + std::to_string(dims[i]);
+  }
+  return text;
+}
+
+std::string_view to_string(Arrivals a) noexcept {
+  return a == Arrivals::constant ? "constant" : "poisson";
+}
+
+std::string PriorityArg::to_string() const {
+  if (mixed) return "mixed";
+  return level > 0 ? std::to_string(level) : std::string();
+}
+
+std::string DataArg::to_string() const {
+  switch (kind) {
+    case Kind::zeros:
+      return "zeros";
+    case Kind::file:
+      return "file:" + path;
+    case Kind::random:
+      break;
+  }
+  return "random";
 }
 
 Result<std::vector<std::int64_t>> parse_dims(std::string_view text, std::string_view option) {
@@ -79,43 +104,76 @@ Result<InputShapeArg> parse_input_shape(std::string_view text) {
   return arg;
 }
 
-Result<int> parse_priority(std::string_view text, int levels) {
-  if (text.empty()) return 0;
-  if (text == "mixed") return -1;
-  int v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size() || v < 1 || v > levels) {
-    return bad("--priority", quoted(text) + " is not one of 1.." + std::to_string(levels) +
-                                 " (1 = highest; see --priority-levels) or 'mixed'");
+Result<PriorityArg> parse_priority(std::string_view text) {
+  PriorityArg p;
+  if (text.empty()) return p;
+  if (text == "mixed") {
+    p.mixed = true;
+    return p;
   }
-  return v;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), p.level);
+  if (ec != std::errc() || ptr != text.data() + text.size() || p.level < 1) {
+    return bad("--priority", quoted(text) +
+                                 " is not a level 1..N (1 = highest; N = --priority-levels) or "
+                                 "'mixed'");
+  }
+  return p;
+}
+
+Result<Arrivals> parse_arrivals(std::string_view text) {
+  if (text == "poisson") return Arrivals::poisson;
+  if (text == "constant") return Arrivals::constant;
+  return bad("--arrivals", quoted(text) + " is not one of poisson, constant");
+}
+
+Result<DataArg> parse_data(std::string_view text) {
+  DataArg d;
+  if (text == "random") return d;
+  if (text == "zeros") {
+    d.kind = DataArg::Kind::zeros;
+    return d;
+  }
+  if (text.starts_with("file:") && text.size() > 5) {
+    d.kind = DataArg::Kind::file;
+    d.path = std::string(text.substr(5));
+    return d;
+  }
+  return bad("--data", quoted(text) + " is not one of random, zeros, file:<path.raw>");
 }
 
 Status validate(BenchOptions& o) {
   if (o.model.empty() && o.stages.empty()) {
     return bad("--model", "required (e.g. builtin:identity, path/to/model.pt), or --stages");
   }
-  {
-    std::vector<std::string> ms = o.compare;
-    if (ms.empty()) ms.push_back(o.mode);
-    for (const std::string& m : ms) {
-      if (m == "pipeline" && o.stages.empty()) {
-        return bad("--stages", "required by mode pipeline (e.g. host:2ms,sim:5ms,host:2ms)");
+  if (!o.compare.empty() && o.mode == Mode::sweep) {
+    return bad("--compare", "cannot be combined with --mode sweep");
+  }
+  // The modes that will run: a single one, a comparison of several, or a sweep.
+  const std::vector<Mode> modes = o.compare.empty() ? std::vector<Mode>{o.mode} : o.compare;
+  for (Mode m : modes) {
+    if (m == Mode::pipeline && o.stages.empty()) {
+      return bad("--stages", "required by mode pipeline (e.g. host:2ms,sim:5ms,host:2ms)");
+    }
+    if (!o.stages.empty() && m != Mode::sync && m != Mode::pipeline && m != Mode::sweep) {
+      return bad("--mode",
+                 "with --stages the modes are sync (the stages one after another) "
+                 "and pipeline; got '" +
+                     std::string(to_string(m)) + "'");
+    }
+    if (m == Mode::rate && o.request_rate.empty()) {
+      return bad("--request-rate", "required by mode rate (requests per second, e.g. 500)");
+    }
+    if (m != Mode::sweep) {
+      if (o.request_rate.size() > 1) {
+        return bad("--request-rate", "a list of rates needs --mode sweep");
       }
-      if (!o.stages.empty() && m != "sync" && m != "pipeline" && m != "sweep") {
-        return bad("--mode",
-                   "with --stages the modes are sync (the stages one after another) "
-                   "and pipeline; got '" +
-                       m + "'");
+      if (o.concurrency.size() > 1) {
+        return bad("--concurrency", "a list of values needs --mode sweep");
       }
     }
   }
   if (o.device.empty())
     return bad("--device", "empty; expected cpu, sim, sim:<key>=<value>,..., cuda:0");
-  if (o.mode != "sweep" && !is_run_mode(o.mode)) {
-    return bad("--mode",
-               "unknown mode '" + o.mode + "'; expected one of " + std::string(kAllModes));
-  }
   for (int c : o.concurrency) {
     if (c < 1)
       return bad("--concurrency", std::to_string(c) + " is below 1; expected integers >= 1");
@@ -126,35 +184,7 @@ Status validate(BenchOptions& o) {
       return bad("--request-rate", num(r) + " is not > 0; expected requests per second > 0");
     }
   }
-  if (o.arrivals != "poisson" && o.arrivals != "constant") {
-    return bad("--arrivals", "'" + o.arrivals + "' is not one of poisson, constant");
-  }
-  // Which runs: a single mode, a comparison of modes, or a sweep.
-  if (!o.compare.empty()) {
-    if (o.mode == "sweep") return bad("--compare", "cannot be combined with --mode sweep");
-    for (const std::string& m : o.compare) {
-      if (!is_run_mode(m)) {
-        return bad("--compare",
-                   "unknown mode '" + m + "'; expected a list of sync, async, rate, pipeline");
-      }
-    }
-  }
-  std::vector<std::string> modes = o.compare;
-  if (modes.empty()) modes.push_back(o.mode);
-  for (const std::string& m : modes) {
-    if (m == "rate" && o.request_rate.empty()) {
-      return bad("--request-rate", "required by mode rate (requests per second, e.g. 500)");
-    }
-    if (m != "sweep") {
-      if (o.request_rate.size() > 1) {
-        return bad("--request-rate", "a list of rates needs --mode sweep");
-      }
-      if (o.concurrency.size() > 1) {
-        return bad("--concurrency", "a list of values needs --mode sweep");
-      }
-    }
-  }
-  if (o.mode == "sweep" && o.compare.empty()) {
+  if (o.mode == Mode::sweep && o.compare.empty()) {
     const bool by_rate = !o.request_rate.empty();
     if (by_rate && o.concurrency_given) {
       return bad("--mode sweep", "give either --concurrency LIST or --request-rate LIST, not both");
@@ -167,7 +197,6 @@ Status validate(BenchOptions& o) {
   }
   // Engine.
   ASYNCINFER_RETURN_IF_ERROR(check_min("--workers", o.workers, 1));
-  ASYNCINFER_RETURN_IF_ERROR(check_min("--max-batch", static_cast<double>(o.max_batch), 0));
   ASYNCINFER_RETURN_IF_ERROR(
       check_min("--max-queue-delay-us", static_cast<double>(o.max_queue_delay_us), 0));
   for (std::int64_t p : o.preferred_batch) {
@@ -177,7 +206,11 @@ Status validate(BenchOptions& o) {
   if (o.priority_levels < 1 || o.priority_levels > 64) {
     return bad("--priority-levels", std::to_string(o.priority_levels) + " is outside 1..64");
   }
-  ASYNCINFER_RETURN_IF_ERROR(parse_priority(o.priority, o.priority_levels).status());
+  if (o.priority.level > o.priority_levels) {
+    return bad("--priority", quoted(o.priority.to_string()) + " is not one of 1.." +
+                                 std::to_string(o.priority_levels) +
+                                 " (1 = highest; see --priority-levels) or 'mixed'");
+  }
   if (!(o.timeout_ms >= 0) || !std::isfinite(o.timeout_ms)) {
     return bad("--timeout-ms", num(o.timeout_ms) + " is not >= 0 (0 = no timeout)");
   }
@@ -201,14 +234,10 @@ Status validate(BenchOptions& o) {
   }
   if (o.duration_s == 0 && o.requests == 0) o.duration_s = BenchOptions::kDefaultDurationS;
   // Inputs.
-  for (const std::string& s : o.input_shape) {
-    ASYNCINFER_RETURN_IF_ERROR(parse_input_shape(s).status());
-  }
+  int unnamed = 0;
+  for (const InputShapeArg& s : o.input_shapes) unnamed += s.name.empty() ? 1 : 0;
+  if (unnamed > 1) return bad("--input-shape", "given twice without an input name; use NAME:DIMS");
   ASYNCINFER_RETURN_IF_ERROR(check_min("--batch-rows", static_cast<double>(o.batch_rows), 1));
-  if (o.data != "random" && o.data != "zeros" &&
-      !(o.data.rfind("file:", 0) == 0 && o.data.size() > 5)) {
-    return bad("--data", "'" + o.data + "' is not one of random, zeros, file:<path.raw>");
-  }
   return Status();
 }
 

@@ -1,8 +1,13 @@
-// bench_options.hpp — the parsed options of `asyncinfer bench`, their checks, and the text
-// parsers the options use (shapes, lists, priority). No CLI11 here, so tests can use it.
+// bench_options.hpp — the options of `asyncinfer bench`, typed, their parsers and their checks.
+// No CLI11 here, so tests can use it.
+//
+// Each option is parsed once, into its typed field, by the parser below that the command line
+// calls as it reads the option (bench.cpp); an error names the option and what was expected.
+// validate() then checks what needs several options at once (a mode and the options it needs,
+// a priority against --priority-levels, ...) and fills in defaults. The rest of the bench reads
+// the typed fields only.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -10,17 +15,37 @@
 #include <vector>
 
 #include "asyncinfer/status.hpp"
+#include "mode.hpp"
 
 namespace asyncinfer::cli {
-
-/// Modes a single run can have. "sweep" runs one of them at several points.
-inline constexpr std::array<std::string_view, 4> kRunModes = {"sync", "async", "rate", "pipeline"};
-inline constexpr std::string_view kAllModes = "sync, async, rate, sweep, pipeline";
 
 /// One input's per-item shape from --input-shape: "1x32x32" (every input) or "name:1x32x32".
 struct InputShapeArg {
   std::string name;  ///< empty: applies to every input not named elsewhere
   std::vector<std::int64_t> dims;
+  /// The option's text back: "1x32x32" or "name:1x32x32".
+  std::string to_string() const;
+};
+
+/// Arrival process of rate mode (--arrivals).
+enum class Arrivals : std::uint8_t { poisson, constant };
+std::string_view to_string(Arrivals a) noexcept;
+
+/// --priority: the engine's default level, one level for every request, or a uniform draw.
+struct PriorityArg {
+  bool mixed = false;
+  int level = 0;  ///< 1..levels (1 = highest); 0 = the engine's default level
+  /// "" (default), "mixed" or the level.
+  std::string to_string() const;
+};
+
+/// --data: what requests carry.
+struct DataArg {
+  enum class Kind : std::uint8_t { random, zeros, file };
+  Kind kind = Kind::random;
+  std::string path;  ///< file: raw little-endian bytes of the input dtypes
+  /// "random", "zeros" or "file:<path>".
+  std::string to_string() const;
 };
 
 /// Everything `bench` was asked to do, as parsed (defaults filled in).
@@ -30,20 +55,22 @@ struct BenchOptions {
   std::string device = "cpu";
   std::string stages;  ///< --stages: measure a pipeline of timed stages instead of a model
   // How to drive it.
-  std::string mode = "async";
+  Mode mode = Mode::async;
   std::vector<int> concurrency = {1};
   bool concurrency_given = false;    ///< --concurrency was on the command line
   std::vector<double> request_rate;  ///< empty unless given
-  std::string arrivals = "poisson";  ///< poisson | constant
-  std::vector<std::string> compare;  ///< --compare modes (empty: off)
+  Arrivals arrivals = Arrivals::poisson;
+  std::vector<Mode> compare;  ///< --compare modes (empty: off)
   // Engine.
   int workers = 1;
-  std::int64_t max_batch = 0;  ///< 0 = the model's
+  /// Largest batch in rows; 0 = the engine's rule (BatchingOptions::max_batch_size: the model's
+  /// max_batch_size, or 64 when it sets none).
+  std::int64_t max_batch_size = 0;
   std::int64_t max_queue_delay_us = 0;
   std::vector<std::int64_t> preferred_batch;
   int inflight_per_worker = 2;
   int priority_levels = 3;
-  std::string priority;   ///< "" = engine default, "1".."N", or "mixed"
+  PriorityArg priority;
   double timeout_ms = 0;  ///< 0 = none
   int completion_threads = 1;
   std::int64_t queue_capacity = 0;  ///< 0 = auto (max(4096, 2 × concurrency))
@@ -54,9 +81,9 @@ struct BenchOptions {
   double duration_s = 0;      ///< measured seconds (0 = use requests)
   std::int64_t requests = 0;  ///< measured requests (0 = use duration)
   // Inputs.
-  std::vector<std::string> input_shape;  ///< raw --input-shape values
+  std::vector<InputShapeArg> input_shapes;
   std::int64_t batch_rows = 1;
-  std::string data = "random";  ///< random | zeros | file:<path>
+  DataArg data;
   std::uint64_t seed = 42;
   // Output.
   std::string json;  ///< "" = none, "-" = stdout
@@ -69,19 +96,22 @@ struct BenchOptions {
   static constexpr double kDefaultDurationS = 5.0;
 };
 
-/// Checks what CLI11 cannot (cross-option rules, list values, mode names, shapes, priority).
-/// On success fills in defaults (e.g. duration). invalid_argument naming the option otherwise.
+/// Checks what needs several options at once (modes and what they need, lists only with a
+/// sweep, the priority against --priority-levels, lengths, ranges). On success fills in defaults
+/// (e.g. duration). invalid_argument naming the option otherwise.
 Status validate(BenchOptions& o);
 
 /// "1x32x32" → {1, 32, 32}. Dims must be integers >= 1 ("-1" is not allowed here: the bench
 /// sends concrete shapes). invalid_argument naming `option` and the bad text.
 Result<std::vector<std::int64_t>> parse_dims(std::string_view text, std::string_view option);
-/// "1x32x32" or "name:1x32x32".
+/// "1x32x32" or "name:1x32x32" (--input-shape).
 Result<InputShapeArg> parse_input_shape(std::string_view text);
-/// "" → 0 (engine default), "mixed" → -1, "k" → k in 1..levels.
-Result<int> parse_priority(std::string_view text, int levels);
-
-/// Whether `mode` is one of kRunModes.
-bool is_run_mode(std::string_view mode) noexcept;
+/// "" → the engine's default, "mixed", or a level >= 1 (--priority; validate() checks it against
+/// --priority-levels).
+Result<PriorityArg> parse_priority(std::string_view text);
+/// "poisson" or "constant" (--arrivals).
+Result<Arrivals> parse_arrivals(std::string_view text);
+/// "random", "zeros" or "file:<path>" (--data).
+Result<DataArg> parse_data(std::string_view text);
 
 }  // namespace asyncinfer::cli

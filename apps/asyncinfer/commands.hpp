@@ -1,8 +1,9 @@
-// commands.hpp — the subcommands of the `asyncinfer` tool. Each lives in its own file and
-// registers itself on the top-level CLI11 app; main.cpp only parses and dispatches.
+// commands.hpp — the subcommands of the `asyncinfer` tool (run, bench, info). Each lives in its
+// own file and registers itself on the top-level CLI11 app; main.cpp only parses and dispatches.
 //
-// To add a subcommand (e.g. the planned `run`): write run.cpp with
-// `Command add_run_command(CLI::App& parent)`, declare it here, and add one line in main.cpp.
+// To add a subcommand `foo`: write foo.cpp with `Command add_foo_command(CLI::App& parent)`,
+// declare it here, and add one line in main.cpp. Options that CLI11 cannot convert by itself
+// (modes, lists of named values) are declared with cli_options.hpp, so each is parsed once.
 #pragma once
 
 #include <functional>
@@ -28,5 +29,6 @@ struct Command {
 Command add_bench_command(CLI::App& parent);  // bench.cpp
 Command add_info_command(CLI::App& parent);   // info.cpp
 Command add_run_command(CLI::App& parent);    // run.cpp
+Command add_serve_command(CLI::App& parent);  // serve.cpp
 
 }  // namespace asyncinfer::cli

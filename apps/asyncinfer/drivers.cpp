@@ -251,12 +251,11 @@ class Measurement {
 class Priorities {
  public:
   explicit Priorities(const BenchOptions& o) {
-    const int p = parse_priority(o.priority, o.priority_levels).value();
     std::optional<microseconds> timeout;
     if (o.timeout_ms > 0) {
       timeout = microseconds(static_cast<std::int64_t>(std::llround(o.timeout_ms * 1000.0)));
     }
-    if (p == -1) {
+    if (o.priority.mixed) {
       for (int level = 1; level <= o.priority_levels; ++level) {
         RequestOptions r;
         r.priority = level;
@@ -265,7 +264,7 @@ class Priorities {
       }
     } else {
       RequestOptions r;
-      r.priority = p;
+      r.priority = o.priority.level;  // 0: the engine's default level
       r.timeout = timeout;
       options_.push_back(std::move(r));
     }
@@ -370,7 +369,7 @@ Result<Schedule> make_schedule(const BenchOptions& o, double rate) {
   const double step_ns = 1e9 / rate;
   const auto warm_ns = static_cast<std::int64_t>(std::llround(o.warmup_s * 1e9));
   const auto dur_ns = static_cast<std::int64_t>(std::llround(o.duration_s * 1e9));
-  const bool constant = o.arrivals == "constant";
+  const bool constant = o.arrivals == Arrivals::constant;
   constexpr std::size_t kMax = 100'000'000;
   double t = 0;  // ns; the first request goes at the start
   bool measuring = false;
@@ -478,18 +477,6 @@ HistogramSummary window_summary(const HistogramSnapshot* before, const Histogram
   return s;
 }
 
-std::string label_of(const RunPoint& p, const BenchOptions& o) {
-  char buf[96];
-  if (p.mode == "async") {
-    std::snprintf(buf, sizeof buf, "async c=%d", p.concurrency);
-  } else if (p.mode == "rate") {
-    std::snprintf(buf, sizeof buf, "rate %g/s %s", p.request_rate, o.arrivals.c_str());
-  } else {
-    std::snprintf(buf, sizeof buf, "%s", p.mode.c_str());
-  }
-  return buf;
-}
-
 /// Prints the progress line while waiting for the run to end; cancels the engine's work when
 /// nothing has ended for a long time (a hung model without --timeout-ms).
 void wait_for_end(Measurement& m, Engine& engine, const std::string& label, bool progress,
@@ -535,6 +522,22 @@ void wait_for_end(Measurement& m, Engine& engine, const std::string& label, bool
 
 }  // namespace
 
+std::string label_of(const RunPoint& p, const BenchOptions& o) {
+  char buf[96];
+  switch (p.mode) {
+    case Mode::async:
+      std::snprintf(buf, sizeof buf, "async c=%d", p.concurrency);
+      break;
+    case Mode::rate:
+      std::snprintf(buf, sizeof buf, "rate %g/s %s", p.request_rate,
+                    std::string(to_string(o.arrivals)).c_str());
+      break;
+    default:
+      return std::string(to_string(p.mode));
+  }
+  return buf;
+}
+
 EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
   EngineOptions e;
   e.workers = o.workers;
@@ -542,7 +545,7 @@ EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
   e.completion_threads = o.completion_threads;
   e.priority_levels = o.priority_levels;
   e.default_priority = std::min(e.default_priority, o.priority_levels);
-  e.batching.max_batch_size = o.max_batch;
+  e.batching.max_batch_size = o.max_batch_size;
   e.batching.max_queue_delay = microseconds(o.max_queue_delay_us);
   e.batching.preferred_batch_sizes = o.preferred_batch;
   e.retry.max_attempts = o.max_attempts;
@@ -550,7 +553,7 @@ EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
     e.queue_capacity = static_cast<std::size_t>(o.queue_capacity);
   } else {
     const std::size_t lanes =
-        point.mode == "async" ? static_cast<std::size_t>(point.concurrency) : 1;
+        point.mode == Mode::async ? static_cast<std::size_t>(point.concurrency) : 1;
     e.queue_capacity = std::max<std::size_t>(e.queue_capacity, 2 * lanes);
   }
   return e;
@@ -563,15 +566,15 @@ Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
   res.mode = point.mode;
   res.label = label_of(point, o);
   res.rows_per_request = ctx.plan.rows;
-  if (point.mode == "async") res.concurrency = point.concurrency;
-  if (point.mode == "sync") res.concurrency = 1;
-  if (point.mode == "rate") {
+  if (point.mode == Mode::async) res.concurrency = point.concurrency;
+  if (point.mode == Mode::sync) res.concurrency = 1;
+  if (point.mode == Mode::rate) {
     res.request_rate = point.request_rate;
     res.arrivals = o.arrivals;
   }
 
   Result<Schedule> schedule = Schedule{};
-  if (point.mode == "rate") {
+  if (point.mode == Mode::rate) {
     schedule = make_schedule(o, point.request_rate);
     if (!schedule.ok()) return schedule.status();
   }
@@ -579,6 +582,7 @@ Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
   auto created = Engine::create(ctx.model, ctx.device, engine_options(o, point));
   if (!created.ok()) return created.status().with_context("creating the engine");
   std::unique_ptr<Engine> engine = std::move(*created);
+  res.max_batch_size = engine->options().batching.max_batch_size;
   const Priorities prio(o);
 
   // The first inference on the fresh engine, timed apart (part of the warm-up).
@@ -597,7 +601,7 @@ Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
   std::size_t expect = 1U << 14;
   if (o.requests > 0) {
     expect = static_cast<std::size_t>(o.requests);
-  } else if (point.mode == "rate") {
+  } else if (point.mode == Mode::rate) {
     expect = static_cast<std::size_t>(point.request_rate * o.duration_s * 1.1) + 16;
   }
   const std::size_t threads = static_cast<std::size_t>(o.completion_threads);
@@ -609,19 +613,25 @@ Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
   // Rate mode starts its schedule 1 ms ahead, so its first send is not late already.
   const Clock::time_point start =
       Clock::now() +
-      (point.mode == "rate" ? std::chrono::milliseconds(1) : std::chrono::milliseconds(0));
+      (point.mode == Mode::rate ? std::chrono::milliseconds(1) : std::chrono::milliseconds(0));
   m.begin(start);
   std::thread driver;
-  if (point.mode == "sync") {
-    m.add_pending(1);
-    driver = std::thread([&] { drive_sync(*engine, m, ctx.inputs, prio); });
-  } else if (point.mode == "async") {
-    async.start(point.concurrency);  // the first submits; completions keep the lanes going
-  } else if (point.mode == "rate") {
-    m.add_pending(1);
-    driver = std::thread([&] { rate.run(*schedule, start); });
-  } else {
-    return invalid_argument_error("--mode: unknown mode '" + point.mode + "'");
+  switch (point.mode) {
+    case Mode::sync:
+      m.add_pending(1);
+      driver = std::thread([&] { drive_sync(*engine, m, ctx.inputs, prio); });
+      break;
+    case Mode::async:
+      async.start(point.concurrency);  // the first submits; completions keep the lanes going
+      break;
+    case Mode::rate:
+      m.add_pending(1);
+      driver = std::thread([&] { rate.run(*schedule, start); });
+      break;
+    case Mode::sweep:
+    case Mode::pipeline:
+      return invalid_argument_error("--mode: " + std::string(to_string(point.mode)) +
+                                    " is not a single engine run");
   }
   wait_for_end(m, *engine, res.label, ctx.progress, start);
   if (driver.joinable()) driver.join();
@@ -654,7 +664,7 @@ Result<RunResult> run_point(const BenchContext& ctx, const RunPoint& point) {
   for (const auto& [reason, n] : res.failures) res.failed += n;
   res.requests = res.completed + res.failed;
   res.latency = summarize(res.latency_us);
-  if (point.mode == "rate") res.send_lag_us = summarize(lag);
+  if (point.mode == Mode::rate) res.send_lag_us = summarize(lag);
 
   if (m.started()) {
     const Clock::time_point t0 = m.t0();

@@ -27,10 +27,13 @@ namespace asyncinfer::cli {
 
 /// One run to make: a mode and its load parameter.
 struct RunPoint {
-  std::string mode;         ///< sync | async | rate
+  Mode mode = Mode::async;  ///< sync | async | rate (pipeline: pipeline_bench.hpp)
   int concurrency = 1;      ///< async
   double request_rate = 0;  ///< rate
 };
+
+/// "async c=64", "rate 200/s poisson", "sync": how tables and progress lines name a point.
+std::string label_of(const RunPoint& point, const BenchOptions& options);
 
 /// What every run of one bench invocation shares.
 struct BenchContext {
@@ -42,7 +45,7 @@ struct BenchContext {
   bool progress = false;  ///< \r-updated progress line on stderr
 };
 
-/// The engine options a run uses (from --workers, --max-batch, ...).
+/// The engine options a run uses (from --workers, --max-batch-size, ...).
 EngineOptions engine_options(const BenchOptions& options, const RunPoint& point);
 
 /// Runs one point on a fresh engine. An error means the run could not be made (engine creation

@@ -1,5 +1,5 @@
-// info.cpp — `asyncinfer info [--device D] [--model M]`: the device backends built into the
-// library, and when asked, a device's DeviceInfo and a model's signature.
+// info.cpp — `asyncinfer info [--device D] [--model M]`: the device and model backends built into
+// the library, and when asked, a device's DeviceInfo and a model's signature.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,6 +24,9 @@ int run_info(const InfoOptions& o) {
   std::string backends;
   for (const std::string& b : device_backends()) backends += (backends.empty() ? "" : ", ") + b;
   std::printf("device backends: %s\n", backends.c_str());
+  std::string models;
+  for (const std::string& m : model_backends()) models += (models.empty() ? "" : ", ") + m;
+  std::printf("model backends:  %s\n", models.c_str());
   int code = kExitOk;
   if (!o.device.empty()) {
     auto dev = open_device(o.device);

@@ -104,11 +104,9 @@ Result<InputPlan> plan_inputs(const ModelSignature& sig, const BenchOptions& o) 
   // Overrides: named ones, and at most one unnamed one for every other input.
   std::map<std::string, std::vector<std::int64_t>> named;
   std::optional<std::vector<std::int64_t>> all;
-  for (const std::string& text : o.input_shape) {
-    ASYNCINFER_ASSIGN_OR_RETURN(InputShapeArg arg, parse_input_shape(text));
+  for (const InputShapeArg& arg : o.input_shapes) {
     if (arg.name.empty()) {
-      if (all) return bad("--input-shape", "given twice without an input name; use NAME:DIMS");
-      all = std::move(arg.dims);
+      all = arg.dims;  // validate() allows one unnamed shape at most
       continue;
     }
     const bool known = std::any_of(sig.inputs.begin(), sig.inputs.end(),
@@ -119,7 +117,7 @@ Result<InputPlan> plan_inputs(const ModelSignature& sig, const BenchOptions& o) 
       return bad("--input-shape",
                  "the model has no input '" + arg.name + "' (inputs: " + names + ")");
     }
-    named[arg.name] = std::move(arg.dims);
+    named[arg.name] = arg.dims;
   }
   if (!sig.batched && o.batch_rows != 1) {
     return bad("--batch-rows", "the model is not batched (signature: " + sig.to_string() +
@@ -127,7 +125,7 @@ Result<InputPlan> plan_inputs(const ModelSignature& sig, const BenchOptions& o) 
   }
   if (sig.batched && sig.max_batch_size > 0 && o.batch_rows > sig.max_batch_size) {
     return bad("--batch-rows", std::to_string(o.batch_rows) +
-                                   " rows exceed the model's max batch " +
+                                   " rows exceed the model's max_batch_size " +
                                    std::to_string(sig.max_batch_size));
   }
   plan.rows = sig.batched ? o.batch_rows : 1;
@@ -180,8 +178,7 @@ Result<InputPlan> plan_inputs(const ModelSignature& sig, const BenchOptions& o) 
   return plan;
 }
 
-Result<InputPool> InputPool::make(const InputPlan& plan, const std::string& data,
-                                  std::uint64_t seed) {
+Result<InputPool> InputPool::make(const InputPlan& plan, const DataArg& data, std::uint64_t seed) {
   InputPool pool;
   pool.plan_ = plan;
   std::vector<std::size_t> sizes;
@@ -195,11 +192,11 @@ Result<InputPool> InputPool::make(const InputPlan& plan, const std::string& data
     for (std::size_t b : sizes) set.emplace_back(b, 0);
     return set;
   };
-  if (data == "zeros") {
+  if (data.kind == DataArg::Kind::zeros) {
     pool.sets_.push_back(make_set());
     return pool;
   }
-  if (data == "random") {
+  if (data.kind == DataArg::Kind::random) {
     // Distinct sets so caches do not see one buffer only; at most ~32 MiB in all.
     const std::size_t count = std::clamp<std::size_t>((32U << 20) / per_request, 1, 64);
     std::mt19937_64 rng(seed);
@@ -210,10 +207,7 @@ Result<InputPool> InputPool::make(const InputPlan& plan, const std::string& data
     }
     return pool;
   }
-  if (data.rfind("file:", 0) != 0) {
-    return bad("--data", "'" + data + "' is not one of random, zeros, file:<path.raw>");
-  }
-  const std::string path = data.substr(5);
+  const std::string& path = data.path;
   std::ifstream in(path, std::ios::binary);
   if (!in) return not_found_error("--data: cannot open '" + path + "'");
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),

@@ -33,10 +33,10 @@ Result<InputPlan> plan_inputs(const ModelSignature& signature, const BenchOption
 /// it exclusively owns without copying it; see Engine guarantee 6).
 class InputPool {
  public:
-  /// `data`: "random" (seeded by `seed`), "zeros", or "file:<path>" (raw little-endian bytes of
-  /// the input dtypes, used in order and wrapped around). invalid_argument / not_found naming
-  /// --data otherwise.
-  static Result<InputPool> make(const InputPlan& plan, const std::string& data, std::uint64_t seed);
+  /// `data`: random (seeded by `seed`), zeros, or a file (raw little-endian bytes of the input
+  /// dtypes, used in order and wrapped around). invalid_argument / not_found naming --data when
+  /// the file cannot be used.
+  static Result<InputPool> make(const InputPlan& plan, const DataArg& data, std::uint64_t seed);
 
   /// The inputs of request `k` (set k mod size()).
   Result<Inputs> next(std::uint64_t k) const;

@@ -23,6 +23,7 @@ int run_tool(int argc, char** argv) {
   commands.push_back(add_run_command(app));
   commands.push_back(add_bench_command(app));
   commands.push_back(add_info_command(app));
+  commands.push_back(add_serve_command(app));
 
   try {
     app.parse(argc, argv);

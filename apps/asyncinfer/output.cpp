@@ -31,24 +31,29 @@ json hist_json(const HistogramSummary& h) {
 
 json config_json(const BenchReport& rep, const RunResult* run) {
   const BenchOptions& o = *rep.options;
+  json compare = json::array();
+  for (Mode m : o.compare) compare.push_back(to_string(m));
+  json input_shape = json::array();
+  for (const InputShapeArg& s : o.input_shapes) input_shape.push_back(s.to_string());
   json c{
       {"model", o.model},
       {"model_signature", rep.model_signature},
       {"device", o.device},
       {"device_description", rep.device_description},
       {"inputs", rep.inputs},
-      {"mode", run != nullptr ? run->mode : o.mode},
+      {"mode", to_string(run != nullptr ? run->mode : o.mode)},
       {"concurrency", nullptr},
       {"request_rate", nullptr},
-      {"arrivals", o.arrivals},
-      {"compare", o.compare},
+      {"arrivals", to_string(o.arrivals)},
+      {"compare", compare},
       {"workers", o.workers},
-      {"max_batch", o.max_batch},
+      {"max_batch_size", o.max_batch_size},
+      {"max_batch", o.max_batch_size},  // the old name of max_batch_size, kept for readers
       {"max_queue_delay_us", o.max_queue_delay_us},
       {"preferred_batch", o.preferred_batch},
       {"inflight_per_worker", o.inflight_per_worker},
       {"priority_levels", o.priority_levels},
-      {"priority", o.priority.empty() ? json(nullptr) : json(o.priority)},
+      {"priority", o.priority.to_string().empty() ? json(nullptr) : json(o.priority.to_string())},
       {"timeout_ms", o.timeout_ms > 0 ? json(o.timeout_ms) : json(nullptr)},
       {"completion_threads", o.completion_threads},
       {"queue_capacity", o.queue_capacity > 0 ? json(o.queue_capacity) : json(nullptr)},
@@ -57,13 +62,13 @@ json config_json(const BenchReport& rep, const RunResult* run) {
       {"warmup_s", o.warmup_s},
       {"duration_s", o.requests > 0 ? json(nullptr) : json(o.duration_s)},
       {"requests", o.requests > 0 ? json(o.requests) : json(nullptr)},
-      {"input_shape", o.input_shape},
+      {"input_shape", input_shape},
       {"batch_rows", o.batch_rows},
-      {"data", o.data},
+      {"data", o.data.to_string()},
       {"seed", o.seed},
   };
   if (run != nullptr) {
-    if (run->mode != "rate") c["concurrency"] = run->concurrency;
+    if (run->mode != Mode::rate) c["concurrency"] = run->concurrency;
     if (run->request_rate) c["request_rate"] = *run->request_rate;
   } else {
     c["concurrency"] = o.concurrency.size() == 1 ? json(o.concurrency[0]) : json(o.concurrency);
@@ -84,11 +89,12 @@ json run_json(const BenchReport& rep, const RunResult& r) {
   json failures = json::object();
   for (const auto& [reason, n] : r.failures) failures[reason] = n;
   json j{
-      {"mode", r.mode},
+      {"mode", to_string(r.mode)},
       {"label", r.label},
-      {"concurrency", r.mode == "rate" ? json(nullptr) : json(r.concurrency)},
+      {"concurrency", r.mode == Mode::rate ? json(nullptr) : json(r.concurrency)},
       {"request_rate", opt(r.request_rate)},
-      {"arrivals", r.arrivals.empty() ? json(nullptr) : json(r.arrivals)},
+      {"arrivals", r.arrivals ? json(to_string(*r.arrivals)) : json(nullptr)},
+      {"max_batch_size", r.max_batch_size > 0 ? json(r.max_batch_size) : json(nullptr)},
       {"requests", r.requests},
       {"completed", r.completed},
       {"failed", r.failed},
@@ -162,6 +168,18 @@ std::string format_us(std::optional<double> us) {
   return fmt("%.2f s", v / 1e6);
 }
 
+std::string_view to_string(ReportKind kind) noexcept {
+  switch (kind) {
+    case ReportKind::compare:
+      return "compare";
+    case ReportKind::sweep:
+      return "sweep";
+    case ReportKind::single:
+      break;
+  }
+  return "single";
+}
+
 std::vector<Ratio> ratios(const BenchReport& rep) {
   std::vector<Ratio> out;
   if (rep.runs.empty()) return out;
@@ -182,25 +200,25 @@ nlohmann::ordered_json to_json(const BenchReport& rep) {
   json doc{
       {"schema_version", kJsonSchemaVersion},
       {"tool", "asyncinfer bench"},
-      {"kind", rep.kind},
+      {"kind", to_string(rep.kind)},
       {"config", config_json(rep, rep.runs.size() == 1 ? &rep.runs[0] : nullptr)},
       {"machine", machine_json(rep.machine)},
   };
   json runs = json::array();
   for (const RunResult& r : rep.runs) runs.push_back(run_json(rep, r));
-  if (rep.kind == "single" && rep.runs.size() == 1) {
+  if (rep.kind == ReportKind::single && rep.runs.size() == 1) {
     // A single run's fields also sit at the top level, so `.throughput_rps` works directly.
     for (auto& [key, value] : runs[0].items()) {
       if (key != "config" && key != "machine") doc[key] = value;
     }
   }
   doc["runs"] = std::move(runs);
-  if (rep.kind == "compare") {
+  if (rep.kind == ReportKind::compare) {
     json rs = json::array();
     for (const Ratio& x : ratios(rep)) {
-      rs.push_back(json{{"mode", x.mode},
+      rs.push_back(json{{"mode", to_string(x.mode)},
                         {"label", x.label},
-                        {"baseline", rep.runs.front().mode},
+                        {"baseline", to_string(rep.runs.front().mode)},
                         {"throughput", opt(x.throughput)},
                         {"p50", opt(x.p50)},
                         {"p99", opt(x.p99)}});
@@ -219,10 +237,10 @@ std::string to_csv(const BenchReport& rep) {
   for (const RunResult& r : rep.runs) {
     std::vector<std::string> cells = {
         csv_quote(r.label),
-        r.mode,
-        r.mode == "rate" ? "" : std::to_string(r.concurrency),
+        std::string(to_string(r.mode)),
+        r.mode == Mode::rate ? "" : std::to_string(r.concurrency),
         csv_cell(r.request_rate),
-        r.arrivals,
+        r.arrivals ? std::string(to_string(*r.arrivals)) : "",
         std::to_string(r.requests),
         std::to_string(r.completed),
         std::to_string(r.failed),
@@ -258,13 +276,16 @@ void print_table(std::FILE* f, const BenchReport& rep) {
                rep.device_description.c_str());
   std::fprintf(f, "  model    %s\n", rep.model_signature.c_str());
   std::fprintf(f, "  inputs   %s\n", rep.inputs.c_str());
-  std::fprintf(
-      f,
-      "  engine   %d worker(s), %d in flight per worker, max batch %s, queue delay %lld us, "
-      "%d completion thread(s)\n",
-      o.workers, o.inflight_per_worker,
-      o.max_batch > 0 ? std::to_string(o.max_batch).c_str() : "model's",
-      static_cast<long long>(o.max_queue_delay_us), o.completion_threads);
+  // The max batch size in effect (the engine's rule when --max-batch-size is 0).
+  std::string max_batch = o.max_batch_size > 0 ? std::to_string(o.max_batch_size) : "model's";
+  if (o.max_batch_size == 0 && !rep.runs.empty() && rep.runs[0].max_batch_size > 0) {
+    max_batch = std::to_string(rep.runs[0].max_batch_size) + " (default)";
+  }
+  std::fprintf(f,
+               "  engine   %d worker(s), %d in flight per worker, max batch size %s, queue delay "
+               "%lld us, %d completion thread(s)\n",
+               o.workers, o.inflight_per_worker, max_batch.c_str(),
+               static_cast<long long>(o.max_queue_delay_us), o.completion_threads);
   std::fprintf(f, "  machine  %u cores, %s\n", rep.machine.cores, rep.machine.cpu_model.c_str());
 
   if (rep.runs.size() == 1) {
@@ -342,7 +363,7 @@ void print_table(std::FILE* f, const BenchReport& rep) {
       std::fprintf(f, "  %s failures: %s\n", r.label.c_str(), failures_text(r, ", ").c_str());
     }
   }
-  if (rep.kind == "compare") {
+  if (rep.kind == ReportKind::compare) {
     std::fprintf(f, "\n  ratios against %s:\n", rep.runs.front().label.c_str());
     for (const Ratio& x : ratios(rep)) {
       const auto show = [](std::optional<double> v) {

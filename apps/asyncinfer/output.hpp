@@ -2,8 +2,10 @@
 // table, the JSON document (schema in docs/bench.md) and CSV.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,8 +19,13 @@ namespace asyncinfer::cli {
 /// Version of the JSON schema; bumped only on incompatible changes (fields are only added).
 inline constexpr int kJsonSchemaVersion = 1;
 
+/// What one bench invocation ran: one run, a comparison of modes, or a sweep of one mode.
+enum class ReportKind : std::uint8_t { single, compare, sweep };
+/// "single", "compare", "sweep" (the JSON's "kind").
+std::string_view to_string(ReportKind kind) noexcept;
+
 struct BenchReport {
-  std::string kind;  ///< "single", "compare" or "sweep"
+  ReportKind kind = ReportKind::single;
   const BenchOptions* options = nullptr;
   std::string device_description;  ///< DeviceInfo::description
   std::string model_signature;     ///< ModelSignature::to_string()
@@ -29,7 +36,7 @@ struct BenchReport {
 
 /// Ratio of each run to the first (compare): throughput, p50 and p99 latency.
 struct Ratio {
-  std::string mode;
+  Mode mode = Mode::sync;
   std::string label;
   std::optional<double> throughput, p50, p99;
 };

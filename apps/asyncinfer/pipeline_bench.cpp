@@ -40,21 +40,42 @@ Kernel timed_kernel(microseconds d) {
 }
 
 /// Opens each device kind once (sim stages use --device when it is a sim spec).
-Result<std::shared_ptr<Device>> device_for(const std::string& kind, const BenchOptions& o,
-                                           std::map<std::string, std::shared_ptr<Device>>& open) {
+Result<std::shared_ptr<Device>> device_for(StageKind kind, const BenchOptions& o,
+                                           std::map<StageKind, std::shared_ptr<Device>>& open) {
   auto it = open.find(kind);
   if (it != open.end()) return it->second;
-  std::string spec = kind == "cuda" ? "cuda:0" : kind;
-  if (kind == "sim" && o.device.rfind("sim", 0) == 0) spec = o.device;
-  if (kind == "cuda" && o.device.rfind("cuda", 0) == 0) spec = o.device;
+  std::string spec = kind == StageKind::cuda ? "cuda:0" : std::string(to_string(kind));
+  if (kind == StageKind::sim && o.device.rfind("sim", 0) == 0) spec = o.device;
+  if (kind == StageKind::cuda && o.device.rfind("cuda", 0) == 0) spec = o.device;
   ASYNCINFER_ASSIGN_OR_RETURN(auto d, open_device(spec));
   open.emplace(kind, d);
   return d;
 }
 
-bool on_device(const StageArg& s) { return s.kind == "sim" || s.kind == "cpu" || s.kind == "cuda"; }
+bool on_device(const StageArg& s) {
+  return s.kind == StageKind::sim || s.kind == StageKind::cpu || s.kind == StageKind::cuda;
+}
+
+constexpr StageKind kStageKinds[] = {StageKind::host, StageKind::sleep, StageKind::sim,
+                                     StageKind::cpu, StageKind::cuda};
 
 }  // namespace
+
+std::string_view to_string(StageKind kind) noexcept {
+  switch (kind) {
+    case StageKind::host:
+      return "host";
+    case StageKind::sleep:
+      return "sleep";
+    case StageKind::sim:
+      return "sim";
+    case StageKind::cpu:
+      return "cpu";
+    case StageKind::cuda:
+      return "cuda";
+  }
+  return "unknown";
+}
 
 Result<std::vector<StageArg>> parse_stages(const std::string& text) {
   const std::string forms =
@@ -71,11 +92,13 @@ Result<std::vector<StageArg>> parse_stages(const std::string& text) {
     if (c1 == std::string::npos)
       return invalid_argument_error("--stages: '" + item + "': " + forms);
     StageArg s;
-    s.kind = item.substr(0, c1);
-    if (s.kind != "host" && s.kind != "sleep" && s.kind != "sim" && s.kind != "cpu" &&
-        s.kind != "cuda") {
-      return invalid_argument_error("--stages: unknown stage kind '" + s.kind + "'; " + forms);
+    const std::string kind = item.substr(0, c1);
+    const auto* known = std::find_if(std::begin(kStageKinds), std::end(kStageKinds),
+                                     [&](StageKind k) { return to_string(k) == kind; });
+    if (known == std::end(kStageKinds)) {
+      return invalid_argument_error("--stages: unknown stage kind '" + kind + "'; " + forms);
     }
+    s.kind = *known;
     std::string rest = item.substr(c1 + 1);
     const std::size_t c2 = rest.find(':');
     if (c2 != std::string::npos) {
@@ -128,10 +151,10 @@ Result<RunResult> run_stages(const BenchOptions& o, const std::vector<StageArg>&
   RunResult res;
   res.mode = point.mode;
   const int window = o.concurrency_given ? point.concurrency : 8;
-  res.concurrency = point.mode == "sync" ? 1 : window;
-  res.label = point.mode == "sync" ? "sync loop" : "pipeline w=" + std::to_string(window);
+  res.concurrency = point.mode == Mode::sync ? 1 : window;
+  res.label = point.mode == Mode::sync ? "sync loop" : "pipeline w=" + std::to_string(window);
   res.bound_rps = stage_bound_per_s(stages);
-  std::map<std::string, std::shared_ptr<Device>> devices;
+  std::map<StageKind, std::shared_ptr<Device>> devices;
   const std::int64_t warmup = std::max<std::int64_t>(o.warmup, 2);
   const std::int64_t target = o.requests > 0 ? o.requests : 0;
   const double seconds = o.requests > 0 ? 0 : (o.duration_s > 0 ? o.duration_s : 5.0);
@@ -149,7 +172,7 @@ Result<RunResult> run_stages(const BenchOptions& o, const std::vector<StageArg>&
                  duration<double>(Clock::now() - t0).count());
   };
 
-  if (point.mode == "sync") {
+  if (point.mode == Mode::sync) {
     // One item after another: host stages run here, device stages are enqueued and waited for.
     std::vector<std::unique_ptr<Stream>> streams(stages.size());
     for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -160,9 +183,9 @@ Result<RunResult> run_stages(const BenchOptions& o, const std::vector<StageArg>&
     auto one_item = [&]() -> Status {
       for (std::size_t i = 0; i < stages.size(); ++i) {
         const StageArg& s = stages[i];
-        if (s.kind == "host") {
+        if (s.kind == StageKind::host) {
           spin_for(s.time);
-        } else if (s.kind == "sleep") {
+        } else if (s.kind == StageKind::sleep) {
           std::this_thread::sleep_for(s.time);
         } else {
           ASYNCINFER_RETURN_IF_ERROR(streams[i]->enqueue(timed_kernel(s.time)));
@@ -186,11 +209,11 @@ Result<RunResult> run_stages(const BenchOptions& o, const std::vector<StageArg>&
     std::vector<StageSpec> specs;
     for (std::size_t i = 0; i < stages.size(); ++i) {
       const StageArg s = stages[i];
-      const std::string name = s.kind + std::to_string(i);
-      if (s.kind == "host") {
+      const std::string name = std::string(to_string(s.kind)) + std::to_string(i);
+      if (s.kind == StageKind::host) {
         specs.push_back(StageSpec::host(
             name, [s](PipelineItem&) { return spin_for(s.time), Status(); }, s.threads));
-      } else if (s.kind == "sleep") {
+      } else if (s.kind == StageKind::sleep) {
         specs.push_back(StageSpec::host(
             name, [s](PipelineItem&) { return std::this_thread::sleep_for(s.time), Status(); },
             s.threads));

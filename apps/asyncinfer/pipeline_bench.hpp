@@ -11,7 +11,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "asyncinfer/status.hpp"
@@ -21,8 +23,13 @@
 
 namespace asyncinfer::cli {
 
+/// What a stage is: work on a host thread (host: spinning, sleep: waiting) or a kernel on a
+/// device stream (sim, cpu, cuda).
+enum class StageKind : std::uint8_t { host, sleep, sim, cpu, cuda };
+std::string_view to_string(StageKind kind) noexcept;
+
 struct StageArg {
-  std::string kind;  ///< host | sleep | sim | cpu | cuda
+  StageKind kind = StageKind::host;
   std::chrono::microseconds time{0};
   int threads = 1;
 };

@@ -283,7 +283,7 @@ std::string render_html_report(const BenchReport& rep) {
     h += "<p>No samples.</p>\n";
   }
 
-  if (rep.kind == "sweep" && !rep.runs.empty()) {
+  if (rep.kind == ReportKind::sweep && !rep.runs.empty()) {
     Series p50{"p50", color(0), {}, true, false};
     Series p99{"p99", color(1), {}, true, true};
     double xmax = 0, ymin = 0, ymax = 0;

@@ -21,8 +21,10 @@
 #include <nlohmann/json.hpp>
 
 #include "asyncinfer/asyncinfer.hpp"
+#include "cli_options.hpp"
 #include "commands.hpp"
 #include "images.hpp"
+#include "mode.hpp"
 #include "stats.hpp"
 
 namespace asyncinfer::cli {
@@ -39,9 +41,9 @@ struct RunOptions {
   std::optional<float> mean;
   std::optional<float> std_dev;
   int top_k = 1;
-  std::string mode = "async";
+  Mode mode = Mode::async;
   int workers = 1;
-  std::int64_t batch = 0;
+  std::int64_t max_batch_size = 0;  ///< 0 = the engine's rule (BatchingOptions::max_batch_size)
   std::int64_t max_queue_delay_us = 0;
   int decode_threads = 0;
   std::size_t window = 64;
@@ -53,7 +55,7 @@ struct RunOptions {
 };
 
 struct RunSummary {
-  std::string mode;
+  Mode mode = Mode::sync;
   std::size_t ok = 0;
   std::size_t skipped = 0;
   std::size_t labelled = 0;
@@ -224,7 +226,7 @@ constexpr std::size_t kMaxReported = 20;
 constexpr std::size_t kPrintPredictions = 20;
 
 /// One run in `mode`; fills `result`. Returns an exit code.
-int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
+int run_once(const RunOptions& o, Mode mode, RunSummary& result) {
   auto model = load_model(o.model);
   if (!model.ok()) {
     std::fprintf(stderr, "asyncinfer run: %s\n", model.status().to_string().c_str());
@@ -266,7 +268,7 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
 
   EngineOptions eo;
   eo.workers = o.workers;
-  eo.batching.max_batch_size = mode == "sync" ? 1 : o.batch;
+  eo.batching.max_batch_size = mode == Mode::sync ? 1 : o.max_batch_size;
   eo.batching.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us);
   eo.queue_capacity = std::max<std::size_t>(1024, o.window * 2);
   auto engine = Engine::create(*model, *device, eo);
@@ -293,7 +295,7 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
         top_k(logits.data_as<float>(), std::min<std::size_t>(classes, logits.numel()), o.top_k);
   };
 
-  if (mode == "sync") {
+  if (mode == Mode::sync) {
     for (std::size_t i = 0; i < files.size(); ++i) {
       const auto s = Clock::now();
       auto image = load_image(files[i], p);
@@ -387,7 +389,7 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
   }
   sum.latency = summarize(latencies);
   sum.wall_s = wall_s;
-  if (preds.size() <= kPrintPredictions && mode == (o.compare ? "sync" : o.mode)) {
+  if (preds.size() <= kPrintPredictions && mode == (o.compare ? Mode::sync : o.mode)) {
     for (const Prediction& pr : preds) {
       if (!pr.error.ok() || pr.top.empty()) continue;
       std::string line = pr.file + ": ";
@@ -412,7 +414,9 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
     std::string path = o.output;
     if (o.compare) {  // one file per mode: name.sync.csv, name.async.csv
       const fs::path f(path);
-      path = (f.parent_path() / (f.stem().string() + "." + mode + f.extension().string())).string();
+      path = (f.parent_path() /
+              (f.stem().string() + "." + std::string(to_string(mode)) + f.extension().string()))
+                 .string();
     }
     Status s = write_predictions(path, preds, class_names);
     if (!s.ok()) {
@@ -424,14 +428,10 @@ int run_once(const RunOptions& o, const std::string& mode, RunSummary& result) {
 }
 
 json summary_json(const RunOptions& o, const RunSummary& s) {
-  json j{{"mode", s.mode},
-         {"model", o.model},
-         {"device", o.device},
-         {"images_ok", s.ok},
-         {"images_skipped", s.skipped},
-         {"throughput_ips", s.throughput},
-         {"duration_s", s.wall_s},
-         {"batch_size_mean", s.batch_mean}};
+  json j{{"mode", to_string(s.mode)},   {"model", o.model},
+         {"device", o.device},          {"images_ok", s.ok},
+         {"images_skipped", s.skipped}, {"throughput_ips", s.throughput},
+         {"duration_s", s.wall_s},      {"batch_size_mean", s.batch_mean}};
   j["accuracy"] = s.labelled > 0 ? json(s.accuracy()) : json(nullptr);
   j["latency_us"] = {{"p50", s.latency.p50 ? json(*s.latency.p50) : json(nullptr)},
                      {"p99", s.latency.p99 ? json(*s.latency.p99) : json(nullptr)}};
@@ -446,7 +446,7 @@ std::string ms_or_none(const std::optional<double>& us) {
 }
 
 void print_summary(const RunOptions& o, const RunSummary& s) {
-  std::printf("mode            %s\n", s.mode.c_str());
+  std::printf("mode            %s\n", std::string(to_string(s.mode)).c_str());
   std::printf("model           %s on %s, %d worker(s)\n", o.model.c_str(), o.device.c_str(),
               o.workers);
   std::printf("images          %zu ok, %zu skipped\n", s.ok, s.skipped);
@@ -471,7 +471,9 @@ void print_comparison(const RunSummary& a, const RunSummary& b) {
     return std::string(buf);
   };
   std::printf("\n");
-  row("", a.mode, b.mode, b.mode + "/" + a.mode);
+  const std::string am(to_string(a.mode));
+  const std::string bm(to_string(b.mode));
+  row("", am, bm, bm + "/" + am);
   row("images ok", std::to_string(a.ok), std::to_string(b.ok), "");
   if (a.labelled > 0) {
     row("accuracy", num(100.0 * a.accuracy(), "%.2f %%"), num(100.0 * b.accuracy(), "%.2f %%"),
@@ -490,11 +492,11 @@ void print_comparison(const RunSummary& a, const RunSummary& b) {
 }
 
 int run_job(const RunOptions& o) {
-  const std::vector<std::string> modes =
-      o.compare ? std::vector<std::string>{"sync", "async"} : std::vector<std::string>{o.mode};
+  const std::vector<Mode> modes =
+      o.compare ? std::vector<Mode>{Mode::sync, Mode::async} : std::vector<Mode>{o.mode};
   std::vector<RunSummary> results;
   json all = json::array();
-  for (const std::string& mode : modes) {
+  for (Mode mode : modes) {
     RunSummary s;
     const int rc = run_once(o, mode, s);
     if (rc != kExitOk) return rc;
@@ -537,15 +539,17 @@ Command add_run_command(CLI::App& parent) {
   app->add_option("--top-k", o->top_k, "classes to report per image")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  app->add_option("--mode", o->mode, "sync (one image at a time) or async (pipeline)")
-      ->check(CLI::IsMember({"sync", "async"}))
-      ->capture_default_str();
+  add_parsed_option(
+      *app, "--mode", o->mode,
+      [](std::string_view t) {
+        return parse_mode(t, "--mode", {Mode::sync, Mode::async});
+      },
+      "sync (one image at a time) or async (pipeline)")
+      ->default_str("async");
   app->add_option("--workers,-w", o->workers, "engine workers (each a model instance)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app->add_option("--batch", o->batch, "max batch size (0 = the model's)")
-      ->check(CLI::Range(0, 4096))
-      ->capture_default_str();
+  add_max_batch_size_option(*app, o->max_batch_size, "--batch");
   app->add_option("--max-queue-delay-us", o->max_queue_delay_us,
                   "how long the batcher waits for more requests")
       ->check(CLI::Range(0, 10'000'000))

@@ -1,5 +1,5 @@
 // run_result.hpp — what one measured run of `asyncinfer bench` produced. Every mode (sync,
-// async, rate; later pipeline) returns this; tables, JSON, CSV and the HTML report read only it.
+// async, rate, pipeline) returns this; tables, JSON, CSV and the HTML report read only it.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.hpp"
+#include "mode.hpp"
 #include "stats.hpp"
 
 namespace asyncinfer::cli {
@@ -21,12 +23,14 @@ struct HistogramSummary {
 
 struct RunResult {
   // What ran.
-  std::string mode;                    ///< "sync", "async", "rate"
+  Mode mode = Mode::async;             ///< sync, async, rate, pipeline
   std::string label;                   ///< for tables: "async c=64", "rate 200/s poisson"
   int concurrency = 0;                 ///< requests kept in flight (sync: 1; rate: 0)
   std::optional<double> request_rate;  ///< rate: offered requests per second
-  std::string arrivals;                ///< rate: poisson | constant
+  std::optional<Arrivals> arrivals;    ///< rate: poisson | constant
   std::int64_t rows_per_request = 1;
+  /// The largest batch the engine formed in rows (Engine::options(); 0 for pipelines of stages).
+  std::int64_t max_batch_size = 0;
 
   // Counts over the measured window (warm-up excluded).
   std::uint64_t requests = 0;   ///< measured requests issued (accepted or refused)

@@ -98,10 +98,21 @@ struct RequestOptions {
   std::string tag;
 };
 
+/// The largest batch the engine forms for a batched model that sets no limit of its own
+/// (ModelSignature::max_batch_size == 0) when BatchingOptions::max_batch_size is 0.
+inline constexpr std::int64_t kDefaultMaxBatchSize = 64;
+
 /// Dynamic batching (Triton: max_batch_size, preferred_batch_size, max_queue_delay_microseconds;
 /// Ray Serve: max_batch_size, batch_wait_timeout_s).
 struct BatchingOptions {
-  /// Largest batch in rows (sum of requests' dim 0): 0 = the model's max_batch_size; 1 = off.
+  /// Largest batch in rows (the sum of the requests' dim 0). The one rule, which every face of
+  /// asyncinfer follows (the CLI's --max-batch-size, the server):
+  ///   0 (default)  the model's ModelSignature::max_batch_size, or kDefaultMaxBatchSize (64)
+  ///                when the model sets no limit (0);
+  ///   N >= 1       N; 1 turns batching off. Engine::create refuses (invalid_argument) an N above
+  ///                the model's own limit rather than lower it silently.
+  /// Unbatched models (ModelSignature::batched false) always run one request per call; the value
+  /// is then ignored. Engine::options() reports the value in effect.
   std::int64_t max_batch_size = 0;
   /// Batch sizes to prefer: the largest one reachable is dispatched at once.
   std::vector<std::int64_t> preferred_batch_sizes;
@@ -227,6 +238,8 @@ class Engine {
 
   EngineMetrics metrics() const;
   const ModelSignature& signature() const noexcept;
+  /// The options in use: as given to create(), with batching.max_batch_size resolved to the
+  /// largest batch the engine forms (BatchingOptions::max_batch_size; 1 for unbatched models).
   const EngineOptions& options() const noexcept;
   Device& device() const noexcept;
 

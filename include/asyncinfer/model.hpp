@@ -48,11 +48,12 @@ struct ModelSignature {
   std::vector<TensorSpec> outputs;
   /// Dim 0 of every input and output is the batch dim.
   bool batched = true;
-  /// Largest batch (sum of dim 0 over the requests of a batch) the model accepts; 0 = no limit.
-  /// Ignored when not batched.
+  /// Largest batch (sum of dim 0 over the requests of a batch) the model accepts; 0 = the model
+  /// sets no limit (the engine then batches up to kDefaultMaxBatchSize unless told otherwise:
+  /// BatchingOptions::max_batch_size in engine.hpp is the one rule). Ignored when not batched.
   std::int64_t max_batch_size = 0;
 
-  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; max batch 64".
+  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; batched, max_batch_size 64".
   std::string to_string() const;
 };
 
@@ -132,6 +133,10 @@ struct ModelOptions {
 /// invalid_argument names what was wrong in the URI and the accepted forms; not_found for a
 /// missing file; unavailable for a backend that was not built.
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options = {});
+
+/// The model kinds built into this library, in registration order ("builtin:identity", ...,
+/// "builtin:gemm" where the cuda backend is built, "torch" where libtorch is). Never blocks.
+std::vector<std::string> model_backends();
 
 /// Parses "x:f32:1x32x32" style specs used on the command line: name, dtype and the dims after
 /// the batch dim separated by 'x' (-1 for dynamic). For batched models the batch dim is added.

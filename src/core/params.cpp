@@ -105,6 +105,18 @@ Result<std::vector<std::int64_t>> Params::get_int_list(std::string_view key,
   return out;
 }
 
+Status Params::accept_alias(std::string_view old_key, std::string_view key) {
+  auto old = values_.find(std::string(old_key));
+  if (old == values_.end()) return Status();
+  if (has(key)) {
+    return invalid_argument_error(context_ + ": give " + std::string(key) + " or its old name " +
+                                  std::string(old_key) + ", not both");
+  }
+  values_.emplace(std::string(key), std::move(old->second));
+  values_.erase(old);
+  return Status();
+}
+
 Status Params::check_known(const std::set<std::string>& known) const {
   for (const auto& [key, value] : values_) {
     if (known.count(key) == 0) {

@@ -29,6 +29,9 @@ class Params {
   Result<std::vector<std::int64_t>> get_int_list(std::string_view key,
                                                  std::vector<std::int64_t> fallback,
                                                  char list_separator) const;
+  /// Accepts `old_key` as a deprecated spelling of `key` (its value moves to `key`).
+  /// invalid_argument when both are given.
+  Status accept_alias(std::string_view old_key, std::string_view key);
   /// invalid_argument naming the first key not in `known`, and listing the accepted keys.
   Status check_known(const std::set<std::string>& known) const;
   const std::string& context() const { return context_; }

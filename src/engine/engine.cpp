@@ -1558,14 +1558,20 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   if (!model) return invalid_argument_error("Engine::create: model is null");
   if (!device) return invalid_argument_error("Engine::create: device is null");
   const ModelSignature& sig = model->signature();
+  // The max batch size rule (BatchingOptions::max_batch_size, engine.hpp).
   std::int64_t max_rows = 1;
   if (sig.batched) {
-    max_rows = sig.max_batch_size > 0 ? sig.max_batch_size : 64;
-    if (options.batching.max_batch_size > 0) {
-      max_rows = std::min(max_rows, options.batching.max_batch_size);
+    const std::int64_t asked = options.batching.max_batch_size;
+    const std::int64_t model_max = sig.max_batch_size;
+    if (asked > 0 && model_max > 0 && asked > model_max) {
+      return invalid_argument_error("EngineOptions: batching.max_batch_size " +
+                                    std::to_string(asked) + " exceeds the model's max_batch_size " +
+                                    std::to_string(model_max) + " (0 = the model's)");
     }
+    max_rows = asked > 0 ? asked : (model_max > 0 ? model_max : kDefaultMaxBatchSize);
   }
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));
+  options.batching.max_batch_size = max_rows;  // what Engine::options() reports
   auto core = std::make_shared<EngineCore>(std::move(model), std::move(device), std::move(options),
                                            max_rows);
   Status s = core->start();

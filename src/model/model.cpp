@@ -1,4 +1,4 @@
-// Signatures, input validation and the model loader dispatch.
+// Signatures, input validation, and the model registry that load_model dispatches through.
 #include <algorithm>
 
 #include "core/params.hpp"
@@ -17,8 +17,8 @@ std::string ModelSignature::to_string() const {
   };
   std::string out = "inputs: " + list(inputs) + "; outputs: " + list(outputs);
   if (batched) {
-    out += "; batched, max batch " +
-           (max_batch_size > 0 ? std::to_string(max_batch_size) : std::string("unlimited"));
+    out += "; batched, max_batch_size " +
+           (max_batch_size > 0 ? std::to_string(max_batch_size) : std::string("0 (no limit)"));
   } else {
     out += "; not batched";
   }
@@ -73,7 +73,7 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
       batch = b;
       if (sig.max_batch_size > 0 && b > sig.max_batch_size) {
         return invalid_argument_error("input '" + spec.name + "': batch of " + std::to_string(b) +
-                                      " exceeds the model's max batch size " +
+                                      " exceeds the model's max_batch_size " +
                                       std::to_string(sig.max_batch_size));
       }
     }
@@ -105,44 +105,73 @@ Result<TensorSpec> parse_tensor_spec(std::string_view text, bool batched) {
   return spec;
 }
 
-Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
+namespace detail {
+
+const std::vector<ModelBackend>& model_backend_registry() {
+  static const std::vector<ModelBackend> registry = {
+    {"builtin:identity", "builtin:identity", &load_builtin_model},
+    {"builtin:fixed_cost", "builtin:fixed_cost?base_us=&per_item_us=...", &load_builtin_model},
+    {"builtin:faulty", "builtin:faulty?mode=&code=&every=&first=&poison=...", &load_builtin_model},
+#if defined(ASYNCINFER_HAVE_CUDA)
+    {"builtin:gemm", "builtin:gemm?m=&n=&k=&dtype=... (cuda)", &load_gemm_model},
+#endif
+#if defined(ASYNCINFER_HAVE_TORCH)
+    {"torch", "torch:<file.pt> or a path ending in .pt", &load_torch_model},
+#endif
+  };
+  return registry;
+}
+
+ModelUri parse_model_uri(std::string_view uri) noexcept {
   constexpr std::string_view kBuiltin = "builtin:";
   constexpr std::string_view kTorch = "torch:";
-  if (uri.substr(0, kBuiltin.size()) == kBuiltin) {
-    const std::string_view rest = uri.substr(kBuiltin.size());
-    if (rest.substr(0, 4) == "gemm") {
-#if defined(ASYNCINFER_HAVE_CUDA)
-      const std::size_t q = rest.find('?');
-      return detail::load_gemm_model(q == std::string_view::npos ? "" : rest.substr(q + 1),
-                                     options);
-#else
-      return unavailable_error("model '" + std::string(uri) +
-                               "': builtin:gemm needs the cuda backend, which was not built into "
-                               "this library");
-#endif
-    }
-    return detail::load_builtin_model(rest, options);
+  if (uri.starts_with(kBuiltin)) {
+    const std::size_t q = uri.find('?');
+    return {uri.substr(0, q), q == std::string_view::npos ? "" : uri.substr(q + 1)};
   }
-  std::string_view path;
-  if (uri.substr(0, kTorch.size()) == kTorch) {
-    path = uri.substr(kTorch.size());
-  } else if (uri.size() > 3 && uri.substr(uri.size() - 3) == ".pt") {
-    path = uri;
+  if (uri.starts_with(kTorch)) return {"torch", uri.substr(kTorch.size())};
+  if (uri.size() > 3 && uri.ends_with(".pt")) return {"torch", uri};
+  return {};
+}
+
+}  // namespace detail
+
+std::vector<std::string> model_backends() {
+  std::vector<std::string> kinds;
+  for (const auto& b : detail::model_backend_registry()) kinds.push_back(b.kind);
+  return kinds;
+}
+
+Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
+  const detail::ModelUri parsed = detail::parse_model_uri(uri);
+  for (const auto& b : detail::model_backend_registry()) {
+    if (b.kind == parsed.kind) return b.load(uri, parsed.args, options);
   }
-  if (!path.empty()) {
-#if defined(ASYNCINFER_HAVE_TORCH)
-    return detail::load_torch_model(path, options);
-#else
-    (void)options;
+  // Known kinds whose optional backend was not built.
+  if (parsed.kind == "builtin:gemm") {
+    return unavailable_error("model '" + std::string(uri) +
+                             "': builtin:gemm needs the cuda backend, which was not built into "
+                             "this library (rebuild with -DASYNCINFER_WITH_CUDA=ON where the CUDA "
+                             "toolkit is installed)");
+  }
+  if (parsed.kind == "torch") {
     return unavailable_error("model '" + std::string(uri) +
                              "': the torch backend was not built into this library (install "
                              "Debian's libtorch-dev and rebuild with -DASYNCINFER_WITH_TORCH=ON)");
-#endif
   }
-  return invalid_argument_error(
-      "unknown model '" + std::string(uri) +
-      "': expected builtin:identity, builtin:fixed_cost?..., builtin:faulty?..., builtin:gemm?... "
-      "(cuda), torch:<file.pt> or a path ending in .pt");
+  const bool builtin = parsed.kind.starts_with("builtin:");
+  std::string usage;
+  for (const auto& b : detail::model_backend_registry()) {
+    if (builtin && !b.kind.starts_with("builtin:")) continue;
+    usage += (usage.empty() ? "" : ", ") + b.usage;
+  }
+  if (builtin) {
+    return invalid_argument_error(
+        "unknown builtin model '" +
+        std::string(parsed.kind.substr(std::string_view("builtin:").size())) + "': expected " +
+        usage);
+  }
+  return invalid_argument_error("unknown model '" + std::string(uri) + "': expected " + usage);
 }
 
 }  // namespace asyncinfer

@@ -125,7 +125,7 @@ void check_run(const json& r, bool expect_samples) {
     ASSERT_TRUE(r["config"].contains(key) && r["config"][key].is_string()) << key;
   }
   for (const char* key : {"workers", "inflight_per_worker", "priority_levels", "batch_rows",
-                          "max_batch", "max_queue_delay_us", "seed"}) {
+                          "max_batch_size", "max_batch", "max_queue_delay_us", "seed"}) {
     ASSERT_TRUE(r["config"].contains(key) && r["config"][key].is_number()) << key;
   }
   EXPECT_EQ(r["config"]["mode"], r["mode"]);

@@ -159,13 +159,30 @@ TEST(BenchOptionsParse, Dims) {
   EXPECT_FALSE(parse_input_shape(":3").ok());
 }
 
-TEST(BenchOptionsParse, Priority) {
-  EXPECT_EQ(parse_priority("", 3).value(), 0);
-  EXPECT_EQ(parse_priority("mixed", 3).value(), -1);
-  EXPECT_EQ(parse_priority("3", 3).value(), 3);
-  EXPECT_FALSE(parse_priority("4", 3).ok());
-  EXPECT_FALSE(parse_priority("0", 3).ok());
-  EXPECT_FALSE(parse_priority("high", 3).ok());
+TEST(BenchOptionsParse, PriorityArrivalsDataAndModes) {
+  EXPECT_EQ(parse_priority("").value().level, 0);
+  EXPECT_FALSE(parse_priority("").value().mixed);
+  EXPECT_TRUE(parse_priority("mixed").value().mixed);
+  EXPECT_EQ(parse_priority("3").value().level, 3);
+  EXPECT_EQ(parse_priority("3").value().to_string(), "3");
+  EXPECT_FALSE(parse_priority("0").ok());
+  EXPECT_FALSE(parse_priority("high").ok());
+  EXPECT_EQ(parse_arrivals("constant").value(), Arrivals::constant);
+  EXPECT_FALSE(parse_arrivals("bursty").ok());
+  EXPECT_EQ(parse_data("zeros").value().kind, DataArg::Kind::zeros);
+  EXPECT_EQ(parse_data("file:/x.raw").value().path, "/x.raw");
+  EXPECT_EQ(parse_data("file:/x.raw").value().to_string(), "file:/x.raw");
+  EXPECT_FALSE(parse_data("file:").ok());
+  EXPECT_FALSE(parse_data("ones").ok());
+  EXPECT_EQ(parse_mode("rate", "--mode", kAllModes).value(), Mode::rate);
+  EXPECT_EQ(to_string(Mode::pipeline), "pipeline");
+  auto sweep = parse_mode("sweep", "--compare", kRunModes);
+  ASSERT_FALSE(sweep.ok());
+  EXPECT_NE(sweep.status().message().find("--compare: unknown mode 'sweep'; expected one of sync, "
+                                          "async, rate, pipeline"),
+            std::string_view::npos)
+      << sweep.status();
+  EXPECT_EQ(parse_input_shape("x:3x4").value().to_string(), "x:3x4");
 }
 
 Status check(BenchOptions o) { return validate(o); }
@@ -187,28 +204,29 @@ TEST(BenchOptionsValidate, DefaultsAndErrorsNameTheOption) {
   EXPECT_EQ(o.duration_s, BenchOptions::kDefaultDurationS);
 
   BenchOptions m = base();
-  m.mode = "warp";
-  expect_names(check(m), "--mode");
+  m.mode = Mode::pipeline;  // needs --stages
+  expect_names(check(m), "--stages");
   BenchOptions c = base();
   c.concurrency = {0};
   expect_names(check(c), "--concurrency");
   BenchOptions r = base();
-  r.mode = "rate";
+  r.mode = Mode::rate;
   r.request_rate = {0};
   expect_names(check(r), "--request-rate");
   BenchOptions r2 = base();
-  r2.mode = "rate";
+  r2.mode = Mode::rate;
   expect_names(check(r2), "--request-rate");
   BenchOptions s = base();
-  s.mode = "sweep";
+  s.mode = Mode::sweep;
   expect_names(check(s), "--mode sweep");
   BenchOptions s2 = base();
-  s2.mode = "sweep";
+  s2.mode = Mode::sweep;
   s2.concurrency = {1, 4, 16};
   s2.concurrency_given = true;
   EXPECT_TRUE(check(s2).ok());
   BenchOptions cmp = base();
-  cmp.compare = {"sync", "nope"};
+  cmp.mode = Mode::sweep;
+  cmp.compare = {Mode::sync, Mode::async};
   expect_names(check(cmp), "--compare");
   BenchOptions both = base();
   both.duration_s = 1;
@@ -218,11 +236,11 @@ TEST(BenchOptionsValidate, DefaultsAndErrorsNameTheOption) {
   w.warmup = 3;
   w.warmup_s = 1;
   expect_names(check(w), "--warmup");
-  BenchOptions d = base();
-  d.data = "file:";
-  expect_names(check(d), "--data");
+  BenchOptions p = base();
+  p.priority.level = 4;  // above --priority-levels 3
+  expect_names(check(p), "--priority");
   BenchOptions sh = base();
-  sh.input_shape = {"1xq"};
+  sh.input_shapes = {InputShapeArg{"", {1}}, InputShapeArg{"", {2}}};
   expect_names(check(sh), "--input-shape");
   BenchOptions wk = base();
   wk.workers = 0;

@@ -76,6 +76,55 @@ TEST(Batching, QueuedRequestsFormBatchesUpToTheMaxSize) {
   EXPECT_DOUBLE_EQ(metrics.batch_size.sum, 21.0);
 }
 
+// The one max batch size rule (BatchingOptions::max_batch_size): 0 = the model's limit, or
+// kDefaultMaxBatchSize when the model has none; an explicit value is used as given, and one above
+// the model's limit is refused instead of lowered; options() reports the value in effect.
+TEST(Batching, MaxBatchSizeFollowsOneRule) {
+  auto device = *open_device("cpu");
+  auto effective = [&](std::int64_t model_max, std::int64_t asked) -> Result<std::int64_t> {
+    auto m = std::make_shared<ScriptedModel>([](const Call&) { return Decision{}; }, model_max);
+    EngineOptions o;
+    o.batching.max_batch_size = asked;
+    ASYNCINFER_ASSIGN_OR_RETURN(auto e, Engine::create(m, device, o));
+    return e->options().batching.max_batch_size;
+  };
+  EXPECT_EQ(effective(32, 0).value(), 32);
+  EXPECT_EQ(effective(32, 8).value(), 8);
+  EXPECT_EQ(effective(32, 32).value(), 32);
+  EXPECT_EQ(effective(0, 0).value(), kDefaultMaxBatchSize);
+  EXPECT_EQ(effective(0, 500).value(), 500);  // no silent cap when the model has no limit
+  auto above = effective(32, 33);
+  ASSERT_FALSE(above.ok());
+  EXPECT_EQ(above.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(
+      above.status().message().find("max_batch_size 33 exceeds the model's max_batch_size 32"),
+      std::string_view::npos)
+      << above.status();
+  auto unbatched = make_engine("builtin:identity?max_batch_size=0");
+  ASSERT_NE(unbatched, nullptr);
+  EXPECT_EQ(unbatched->options().batching.max_batch_size, 1);
+  // The query key's old spelling still works; giving both is an error naming them.
+  EXPECT_EQ((*load_model("builtin:identity?max_batch=8"))->signature().max_batch_size, 8);
+  EXPECT_EQ(load_model("builtin:identity?max_batch=8&max_batch_size=8").status().code(),
+            StatusCode::invalid_argument);
+}
+
+TEST(Batching, BatchesGrowPastTheDefaultWhenTheModelHasNoLimit) {
+  auto m = std::make_shared<ScriptedModel>(
+      [](const Call& c) {
+        return Decision{Status(), c.firsts.at(0) == -1 ? 300ms : 0us};
+      },
+      /*max_batch=*/0);
+  auto e = scripted_engine(m, one_slot(100));
+  auto blocker = occupy(*e, m, -1);
+  std::vector<Future<Outputs>> fs;
+  for (int i = 0; i < 100; ++i) fs.push_back(e->submit(one(static_cast<float>(i))));
+  for (auto& f : fs) ASSERT_TRUE(get_within(f).ok());
+  auto calls = m->calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[1].firsts.size(), 100u);  // not capped at kDefaultMaxBatchSize (64)
+}
+
 TEST(Batching, MaxQueueDelayIsHonoured) {
   auto m = slow_first(-1, 0us);
   EngineOptions o = one_slot(8);

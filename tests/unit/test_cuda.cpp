@@ -21,7 +21,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/model.hpp"
-#include "device/cuda/gemm_weights.hpp"
+#include "model/cuda/gemm_weights.hpp"
 #include "test_support.hpp"
 
 namespace asyncinfer {
@@ -287,7 +287,7 @@ TEST_F(CudaTest, GemmMatchesAFloat64Reference) {
                         Case{"bf16", DType::bf16, 1.0 / 128}}) {
     SCOPED_TRACE(c.dtype);
     auto model =
-        load_model("builtin:gemm?m=32&n=48&k=64&max_batch=8&dtype=" + std::string(c.dtype));
+        load_model("builtin:gemm?m=32&n=48&k=64&max_batch_size=8&dtype=" + std::string(c.dtype));
     ASSERT_TRUE(model.ok()) << model.status();
     auto s = stream(*cuda_);
     auto inst = (*model)->create_instance(*cuda_, *s, {});
@@ -548,7 +548,7 @@ TEST(CudaWithoutGpu, OpenDeviceFailsAsUnavailableWithCudasWordsOrSucceeds) {
 }
 
 TEST(CudaWithoutGpu, GemmParametersAreCheckedByName) {
-  auto ok = load_model("builtin:gemm?m=8&n=16&k=4&dtype=bf16&max_batch=5");
+  auto ok = load_model("builtin:gemm?m=8&n=16&k=4&dtype=bf16&max_batch_size=5");
   ASSERT_TRUE(ok.ok()) << ok.status();
   const ModelSignature& sig = (*ok)->signature();
   ASSERT_EQ(sig.inputs.size(), 1u);

@@ -1,6 +1,7 @@
 // Engine: sync and async inference, callbacks, futures, request ids, many consumers (issue 4).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -468,6 +469,33 @@ TEST(Engine, CreateRejectsBadOptionsByName) {
   EngineOptions q;
   q.retry.retryable_codes = {StatusCode::invalid_argument};
   EXPECT_FALSE(Engine::create(model, device, q).ok());
+}
+
+TEST(Models, RegistryListsTheKindsBuiltAndNamesWhatIsUnknown) {
+  const std::vector<std::string> kinds = model_backends();
+  for (const char* k : {"builtin:identity", "builtin:fixed_cost", "builtin:faulty"}) {
+    EXPECT_NE(std::find(kinds.begin(), kinds.end(), k), kinds.end()) << k;
+  }
+  auto nope = load_model("builtin:nope?x=1");
+  ASSERT_FALSE(nope.ok());
+  EXPECT_EQ(nope.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(nope.status().message().find("unknown builtin model 'nope'"), std::string_view::npos)
+      << nope.status();
+  EXPECT_NE(nope.status().message().find("builtin:identity"), std::string_view::npos);
+  auto unknown = load_model("model.onnx");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(unknown.status().message().find("unknown model 'model.onnx'"), std::string_view::npos);
+  // A known kind whose optional backend is missing says so; a built one loads (the file is
+  // missing here, which the torch backend reports as not_found).
+  const bool has_torch = std::find(kinds.begin(), kinds.end(), "torch") != kinds.end();
+  EXPECT_EQ(load_model("torch:/nonexistent.pt").status().code(),
+            has_torch ? StatusCode::not_found : StatusCode::unavailable);
+  const bool has_gemm = std::find(kinds.begin(), kinds.end(), "builtin:gemm") != kinds.end();
+  EXPECT_EQ(load_model("builtin:gemm").ok(), has_gemm);
+  auto id = load_model("builtin:identity?shape=3");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ((*id)->name(), "builtin:identity?shape=3");
 }
 
 }  // namespace

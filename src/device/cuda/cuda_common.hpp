@@ -1,6 +1,7 @@
 // cuda_common.hpp (internal) — what the cuda backend's files share: CUDA errors as Status, the
-// device guard, the device kernels the backend launches, and the "am I on CUDA's callback
-// thread" flag that keeps CUDA calls out of host functions.
+// device guard, the device kernels the backend launches, the "am I on CUDA's callback thread"
+// flag that keeps CUDA calls out of host functions, and the one way the backend enqueues a host
+// function (launch_callback). builtin:gemm and the torch backend use the first two as well.
 //
 // Every CUDA runtime call of the backend goes through ASYNCINFER_CUDA_STATUS (or its RETURN
 // form), so a failure becomes a Status that names the call, the file and the line, with CUDA's
@@ -18,7 +19,10 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <utility>
 
+#include "asyncinfer/detail/unique_function.hpp"
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/status.hpp"
 #include "device/cuda/cuda_kernels.hpp"
@@ -60,6 +64,30 @@ class CudaDeviceGuard {
 /// True while the calling thread runs one of the backend's cudaLaunchHostFunc callbacks (where
 /// CUDA calls are forbidden). Thread-local; never blocks.
 bool in_cuda_callback() noexcept;
+
+/// What one of the backend's cudaLaunchHostFunc callbacks runs: host-only work (host memory,
+/// mutexes, executors; never a CUDA call), which must not throw.
+using CudaCallback = UniqueFunction<void()>;
+
+/// Enqueues `fn` on `stream` (cudaLaunchHostFunc). The callback record, a heap-allocated
+/// CudaCallback, belongs to CUDA once enqueued: CUDA's callback thread runs it exactly once, with
+/// in_cuda_callback() true, and destroys it there (so what it captured is released on that thread,
+/// still flagged). On failure `fn` is destroyed unrun here and the error returned.
+Status launch_callback(cudaStream_t stream, CudaCallback fn);
+
+/// Runs `fn` here, or on a short-lived thread of its own when called from a CUDA callback (where
+/// the CUDA calls that release resources are forbidden). The destructors of the per-device
+/// resource owners use it; by construction their last reference is never dropped on a callback
+/// thread (the device outlives its streams, and a stream outlives its callbacks), so this is only
+/// a safety net and costs nothing on the normal path.
+template <class Fn>
+void run_outside_callbacks(Fn fn) {
+  if (!in_cuda_callback()) {
+    fn();
+    return;
+  }
+  std::thread([fn = std::move(fn)]() mutable { fn(); }).detach();
+}
 
 /// The CUDA ordinal of a device opened by the cuda backend; invalid_argument for any other
 /// device (names it).

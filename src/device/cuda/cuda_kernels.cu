@@ -1,19 +1,17 @@
-// The device kernels of the cuda backend: the spin kernel (Kernel::duration), the host-wait kernel
-// (holds a stream while a host function runs on the stream's host thread) and the gemm weight
-// initialiser. All are tiny; none uses shared memory.
+// The device kernels of the cuda backend: the spin kernel (Kernel::duration) and the host-wait
+// kernel (holds a stream while a host function runs on the stream's host thread). Both are tiny
+// and use no shared memory. (builtin:gemm's weight initialiser is the model's:
+// src/model/cuda/gemm_kernels.cu.)
 //
 // Host flags live in mapped page-locked host memory (cudaHostAllocMapped). The kernels read them
 // through volatile loads, which PTX treats as relaxed loads at system scope (sm_70 and later), so
 // a store by a host thread becomes visible to the polling kernel within the PCIe round trip.
 // Polling loops sleep with __nanosleep between reads to keep that traffic negligible.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <initializer_list>
 
 #include "device/cuda/cuda_kernels.hpp"
-#include "device/cuda/gemm_weights.hpp"
 
 namespace asyncinfer::detail {
 namespace {
@@ -56,23 +54,6 @@ __global__ void host_wait_kernel(const unsigned long long* counter, unsigned lon
   }
 }
 
-__global__ void gemm_weight_init_kernel(void* out, unsigned long long count, int elem,
-                                        unsigned long long seed) {
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  for (unsigned long long i =
-           static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < count; i += stride) {
-    const float v = gemm_weight_value(seed, i);
-    if (elem == static_cast<int>(GemmElem::f16)) {
-      static_cast<__half*>(out)[i] = __float2half_rn(v);
-    } else if (elem == static_cast<int>(GemmElem::bf16)) {
-      static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
-    } else {
-      static_cast<float*>(out)[i] = v;
-    }
-  }
-}
-
 }  // namespace
 
 // The flags are std::uint32_t / std::uint64_t on the host side; the kernels take the equivalent
@@ -101,26 +82,10 @@ cudaError_t launch_host_wait_kernel(cudaStream_t stream, const std::uint64_t* co
                           0, stream);
 }
 
-cudaError_t launch_gemm_weight_init(cudaStream_t stream, void* out, std::uint64_t count,
-                                    GemmElem elem, std::uint64_t seed) {
-  if (count == 0) return cudaSuccess;
-  constexpr unsigned int kThreads = 256;
-  const unsigned long long want = (count + kThreads - 1) / kThreads;
-  const unsigned int blocks = static_cast<unsigned int>(want < 4096ull ? want : 4096ull);
-  void* out_arg = out;
-  unsigned long long count_arg = count;
-  int elem_arg = static_cast<int>(elem);
-  unsigned long long seed_arg = seed;
-  void* args[] = {&out_arg, &count_arg, &elem_arg, &seed_arg};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&gemm_weight_init_kernel), dim3(blocks),
-                          dim3(kThreads), args, 0, stream);
-}
-
 cudaError_t preload_kernels() {
   cudaFuncAttributes attr{};
   for (const void* k : {reinterpret_cast<const void*>(&spin_kernel),
-                        reinterpret_cast<const void*>(&host_wait_kernel),
-                        reinterpret_cast<const void*>(&gemm_weight_init_kernel)}) {
+                        reinterpret_cast<const void*>(&host_wait_kernel)}) {
     const cudaError_t e = cudaFuncGetAttributes(&attr, k);
     if (e != cudaSuccess) return e;
   }

@@ -22,14 +22,6 @@ cudaError_t launch_spin_kernel(cudaStream_t stream, std::uint64_t ns, const std:
 cudaError_t launch_host_wait_kernel(cudaStream_t stream, const std::uint64_t* counter,
                                     std::uint64_t target, const std::uint32_t* abort);
 
-/// Element types the gemm weight initialiser writes.
-enum class GemmElem : int { f32 = 0, f16 = 1, bf16 = 2 };
-
-/// Fills `count` elements of `out` with gemm_weight_value(seed, i) (gemm_weights.hpp) converted
-/// to `elem`, on `stream`.
-cudaError_t launch_gemm_weight_init(cudaStream_t stream, void* out, std::uint64_t count,
-                                    GemmElem elem, std::uint64_t seed);
-
 /// Loads the kernels above on the calling thread's current device now (cudaFuncGetAttributes).
 /// With lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel is loaded
 /// on first launch, which may wait for work already running on the device (the CUDA Programming

@@ -24,7 +24,7 @@ struct BuiltinConfig {
   DType dtype = DType::f32;
   Shape item_shape = {-1};  // dims after the batch dim
   int inputs = 1;
-  std::int64_t max_batch = 64;  // 0: not batched
+  std::int64_t max_batch_size = 64;  // 0: not batched (Triton's meaning of 0 in a model config)
   double base_us = 0;
   double per_item_us = 0;
   bool cost_from_input = false;
@@ -82,8 +82,8 @@ double first_element(const Tensor& t, std::int64_t row) {
 class BuiltinModel final : public Model, public std::enable_shared_from_this<BuiltinModel> {
  public:
   BuiltinModel(std::string name, BuiltinConfig cfg) : name_(std::move(name)), cfg_(std::move(cfg)) {
-    sig_.batched = cfg_.max_batch > 0;
-    sig_.max_batch_size = cfg_.max_batch;
+    sig_.batched = cfg_.max_batch_size > 0;
+    sig_.max_batch_size = cfg_.max_batch_size;
     for (int i = 0; i < cfg_.inputs; ++i) {
       TensorSpec in;
       in.name = "input" + std::to_string(i);
@@ -223,19 +223,18 @@ Result<std::unique_ptr<ModelInstance>> BuiltinModel::create_instance(
 
 }  // namespace
 
-Result<std::shared_ptr<Model>> load_builtin_model(std::string_view rest,
+Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::string_view query,
                                                   const ModelOptions& /*options*/) {
-  const std::size_t q = rest.find('?');
   BuiltinConfig cfg;
-  cfg.kind = std::string(rest.substr(0, q));
-  const std::string_view query = q == std::string_view::npos ? "" : rest.substr(q + 1);
+  cfg.kind = std::string(uri.substr(0, uri.find('?')).substr(std::string_view("builtin:").size()));
   const std::string context = "builtin:" + cfg.kind;
   if (cfg.kind != "identity" && cfg.kind != "fixed_cost" && cfg.kind != "faulty") {
     return invalid_argument_error("unknown builtin model '" + cfg.kind + "': expected " +
                                   std::string(kForms));
   }
   ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(query, '&', context));
-  std::set<std::string> known = {"dtype", "shape", "inputs", "max_batch"};
+  ASYNCINFER_RETURN_IF_ERROR(p.accept_alias("max_batch", "max_batch_size"));
+  std::set<std::string> known = {"dtype", "shape", "inputs", "max_batch_size"};
   if (cfg.kind != "identity") {
     known.insert({"base_us", "per_item_us", "cost_from_input", "cpu", "cancellable"});
   }
@@ -254,7 +253,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view rest,
   }
   ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t inputs, p.get_int("inputs", 1, 1, 64));
   cfg.inputs = static_cast<int>(inputs);
-  ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch, p.get_int("max_batch", 64, 0, 1 << 20));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch_size, p.get_int("max_batch_size", 64, 0, 1 << 20));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.base_us, p.get_double("base_us", 0, 0, 3.6e9));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.per_item_us, p.get_double("per_item_us", 0, 0, 3.6e9));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.cost_from_input, p.get_bool("cost_from_input", false));
@@ -294,8 +293,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view rest,
     }
     cfg.fail_at_enqueue = at == "enqueue";
   }
-  return std::shared_ptr<Model>(
-      std::make_shared<BuiltinModel>("builtin:" + std::string(rest), std::move(cfg)));
+  return std::shared_ptr<Model>(std::make_shared<BuiltinModel>(std::string(uri), std::move(cfg)));
 }
 
 }  // namespace asyncinfer::detail

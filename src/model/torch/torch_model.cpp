@@ -1,5 +1,10 @@
 // The TorchScript model backend: "torch:<path>" or a path ending in ".pt", run through libtorch.
 //
+// One file of about 940 lines, on purpose: it is the backend's only translation unit that
+// includes libtorch's headers (each one costs tens of seconds to compile on the 2-core machines
+// this project builds on). Its sections, in order: dtypes, signature (sidecar and specs),
+// running (forward, output checks), the instances per device kind, the model and its loader.
+//
 // Loading (load_torch_model): the file's bytes are read once and kept; libtorch parses them into
 // a module to validate the file. The signature comes from a sidecar JSON file
 // (ModelOptions::signature_path, else "<path>.json" when present) or from the command-line specs
@@ -873,7 +878,8 @@ class TorchModel final : public Model {
 
 }  // namespace
 
-Result<std::shared_ptr<Model>> load_torch_model(std::string_view path_view,
+Result<std::shared_ptr<Model>> load_torch_model(std::string_view /*uri*/,
+                                                std::string_view path_view,
                                                 const ModelOptions& options) {
   const std::string path(path_view);
   if (path.empty())

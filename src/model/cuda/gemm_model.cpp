@@ -1,6 +1,6 @@
-// builtin:gemm?m=&n=&k=&dtype=f32|f16|bf16&max_batch= — a batched GEMM on cuBLAS whose cost the
-// user chooses (2·m·n·k·batch floating-point operations per call), for measuring the engine on a
-// real GPU.
+// builtin:gemm?m=&n=&k=&dtype=f32|f16|bf16&max_batch_size= — a batched GEMM on cuBLAS whose cost
+// the user chooses (2·m·n·k·batch floating-point operations per call), for measuring the engine on
+// a real GPU.
 //
 // Signature: input "a" dtype[-1, m, k], output "c" dtype[-1, m, n]; c[b] = a[b] · B with one fixed
 // weight B[k, n] (row-major) shared by every item. B is initialised at instance creation on the
@@ -29,8 +29,9 @@
 
 #include "core/params.hpp"
 #include "device/cuda/cuda_common.hpp"
-#include "device/cuda/gemm_weights.hpp"
 #include "model/backend.hpp"
+#include "model/cuda/gemm_kernels.hpp"
+#include "model/cuda/gemm_weights.hpp"
 
 namespace asyncinfer::detail {
 namespace {
@@ -40,7 +41,7 @@ struct GemmConfig {
   std::int64_t n = 256;
   std::int64_t k = 256;
   DType dtype = DType::f32;
-  std::int64_t max_batch = 64;
+  std::int64_t max_batch_size = 64;
 };
 
 Status cublas_status(cublasStatus_t s, const char* call, const char* file, int line) {
@@ -118,7 +119,7 @@ class GemmModel final : public Model, public std::enable_shared_from_this<GemmMo
  public:
   GemmModel(std::string name, GemmConfig cfg) : name_(std::move(name)), cfg_(cfg) {
     sig_.batched = true;
-    sig_.max_batch_size = cfg_.max_batch;
+    sig_.max_batch_size = cfg_.max_batch_size;
     sig_.inputs.push_back(TensorSpec{"a", cfg_.dtype, {-1, cfg_.m, cfg_.k}});
     sig_.outputs.push_back(TensorSpec{"c", cfg_.dtype, {-1, cfg_.m, cfg_.n}});
   }
@@ -241,6 +242,11 @@ Result<std::unique_ptr<ModelInstance>> GemmModel::create_instance(
   const int ord = *ordinal;
   CudaDeviceGuard guard(ord);
   ASYNCINFER_RETURN_IF_ERROR(guard.status());
+  Status loaded = ASYNCINFER_CUDA_STATUS(preload_gemm_kernels());
+  if (!loaded.ok()) {
+    // Typically no machine code or PTX for this GPU in the build (ASYNCINFER_CUDA_ARCHITECTURES).
+    return Status(StatusCode::unavailable, loaded.message()).with_context(name_);
+  }
   const std::size_t elems = static_cast<std::size_t>(cfg_.k * cfg_.n);
   ASYNCINFER_ASSIGN_OR_RETURN(auto weight,
                               device.allocate(elems * dtype_size(cfg_.dtype), MemoryKind::device));
@@ -278,17 +284,19 @@ Result<std::unique_ptr<ModelInstance>> GemmModel::create_instance(
 
 }  // namespace
 
-Result<std::shared_ptr<Model>> load_gemm_model(std::string_view query,
+Result<std::shared_ptr<Model>> load_gemm_model(std::string_view /*uri*/, std::string_view query,
                                                const ModelOptions& /*options*/) {
   const std::string context = "builtin:gemm";
   ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(query, '&', context));
-  ASYNCINFER_RETURN_IF_ERROR(p.check_known({"m", "n", "k", "dtype", "max_batch"}));
+  ASYNCINFER_RETURN_IF_ERROR(p.accept_alias("max_batch", "max_batch_size"));
+  ASYNCINFER_RETURN_IF_ERROR(p.check_known({"m", "n", "k", "dtype", "max_batch_size"}));
   GemmConfig cfg;
   constexpr std::int64_t kMaxDim = 65536;
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.m, p.get_int("m", cfg.m, 1, kMaxDim));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.n, p.get_int("n", cfg.n, 1, kMaxDim));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.k, p.get_int("k", cfg.k, 1, kMaxDim));
-  ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch, p.get_int("max_batch", cfg.max_batch, 1, 1 << 20));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch_size,
+                              p.get_int("max_batch_size", cfg.max_batch_size, 1, 1 << 20));
   ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
   auto parsed = parse_dtype(dtype);
   if (!parsed.ok() || (*parsed != DType::f32 && *parsed != DType::f16 && *parsed != DType::bf16)) {

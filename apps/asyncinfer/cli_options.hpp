@@ -1,0 +1,70 @@
+// cli_options.hpp — how the subcommands declare options that need more than CLI11's own
+// conversions: each is parsed and checked once, by the command's own parser, as CLI11 reads it.
+//
+// add_parsed_option binds an option to a parser returning Result<T>: on success the value goes
+// to its typed field; on failure CLI11 reports the parser's message (which names the option and
+// what was expected) as a usage error, so main() exits with kExitUsage (2). Checks that need
+// several options (a priority against --priority-levels) stay in the command's validate step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "asyncinfer/status.hpp"
+
+namespace asyncinfer::cli {
+
+/// `--name TEXT`, parsed by `parse(std::string_view) -> Result<T>` into `target`.
+template <class T, class Parse>
+CLI::Option* add_parsed_option(CLI::App& app, const std::string& name, T& target, Parse parse,
+                               const std::string& help) {
+  return app.add_option_function<std::string>(
+      name,
+      [&target, parse](const std::string& text) {
+        auto r = parse(text);
+        if (!r.ok()) throw CLI::ValidationError(std::string(r.status().message()));
+        target = std::move(*r);
+      },
+      help);
+}
+
+/// `--name A,B,...`: each item parsed by `parse` and appended to `target` (cleared first).
+template <class T, class Parse>
+CLI::Option* add_parsed_list_option(CLI::App& app, const std::string& name, std::vector<T>& target,
+                                    Parse parse, const std::string& help) {
+  return app
+      .add_option_function<std::vector<std::string>>(
+          name,
+          [&target, parse](const std::vector<std::string>& items) {
+            target.clear();
+            for (const std::string& text : items) {
+              auto r = parse(text);
+              if (!r.ok()) throw CLI::ValidationError(std::string(r.status().message()));
+              target.push_back(std::move(*r));
+            }
+          },
+          help)
+      ->delimiter(',');
+}
+
+/// --max-batch-size N (Triton's name), the largest batch in rows; 0 = the engine's rule
+/// (BatchingOptions::max_batch_size: the model's max_batch_size, or 64 when it sets none).
+/// `old_name` ("--max-batch", "--batch") is kept as a hidden alias for old scripts.
+inline CLI::Option* add_max_batch_size_option(CLI::App& app, std::int64_t& target,
+                                              const std::string& old_name) {
+  const auto range = CLI::Range(std::int64_t{0}, std::int64_t{1} << 30);
+  CLI::Option* opt =
+      app.add_option("--max-batch-size", target,
+                     "Largest batch in rows; 0 = the model's max_batch_size (64 when the model "
+                     "sets none), 1 = no batching; above the model's limit is an error")
+          ->check(range)
+          ->capture_default_str();
+  app.add_option(old_name, target, "old name of --max-batch-size")->check(range)->group("");
+  return opt;
+}
+
+}  // namespace asyncinfer::cli

@@ -1,0 +1,178 @@
+// serve.cpp — `asyncinfer serve --model-repository DIR [...]`: the models of a Triton-layout
+// repository over the Open Inference Protocol (HTTP/REST) with Prometheus metrics, until SIGTERM
+// or SIGINT (graceful drain; a second signal cancels it). A thin layer over src/server
+// (docs/serving.md); built only where the server library is (ASYNCINFER_HAVE_SERVER).
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <string>
+
+#include "commands.hpp"
+
+#if ASYNCINFER_HAVE_SERVER
+#include "frontend.hpp"
+#include "http_server.hpp"
+#include "inference_server.hpp"
+#include "model_repository.hpp"
+#endif
+
+#ifndef ASYNCINFER_VERSION
+#define ASYNCINFER_VERSION "unknown"
+#endif
+
+namespace asyncinfer::cli {
+namespace {
+
+struct ServeOptions {
+  std::string repository;
+  std::string host = "127.0.0.1";
+  int http_port = 8000;
+  int metrics_port = 8002;
+  int http_threads = 0;
+  double drain_timeout_s = 30;
+  double header_timeout_s = 10;
+  double body_timeout_s = 60;
+  double idle_timeout_s = 60;
+  std::size_t max_body_bytes = 64u << 20;
+  std::size_t max_header_bytes = 16u << 10;
+  std::size_t max_connections = 4096;
+  bool strict_readiness = true;
+};
+
+void log_line(const std::string& line) {
+  std::fprintf(stderr, "asyncinfer serve: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+#if ASYNCINFER_HAVE_SERVER
+std::chrono::milliseconds ms(double s) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0 + 0.5));
+}
+
+/// Many connections need many descriptors: raise the soft limit to the hard one (as nginx's
+/// worker_rlimit_nofile does), and keep the connection limit below it.
+std::size_t raise_fd_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+    getrlimit(RLIMIT_NOFILE, &r);
+  }
+  return r.rlim_cur == RLIM_INFINITY ? 0 : static_cast<std::size_t>(r.rlim_cur);
+}
+
+int run_serve(const ServeOptions& o) {
+  using namespace asyncinfer::server;
+  // Before any thread exists (the engines start theirs while loading).
+  block_shutdown_signals();
+  const std::size_t fds = raise_fd_limit();
+
+  auto repository = ModelRepository::load(o.repository, log_line);
+  if (!repository.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: --model-repository: %s\n",
+                 repository.status().to_string().c_str());
+    return kExitUsage;
+  }
+  ServerOptions so;
+  so.version = ASYNCINFER_VERSION;
+  so.strict_readiness = o.strict_readiness;
+  InferenceServer core(std::move(*repository), so);
+
+  HttpOptions ho;
+  ho.host = o.host;
+  ho.http_port = o.http_port;
+  ho.metrics_port = o.metrics_port;
+  ho.threads = o.http_threads;
+  ho.max_body_bytes = o.max_body_bytes;
+  ho.max_header_bytes = o.max_header_bytes;
+  ho.header_timeout = ms(o.header_timeout_s);
+  ho.body_timeout = ms(o.body_timeout_s);
+  ho.idle_timeout = ms(o.idle_timeout_s);
+  ho.max_connections = o.max_connections;
+  if (fds > 64 && ho.max_connections > fds - 64) {
+    ho.max_connections = fds - 64;
+    log_line("--max-connections lowered to " + std::to_string(ho.max_connections) +
+             " (the process may open " + std::to_string(fds) + " files)");
+  }
+  HttpServer http(core, ho);
+  Status s = http.start();
+  if (!s.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n", s.to_string().c_str());
+    return s.code() == StatusCode::invalid_argument ? kExitUsage : kExitRunFailed;
+  }
+  log_line("http: listening on " + o.host + ":" + std::to_string(http.http_port()) + " (" +
+           std::to_string(ho.threads > 0 ? ho.threads
+                                         : static_cast<int>(
+                                               std::max(1u, std::thread::hardware_concurrency()))) +
+           " I/O threads)");
+  if (http.metrics_port() >= 0) {
+    log_line("metrics: listening on " + o.host + ":" + std::to_string(http.metrics_port()) +
+             " (/metrics)");
+  }
+  log_line(core.ready() ? "ready" : "not ready: a model failed to load (see above)");
+  Frontend* frontends[] = {&http};
+  return run_until_signalled(core, frontends, ms(o.drain_timeout_s), log_line);
+}
+#else
+int run_serve(const ServeOptions&) {
+  std::fprintf(stderr,
+               "asyncinfer serve: not built: the server needs Boost (libboost-dev), protobuf "
+               "(libprotobuf-dev, protobuf-compiler) and prometheus-cpp-dev; run "
+               "scripts/setup.sh and rebuild\n");
+  return kExitRunFailed;
+}
+#endif
+
+}  // namespace
+
+Command add_serve_command(CLI::App& parent) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* app = parent.add_subcommand(
+      "serve", "Serve a model repository over the Open Inference Protocol (KServe v2) on HTTP");
+  app->add_option("--model-repository", o->repository,
+                  "Triton-layout repository: DIR/<model>/config.pbtxt, DIR/<model>/<version>/")
+      ->required();
+  app->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  app->add_option("--http-port", o->http_port, "HTTP port (0 = a free port, logged)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app->add_option("--metrics-port", o->metrics_port,
+                  "Prometheus /metrics port (0 = a free port, -1 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 65535));
+  app->add_option("--http-threads", o->http_threads, "I/O threads (0 = one per core)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
+  app->add_option("--drain-timeout", o->drain_timeout_s,
+                  "Seconds in-flight requests get to finish after SIGTERM/SIGINT")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app->add_option("--header-timeout", o->header_timeout_s,
+                  "Seconds a request header may take from its first byte (408 after)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 3600.0));
+  app->add_option("--body-timeout", o->body_timeout_s,
+                  "Seconds a request body may take (408 after)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 3600.0));
+  app->add_option("--idle-timeout", o->idle_timeout_s,
+                  "Seconds an idle keep-alive connection stays open")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 86400.0));
+  app->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body (413 above)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 40));
+  app->add_option("--max-header-bytes", o->max_header_bytes, "Largest request header (431 above)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{256}, std::size_t{1} << 24));
+  app->add_option("--max-connections", o->max_connections, "Open connections at most (429 above)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
+  app->add_option("--strict-readiness", o->strict_readiness,
+                  "Ready only when every model version loaded (Triton's default)")
+      ->capture_default_str();
+  return Command{app, [o] { return run_serve(*o); }};
+}
+
+}  // namespace asyncinfer::cli

@@ -1,0 +1,104 @@
+#include "frontend.hpp"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "inference_server.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+sigset_t shutdown_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+/// Waits for a shutdown signal up to `timeout`; its number, or 0 on timeout.
+int wait_signal(std::chrono::milliseconds timeout) {
+  const sigset_t set = shutdown_set();
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  ts.tv_nsec = static_cast<long>((timeout.count() % 1000) * 1'000'000);
+  for (;;) {
+    const int s = sigtimedwait(&set, nullptr, &ts);
+    if (s > 0) return s;
+    if (errno == EINTR) continue;
+    return 0;
+  }
+}
+
+const char* signal_name(int s) {
+  return s == SIGTERM ? "SIGTERM" : s == SIGINT ? "SIGINT" : "signal";
+}
+
+}  // namespace
+
+void block_shutdown_signals() {
+  const sigset_t set = shutdown_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int run_until_signalled(InferenceServer& server, std::span<Frontend* const> frontends,
+                        std::chrono::milliseconds drain_timeout, const LogLine& log) {
+  const sigset_t set = shutdown_set();
+  int first = 0;
+  while (first == 0) {
+    if (sigwait(&set, &first) != 0) first = 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + drain_timeout;
+  server.begin_drain();  // readiness false first: the log line below is after it
+  log(std::string("received ") + signal_name(first) + ": not ready; draining for up to " +
+      std::to_string(drain_timeout.count()) + " ms (a second signal cancels the drain)");
+  for (Frontend* f : frontends) f->stop_accepting();
+
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] {
+    server.shutdown(ShutdownMode::drain, drain_timeout);
+    drained.store(true, std::memory_order_release);
+  });
+  bool cancelled = false;
+  while (!drained.load(std::memory_order_acquire)) {
+    const int s = wait_signal(std::chrono::milliseconds(20));
+    if (s != 0 && !cancelled) {
+      cancelled = true;
+      log(std::string("received ") + signal_name(s) + " again: cancelling the drain");
+      server.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+    }
+  }
+  drainer.join();
+  // Every engine has stopped, so every accepted request has its response; wait (bounded) for
+  // the frontends to write them.
+  // After a cancelled drain the last answers (503) get a short grace only.
+  const auto write_deadline =
+      cancelled
+          ? std::chrono::steady_clock::now() + std::chrono::milliseconds(200)
+          : std::max(deadline, std::chrono::steady_clock::now()) + std::chrono::milliseconds(500);
+  for (;;) {
+    std::size_t open = 0;
+    for (Frontend* f : frontends) open += f->open_connections();
+    if (open == 0) break;
+    if (std::chrono::steady_clock::now() >= write_deadline) {
+      log("closing " + std::to_string(open) + " connection(s) still open");
+      break;
+    }
+    (void)wait_signal(std::chrono::milliseconds(5));
+  }
+  for (Frontend* f : frontends) f->stop();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  log(std::string(cancelled ? "drain cancelled" : "drained") + "; stopped after " +
+      std::to_string(took.count()) + " ms");
+  return 0;
+}
+
+}  // namespace asyncinfer::server

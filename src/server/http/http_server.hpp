@@ -1,0 +1,78 @@
+// http_server.hpp — the HTTP/REST frontend of `asyncinfer serve`: the Open Inference Protocol
+// (KServe v2) with Triton's binary tensor extension on one port, Prometheus /metrics on another.
+//
+// Design (after Boost.Beast's advanced server example): a fixed pool of I/O threads runs one
+// io_context; each connection is a session on its own strand, and its life is a chain of
+// completion handlers — wait for bytes, read the header, read the body, hand the request to the
+// core, write the response — so no thread is ever parked on a connection or a request. An
+// inference request goes to its engine (InferenceServer::submit); the engine's completion
+// callback posts the response back to the session's strand, and while the request runs the
+// session keeps a read pending on the socket so a client that disconnects cancels its engine
+// request at once. Requests of one connection are answered in order (keep-alive and pipelining:
+// bytes read ahead stay in the session's buffer for the next request).
+//
+// Limits, each answered with a clear error and the connection closed (HttpOptions): request
+// body (413), header size (431), a header not complete within header_timeout of its first byte
+// or a body not complete within body_timeout (408: a slow client — slowloris — cannot hold a
+// connection), a connection idle longer than idle_timeout (closed), connections over
+// max_connections (429), JSON nesting over max_json_depth (400).
+//
+// Thread safety: start/stop_accepting/stop may be called from any thread; the server must stay
+// alive until stop() has returned.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "frontend.hpp"
+#include "inference_server.hpp"
+
+namespace asyncinfer::server {
+
+struct HttpOptions {
+  /// Address to listen on (IPv4 or IPv6 literal, or "localhost").
+  std::string host = "127.0.0.1";
+  /// Triton's defaults; 0 = a free port (the real one is logged and returned by the accessors);
+  /// metrics_port -1 = no metrics listener.
+  int http_port = 8000;
+  int metrics_port = 8002;
+  /// I/O threads; 0 = one per core.
+  int threads = 0;
+  std::size_t max_body_bytes = 64u << 20;  ///< Triton's 64 MB default
+  std::size_t max_header_bytes = 16u << 10;
+  std::chrono::milliseconds header_timeout{10'000};
+  std::chrono::milliseconds body_timeout{60'000};
+  std::chrono::milliseconds idle_timeout{60'000};
+  std::size_t max_connections = 4096;
+  int max_json_depth = 64;
+};
+
+class HttpServer : public Frontend {
+ public:
+  HttpServer(InferenceServer& server, HttpOptions options);
+  ~HttpServer() override;
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  /// Binds the listeners and starts the I/O threads. invalid_argument for a bad host;
+  /// unavailable when a port cannot be bound (the message says which and why).
+  Status start();
+  /// The bound ports (after start).
+  int http_port() const noexcept;
+  int metrics_port() const noexcept;
+
+  std::string name() const override { return "http"; }
+  void stop_accepting() override;
+  std::size_t open_connections() const override;
+  void stop() override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,68 @@
+// oip_json.hpp — the HTTP/REST encoding of the Open Inference Protocol: JSON bodies, and
+// Triton's binary tensor data extension (docs/protocol/extension_binary_data.md).
+//
+// Request body: a JSON header, then the raw bytes of each input that says
+// parameters.binary_data_size, in the order the inputs appear in the JSON. The header
+// Inference-Header-Content-Length gives the JSON's length; without it the whole body is JSON; with
+// 0 the whole body is the raw bytes of a single-input model's only input (shape from the model).
+// Outputs travel in binary when asked for (output parameter binary_data, or the request parameter
+// binary_data_output for every output), after the JSON of the response, in output order.
+//
+// Safety (issue 16, "Bad input"): the JSON is parsed with a nesting limit enforced while parsing
+// (a callback stops the parser as soon as it goes deeper), so a deeply nested body costs nothing;
+// each input's name, datatype and shape are checked against the model, and its element count
+// against the declared shape, before its tensor is allocated; binary sizes are checked against
+// the shape and against what follows the JSON before anything is copied. Every failure is
+// invalid_argument naming the input and what was expected.
+//
+// Thread safety: free functions over their arguments.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "inference_server.hpp"
+
+namespace asyncinfer::server {
+
+/// A decoded inference request and how each output is to be sent back.
+struct DecodedInfer {
+  InferRequest request;
+  /// Per entry of request.outputs: send in binary.
+  std::vector<bool> output_binary;
+  /// For outputs the request did not name (all outputs when it named none): binary_data_output.
+  bool binary_default = false;
+};
+
+/// Decodes an inference request body for `model`. `header_length` is the value of
+/// Inference-Header-Content-Length when the header was sent. `max_depth` bounds JSON nesting.
+Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string_view body,
+                                          std::optional<std::size_t> header_length, int max_depth);
+
+struct EncodedResponse {
+  std::string body;
+  std::size_t json_size = 0;  ///< for Inference-Header-Content-Length when binary
+  bool binary = false;        ///< some output follows the JSON in binary
+};
+
+/// Encodes a response: "model_name", "model_version", "id" (when the request had one),
+/// "outputs" with flat row-major "data", or parameters.binary_data_size for binary outputs.
+EncodedResponse encode_infer_response(const InferResponse& response, const DecodedInfer& request);
+
+/// {"error": "<message>"}
+std::string error_json(std::string_view message);
+/// GET /v2
+std::string server_metadata_json(const InferenceServer& server);
+/// GET /v2/models/{m}[/versions/{v}]: `version` null = the model (all served versions).
+std::string model_metadata_json(const ServedModel& model, const ModelVersion& shown,
+                                const ModelVersion* version);
+/// POST /v2/repository/index (Triton's repository extension): every model and version with its
+/// state; `ready_only` keeps the ready ones.
+std::string repository_index_json(const ModelRepository& repository, bool ready_only);
+/// Parses the optional body of /v2/repository/index ({"ready": bool}); invalid_argument else.
+Result<bool> parse_index_request(std::string_view body, int max_depth);
+
+}  // namespace asyncinfer::server

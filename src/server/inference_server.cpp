@@ -1,0 +1,317 @@
+#include "inference_server.hpp"
+
+#include <prometheus/metric_family.h>
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+#include "model_config.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+std::string names_of(const std::vector<TensorSpec>& specs) {
+  std::string out;
+  for (const TensorSpec& s : specs) {
+    if (!out.empty()) out += ", ";
+    out += s.name;
+  }
+  return out;
+}
+
+std::string versions_of(const ServedModel& m) {
+  std::string out;
+  for (const auto& v : m.versions) {
+    if (!out.empty()) out += ", ";
+    out += v->version_text;
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string dims_text(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, ServerOptions options)
+    : repository_(std::move(repository)), options_(std::move(options)) {}
+
+InferenceServer::~InferenceServer() {
+  if (live()) shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+}
+
+bool InferenceServer::ready() const noexcept {
+  if (draining() || !live()) return false;
+  bool any = false;
+  for (const auto& m : repository_->models()) {
+    if (options_.strict_readiness && !m->all_ready()) return false;
+    any = any || m->default_version() != nullptr;
+  }
+  return any || repository_->models().empty();
+}
+
+void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+  draining_.store(true, std::memory_order_release);
+  repository_->shutdown(mode, drain_timeout);
+  stopped_.store(true, std::memory_order_release);
+}
+
+Result<const ModelVersion*> InferenceServer::find(std::string_view model,
+                                                  std::string_view version) const {
+  const ServedModel* m = repository_->find(model);
+  if (m == nullptr) {
+    return not_found_error("unknown model '" + std::string(model) + "'");
+  }
+  if (version.empty()) {
+    if (const ModelVersion* v = m->default_version()) return v;
+    return unavailable_error("model '" + m->name + "' is not ready: " +
+                             (m->reason.empty() ? "no version loaded" : m->reason));
+  }
+  std::int64_t n = 0;
+  const char* end = version.data() + version.size();
+  auto [p, ec] = std::from_chars(version.data(), end, n);
+  if (ec != std::errc() || p != end || n < 1) {
+    return invalid_argument_error("model '" + m->name + "': version '" + std::string(version) +
+                                  "' is not a positive integer");
+  }
+  const ModelVersion* v = m->find_version(n);
+  if (v == nullptr) {
+    return not_found_error("model '" + m->name + "' has no version " + std::string(version) +
+                           " (versions served: " + versions_of(*m) + ")");
+  }
+  if (!v->ready()) {
+    return unavailable_error("model '" + m->name + "' version " + v->version_text +
+                             " is not ready: " + v->reason);
+  }
+  return v;
+}
+
+Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::string_view name,
+                                               std::string_view datatype,
+                                               std::span<const std::int64_t> shape) {
+  const ModelSignature& sig = model.signature;
+  const std::string what = "input '" + std::string(name) + "'";
+  auto it = std::find_if(sig.inputs.begin(), sig.inputs.end(),
+                         [&](const TensorSpec& s) { return s.name == name; });
+  if (it == sig.inputs.end()) {
+    return invalid_argument_error("model '" + model.model_name + "' has no input '" +
+                                  std::string(name) + "' (inputs: " + names_of(sig.inputs) + ")");
+  }
+  auto dtype = dtype_from_oip(datatype);
+  if (!dtype.ok()) return dtype.status().with_context(what);
+  if (*dtype != it->dtype) {
+    return invalid_argument_error(what + ": datatype " + std::string(datatype) +
+                                  " does not match the model's " +
+                                  std::string(oip_datatype(it->dtype)));
+  }
+  for (std::int64_t d : shape) {
+    if (d < 0) {
+      return invalid_argument_error(what + ": shape " + dims_text(shape) +
+                                    " has a negative dim; dims are >= 0");
+    }
+  }
+  if (shape.size() != it->shape.size()) {
+    return invalid_argument_error(what + ": shape " + dims_text(shape) + " has " +
+                                  std::to_string(shape.size()) + " dims, the model expects " +
+                                  std::to_string(it->shape.size()) + " (" +
+                                  shape_to_string(it->shape) + ", -1 = any)");
+  }
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (it->shape[i] >= 0 && it->shape[i] != shape[i]) {
+      return invalid_argument_error(what + ": shape " + dims_text(shape) +
+                                    " does not match the "
+                                    "model's " +
+                                    shape_to_string(it->shape) + " (-1 = any) at dim " +
+                                    std::to_string(i));
+    }
+  }
+  auto bytes = checked_byte_size(*dtype, shape);
+  if (!bytes.ok()) {
+    return invalid_argument_error(what + ": shape " + dims_text(shape) + " of " +
+                                  std::string(datatype) +
+                                  " is too large (its byte size overflows "
+                                  "64 bits)");
+  }
+  if (sig.batched) {
+    if (shape[0] < 1) {
+      return invalid_argument_error(what + ": batch dim (dim 0) is 0; it must be at least 1");
+    }
+    if (model.max_batch_size > 0 && shape[0] > model.max_batch_size) {
+      return invalid_argument_error(what + ": batch size " + std::to_string(shape[0]) +
+                                    " exceeds the model's max_batch_size " +
+                                    std::to_string(model.max_batch_size));
+    }
+  }
+  InputSlot slot;
+  slot.index = static_cast<std::size_t>(it - sig.inputs.begin());
+  slot.spec = &*it;
+  slot.dtype = *dtype;
+  slot.byte_size = *bytes;
+  slot.element_count = *bytes / dtype_size(*dtype);
+  return slot;
+}
+
+Result<const TensorSpec*> InferenceServer::check_output(const ModelVersion& model,
+                                                        std::string_view name) {
+  const auto& outs = model.signature.outputs;
+  auto it =
+      std::find_if(outs.begin(), outs.end(), [&](const TensorSpec& s) { return s.name == name; });
+  if (it == outs.end()) {
+    return invalid_argument_error("model '" + model.model_name + "' has no output '" +
+                                  std::string(name) + "' (outputs: " + names_of(outs) + ")");
+  }
+  return &*it;
+}
+
+Result<std::int64_t> parameter_int(const ParameterValue& value, std::string_view name,
+                                   std::int64_t lo, std::int64_t hi) {
+  const std::string what = "parameter '" + std::string(name) + "'";
+  std::int64_t v = 0;
+  if (const auto* i = std::get_if<std::int64_t>(&value)) {
+    v = *i;
+  } else if (const auto* u = std::get_if<std::uint64_t>(&value)) {
+    if (*u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      return invalid_argument_error(what + " is out of range " + std::to_string(lo) + ".." +
+                                    std::to_string(hi));
+    }
+    v = static_cast<std::int64_t>(*u);
+  } else {
+    return invalid_argument_error(what + " must be an integer");
+  }
+  if (v < lo || v > hi) {
+    return invalid_argument_error(what + " is " + std::to_string(v) + ", outside " +
+                                  std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return v;
+}
+
+Result<bool> parameter_bool(const ParameterValue& value, std::string_view name) {
+  if (const auto* b = std::get_if<bool>(&value)) return *b;
+  return invalid_argument_error("parameter '" + std::string(name) + "' must be true or false");
+}
+
+Result<RequestOptions> InferenceServer::request_options(const Parameters& parameters) {
+  RequestOptions o;
+  if (auto it = parameters.find("timeout"); it != parameters.end()) {
+    // Triton's request parameter, in microseconds; 0 = no timeout of the request's own.
+    ASYNCINFER_ASSIGN_OR_RETURN(
+        std::int64_t us,
+        parameter_int(it->second, "timeout", 0, std::numeric_limits<std::int64_t>::max()));
+    if (us > 0) o.timeout = std::chrono::microseconds(us);
+  }
+  if (auto it = parameters.find("priority"); it != parameters.end()) {
+    ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t level, parameter_int(it->second, "priority", 0, 1000));
+    o.priority = static_cast<int>(level);
+  }
+  return o;
+}
+
+Result<InflightRequest> InferenceServer::submit(const ModelVersion& model, InferRequest request,
+                                                Completion done) {
+  if (!model.engine) {
+    return unavailable_error("model '" + model.model_name + "' version " + model.version_text +
+                             " is not ready");
+  }
+  const ModelSignature& sig = model.signature;
+  // Inputs in signature order; each once; none missing.
+  Inputs inputs(sig.inputs.size());
+  for (InferInput& in : request.inputs) {
+    auto it = std::find_if(sig.inputs.begin(), sig.inputs.end(),
+                           [&](const TensorSpec& s) { return s.name == in.name; });
+    if (it == sig.inputs.end()) {
+      return invalid_argument_error("model '" + model.model_name + "' has no input '" + in.name +
+                                    "' (inputs: " + names_of(sig.inputs) + ")");
+    }
+    Tensor& slot = inputs[static_cast<std::size_t>(it - sig.inputs.begin())];
+    if (slot.defined()) return invalid_argument_error("input '" + in.name + "' is given twice");
+    slot = std::move(in.tensor);
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      return invalid_argument_error("input '" + sig.inputs[i].name + "' is missing (model '" +
+                                    model.model_name + "' needs " + names_of(sig.inputs) + ")");
+    }
+  }
+  // Outputs asked for: known, each once.
+  std::vector<std::size_t> selected;
+  for (std::size_t r = 0; r < request.outputs.size(); ++r) {
+    ASYNCINFER_ASSIGN_OR_RETURN(const TensorSpec* spec,
+                                check_output(model, request.outputs[r].name));
+    const std::size_t index = static_cast<std::size_t>(spec - sig.outputs.data());
+    if (std::find(selected.begin(), selected.end(), index) != selected.end()) {
+      return invalid_argument_error("output '" + spec->name + "' is requested twice");
+    }
+    selected.push_back(index);
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
+  options.tag = request.id;
+
+  Future<Outputs> future = model.engine->submit(std::move(inputs), options);
+  if (future.is_ready()) {
+    // Refused at submit (the engine completes such a future at once).
+    Result<Outputs> r = future.get();
+    if (!r.ok()) return r.status();
+  }
+  future.on_complete([&model, id = std::move(request.id), selected = std::move(selected),
+                      done = std::move(done)](const Result<Outputs>& r) mutable {
+    if (!r.ok()) {
+      done(r.status());
+      return;
+    }
+    InferResponse response;
+    response.model = &model;
+    response.id = std::move(id);
+    const Outputs& outs = *r;
+    if (selected.empty()) {
+      for (std::size_t i = 0; i < outs.size(); ++i) {
+        response.outputs.push_back({&model.signature.outputs[i], outs[i], -1});
+      }
+    } else {
+      for (std::size_t k = 0; k < selected.size(); ++k) {
+        response.outputs.push_back(
+            {&model.signature.outputs[selected[k]], outs[selected[k]], static_cast<int>(k)});
+      }
+    }
+    done(std::move(response));
+  });
+  return InflightRequest(std::move(future));
+}
+
+ProtocolMetrics& InferenceServer::protocol_metrics(std::string_view protocol,
+                                                   ProtocolMetrics::Labels labels) {
+  std::lock_guard lock(metrics_mu_);
+  auto it = protocols_.find(protocol);
+  if (it == protocols_.end()) {
+    it = protocols_
+             .emplace(std::string(protocol),
+                      std::make_unique<ProtocolMetrics>(std::string(protocol), std::move(labels)))
+             .first;
+  }
+  return *it->second;
+}
+
+std::string InferenceServer::metrics_text() const {
+  std::vector<prometheus::MetricFamily> families;
+  prometheus::MetricFamily ready;
+  ready.name = "asyncinfer_server_ready";
+  ready.help = "1 when the server reports ready (/v2/health/ready)";
+  ready.type = prometheus::MetricType::Gauge;
+  ready.metric.emplace_back();
+  ready.metric.back().gauge.value = this->ready() ? 1 : 0;
+  families.push_back(std::move(ready));
+  collect_engine_metrics(*repository_, families);
+  {
+    std::lock_guard lock(metrics_mu_);
+    for (const auto& [name, p] : protocols_) p->collect(families);
+  }
+  return serialize_metrics(families);
+}
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,186 @@
+// inference_server.hpp — the protocol-neutral core of `asyncinfer serve`: what the HTTP frontend
+// (http_server.hpp) and a gRPC frontend share.
+//
+// It owns the model repository and answers, for any frontend:
+//   - lookups: model and version (an empty version = the highest ready one), with the OIP's
+//     not-found / not-ready errors;
+//   - health: live (until stopped) and ready (not draining, and — with strict readiness, Triton's
+//     default — every model version of the repository ready);
+//   - the mapping of an inference request onto an engine request (one place, after Triton's
+//     frontends): check_input() checks an input's name, datatype and shape against the model
+//     before the frontend allocates or decodes anything; submit() checks the whole request
+//     (missing / repeated / unknown inputs and outputs), turns the request parameters `timeout`
+//     (µs) and `priority` into RequestOptions, submits, and hands back the selected outputs;
+//   - the error mapping (status_mapping.hpp) and the Prometheus text of every engine, labelled
+//     model and version, plus each frontend's ProtocolMetrics (server_metrics.hpp).
+//
+// Request flow: frontend decodes → check_input per input → submit → engine → Completion on the
+// engine's completion executor (the frontend posts its response from there to its own I/O
+// executor). A request refused by the engine at submit completes synchronously with the error
+// (submit returns it; the callback is not called).
+//
+// Thread safety: every member may be called from any thread. The repository never changes after
+// construction, so ModelVersion pointers stay valid until the server is destroyed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "asyncinfer/detail/unique_function.hpp"
+#include "asyncinfer/engine.hpp"
+#include "model_repository.hpp"
+#include "server_metrics.hpp"
+
+namespace asyncinfer::server {
+
+/// An OIP parameter value (JSON: string, number or boolean; gRPC: InferParameter's oneof).
+using ParameterValue = std::variant<bool, std::int64_t, std::uint64_t, double, std::string>;
+using Parameters = std::map<std::string, ParameterValue, std::less<>>;
+
+/// One input of a request: its name and a host tensor holding its dtype, shape and data.
+struct InferInput {
+  std::string name;
+  Tensor tensor;
+};
+
+/// An output the client asked for (OIP "outputs"); frontends read their own parameters from it
+/// (HTTP: binary_data).
+struct RequestedOutput {
+  std::string name;
+  Parameters parameters;
+};
+
+struct InferRequest {
+  std::string id;
+  Parameters parameters;
+  std::vector<InferInput> inputs;        ///< any order
+  std::vector<RequestedOutput> outputs;  ///< empty = every output, in signature order
+};
+
+struct InferOutput {
+  const TensorSpec* spec = nullptr;  ///< the model's description of it
+  Tensor tensor;
+  /// Index into InferRequest::outputs, or -1 when the request named none.
+  int requested = -1;
+};
+
+struct InferResponse {
+  const ModelVersion* model = nullptr;
+  std::string id;
+  std::vector<InferOutput> outputs;
+};
+
+/// What check_input() found out: where the input goes and how big its data is.
+struct InputSlot {
+  std::size_t index = 0;  ///< in the model's signature
+  const TensorSpec* spec = nullptr;
+  DType dtype = DType::f32;
+  std::size_t element_count = 0;
+  std::size_t byte_size = 0;
+};
+
+/// An accepted request: cancel() ends it in the engine (a client that went away).
+class InflightRequest {
+ public:
+  InflightRequest() = default;
+  explicit InflightRequest(Future<Outputs> future) : future_(std::move(future)) {}
+  /// Resolves the request as cancelled where it has not ended yet. Thread-safe; idempotent.
+  void cancel() {
+    if (future_.valid()) future_.cancel();
+  }
+  bool valid() const noexcept { return future_.valid(); }
+
+ private:
+  Future<Outputs> future_;
+};
+
+struct ServerOptions {
+  std::string name = "asyncinfer";
+  std::string version = "0.1.0";
+  /// Triton's --strict-readiness: ready only when every model version loaded.
+  bool strict_readiness = true;
+};
+
+class InferenceServer {
+ public:
+  using Completion = detail::UniqueFunction<void(Result<InferResponse>)>;
+
+  InferenceServer(std::unique_ptr<ModelRepository> repository, ServerOptions options);
+  /// Shuts the engines down (cancel) if shutdown() was not called.
+  ~InferenceServer();
+  InferenceServer(const InferenceServer&) = delete;
+  InferenceServer& operator=(const InferenceServer&) = delete;
+
+  const ServerOptions& options() const noexcept { return options_; }
+  const ModelRepository& repository() const noexcept { return *repository_; }
+
+  /// Live until shutdown() has run.
+  bool live() const noexcept { return !stopped_.load(std::memory_order_acquire); }
+  /// Ready when not draining and (strict readiness) every model version is ready, else at least
+  /// one is.
+  bool ready() const noexcept;
+  /// Readiness turns false at once; requests go on being served (frontends stop accepting).
+  void begin_drain() noexcept { draining_.store(true, std::memory_order_release); }
+  bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }
+  /// Shuts every engine down (Engine::shutdown); blocks until they have stopped. A second call
+  /// with cancel cuts a drain in progress short. After it live() is false.
+  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
+
+  /// The model version a request names. `version` empty = the model's highest ready version.
+  /// not_found for an unknown model or version (the message lists what exists); unavailable for
+  /// one that failed to load (with the reason); invalid_argument for a version that is not a
+  /// positive integer.
+  Result<const ModelVersion*> find(std::string_view model, std::string_view version) const;
+
+  /// Checks input `name` of OIP `datatype` and `shape` against the model without allocating:
+  /// the name exists, the datatype is the model's (BYTES is refused), the shape has the model's
+  /// rank, its fixed dims, a batch dim within max_batch_size, and an element count × size that
+  /// fits in 64 bits. invalid_argument names the input, what was expected and what came.
+  static Result<InputSlot> check_input(const ModelVersion& model, std::string_view name,
+                                       std::string_view datatype,
+                                       std::span<const std::int64_t> shape);
+  /// Whether the model has output `name`; invalid_argument listing the outputs otherwise.
+  static Result<const TensorSpec*> check_output(const ModelVersion& model, std::string_view name);
+
+  /// Request parameters onto the engine's options: `timeout` (µs, integer >= 0; 0 = none) and
+  /// `priority` (integer >= 0; 0 = the model's default level). Other parameters are ignored, as
+  /// Triton passes them to backends. invalid_argument for a bad value.
+  static Result<RequestOptions> request_options(const Parameters& parameters);
+
+  /// Submits `request` to the model's engine. On success the request is accepted: `done` runs
+  /// exactly once, on the engine's completion executor, with the outputs (only those requested,
+  /// in the order asked) or the error. An error returned here means nothing was submitted and
+  /// `done` is destroyed without being called: bad input (invalid_argument naming it), the
+  /// engine refusing it (queue full: resource_exhausted; shut down: unavailable).
+  Result<InflightRequest> submit(const ModelVersion& model, InferRequest request, Completion done);
+
+  /// Frontend metrics by protocol name ("http", "grpc"); created on first use, never freed.
+  ProtocolMetrics& protocol_metrics(std::string_view protocol, ProtocolMetrics::Labels labels);
+  /// The whole /metrics page (Prometheus text format 0.0.4).
+  std::string metrics_text() const;
+
+ private:
+  std::unique_ptr<ModelRepository> repository_;
+  ServerOptions options_;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stopped_{false};
+  mutable std::mutex metrics_mu_;
+  std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
+};
+
+/// Reads an integer parameter (JSON numbers arrive as int64 or uint64); invalid_argument
+/// naming it when it is of another type or out of [lo, hi].
+Result<std::int64_t> parameter_int(const ParameterValue& value, std::string_view name,
+                                   std::int64_t lo, std::int64_t hi);
+/// Reads a boolean parameter; invalid_argument naming it otherwise.
+Result<bool> parameter_bool(const ParameterValue& value, std::string_view name);
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,88 @@
+// model_config.hpp — a model's config.pbtxt (Triton's ModelConfig in protobuf text format) read
+// and turned into what asyncinfer needs to serve it: which model to load, on which device, with
+// which engine options, and which versions.
+//
+// Design: parsing is libprotobuf's TextFormat over model_config.proto (Triton's field names and
+// numbers), never a parser of our own. The parser runs with unknown fields allowed and reports
+// each one it skips; plan_model() then sorts every field that was given into one of three kinds:
+//   - used: name, platform/backend, max_batch_size, input/output (name, data_type, dims),
+//     instance_group (kind, count, gpus), dynamic_batching (preferred_batch_size,
+//     max_queue_delay_microseconds, preserve_ordering, priority_levels, default_priority_level,
+//     default_queue_policy: default_timeout_microseconds, allow_timeout_override,
+//     max_queue_size), version_policy, default_model_filename, parameters;
+//   - would change behaviour but is not supported (sequence_batching, ensemble_scheduling,
+//     input.reshape, decoupled transactions, an unknown field, ...): an error naming the field;
+//   - ignorable (optimization, model_warmup, metric_tags, response_cache, label_filename, ...):
+//     a warning naming the field.
+// docs/serving.md lists every field and what becomes of it.
+//
+// Thread safety: free functions over values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "asyncinfer/engine.hpp"
+#include "asyncinfer/model.hpp"
+#include "asyncinfer/status.hpp"
+
+namespace asyncinfer::server {
+
+/// Which versions to serve (Triton's version_policy; the default is latest { num_versions: 1 }).
+struct VersionPolicy {
+  enum class Kind : std::uint8_t { latest, all, specific };
+  Kind kind = Kind::latest;
+  std::uint32_t num_versions = 1;      ///< latest
+  std::vector<std::int64_t> versions;  ///< specific
+  /// The versions among `available` (any order) that the policy serves, ascending.
+  std::vector<std::int64_t> select(std::vector<std::int64_t> available) const;
+};
+
+/// Everything needed to load and serve one model's versions.
+struct ModelPlan {
+  enum class Backend : std::uint8_t { torch, builtin };
+  std::string name;
+  Backend backend = Backend::builtin;
+  /// What model metadata reports as "platform": "pytorch_libtorch" or "asyncinfer_builtin".
+  std::string platform;
+  /// builtin: the model URI ("builtin:identity?..."), from parameters { key: "uri" }.
+  std::string builtin_uri;
+  /// torch: the file inside each version folder (default_model_filename, else "model.pt").
+  std::string model_filename = "model.pt";
+  /// Device spec for open_device ("cpu", "cuda:1", "sim", "sim:..."); empty with device_auto.
+  std::string device;
+  /// KIND_AUTO (Triton's default): cuda:0 where it opens and the model runs there, else cpu.
+  bool device_auto = false;
+  /// The config's max_batch_size: 0 = the model has no batch dim (Triton's rule).
+  std::int64_t max_batch_size = 0;
+  /// From input / output, full shapes (the batch dim, -1, put first when max_batch_size > 0).
+  /// Empty for a built-in model whose config lists none (its signature comes from its URI).
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  EngineOptions engine;
+  VersionPolicy versions;
+  /// "device cpu, 2 workers, dynamic batching max 8 delay 100 us" for the load log line.
+  std::string summary() const;
+};
+
+/// Parses the text of a config.pbtxt (`source`, the file's path, starts the messages) and checks
+/// it against asyncinfer's subset. `dir_name` is the model's folder (Triton requires `name`, when
+/// given, to equal it). invalid_argument with "source:line:column" for syntax errors and unknown
+/// fields, or naming the field and what was expected; warnings for ignorable fields are appended
+/// to `warnings`. The protobuf types stay inside model_config.cpp (see the CMake file: under
+/// ThreadSanitizer, protobuf's map fields change layout, so that file is built like libprotobuf).
+Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
+                                    std::string_view dir_name, std::vector<std::string>* warnings);
+
+/// Checks a loaded model's signature against the plan's inputs/outputs and max_batch_size
+/// (names, dtypes, dims). invalid_argument names the first difference.
+Status check_signature(const ModelPlan& plan, const ModelSignature& signature);
+
+/// OIP datatype names ("FP32", "INT64", "BOOL", ...) for a DType, and back. BYTES and unknown
+/// names are invalid_argument with a message naming the supported datatypes.
+std::string_view oip_datatype(DType dtype) noexcept;
+Result<DType> dtype_from_oip(std::string_view name);
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,221 @@
+#include "model_repository.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "model_config.hpp"
+
+namespace asyncinfer::server {
+namespace fs = std::filesystem;
+
+std::string_view to_string(ModelState state) noexcept {
+  return state == ModelState::ready ? "READY" : "UNAVAILABLE";
+}
+
+const ModelVersion* ServedModel::default_version() const noexcept {
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
+    if ((*it)->ready()) return it->get();
+  }
+  return nullptr;
+}
+
+const ModelVersion* ServedModel::find_version(std::int64_t version) const noexcept {
+  for (const auto& v : versions) {
+    if (v->version == version) return v.get();
+  }
+  return nullptr;
+}
+
+bool ServedModel::all_ready() const noexcept {
+  if (!reason.empty() || versions.empty()) return false;
+  return std::all_of(versions.begin(), versions.end(), [](const auto& v) { return v->ready(); });
+}
+
+namespace {
+
+/// Positive integer folder names only (Triton ignores the rest).
+bool parse_version(const std::string& name, std::int64_t* out) {
+  if (name.empty() || name[0] == '0') return false;
+  const char* end = name.data() + name.size();
+  auto [p, ec] = std::from_chars(name.data(), end, *out);
+  return ec == std::errc() && p == end && *out > 0;
+}
+
+Result<std::string> read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found_error("cannot read " + path.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+ModelRepository::~ModelRepository() {
+  shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+}
+
+const ServedModel* ModelRepository::find(std::string_view name) const noexcept {
+  auto it = std::lower_bound(models_.begin(), models_.end(), name,
+                             [](const auto& m, std::string_view n) { return m->name < n; });
+  return it != models_.end() && (*it)->name == name ? it->get() : nullptr;
+}
+
+Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& root,
+                                                               const Log& log) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    return not_found_error("model repository '" + root.string() + "' is not a folder");
+  }
+  std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  repo->root_ = root;
+  std::vector<fs::path> dirs;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    if (e.is_directory() && e.path().filename().string()[0] != '.') dirs.push_back(e.path());
+  }
+  if (ec)
+    return not_found_error("cannot list model repository '" + root.string() + "': " + ec.message());
+  std::sort(dirs.begin(), dirs.end());
+  if (dirs.empty()) log("model repository '" + root.string() + "' holds no model folders");
+
+  auto open = [&](const std::string& spec) -> Result<std::shared_ptr<Device>> {
+    auto it = repo->devices_.find(spec);
+    if (it != repo->devices_.end()) return it->second;
+    ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Device> d, open_device(spec));
+    repo->devices_.emplace(spec, d);
+    return d;
+  };
+
+  for (const fs::path& dir : dirs) {
+    auto served = std::make_unique<ServedModel>();
+    served->name = dir.filename().string();
+    const std::string& name = served->name;
+    auto fail_model = [&](const Status& s) {
+      served->reason = std::string(s.message());
+      log("model '" + name + "': UNAVAILABLE: " + served->reason);
+    };
+
+    const fs::path config_path = dir / "config.pbtxt";
+    std::vector<std::string> warnings;
+    Result<ModelPlan> plan = invalid_argument_error("unset");
+    auto text = read_file(config_path);
+    if (!text.ok()) {
+      plan = not_found_error("no config.pbtxt in " + dir.string() +
+                             " (asyncinfer needs one: it does not guess a model's config)");
+    } else {
+      plan = plan_model_config(*text, config_path.string(), name, &warnings);
+    }
+    for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
+    if (!plan.ok()) {
+      fail_model(plan.status());
+      repo->models_.push_back(std::move(served));
+      continue;
+    }
+    served->platform = plan->platform;
+
+    std::vector<std::int64_t> available;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      std::int64_t v = 0;
+      if (e.is_directory() && parse_version(e.path().filename().string(), &v))
+        available.push_back(v);
+    }
+    const std::vector<std::int64_t> selected = plan->versions.select(available);
+    if (plan->versions.kind == VersionPolicy::Kind::specific) {
+      for (std::int64_t v : plan->versions.versions) {
+        if (std::find(selected.begin(), selected.end(), v) == selected.end()) {
+          log("model '" + name + "': warning: version_policy names version " + std::to_string(v) +
+              ", which has no folder");
+        }
+      }
+    }
+    if (selected.empty()) {
+      fail_model(not_found_error("no version folder (a positive integer, e.g. " +
+                                 (dir / "1").string() + ") that version_policy selects"));
+      repo->models_.push_back(std::move(served));
+      continue;
+    }
+
+    for (std::int64_t v : selected) {
+      auto mv = std::make_unique<ModelVersion>();
+      mv->model_name = name;
+      mv->version = v;
+      mv->version_text = std::to_string(v);
+      mv->platform = plan->platform;
+      mv->max_batch_size = plan->max_batch_size;
+      const fs::path vdir = dir / mv->version_text;
+      const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
+
+      Status s = [&]() -> Status {
+        Result<std::shared_ptr<Model>> model = internal_error("unset");
+        if (plan->backend == ModelPlan::Backend::builtin) {
+          model = load_model(plan->builtin_uri);
+        } else {
+          const fs::path file = vdir / plan->model_filename;
+          if (!fs::exists(file, ec)) return not_found_error("no model file " + file.string());
+          ModelOptions mo;
+          mo.inputs = plan->inputs;
+          mo.outputs = plan->outputs;
+          mo.max_batch_size = plan->max_batch_size > 0 ? plan->max_batch_size : -1;
+          model = load_model(file.string(), mo);
+        }
+        if (!model.ok()) return model.status();
+        ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));
+        mv->signature = (*model)->signature();
+
+        std::vector<std::string> devices;
+        if (plan->device_auto) {
+          devices = {"cuda:0", "cpu"};  // Triton's KIND_AUTO: a GPU where there is one
+        } else {
+          devices = {plan->device};
+        }
+        Status last;
+        for (const std::string& spec : devices) {
+          auto device = open(spec);
+          if (!device.ok()) {
+            last = device.status();
+            continue;
+          }
+          auto engine = Engine::create(*model, *device, plan->engine);
+          if (!engine.ok()) {
+            last = engine.status();
+            continue;
+          }
+          mv->engine = std::move(*engine);
+          mv->device = (*device)->name();
+          return Status();
+        }
+        return last;
+      }();
+      if (s.ok()) {
+        mv->state = ModelState::ready;
+        ModelPlan shown = *plan;
+        shown.device = mv->device;
+        shown.device_auto = false;
+        log(head + "READY (" + shown.summary() + ")");
+      } else {
+        mv->reason = std::string(s.message());
+        log(head + "UNAVAILABLE: " + mv->reason);
+      }
+      served->versions.push_back(std::move(mv));
+    }
+    repo->models_.push_back(std::move(served));
+  }
+  return repo;
+}
+
+void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+  std::vector<std::thread> threads;
+  for (const auto& m : models_) {
+    for (const auto& v : m->versions) {
+      if (Engine* e = v->engine.get()) {
+        threads.emplace_back([e, mode, drain_timeout] { e->shutdown(mode, drain_timeout); });
+      }
+    }
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,77 @@
+// server_metrics.hpp — a frontend's own metrics (requests by status, connections, server-side
+// latency) and the /metrics page that joins them with the engines'.
+//
+// Design: recording is lock-free (relaxed atomics, asyncinfer::Histogram); the page is built at
+// scrape time from snapshots and written by prometheus-cpp's TextSerializer (Debian
+// prometheus-cpp-dev), so names, labels and escaping follow the text format 0.0.4. Engine metric
+// names follow Triton's (nv_inference_request_success, nv_inference_queue_duration_us, ...) with
+// the prefix asyncinfer_ and the labels model and version.
+//
+// Thread safety: every member is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "asyncinfer/metrics.hpp"
+
+namespace prometheus {
+struct MetricFamily;
+}
+
+namespace asyncinfer::server {
+
+class ModelRepository;
+
+/// Metrics of one frontend (protocol), e.g. "http" → asyncinfer_http_requests_total.
+class ProtocolMetrics {
+ public:
+  /// The label of the request counter and its values, e.g. {"status_class", {"1xx", ...}}.
+  struct Labels {
+    std::string name;
+    std::vector<std::string> values;
+  };
+  ProtocolMetrics(std::string protocol, Labels labels);
+
+  /// Counts one finished request under label value `index` (into Labels::values).
+  void count_request(std::size_t index) noexcept;
+  void connection_opened() noexcept;
+  void connection_closed() noexcept;
+  /// A connection refused, e.g. over the connection limit.
+  void connection_rejected() noexcept;
+  /// Server-side time of one inference request, from the request read in full to the response
+  /// handed to the transport, in µs.
+  void observe_infer_us(double us) noexcept { infer_us_.observe(us); }
+
+  std::int64_t active_connections() const noexcept {
+    return active_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t requests(std::size_t index) const noexcept;
+  HistogramSnapshot infer_us() const { return infer_us_.snapshot(); }
+  const std::string& protocol() const noexcept { return protocol_; }
+
+  /// Appends this frontend's families.
+  void collect(std::vector<prometheus::MetricFamily>& out) const;
+
+ private:
+  std::string protocol_;
+  Labels labels_;
+  std::vector<std::atomic<std::uint64_t>> requests_;
+  std::atomic<std::int64_t> active_{0};
+  std::atomic<std::uint64_t> connections_{0};
+  std::atomic<std::uint64_t> rejected_{0};
+  Histogram infer_us_;
+};
+
+/// Appends the families of every engine in `repository` (labels model, version) and the
+/// readiness of each version.
+void collect_engine_metrics(const ModelRepository& repository,
+                            std::vector<prometheus::MetricFamily>& out);
+
+/// Prometheus text of `families`.
+std::string serialize_metrics(const std::vector<prometheus::MetricFamily>& families);
+
+}  // namespace asyncinfer::server

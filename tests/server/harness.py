@@ -1,0 +1,211 @@
+"""Test harness for `asyncinfer serve`: starts a real server on free loopback ports, reads the
+ports back from its log, and stops it (SIGTERM) when the test is done.
+
+Every test module runs as `python3 <module> --cli <asyncinfer binary> [--digits <model.pt>]`
+(ctest does this; see tests/server/CMakeLists.txt). Only Debian's packages are used
+(python3-requests, python3-prometheus-client).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLE_REPOSITORY = os.path.join(ROOT, "examples", "model_repository")
+DIGITS_CONFIG = os.path.join(ROOT, "examples", "model_repository_digits", "digits", "config.pbtxt")
+
+ARGS = argparse.Namespace(cli=None, digits=None)
+
+
+def parse_args():
+    """Takes --cli/--digits off sys.argv and leaves the rest to unittest."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--cli", required=True)
+    p.add_argument("--digits", default=None)
+    known, rest = p.parse_known_args()
+    ARGS.cli = known.cli
+    ARGS.digits = known.digits
+    sys.argv = [sys.argv[0]] + rest
+
+
+class Server:
+    """One `asyncinfer serve` process. Use as a context manager."""
+
+    def __init__(self, repository, *extra, wait_ready=True, timeout=60):
+        self.repository = repository
+        self.extra = list(extra)
+        self.wait_ready = wait_ready
+        self.timeout = timeout
+        self.proc = None
+        self.lines = []
+        self.http_port = None
+        self.metrics_port = None
+        self._cond = threading.Condition()
+        self._reader = None
+
+    def start(self):
+        cmd = [ARGS.cli, "serve", "--model-repository", self.repository,
+               "--http-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"] + self.extra
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while not self._started():
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    raise RuntimeError("server did not start:\n" + "\n".join(self.lines))
+                self._cond.wait(min(left, 0.1))
+        return self
+
+    def _started(self):
+        return any(l.endswith(": ready") or "not ready:" in l for l in self.lines)
+
+    def _read(self):
+        for line in self.proc.stderr:
+            line = line.rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                m = re.search(r"http: listening on [^ ]+:(\d+)", line)
+                if m:
+                    self.http_port = int(m.group(1))
+                m = re.search(r"metrics: listening on [^ ]+:(\d+)", line)
+                if m:
+                    self.metrics_port = int(m.group(1))
+                self._cond.notify_all()
+
+    def wait_line(self, pattern, timeout=10):
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for l in self.lines:
+                    if re.search(pattern, l):
+                        return l
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError("no log line matching %r in:\n%s"
+                                         % (pattern, "\n".join(self.lines)))
+                self._cond.wait(min(left, 0.1))
+
+    def log(self):
+        with self._cond:
+            return "\n".join(self.lines)
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.http_port
+
+    @property
+    def metrics_url(self):
+        return "http://127.0.0.1:%d/metrics" % self.metrics_port
+
+    def signal(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout=30):
+        """Waits for the process to exit; returns its exit code (kills it on timeout)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("server did not exit within %s s:\n%s" % (timeout, self.log()))
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._reader:
+            self._reader.join(5)
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def builtin_config(name, uri, inputs, outputs, max_batch_size=8, extra="", device=None):
+    """config.pbtxt text of a built-in model. inputs/outputs: [(name, TYPE_X, [dims])]."""
+    def tensors(ts):
+        return ", ".join('{ name: "%s", data_type: %s, dims: [ %s ] }'
+                         % (n, t, ", ".join(str(d) for d in dims)) for n, t, dims in ts)
+    text = ('name: "%s"\nbackend: "builtin"\nmax_batch_size: %d\n'
+            "input [ %s ]\noutput [ %s ]\n"
+            'parameters { key: "uri" value { string_value: "%s" } }\n'
+            % (name, max_batch_size, tensors(inputs), tensors(outputs), uri))
+    if device:
+        text += 'parameters { key: "device" value { string_value: "%s" } }\n' % device
+    return text + extra
+
+
+class Repository:
+    """A temporary model repository: add(name, config_text, versions=[1], files={})."""
+
+    def __init__(self):
+        self.path = tempfile.mkdtemp(prefix="asyncinfer-repo-")
+
+    def add(self, name, config, versions=(1,), files=None):
+        d = os.path.join(self.path, name)
+        os.makedirs(d, exist_ok=True)
+        if config is not None:
+            with open(os.path.join(d, "config.pbtxt"), "w") as f:
+                f.write(config)
+        for v in versions:
+            os.makedirs(os.path.join(d, str(v)), exist_ok=True)
+        for rel, src in (files or {}).items():
+            shutil.copy(src, os.path.join(d, rel))
+        return self
+
+    def cleanup(self):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def raw_request(port, data, timeout=10, read=True):
+    """Sends bytes on a new connection and returns everything read until the server closes
+    (or `timeout`)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        if not read:
+            return b""
+        chunks = []
+        while True:
+            try:
+                c = s.recv(65536)
+            except socket.timeout:
+                break
+            if not c:
+                break
+            chunks.append(c)
+        return b"".join(chunks)
+    finally:
+        s.close()
+
+
+def http_status(raw):
+    """The status code of the first response in raw bytes."""
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", raw)
+    return int(m.group(1)) if m else None
+
+
+def main():
+    parse_args()
+    unittest.main(verbosity=2)

@@ -1,0 +1,180 @@
+"""Model repositories served by `asyncinfer serve`: a bad model fails alone (clear log line, not
+ready, the others serve), config fields that would change behaviour are errors naming the field
+and ignorable ones warnings, version policies, and the digits TorchScript model over HTTP
+compared with libtorch in-process (when --digits gives the model)."""
+
+import json
+import os
+import shutil
+import struct
+
+import requests
+
+import harness
+import oip_client
+from harness import ARGS, DIGITS_CONFIG, EXAMPLE_REPOSITORY, Repository, Server, builtin_config
+
+IDENTITY = open(os.path.join(EXAMPLE_REPOSITORY, "identity", "config.pbtxt")).read()
+
+
+def identity_config(name, extra=""):
+    return IDENTITY.replace('name: "identity"', 'name: "%s"' % name) + extra
+
+
+class BadModelsFailAlone(harness.unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        repo = cls.repo = Repository()
+        repo.add("good", identity_config("good"), versions=[1])
+        repo.add("syntax", 'name: "syntax"\nbackend: "builtin"\ninput [ { name: \n')
+        repo.add("unknown_field", identity_config("unknown_field", "foo_bar: 3\n"))
+        repo.add("sequence", identity_config("sequence").replace(
+            "dynamic_batching { max_queue_delay_microseconds: 0 }",
+            "sequence_batching { max_sequence_idle_microseconds: 5000000 }"))
+        repo.add("no_config", None)
+        repo.add("bad_uri", identity_config("bad_uri").replace("builtin:identity?", "builtin:nope?"))
+        repo.add("wrong_name", identity_config("someone_else"))
+        repo.add("mismatch", identity_config("mismatch").replace("dims: [ 16 ] } ]\noutput",
+                                                                 "dims: [ 15 ] } ]\noutput"))
+        repo.add("onnx", 'name: "onnx"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n')
+        repo.add("ignorable", identity_config("ignorable", """
+optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }
+model_warmup [ { name: "w", batch_size: 1, inputs { key: "input0" value: { data_type: TYPE_FP32, dims: [ 16 ], zero_data: true } } } ]
+metric_tags { key: "team" value: "a" }
+parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
+"""))
+        repo.add("no_version", identity_config("no_version"), versions=[])
+        cls.server = Server(repo.path).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.repo.cleanup()
+
+    def test_log_names_each_failure(self):
+        log = self.server.log()
+        expect = {
+            "syntax": r"syntax': UNAVAILABLE: .*config.pbtxt:4:\d+: ",
+            "unknown_field": r"unknown_field': UNAVAILABLE: .*config.pbtxt:12:\d+: Message type "
+                             r"\"inference.ModelConfig\" has no field named \"foo_bar\"",
+            "sequence": r"sequence': UNAVAILABLE: .*sequence_batching is not supported",
+            "no_config": r"no_config': UNAVAILABLE: no config.pbtxt",
+            "bad_uri": r"bad_uri' version 1: UNAVAILABLE: .*unknown builtin model 'nope'",
+            "wrong_name": r"wrong_name': UNAVAILABLE: .*name \"someone_else\" differs",
+            "mismatch": r"mismatch' version 1: UNAVAILABLE: .*input 0 is listed as 'input0' "
+                        r"FP32\[-1,15\], the model has 'input0' FP32\[-1,16\]",
+            "onnx": r"onnx': UNAVAILABLE: .*platform \"onnxruntime_onnx\" .* is not supported",
+            "no_version": r"no_version': UNAVAILABLE: no version folder",
+        }
+        for model, pattern in expect.items():
+            with self.subTest(model=model):
+                self.server.wait_line(pattern, timeout=1)
+
+    def test_ignorable_fields_are_warnings(self):
+        for field in ("optimization is ignored", "model_warmup is ignored",
+                      "metric_tags is ignored", 'parameters "INFERENCE_MODE" is not an asyncinfer '
+                                                "option"):
+            self.server.wait_line("model 'ignorable': warning: .*" + field, timeout=1)
+        self.server.wait_line("model 'ignorable' version 1: READY", timeout=1)
+
+    def test_the_others_serve(self):
+        url = self.server.url
+        body = json.dumps({"inputs": [{"name": "input0", "shape": [1, 16], "datatype": "FP32",
+                                       "data": [3] * 16}]})
+        for model in ("good", "ignorable"):
+            r = requests.post(url + "/v2/models/%s/infer" % model, data=body, timeout=10)
+            self.assertEqual(r.status_code, 200, r.text)
+        r = requests.post(url + "/v2/models/unknown_field/infer", data=body, timeout=10)
+        self.assertEqual(r.status_code, 503)
+        self.assertIn("foo_bar", r.json()["error"])
+        r = requests.get(url + "/v2/models/sequence/ready", timeout=10)
+        self.assertEqual(r.status_code, 400)
+        self.assertIn("sequence_batching is not supported", r.json()["error"])
+        # Strict readiness (Triton's default): the server is not ready while a model failed.
+        r = requests.get(url + "/v2/health/ready", timeout=10)
+        self.assertEqual(r.status_code, 503)
+        self.assertIn("a model failed to load", r.json()["error"])
+        index = requests.post(url + "/v2/repository/index", timeout=10).json()
+        states = {(e["name"], e.get("version")): (e["state"], e.get("reason", "")) for e in index}
+        self.assertEqual(states[("good", "1")][0], "READY")
+        self.assertEqual(states[("bad_uri", "1")][0], "UNAVAILABLE")
+        self.assertIn("nope", states[("bad_uri", "1")][1])
+        self.assertEqual(states[("no_config", None)][0], "UNAVAILABLE")
+
+    def test_without_strict_readiness(self):
+        with Server(self.repo.path, "--strict-readiness", "false") as server:
+            self.assertEqual(requests.get(server.url + "/v2/health/ready").status_code, 200)
+
+
+class Versions(harness.unittest.TestCase):
+    def test_policies(self):
+        repo = Repository()
+        try:
+            base = IDENTITY.replace("version_policy: { all { } }\n", "")
+            repo.add("latest", base.replace('"identity"', '"latest"', 1), versions=[1, 3, 10])
+            repo.add("two_latest", base.replace('"identity"', '"two_latest"', 1) +
+                     "version_policy: { latest { num_versions: 2 } }\n", versions=[1, 3, 10])
+            repo.add("specific", base.replace('"identity"', '"specific"', 1) +
+                     "version_policy: { specific { versions: [ 1, 4 ] } }\n", versions=[1, 3])
+            with Server(repo.path) as server:
+                c = oip_client.Client(server.url)
+                self.assertEqual(c.model_metadata("latest")["versions"], ["10"])  # Triton's default
+                self.assertEqual(c.model_metadata("two_latest")["versions"], ["3", "10"])
+                self.assertEqual(c.model_metadata("specific")["versions"], ["1"])
+                server.wait_line("version_policy names version 4, which has no folder", 1)
+                inp = oip_client.InferInput("input0", [1, 16], "FP32", [1.0] * 16)
+                self.assertEqual(c.infer("two_latest", [inp]).header["model_version"], "10")
+                self.assertEqual(c.infer("two_latest", [inp], version=3).header["model_version"],
+                                 "3")
+                with self.assertRaises(oip_client.ServerError) as e:
+                    c.infer("two_latest", [inp], version=1)
+                self.assertEqual(e.exception.status, 404)
+        finally:
+            repo.cleanup()
+
+
+class Digits(harness.unittest.TestCase):
+    def test_digits_over_http_matches_libtorch(self):
+        digits = ARGS.digits or os.environ.get("ASYNCINFER_DIGITS")
+        if not digits:
+            self.skipTest("needs the digits model (--digits; the TorchDigitsModel fixture makes it)")
+        import torch  # Debian's python3-torch
+        repo = Repository()
+        try:
+            repo.add("digits", open(DIGITS_CONFIG).read() + "version_policy: { all { } }\n",
+                     versions=[1, 2],
+                     files={"1/model.pt": digits})  # version 2 has no model.pt: fails alone
+            with Server(repo.path, "--strict-readiness", "false") as server:
+                server.wait_line(r"model 'digits' version 2: UNAVAILABLE: no model file", 1)
+                server.wait_line(r"model 'digits' version 1: READY \(device cpu, 2 workers, "
+                                 r"dynamic batching max 64 delay 200 us\)", 1)
+                c = oip_client.Client(server.url)
+                meta = c.model_metadata("digits")
+                self.assertEqual(meta["platform"], "pytorch_libtorch")
+                self.assertEqual(meta["versions"], ["1"])
+                self.assertEqual(meta["inputs"], [{"name": "INPUT__0", "datatype": "FP32",
+                                                   "shape": [-1, 1, 32, 32]}])
+                torch.manual_seed(0)
+                x = torch.randn(3, 1, 32, 32)
+                module = torch.jit.load(digits)
+                with torch.no_grad():
+                    expected = module(x).flatten().tolist()
+                inp = oip_client.InferInput("INPUT__0", [3, 1, 32, 32], "FP32",
+                                            x.flatten().tolist())
+                res = c.infer("digits", [inp])  # binary in and out, as tritonclient
+                got = res.as_list("OUTPUT__0")
+                self.assertEqual(res.output("OUTPUT__0")["shape"], [3, 10])
+                for g, e in zip(got, expected):
+                    self.assertAlmostEqual(g, e, places=4)
+                # The same through JSON.
+                body = {"inputs": [{"name": "INPUT__0", "shape": [3, 1, 32, 32], "datatype": "FP32",
+                                    "data": x.flatten().tolist()}]}
+                r = requests.post(server.url + "/v2/models/digits/infer", data=json.dumps(body))
+                for g, e in zip(r.json()["outputs"][0]["data"], expected):
+                    self.assertAlmostEqual(g, e, places=4)
+        finally:
+            repo.cleanup()
+
+
+if __name__ == "__main__":
+    harness.main()

@@ -1,0 +1,299 @@
+// Unit tests of the server's protocol-neutral pieces (src/server): config.pbtxt parsing and
+// planning, version policies, datatype names, the status table, and the OIP JSON/binary codec.
+// The end-to-end tests over real sockets are tests/server/*.py.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "http/oip_json.hpp"
+#include "model_config.hpp"
+#include "status_mapping.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+constexpr const char* kIdentity = R"(
+name: "m"
+backend: "builtin"
+max_batch_size: 8
+input [ { name: "input0", data_type: TYPE_FP32, dims: [ 16 ] } ]
+output [ { name: "output0", data_type: TYPE_FP32, dims: [ 16 ] } ]
+parameters { key: "uri" value { string_value: "builtin:identity?shape=16&max_batch=8" } }
+)";
+
+Result<ModelPlan> plan(const std::string& text, std::vector<std::string>* warnings = nullptr) {
+  std::vector<std::string> w;
+  return plan_model_config(text, "m/config.pbtxt", "m", warnings ? warnings : &w);
+}
+
+TEST(ServerConfig, BuiltinModelPlan) {
+  auto p = plan(kIdentity);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->backend, ModelPlan::Backend::builtin);
+  EXPECT_EQ(p->platform, "asyncinfer_builtin");
+  EXPECT_EQ(p->builtin_uri, "builtin:identity?shape=16&max_batch=8");
+  EXPECT_TRUE(p->device_auto);  // no instance_group: KIND_AUTO
+  EXPECT_EQ(p->engine.workers, 1);
+  EXPECT_EQ(p->engine.batching.max_batch_size, 1);  // no dynamic_batching: one request at a time
+  ASSERT_EQ(p->inputs.size(), 1u);
+  EXPECT_EQ(p->inputs[0].shape, (Shape{-1, 16}));
+  EXPECT_EQ(p->versions.kind, VersionPolicy::Kind::latest);
+}
+
+TEST(ServerConfig, DynamicBatchingAndQueuePolicy) {
+  auto p = plan(std::string(kIdentity) + R"(
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 300
+  preserve_ordering: true
+  priority_levels: 4
+  default_priority_level: 3
+  default_queue_policy { default_timeout_microseconds: 250000 allow_timeout_override: true
+                         max_queue_size: 17 }
+}
+instance_group [ { kind: KIND_GPU, gpus: [ 1 ], count: 3 } ]
+parameters { key: "retries" value { string_value: "2" } }
+parameters { key: "watchdog_ms" value { string_value: "1500" } }
+)");
+  ASSERT_TRUE(p.ok()) << p.status();
+  const EngineOptions& e = p->engine;
+  EXPECT_EQ(e.batching.max_batch_size, 8);
+  EXPECT_EQ(e.batching.preferred_batch_sizes, (std::vector<std::int64_t>{4, 8}));
+  EXPECT_EQ(e.batching.max_queue_delay, std::chrono::microseconds(300));
+  EXPECT_TRUE(e.ordered_delivery);
+  EXPECT_EQ(e.priority_levels, 4);
+  EXPECT_EQ(e.default_priority, 3);
+  EXPECT_EQ(e.default_timeout, std::chrono::microseconds(250000));
+  EXPECT_TRUE(e.allow_timeout_override);
+  EXPECT_EQ(e.queue_capacity, 17u);
+  EXPECT_EQ(e.workers, 3);
+  EXPECT_EQ(e.retry.max_attempts, 3);
+  EXPECT_EQ(e.watchdog, std::chrono::milliseconds(1500));
+  EXPECT_EQ(p->device, "cuda:1");
+  EXPECT_FALSE(p->device_auto);
+}
+
+TEST(ServerConfig, DeviceParameterWinsOverKind) {
+  auto p = plan(std::string(kIdentity) + R"(
+instance_group [ { kind: KIND_CPU, count: 2 } ]
+parameters { key: "device" value { string_value: "sim:compute_engines=2" } }
+)");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->device, "sim:compute_engines=2");
+  EXPECT_EQ(p->engine.workers, 2);
+}
+
+TEST(ServerConfig, UnknownFieldIsAnErrorNamingIt) {
+  auto p = plan(std::string(kIdentity) + "frobnicate: true\n");
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(p.status().message().find("m/config.pbtxt:8:"), std::string_view::npos) << p.status();
+  EXPECT_NE(p.status().message().find("no field named \"frobnicate\""), std::string_view::npos);
+}
+
+TEST(ServerConfig, IgnorableFieldsAreWarnings) {
+  std::vector<std::string> warnings;
+  auto p = plan(std::string(kIdentity) + R"(
+optimization { graph { level: 1 } something_new { x: 1 } }
+metric_tags { key: "a" value: "b" }
+response_cache { enable: true }
+output_extra_unknown_inside_cache_is_fine: 0
+)",
+                &warnings);
+  // The last line is unknown at the top level: an error, naming it.
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("output_extra_unknown_inside_cache_is_fine"),
+            std::string_view::npos);
+  warnings.clear();
+  p = plan(std::string(kIdentity) + R"(
+optimization { graph { level: 1 } something_new { x: 1 } }
+metric_tags { key: "a" value: "b" }
+response_cache { enable: true }
+)",
+           &warnings);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::string all;
+  for (const auto& w : warnings) all += w + "\n";
+  EXPECT_NE(all.find("optimization is ignored"), std::string::npos) << all;
+  EXPECT_NE(all.find("metric_tags is ignored"), std::string::npos) << all;
+  EXPECT_NE(all.find("response_cache is ignored"), std::string::npos) << all;
+}
+
+TEST(ServerConfig, BehaviourChangingFieldsAreErrors) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"sequence_batching { max_sequence_idle_microseconds: 1 }", "sequence_batching"},
+      {"ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }",
+       "ensemble_scheduling"},
+      {"dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "DELAY"},
+      {"dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { "
+       "key: 1 value { max_queue_size: 3 } } }",
+       "priority_queue_policy"},
+      {"dynamic_batching { preferred_batch_size: [ 9 ] }", "preferred_batch_size 9"},
+      {"dynamic_batching { priority_levels: 2 }", "default_priority_level 0"},
+      {"model_transaction_policy { decoupled: true }", "decoupled"},
+      {"instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU } ]", "different devices"},
+      {"instance_group [ { kind: KIND_GPU, gpus: [ 0, 1 ] } ]", "lists 2 GPUs"},
+      {"instance_group [ { kind: KIND_MODEL } ]", "KIND_MODEL"},
+      {"max_batch_size: -2", "specified multiple times"},
+  };
+  for (const auto& [extra, expect] : cases) {
+    auto p = plan(std::string(kIdentity) + extra + "\n");
+    ASSERT_FALSE(p.ok()) << extra;
+    EXPECT_NE(p.status().message().find(expect), std::string_view::npos)
+        << extra << " → " << p.status();
+  }
+  auto reshape = plan(R"(name: "m" backend: "builtin"
+input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+parameters { key: "uri" value { string_value: "builtin:identity" } })");
+  ASSERT_FALSE(reshape.ok());
+  EXPECT_NE(reshape.status().message().find("reshape is not supported"), std::string_view::npos);
+}
+
+TEST(ServerConfig, BackendsAndNames) {
+  auto torch = plan(R"(name: "m" platform: "pytorch_libtorch" max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ -1 ] } ])");
+  ASSERT_TRUE(torch.ok()) << torch.status();
+  EXPECT_EQ(torch->backend, ModelPlan::Backend::torch);
+  EXPECT_EQ(torch->model_filename, "model.pt");
+  EXPECT_EQ(torch->outputs[0].shape, (Shape{-1, -1}));
+  auto no_io = plan(R"(name: "m" platform: "pytorch_libtorch")");
+  ASSERT_FALSE(no_io.ok());
+  EXPECT_NE(no_io.status().message().find("needs input and output"), std::string_view::npos);
+  auto no_uri = plan(R"(name: "m" backend: "builtin")");
+  ASSERT_FALSE(no_uri.ok());
+  EXPECT_NE(no_uri.status().message().find("needs parameters { key: \"uri\""),
+            std::string_view::npos);
+  auto renamed = plan(R"(name: "other" backend: "builtin")");
+  ASSERT_FALSE(renamed.ok());
+  EXPECT_NE(renamed.status().message().find("differs from the model's folder"),
+            std::string_view::npos);
+  auto strings = plan(R"(name: "m" platform: "pytorch_libtorch"
+input [ { name: "a" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])");
+  ASSERT_FALSE(strings.ok());
+  EXPECT_NE(strings.status().message().find("TYPE_STRING"), std::string_view::npos);
+}
+
+TEST(ServerConfig, VersionPolicies) {
+  VersionPolicy latest;
+  EXPECT_EQ(latest.select({3, 1, 10}), (std::vector<std::int64_t>{10}));
+  latest.num_versions = 2;
+  EXPECT_EQ(latest.select({3, 1, 10}), (std::vector<std::int64_t>{3, 10}));
+  VersionPolicy all{VersionPolicy::Kind::all};
+  EXPECT_EQ(all.select({3, 1}), (std::vector<std::int64_t>{1, 3}));
+  VersionPolicy specific{VersionPolicy::Kind::specific, 1, {1, 7}};
+  EXPECT_EQ(specific.select({3, 1}), (std::vector<std::int64_t>{1}));
+  EXPECT_TRUE(latest.select({}).empty());
+}
+
+TEST(ServerConfig, DatatypeNames) {
+  for (DType d : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::u8, DType::i16,
+                  DType::u16, DType::i32, DType::u32, DType::i64, DType::u64, DType::boolean}) {
+    auto back = dtype_from_oip(oip_datatype(d));
+    ASSERT_TRUE(back.ok()) << oip_datatype(d);
+    EXPECT_EQ(*back, d);
+  }
+  auto bytes = dtype_from_oip("BYTES");
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_NE(bytes.status().message().find("BYTES (strings) is not supported"),
+            std::string_view::npos);
+}
+
+TEST(ServerStatus, TableCoversEveryCode) {
+  EXPECT_EQ(http_status(StatusCode::invalid_argument), 400);
+  EXPECT_EQ(http_status(StatusCode::not_found), 404);
+  EXPECT_EQ(http_status(StatusCode::unavailable), 503);
+  EXPECT_EQ(http_status(StatusCode::resource_exhausted), 503);
+  EXPECT_EQ(http_status(StatusCode::deadline_exceeded), 504);
+  EXPECT_EQ(http_status(StatusCode::internal), 500);
+  EXPECT_EQ(grpc_code(StatusCode::deadline_exceeded), 4);
+  EXPECT_EQ(grpc_code(StatusCode::unavailable), 14);
+  for (std::size_t i = 0; i < status_mappings().size(); ++i) {
+    EXPECT_EQ(static_cast<std::size_t>(status_mappings()[i].code), i);  // enum order, none missing
+  }
+}
+
+// ---- the HTTP codec over a model without an engine ------------------------------------------
+
+ModelVersion two_input_model() {
+  ModelVersion m;
+  m.model_name = "two";
+  m.version_text = "1";
+  m.max_batch_size = 4;
+  m.signature.batched = true;
+  m.signature.max_batch_size = 4;
+  m.signature.inputs = {{"a", DType::f32, {-1, 3}}, {"b", DType::u8, {-1, 2}}};
+  m.signature.outputs = {{"x", DType::f32, {-1, 3}}, {"y", DType::f16, {-1, 2}}};
+  return m;
+}
+
+TEST(ServerCodec, DecodesJsonAndBinaryInputs) {
+  const ModelVersion m = two_input_model();
+  const std::string header =
+      R"({"id":"r1","parameters":{"timeout":1000},"inputs":[)"
+      R"({"name":"b","shape":[1,2],"datatype":"UINT8","parameters":{"binary_data_size":2}},)"
+      R"({"name":"a","shape":[1,3],"datatype":"FP32","data":[[1,2.5,-3]]}],)"
+      R"("outputs":[{"name":"y","parameters":{"binary_data":true}}]})";
+  const std::string body = header + std::string("\x07\xff", 2);
+  auto d = decode_infer_request(m, body, header.size(), 64);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->request.inputs.size(), 2u);
+  EXPECT_EQ(d->request.id, "r1");
+  const Tensor& b = d->request.inputs[0].tensor;
+  EXPECT_EQ(b.dtype(), DType::u8);
+  EXPECT_EQ(b.data_as<std::uint8_t>()[1], 255);
+  const Tensor& a = d->request.inputs[1].tensor;
+  EXPECT_EQ(a.data_as<float>()[1], 2.5f);
+  ASSERT_EQ(d->output_binary.size(), 1u);
+  EXPECT_TRUE(d->output_binary[0]);
+  auto options = InferenceServer::request_options(d->request.parameters);
+  ASSERT_TRUE(options.ok());
+  EXPECT_EQ(options->timeout, std::chrono::microseconds(1000));
+}
+
+TEST(ServerCodec, RefusesBeforeAllocating) {
+  const ModelVersion m = two_input_model();
+  auto expect = [&](const std::string& json, const char* what) {
+    auto d = decode_infer_request(m, json, std::nullopt, 64);
+    ASSERT_FALSE(d.ok()) << json;
+    EXPECT_EQ(d.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(d.status().message().find(what), std::string_view::npos) << d.status();
+  };
+  // A shape of 2^60 rows is refused by max_batch_size, never allocated.
+  expect(R"({"inputs":[{"name":"a","shape":[1152921504606846976,3],"datatype":"FP32","data":[]}]})",
+         "max_batch_size");
+  expect(R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[1,2]}]})",
+         "\"data\" has 2 elements, shape [1,3] needs 3");
+  expect(R"({"inputs":[{"name":"b","shape":[1,2],"datatype":"UINT8","data":[1,256]}]})",
+         "out of range for UINT8");
+  expect(R"({"inputs":[{"name":"b","shape":[1,2],"datatype":"UINT8","data":[1,-1]}]})",
+         "out of range for UINT8");
+  expect(R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]})",
+         "output 'y' is FP16, which has no JSON form");
+  expect(std::string(200, '['), "nested deeper than 64");
+}
+
+TEST(ServerCodec, EncodesShortestFloatsAndBinaryOutputs) {
+  const ModelVersion m = two_input_model();
+  DecodedInfer request;
+  request.request.outputs = {{"x", {}}, {"y", {}}};
+  request.output_binary = {false, true};
+  InferResponse response;
+  response.model = &m;
+  response.id = "q\"1";
+  auto x = Tensor::from_values<float>({1, 3}, std::vector<float>{0.1f, -2.f, 1e-30f});
+  auto y = Tensor::zeros(DType::f16, {1, 2});
+  response.outputs = {{&m.signature.outputs[0], *x, 0}, {&m.signature.outputs[1], *y, 1}};
+  EncodedResponse enc = encode_infer_response(response, request);
+  EXPECT_TRUE(enc.binary);
+  EXPECT_EQ(
+      enc.body.substr(0, enc.json_size),
+      R"({"model_name":"two","model_version":"1","id":"q\"1","outputs":[)"
+      R"({"name":"x","datatype":"FP32","shape":[1,3],"data":[0.1,-2,1e-30]},)"
+      R"({"name":"y","datatype":"FP16","shape":[1,2],"parameters":{"binary_data_size":4}}]})");
+  EXPECT_EQ(enc.body.size(), enc.json_size + 4);
+}
+
+}  // namespace
+}  // namespace asyncinfer::server
