@@ -48,6 +48,7 @@ from ._asyncinfer import (  # noqa: F401  (re-exported)
     __version__,
     device_backends,
     load_model,
+    model_backends,
     open_device,
 )
 
@@ -81,5 +82,6 @@ __all__ = [
     "Unavailable",
     "device_backends",
     "load_model",
+    "model_backends",
     "open_device",
 ]

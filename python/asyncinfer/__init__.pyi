@@ -135,6 +135,7 @@ def open_device(spec: str) -> Device:
     """Opens 'cpu', 'sim[:key=value,...]', 'cuda[:N]'. Raises InvalidArgument, Unavailable."""
 
 def device_backends() -> List[str]: ...
+def model_backends() -> List[str]: ...
 
 # ---- enums and policies -------------------------------------------------------------------------
 

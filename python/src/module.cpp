@@ -161,6 +161,8 @@ backend that was not built or has no hardware.
 
   m.def("device_backends", &device_backends,
         "Names of the device backends built into this library, e.g. ['cpu', 'sim', 'cuda'].");
+  m.def("model_backends", &model_backends,
+        "The model kinds built into this library, e.g. ['builtin:identity', ..., 'torch'].");
 }
 
 }  // namespace
