@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -114,6 +114,12 @@ for s in "${sections[@]}"; do
     # asyncinfer serve: vs nginx, binary vs JSON, server-side p50, digits over HTTP.
     begin server
     run server scripts/bench_server.sh $B
+    ;;
+  python)
+    # The Python module against the article's Python designs, side by side (bench/python_bench.py).
+    begin python
+    run python env PYTHONPATH=$B/python /usr/bin/python3 bench/python_bench.py --model $model \
+      --rounds 3 --fractions 0.5,0.7,0.9
     ;;
   *) echo "bench.sh: unknown section '$s'" >&2; exit 2 ;;
   esac

@@ -2,7 +2,9 @@
 # Installs the Debian 12 packages asyncinfer needs (build tools, GoogleTest, Google Benchmark,
 # CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model; for
 # `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, and curl, requests,
-# prometheus_client, h2load, wrk and nginx for its tests and benchmarks). Idempotent:
+# prometheus_client, h2load, wrk and nginx for its tests and benchmarks; for the Python
+# module: pybind11, the Python headers, numpy, dlpack, pip/setuptools/venv for
+# `pip install .`, pytest + pytest-asyncio for its tests). Idempotent:
 # skips apt entirely when everything is already there. Needs root (or sudo).
 set -euo pipefail
 
@@ -13,6 +15,9 @@ packages=(
   libtorch-dev python3-torch python3-sklearn
   libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   curl python3-requests python3-prometheus-client nghttp2-client wrk nginx-light
+  pybind11-dev python3-pybind11 python3-dev python3-numpy libdlpack-dev
+  python3-pip python3-setuptools python3-wheel python3-venv
+  python3-pytest python3-pytest-asyncio
 )
 
 missing=()

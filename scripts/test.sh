@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command (README): on a fresh Debian 12 machine, installs what is missing, builds the
-# release preset (with the torch and cuda backends where their toolkits are found) and runs the
-# whole test suite with ctest; then builds the asan (address + undefined) and tsan presets
-# (core, devices, engine, pipeline) and runs the unit and stress tests under each.
+# release preset (with the torch and cuda backends and the Python module where their toolkits
+# are found) and runs the whole test suite with ctest — the Python tests (pytest, label "python",
+# tests/python/) among them, on the module of this build, plus one check that `pip install .`
+# works; then builds the asan (address + undefined) and tsan presets (core, devices, engine,
+# pipeline, and the Python module) and runs the unit, stress and Python tests under each.
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh --quick    release build and tests only
@@ -24,9 +26,11 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 
 for preset in asan tsan; do
-  step "$preset: configure, build, unit + stress tests"
-  cmake --preset "$preset"
+  step "$preset: configure, build, unit + stress + Python tests"
+  # The Python module is built under the sanitizer too and its tests run with the sanitizer
+  # runtime preloaded into Debian's (uninstrumented) interpreter (tests/python/CMakeLists.txt).
+  cmake --preset "$preset" -DASYNCINFER_PYTHON_WITH_SANITIZERS=ON
   cmake --build --preset "$preset" -j "$jobs"
-  ctest --preset "$preset" -j "$jobs" -L 'unit|stress' -LE 'example'
+  ctest --preset "$preset" -j "$jobs" -L 'unit|stress|python' -LE 'example'
 done
 step "all tests passed"

@@ -1,0 +1,921 @@
+// engine.cpp — asyncinfer.Engine, AsyncInferQueue, RetryPolicy, CircuitBreakerOptions
+// (engine.hpp).
+#include "engine.hpp"
+
+#include <pybind11/stl.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "convert.hpp"
+#include "future.hpp"
+#include "tensors.hpp"
+
+namespace asyncinfer::python {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+// ---- futures of engine requests --------------------------------------------------------------
+
+class EngineSource final : public FutureSource {
+ public:
+  EngineSource(Future<Outputs> f, const EngineCore* core) : f_(std::move(f)) {
+    owner = core;
+    stats = core->stats;
+  }
+  bool ready() const noexcept override { return f_.is_ready(); }
+  void wait() override { f_.wait(); }
+  bool wait_for(nanoseconds timeout) override {
+    if (timeout >= std::chrono::hours(24 * 365)) {
+      f_.wait();
+      return true;
+    }
+    return f_.wait_for(timeout);
+  }
+  bool cancel() override { return f_.cancel(); }
+  Status status() const override { return f_.state()->result().status(); }
+  py::object value() override { return to_python(f_.state()->result().value()); }
+  void on_complete(detail::UniqueFunction<void()> fn) override {
+    f_.on_complete([fn = std::move(fn)](const Result<Outputs>&) mutable { fn(); });
+  }
+
+ private:
+  Future<Outputs> f_;
+};
+
+// ---- arguments ---------------------------------------------------------------------------------
+
+RequestOptions request_options(const py::object& timeout, int priority, const py::object& deadline,
+                               const py::object& sequence_key, const py::object& tag) {
+  RequestOptions o;
+  o.priority = priority;
+  if (auto t = to_duration(timeout, "timeout")) {
+    o.timeout = std::chrono::duration_cast<microseconds>(*t);
+  }
+  o.deadline = to_deadline(deadline, "deadline");
+  if (!sequence_key.is_none()) o.sequence_key = py::str(sequence_key).cast<std::string>();
+  if (!tag.is_none()) o.tag = py::str(tag).cast<std::string>();
+  return o;
+}
+
+/// Submits without the GIL only where it can block (QueueFullPolicy.block).
+template <class F>
+auto submit_call(const Engine& e, F&& f) -> decltype(f()) {
+  if (e.options().queue_full_policy == QueueFullPolicy::block) return without_gil(f);
+  return f();
+}
+
+std::shared_ptr<Model> model_arg(const py::object& model) {
+  if (py::isinstance<py::str>(model)) {
+    const auto uri = model.cast<std::string>();
+    auto m = without_gil([&] { return load_model(uri); });
+    if (!m.ok()) raise_status(m.status());
+    return *m;
+  }
+  return model.cast<std::shared_ptr<Model>>();
+}
+
+std::shared_ptr<Device> device_arg(const py::object& device) {
+  if (py::isinstance<py::str>(device)) {
+    auto d = open_device(device.cast<std::string>());
+    if (!d.ok()) raise_status(d.status());
+    return *d;
+  }
+  return device.cast<std::shared_ptr<Device>>();
+}
+
+ShutdownMode shutdown_mode(const py::object& mode) {
+  if (py::isinstance<ShutdownMode>(mode)) return mode.cast<ShutdownMode>();
+  if (py::isinstance<py::str>(mode)) {
+    const auto s = mode.cast<std::string>();
+    if (s == "drain") return ShutdownMode::drain;
+    if (s == "cancel") return ShutdownMode::cancel;
+  }
+  raise_invalid("shutdown: mode " + py::repr(mode).cast<std::string>() +
+                " is neither 'drain' nor 'cancel' (or asyncinfer.ShutdownMode)");
+}
+
+QueueFullPolicy queue_full_policy(const py::object& p) {
+  if (py::isinstance<QueueFullPolicy>(p)) return p.cast<QueueFullPolicy>();
+  if (py::isinstance<py::str>(p)) {
+    const auto s = p.cast<std::string>();
+    if (s == "reject") return QueueFullPolicy::reject;
+    if (s == "block") return QueueFullPolicy::block;
+  }
+  raise_invalid("queue_full_policy: " + py::repr(p).cast<std::string>() +
+                " is neither 'reject' nor 'block'");
+}
+
+RetryPolicy retry_arg(const py::object& retry) {
+  if (retry.is_none()) return {};
+  if (py::isinstance<RetryPolicy>(retry)) return retry.cast<RetryPolicy>();
+  if (PyDict_Check(retry.ptr())) {
+    py::object cls = py::module_::import("asyncinfer").attr("RetryPolicy");
+    return cls(**py::reinterpret_borrow<py::dict>(retry)).cast<RetryPolicy>();
+  }
+  raise_invalid("retry: expected asyncinfer.RetryPolicy or a dict of its fields, got " +
+                py::repr(retry).cast<std::string>());
+}
+
+CircuitBreakerOptions breaker_arg(const py::object& breaker) {
+  if (breaker.is_none()) return {};
+  if (py::isinstance<CircuitBreakerOptions>(breaker)) return breaker.cast<CircuitBreakerOptions>();
+  if (PyDict_Check(breaker.ptr())) {
+    py::object cls = py::module_::import("asyncinfer").attr("CircuitBreakerOptions");
+    return cls(**py::reinterpret_borrow<py::dict>(breaker)).cast<CircuitBreakerOptions>();
+  }
+  raise_invalid("breaker: expected asyncinfer.CircuitBreakerOptions or a dict of its fields, got " +
+                py::repr(breaker).cast<std::string>());
+}
+
+py::object optional_seconds(const std::optional<microseconds>& d) {
+  if (!d) return py::none();
+  return py::float_(to_seconds(*d));
+}
+
+// ---- metrics -----------------------------------------------------------------------------------
+
+py::dict histogram_dict(const HistogramSnapshot& h) {
+  py::dict d;
+  d["count"] = h.count;
+  d["sum"] = h.sum;
+  d["max"] = h.max;
+  d["mean"] = h.mean();
+  d["p50"] = h.percentile(0.50);
+  d["p90"] = h.percentile(0.90);
+  d["p99"] = h.percentile(0.99);
+  d["bounds"] = h.bounds;
+  d["counts"] = h.counts;
+  return d;
+}
+
+EngineMetrics snapshot(const PyEngine& e) {
+  EngineMetrics m = e.engine().metrics();
+  m.callback_exceptions += e.core()->stats->callback_exceptions.load(std::memory_order_relaxed);
+  return m;
+}
+
+py::dict metrics_dict(const EngineMetrics& m) {
+  py::dict d;
+  d["model"] = m.model;
+  d["uptime_s"] = m.uptime_s;
+  d["submitted"] = m.submitted;
+  d["rejected"] = m.rejected;
+  d["completed"] = m.completed;
+  d["failed"] = m.failed;
+  d["timed_out"] = m.timed_out;
+  d["cancelled"] = m.cancelled;
+  d["shut_down"] = m.shut_down;
+  d["failures_by_reason"] = m.failures_by_reason;
+  d["rejections_by_reason"] = m.rejections_by_reason;
+  d["batches"] = m.batches;
+  d["attempts"] = m.attempts;
+  d["retries"] = m.retries;
+  d["retries_denied_by_budget"] = m.retries_denied_by_budget;
+  d["split_batches"] = m.split_batches;
+  d["late_completions"] = m.late_completions;
+  d["callback_exceptions"] = m.callback_exceptions;
+  d["model_exceptions"] = m.model_exceptions;
+  d["watchdog_fired"] = m.watchdog_fired;
+  d["queue_depth"] = m.queue_depth;
+  d["inflight_requests"] = m.inflight_requests;
+  d["retry_waiting"] = m.retry_waiting;
+  d["batches_per_s"] = m.batches_per_s;
+  py::list workers;
+  for (const WorkerMetrics& w : m.workers) {
+    py::dict wd;
+    wd["index"] = w.index;
+    wd["breaker"] = w.breaker;
+    wd["batches"] = w.batches;
+    wd["failed_batches"] = w.failed_batches;
+    wd["recycles"] = w.recycles;
+    wd["inflight_batches"] = w.inflight_batches;
+    workers.append(wd);
+  }
+  d["workers"] = workers;
+  d["queue_us"] = histogram_dict(m.queue_us);
+  d["compute_us"] = histogram_dict(m.compute_us);
+  d["request_us"] = histogram_dict(m.request_us);
+  d["batch_size"] = histogram_dict(m.batch_size);
+  return d;
+}
+
+py::dict options_dict(const EngineOptions& o) {
+  py::dict d;
+  d["workers"] = o.workers;
+  d["max_inflight_per_worker"] = o.max_inflight_per_worker;
+  d["queue_capacity"] = o.queue_capacity;
+  d["queue_full_policy"] = o.queue_full_policy == QueueFullPolicy::block ? "block" : "reject";
+  d["submit_timeout"] = to_seconds(o.submit_timeout);
+  d["completion_threads"] = o.completion_threads;
+  d["priority_levels"] = o.priority_levels;
+  d["default_priority"] = o.default_priority;
+  d["priority_aging"] = to_seconds(o.priority_aging);
+  d["max_batch_size"] = o.batching.max_batch_size;
+  d["preferred_batch_sizes"] = o.batching.preferred_batch_sizes;
+  d["max_queue_delay_us"] = o.batching.max_queue_delay.count();
+  d["split_failed_batches"] = o.batching.split_failed_batches;
+  d["ordered_delivery"] = o.ordered_delivery;
+  d["default_timeout"] = optional_seconds(o.default_timeout);
+  d["allow_timeout_override"] = o.allow_timeout_override;
+  d["admission_control"] = o.admission_control;
+  d["retry"] = o.retry;
+  d["breaker"] = o.breaker;
+  d["watchdog"] = to_seconds(o.watchdog);
+  d["result_store_capacity"] = o.result_store_capacity;
+  d["result_ttl"] = to_seconds(o.result_ttl);
+  d["intra_op_threads"] = o.intra_op_threads;
+  d["drain_timeout"] = to_seconds(o.drain_timeout);
+  return d;
+}
+
+// ---- Engine methods ------------------------------------------------------------------------
+
+/// The callback of submit(callback=): fn(outputs or exception), once, GIL held.
+Engine::Callback python_callback(const py::object& fn, const std::shared_ptr<EngineCore>& core) {
+  if (!PyCallable_Check(fn.ptr())) raise_invalid("submit: callback is not callable");
+  return [fn = PyRef(fn), owner = static_cast<const void*>(core.get()),
+          stats = core->stats](const Result<Outputs>& r) mutable {
+    LibraryGil gil(owner);
+    if (!gil) return fn.leak();
+    try {
+      py::object arg = r.ok() ? py::object(to_python(*r)) : make_exception(r.status());
+      fn.object()(arg);
+    } catch (py::error_already_set& e) {
+      report_callback_exception(e, "callback " + py::repr(fn.get()).cast<std::string>(),
+                                stats.get());
+    }
+    fn.reset();
+  };
+}
+
+py::object submit(PyEngine& self, const py::object& inputs, const py::object& callback,
+                  const py::object& timeout, int priority, const py::object& deadline,
+                  const py::object& sequence_key, const py::object& tag, bool share_inputs) {
+  drain_releases();
+  Engine& e = self.engine();
+  RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
+  Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+  if (!callback.is_none()) {
+    Engine::Callback cb = python_callback(callback, self.core());
+    Status s = submit_call(e, [&] { return e.submit(std::move(in), std::move(cb), ro); });
+    if (!s.ok()) raise_status(s);
+    return py::none();
+  }
+  // Bad input raises here and nothing is submitted; the engine's other refusals (queue full,
+  // stopped) arrive in the returned future, which is then already done, as in C++.
+  Status v = validate_inputs(e.signature(), in);
+  if (!v.ok()) raise_status(v.with_context("bad input"));
+  Future<Outputs> f = submit_call(e, [&] { return e.submit(std::move(in), ro); });
+  return make_future(std::make_unique<EngineSource>(std::move(f), self.core().get()));
+}
+
+py::object infer(PyEngine& self, const py::object& inputs, const py::object& timeout, int priority,
+                 const py::object& deadline, const py::object& sequence_key, const py::object& tag,
+                 bool share_inputs) {
+  drain_releases();
+  Engine& e = self.engine();
+  RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
+  Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+  Result<Outputs> r = without_gil([&] { return e.infer(std::move(in), ro); });
+  drain_releases();
+  if (!r.ok()) raise_status(r.status());
+  return to_python(*r);
+}
+
+void submit_id(PyEngine& self, const std::string& id, const py::object& inputs,
+               const py::object& timeout, int priority, const py::object& deadline,
+               const py::object& sequence_key, const py::object& tag, bool share_inputs) {
+  drain_releases();
+  Engine& e = self.engine();
+  RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
+  Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+  Status s = submit_call(e, [&] { return e.submit(id, std::move(in), ro); });
+  if (!s.ok()) raise_status(s);
+}
+
+py::object result_by_id(PyEngine& self, const std::string& id, const py::object& timeout) {
+  drain_releases();
+  Engine& e = self.engine();
+  auto t = to_duration(timeout, "timeout").value_or(nanoseconds::max());
+  if (t < nanoseconds::zero()) t = nanoseconds::zero();
+  Result<Outputs> r = without_gil([&] { return e.result(id, t); });
+  if (!r.ok()) raise_status(r.status());
+  return to_python(*r);
+}
+
+void shutdown(PyEngine& self, const py::object& mode, const py::object& drain_timeout) {
+  if (CallbackScope::inside(self.core().get())) {
+    raise_status(failed_precondition_error(
+        "Engine.shutdown() called from one of this engine's callbacks: it would wait for the "
+        "callback itself; call it from another thread"));
+  }
+  const ShutdownMode m = shutdown_mode(mode);
+  std::optional<milliseconds> dt;
+  if (auto d = to_duration(drain_timeout, "drain_timeout")) {
+    dt = std::chrono::duration_cast<milliseconds>(*d);
+  }
+  without_gil([&] { self.engine().shutdown(m, dt); });
+  drain_releases();
+}
+
+// ---- AsyncInferQueue ---------------------------------------------------------------------------
+
+/// OpenVINO's AsyncInferQueue (pyopenvino/core/async_infer_queue.cpp) over Engine::submit with a
+/// callback: `jobs` requests in flight at most; start_async waits (without the GIL) for a free
+/// job; the user callback runs on the completion thread with the GIL; exceptions it raises are
+/// logged, counted, and the first is raised again by wait_all(), as OpenVINO does.
+class PyAsyncInferQueue {
+ public:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    int busy = 0;  // under mu
+    int jobs = 0;
+    PyRef callback;             // GIL
+    std::vector<PyRef> errors;  // GIL
+  };
+
+  PyAsyncInferQueue(py::object engine, int jobs)
+      : engine_obj_(std::move(engine)),
+        engine_(engine_obj_.cast<PyEngine&>()),
+        state_(std::make_shared<State>()) {
+    if (jobs < 0)
+      raise_invalid("AsyncInferQueue: jobs is " + std::to_string(jobs) + ", expected >= 0");
+    if (jobs == 0) {
+      // Enough to keep every worker's in-flight window full of full batches.
+      const EngineOptions& o = engine_.engine().options();
+      std::int64_t batch = o.batching.max_batch_size;
+      if (batch == 0) batch = engine_.engine().signature().max_batch_size;
+      if (batch <= 0 || !engine_.engine().signature().batched) batch = 1;
+      std::int64_t n = static_cast<std::int64_t>(o.workers) * o.max_inflight_per_worker * batch;
+      n = std::min<std::int64_t>(n, static_cast<std::int64_t>(o.queue_capacity));
+      jobs = static_cast<int>(std::max<std::int64_t>(n, 1));
+    }
+    state_->jobs = jobs;
+  }
+
+  void set_callback(const py::object& fn) {
+    if (!fn.is_none() && !PyCallable_Check(fn.ptr())) {
+      raise_invalid("AsyncInferQueue.set_callback: fn is not callable");
+    }
+    state_->callback = fn.is_none() ? PyRef() : PyRef(fn);
+  }
+
+  void start_async(const py::object& inputs, const py::object& userdata, const py::object& timeout,
+                   int priority, const py::object& deadline, bool share_inputs) {
+    drain_releases();
+    Engine& e = engine_.engine();
+    RequestOptions ro = request_options(timeout, priority, deadline, py::none(), py::none());
+    Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+    take_job();
+    auto st = state_;
+    Engine::Callback cb = [st, userdata = PyRef(userdata),
+                           owner = static_cast<const void*>(engine_.core().get()),
+                           stats = engine_.core()->stats](const Result<Outputs>& r) mutable {
+      {
+        LibraryGil gil(owner);
+        if (gil) {
+          deliver(*st, r, userdata, stats.get());
+          userdata.reset();
+        } else {
+          userdata.leak();
+        }
+      }
+      {
+        std::lock_guard lock(st->mu);
+        --st->busy;
+      }
+      st->cv.notify_all();
+    };
+    Status s = submit_call(e, [&] { return e.submit(std::move(in), std::move(cb), ro); });
+    if (!s.ok()) {
+      give_back_job();
+      raise_status(s);
+    }
+  }
+
+  void wait_all() {
+    if (CallbackScope::inside(engine_.core().get())) {
+      raise_status(failed_precondition_error(
+          "AsyncInferQueue.wait_all() called from a callback: it would wait for itself"));
+    }
+    without_gil([&] {
+      std::unique_lock lock(state_->mu);
+      state_->cv.wait(lock, [&] { return state_->busy == 0; });
+    });
+    drain_releases();
+    if (!state_->errors.empty()) {
+      py::object first = state_->errors.front().object();
+      state_->errors.clear();
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first.ptr())), first.ptr());
+      throw py::error_already_set();
+    }
+  }
+
+  bool is_ready() const {
+    std::lock_guard lock(state_->mu);
+    return state_->busy < state_->jobs;
+  }
+  int jobs() const noexcept { return state_->jobs; }
+  int busy() const {
+    std::lock_guard lock(state_->mu);
+    return state_->busy;
+  }
+
+ private:
+  static void deliver(State& st, const Result<Outputs>& r, const PyRef& userdata,
+                      BindingStats* stats) {
+    try {
+      py::object arg = r.ok() ? py::object(to_python(*r)) : make_exception(r.status());
+      if (st.callback) {
+        // Hold our own reference: the callback may replace itself with set_callback().
+        py::object fn = st.callback.object();
+        try {
+          fn(arg, userdata ? userdata.object() : py::none());
+        } catch (py::error_already_set& e) {
+          st.errors.emplace_back(e.value());
+          report_callback_exception(e, "AsyncInferQueue callback", stats);
+        }
+      } else if (!r.ok()) {
+        st.errors.emplace_back(arg);  // no callback to tell: wait_all() raises it
+      }
+    } catch (py::error_already_set& e) {
+      report_callback_exception(e, "AsyncInferQueue result conversion", stats);
+    }
+  }
+
+  void take_job() {
+    {
+      std::lock_guard lock(state_->mu);
+      if (state_->busy < state_->jobs) {
+        ++state_->busy;
+        return;
+      }
+    }
+    if (CallbackScope::inside(engine_.core().get())) {
+      raise_status(resource_exhausted_error(
+          "AsyncInferQueue.start_async() from a callback while all " +
+          std::to_string(state_->jobs) +
+          " jobs are busy: waiting would block the callback that frees one"));
+    }
+    without_gil([&] {
+      std::unique_lock lock(state_->mu);
+      state_->cv.wait(lock, [&] { return state_->busy < state_->jobs; });
+      ++state_->busy;
+    });
+  }
+
+  void give_back_job() {
+    {
+      std::lock_guard lock(state_->mu);
+      --state_->busy;
+    }
+    state_->cv.notify_all();
+  }
+
+  py::object engine_obj_;  // keeps the engine alive
+  PyEngine& engine_;
+  std::shared_ptr<State> state_;
+};
+
+// ---- documentation -----------------------------------------------------------------------------
+
+constexpr const char* kEngineDoc = R"doc(
+The inference engine (C++ asyncinfer::Engine): a bounded priority queue, a dynamic batcher,
+``workers`` workers (each one stream and one model instance), deadlines, retries, a result store
+for the id-based API, metrics.
+
+Engine(model, device='cpu', *, <every EngineOptions field>)
+
+model: an asyncinfer.Model, or a URI for load_model ('builtin:identity', 'models/data/digits.pt').
+device: an asyncinfer.Device, or a spec for open_device ('cpu', 'sim', 'cuda:0').
+
+Units: every duration is in seconds (int, float or datetime.timedelta) except
+``max_queue_delay_us`` (microseconds, Triton's max_queue_delay_microseconds).
+
+Options (defaults are the C++ EngineOptions defaults):
+  workers                 workers (streams + model instances), the article's §3.2 consumers
+  max_inflight_per_worker batches queued on a worker's stream ahead of completion
+  queue_capacity          requests waiting in the queue
+  queue_full_policy       'reject' (ResourceExhausted at once) or 'block' (wait up to submit_timeout)
+  submit_timeout          s; how long 'block' waits for queue space
+  completion_threads      threads that run callbacks and fulfil futures
+  priority_levels         priorities 1 (highest) .. priority_levels
+  default_priority        the priority of requests that give none
+  priority_aging          s; 0 = off; a request queued this long is served as priority 1
+  max_batch_size          rows per batch; 0 = the model's max; 1 = no batching
+  preferred_batch_sizes   batch sizes dispatched at once when reachable
+  max_queue_delay_us      µs a forming batch may wait for more requests
+  split_failed_batches    re-run a failed batch request by request (one bad request fails alone)
+  ordered_delivery        results reach futures/callbacks in submit order (per sequence_key)
+  default_timeout         s or None; requests may only shorten it unless allow_timeout_override
+  allow_timeout_override  a request's timeout may exceed default_timeout
+  admission_control       refuse at submit a request whose predicted wait exceeds its deadline
+  retry                   asyncinfer.RetryPolicy (or a dict of its fields)
+  breaker                 asyncinfer.CircuitBreakerOptions (or a dict of its fields)
+  watchdog                s; 0 = off; a batch not done in this time fails and its worker is recycled
+  result_store_capacity   finished results kept for the id-based API
+  result_ttl              s; finished results older than this are forgotten
+  intra_op_threads        libtorch threads per instance; 0 = cores ÷ workers
+  drain_timeout           s; shutdown('drain') falls back to cancel after this long
+
+Raises InvalidArgument naming a bad option; errors creating model instances pass through (e.g.
+Unavailable for a model that cannot run on the device). Creating the engine blocks (model
+instances are made and warmed up) with the GIL released.
+
+A context manager: ``with Engine(...) as engine:`` ends in shutdown('drain'). At interpreter
+exit every live engine is shut down (drain, bounded by drain_timeout), so requests in flight
+end and their callbacks run. Thread-safe: every method may be called from any Python thread;
+shutdown() not from one of the engine's own callbacks.
+)doc";
+
+constexpr const char* kInputsDoc = R"doc(
+inputs: one array (a model with one input), a list/tuple in signature order, or a dict by input
+name. Each is a numpy.ndarray, a CPU torch.Tensor, an asyncinfer.Tensor or any CPU object with
+__dlpack__, of dtype bool, int8..int64, uint8..uint64, float16/32/64 (bfloat16 through torch);
+shapes as the signature says (dim 0 the batch). A non-contiguous array is copied once into a
+contiguous one. Bad input raises InvalidArgument naming the input, what it got and what was
+expected, and nothing is submitted.
+timeout: s (None = the engine's default_timeout); priority: 1 = highest, 0 = the engine's
+default; deadline: an absolute time.monotonic() value; sequence_key: ordered-delivery key;
+tag: free text echoed in error messages.)doc";
+
+}  // namespace
+
+PyEngine::PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
+                   EngineOptions options)
+    : model_(std::move(model)), device_(std::move(device)), core_(std::make_shared<EngineCore>()) {
+  if (exiting()) raise_status(unavailable_error("the interpreter is exiting"));
+  auto e = without_gil([&] { return Engine::create(model_, device_, std::move(options)); });
+  if (!e.ok()) raise_status(e.status());
+  core_->engine = std::move(*e);
+  register_for_exit(core_);
+}
+
+PyEngine::~PyEngine() {
+  if (!core_) return;
+  unregister_for_exit(core_.get());
+  if (CallbackScope::current() != nullptr) {
+    // The last reference went on a library thread (a callback, or the garbage collector running
+    // there): on one of this engine's own completion threads its destructor would wait for that
+    // very thread, and on another engine's or a pipeline's it would hold that thread up.
+    destroy_elsewhere(std::move(core_));
+    return;
+  }
+  without_gil([&] { core_.reset(); });
+  drain_releases();
+}
+
+void init_engine(py::module_& m) {
+  py::enum_<RequestState>(m, "RequestState", "Where a request is in its life (Engine.status(id)).")
+      .value("unknown", RequestState::unknown, "no such id (or expired, evicted, released)")
+      .value("pending", RequestState::pending, "queued, or waiting to retry")
+      .value("running", RequestState::running, "in a batch on a worker's stream")
+      .value("completed", RequestState::completed)
+      .value("failed", RequestState::failed)
+      .value("timed_out", RequestState::timed_out)
+      .value("cancelled", RequestState::cancelled)
+      .value("shut_down", RequestState::shut_down)
+      .def_property_readonly(
+          "terminal", [](RequestState s) { return is_terminal(s); },
+          "True for completed, failed, timed_out, cancelled, shut_down.");
+
+  py::enum_<ShutdownMode>(m, "ShutdownMode", "How Engine.shutdown ends queued and running work.")
+      .value("drain", ShutdownMode::drain, "finish queued and running work, then stop")
+      .value("cancel", ShutdownMode::cancel, "end queued and running work as shut_down at once");
+  py::enum_<QueueFullPolicy>(m, "QueueFullPolicy", "What submit does when the queue is full.")
+      .value("reject", QueueFullPolicy::reject, "raise ResourceExhausted at once")
+      .value("block", QueueFullPolicy::block, "wait up to submit_timeout (without the GIL)");
+
+  const RetryPolicy rd;
+  py::class_<RetryPolicy>(m, "RetryPolicy", R"doc(
+Retries (C++ asyncinfer::RetryPolicy): bounded attempts, exponential backoff with full jitter,
+only retryable codes, never past the request's deadline, within a retry budget. Durations in
+seconds; codes are names ('unavailable') or asyncinfer exception classes (asyncinfer.Unavailable).
+InvalidArgument, Cancelled and DeadlineExceeded are never retried (the engine rejects them).
+)doc")
+      .def(py::init([](int max_attempts, const py::object& initial_backoff, double multiplier,
+                       const py::object& max_backoff, const py::iterable& retryable_codes,
+                       double budget_ratio, double budget_min_retries_per_s,
+                       const py::object& budget_window) {
+             RetryPolicy p;
+             p.max_attempts = max_attempts;
+             p.initial_backoff = to_duration_as<microseconds>(initial_backoff, "initial_backoff");
+             p.multiplier = multiplier;
+             p.max_backoff = to_duration_as<microseconds>(max_backoff, "max_backoff");
+             p.retryable_codes.clear();
+             for (py::handle c : retryable_codes) {
+               p.retryable_codes.push_back(code_from_python(c, "retryable_codes"));
+             }
+             p.budget_ratio = budget_ratio;
+             p.budget_min_retries_per_s = budget_min_retries_per_s;
+             p.budget_window = to_duration_as<milliseconds>(budget_window, "budget_window");
+             return p;
+           }),
+           py::kw_only(), py::arg("max_attempts") = rd.max_attempts,
+           py::arg("initial_backoff") = to_seconds(rd.initial_backoff),
+           py::arg("multiplier") = rd.multiplier,
+           py::arg("max_backoff") = to_seconds(rd.max_backoff),
+           py::arg("retryable_codes") = py::make_tuple("unavailable", "resource_exhausted"),
+           py::arg("budget_ratio") = rd.budget_ratio,
+           py::arg("budget_min_retries_per_s") = rd.budget_min_retries_per_s,
+           py::arg("budget_window") = to_seconds(rd.budget_window))
+      .def_readwrite("max_attempts", &RetryPolicy::max_attempts,
+                     "attempts in all, the first included; 1 = no retries")
+      .def_property(
+          "initial_backoff", [](const RetryPolicy& p) { return to_seconds(p.initial_backoff); },
+          [](RetryPolicy& p, const py::object& v) {
+            p.initial_backoff = to_duration_as<microseconds>(v, "initial_backoff");
+          },
+          "s; the first retry's backoff window")
+      .def_readwrite("multiplier", &RetryPolicy::multiplier)
+      .def_property(
+          "max_backoff", [](const RetryPolicy& p) { return to_seconds(p.max_backoff); },
+          [](RetryPolicy& p, const py::object& v) {
+            p.max_backoff = to_duration_as<microseconds>(v, "max_backoff");
+          },
+          "s; the largest backoff window")
+      .def_property(
+          "retryable_codes",
+          [](const RetryPolicy& p) {
+            py::list l;
+            for (StatusCode c : p.retryable_codes) l.append(std::string(to_string(c)));
+            return l;
+          },
+          [](RetryPolicy& p, const py::iterable& codes) {
+            p.retryable_codes.clear();
+            for (py::handle c : codes) {
+              p.retryable_codes.push_back(code_from_python(c, "retryable_codes"));
+            }
+          },
+          "status code names worth another attempt")
+      .def_readwrite("budget_ratio", &RetryPolicy::budget_ratio)
+      .def_readwrite("budget_min_retries_per_s", &RetryPolicy::budget_min_retries_per_s)
+      .def_property(
+          "budget_window", [](const RetryPolicy& p) { return to_seconds(p.budget_window); },
+          [](RetryPolicy& p, const py::object& v) {
+            p.budget_window = to_duration_as<milliseconds>(v, "budget_window");
+          },
+          "s; the retry budget's sliding window")
+      .def("__repr__", [](const RetryPolicy& p) {
+        return "RetryPolicy(max_attempts=" + std::to_string(p.max_attempts) +
+               ", initial_backoff=" + std::to_string(to_seconds(p.initial_backoff)) +
+               ", max_backoff=" + std::to_string(to_seconds(p.max_backoff)) + ")";
+      });
+
+  const CircuitBreakerOptions bd;
+  py::class_<CircuitBreakerOptions>(m, "CircuitBreakerOptions", R"doc(
+Per-worker circuit breaker: after failure_threshold consecutive failed batches (0 = off) the
+worker is taken out for cooldown seconds, then probed with one request.
+)doc")
+      .def(py::init([](int failure_threshold, const py::object& cooldown) {
+             CircuitBreakerOptions b;
+             b.failure_threshold = failure_threshold;
+             b.cooldown = to_duration_as<milliseconds>(cooldown, "cooldown");
+             return b;
+           }),
+           py::kw_only(), py::arg("failure_threshold") = bd.failure_threshold,
+           py::arg("cooldown") = to_seconds(bd.cooldown))
+      .def_readwrite("failure_threshold", &CircuitBreakerOptions::failure_threshold)
+      .def_property(
+          "cooldown", [](const CircuitBreakerOptions& b) { return to_seconds(b.cooldown); },
+          [](CircuitBreakerOptions& b, const py::object& v) {
+            b.cooldown = to_duration_as<milliseconds>(v, "cooldown");
+          },
+          "s");
+
+  const EngineOptions d;
+  py::class_<PyEngine>(m, "Engine", kEngineDoc)
+      .def(py::init([](const py::object& model, const py::object& device, int workers,
+                       int max_inflight_per_worker, std::size_t queue_capacity,
+                       const py::object& queue_full_policy_arg, const py::object& submit_timeout,
+                       int completion_threads, int priority_levels, int default_priority,
+                       const py::object& priority_aging, std::int64_t max_batch_size,
+                       std::vector<std::int64_t> preferred_batch_sizes,
+                       std::int64_t max_queue_delay_us, bool split_failed_batches,
+                       bool ordered_delivery, const py::object& default_timeout,
+                       bool allow_timeout_override, bool admission_control, const py::object& retry,
+                       const py::object& breaker, const py::object& watchdog,
+                       std::size_t result_store_capacity, const py::object& result_ttl,
+                       int intra_op_threads, const py::object& drain_timeout) {
+             EngineOptions o;
+             o.workers = workers;
+             o.max_inflight_per_worker = max_inflight_per_worker;
+             o.queue_capacity = queue_capacity;
+             o.queue_full_policy = queue_full_policy(queue_full_policy_arg);
+             o.submit_timeout = to_duration_as<microseconds>(submit_timeout, "submit_timeout");
+             o.completion_threads = completion_threads;
+             o.priority_levels = priority_levels;
+             o.default_priority = default_priority;
+             o.priority_aging = to_duration_as<microseconds>(priority_aging, "priority_aging");
+             o.batching.max_batch_size = max_batch_size;
+             o.batching.preferred_batch_sizes = std::move(preferred_batch_sizes);
+             o.batching.max_queue_delay = microseconds(max_queue_delay_us);
+             o.batching.split_failed_batches = split_failed_batches;
+             o.ordered_delivery = ordered_delivery;
+             if (auto t = to_duration(default_timeout, "default_timeout")) {
+               o.default_timeout = std::chrono::duration_cast<microseconds>(*t);
+             }
+             o.allow_timeout_override = allow_timeout_override;
+             o.admission_control = admission_control;
+             o.retry = retry_arg(retry);
+             o.breaker = breaker_arg(breaker);
+             o.watchdog = to_duration_as<milliseconds>(watchdog, "watchdog");
+             o.result_store_capacity = result_store_capacity;
+             o.result_ttl = to_duration_as<milliseconds>(result_ttl, "result_ttl");
+             o.intra_op_threads = intra_op_threads;
+             o.drain_timeout = to_duration_as<milliseconds>(drain_timeout, "drain_timeout");
+             return std::make_unique<PyEngine>(model_arg(model), device_arg(device), std::move(o));
+           }),
+           py::arg("model"), py::arg("device") = "cpu", py::kw_only(),
+           py::arg("workers") = d.workers,
+           py::arg("max_inflight_per_worker") = d.max_inflight_per_worker,
+           py::arg("queue_capacity") = d.queue_capacity, py::arg("queue_full_policy") = "reject",
+           py::arg("submit_timeout") = to_seconds(d.submit_timeout),
+           py::arg("completion_threads") = d.completion_threads,
+           py::arg("priority_levels") = d.priority_levels,
+           py::arg("default_priority") = d.default_priority,
+           py::arg("priority_aging") = to_seconds(d.priority_aging),
+           py::arg("max_batch_size") = d.batching.max_batch_size,
+           py::arg("preferred_batch_sizes") = d.batching.preferred_batch_sizes,
+           py::arg("max_queue_delay_us") = d.batching.max_queue_delay.count(),
+           py::arg("split_failed_batches") = d.batching.split_failed_batches,
+           py::arg("ordered_delivery") = d.ordered_delivery,
+           py::arg("default_timeout") = py::none(),
+           py::arg("allow_timeout_override") = d.allow_timeout_override,
+           py::arg("admission_control") = d.admission_control, py::arg("retry") = py::none(),
+           py::arg("breaker") = py::none(), py::arg("watchdog") = to_seconds(d.watchdog),
+           py::arg("result_store_capacity") = d.result_store_capacity,
+           py::arg("result_ttl") = to_seconds(d.result_ttl),
+           py::arg("intra_op_threads") = d.intra_op_threads,
+           py::arg("drain_timeout") = to_seconds(d.drain_timeout))
+      .def("infer", &infer, py::arg("inputs"), py::kw_only(), py::arg("timeout") = py::none(),
+           py::arg("priority") = 0, py::arg("deadline") = py::none(),
+           py::arg("sequence_key") = py::none(), py::arg("tag") = py::none(),
+           py::arg("share_inputs") = true,
+           (std::string(R"doc(
+Synchronous inference (article §1.1): submits and blocks, without the GIL, until the request
+ends. Returns the outputs, a list of numpy arrays (one per model output; bfloat16 outputs as
+asyncinfer.Tensor). Raises the request's error: DeadlineExceeded, Cancelled, Aborted (shut
+down), Unavailable (engine stopped), ResourceExhausted (queue full), Internal, ...
+
+share_inputs (default True): the engine reads the arrays in place (no copy); since infer()
+blocks until the request ends, only another thread writing them meanwhile could race.
+)doc") + kInputsDoc)
+               .c_str())
+      .def("submit", &submit, py::arg("inputs"), py::kw_only(), py::arg("callback") = py::none(),
+           py::arg("timeout") = py::none(), py::arg("priority") = 0,
+           py::arg("deadline") = py::none(), py::arg("sequence_key") = py::none(),
+           py::arg("tag") = py::none(), py::arg("share_inputs") = false,
+           (std::string(R"doc(
+Asynchronous inference (article §2.2 / §2.1). Never blocks (except with
+queue_full_policy='block', which waits without the GIL).
+
+Without callback: returns an asyncinfer.Future (concurrent.futures.Future protocol; awaitable).
+With callback: returns None; ``callback(outputs_or_exception)`` runs exactly once on the
+engine's completion thread, holding the GIL: outputs is the list result() would return, or the
+exception instance the request ended with. An exception raised by the callback is logged
+(logger 'asyncinfer', with its traceback) and counted in metrics()['callback_exceptions'];
+the engine goes on.
+
+Bad input raises InvalidArgument here, and nothing is submitted. The engine's other refusals
+(queue full: ResourceExhausted; stopped: Unavailable) raise here with a callback, and arrive in
+the returned future (already done) without one, as in the C++ API.
+
+share_inputs (default False): the arrays are copied once into engine memory, so the caller may
+overwrite them as soon as submit returns (guarantee 6). True: no copy; do not write the arrays
+until the request ends (OpenVINO's share_inputs).
+)doc") + kInputsDoc)
+               .c_str())
+      .def("submit_id", &submit_id, py::arg("id"), py::arg("inputs"), py::kw_only(),
+           py::arg("timeout") = py::none(), py::arg("priority") = 0,
+           py::arg("deadline") = py::none(), py::arg("sequence_key") = py::none(),
+           py::arg("tag") = py::none(), py::arg("share_inputs") = false,
+           (std::string(R"doc(
+Id-based API (article §3.1): submits the request under ``id``; fetch it with result(id).
+Never blocks (except with queue_full_policy='block'). Raises AlreadyExists while a request with
+that id is pending or running, ResourceExhausted when the result store is full of live
+requests, and the refusals of submit(). Inputs are copied unless share_inputs=True.
+)doc") + kInputsDoc)
+               .c_str())
+      .def("result", &result_by_id, py::arg("id"), py::arg("timeout") = py::none(), R"doc(
+The outputs of request ``id``: blocks, on a condition (no polling) and without the GIL, until it
+ends or ``timeout`` seconds pass (None: no limit). Raises DeadlineExceeded when the wait runs
+out (the request goes on) or the request timed out; NotFound for an unknown, expired or evicted
+id (the message says which); the request's own error otherwise. Does not remove the entry
+(release() does; result_ttl and result_store_capacity do anyway).
+)doc")
+      .def(
+          "status",
+          [](const PyEngine& self, const std::string& id) { return self.engine().status(id); },
+          py::arg("id"),
+          "The request's RequestState; RequestState.unknown for an unknown, expired, evicted or "
+          "released id. Never blocks.")
+      .def(
+          "cancel",
+          [](const PyEngine& self, const std::string& id) {
+            Status s = self.engine().cancel(id);
+            if (!s.ok()) raise_status(s);
+          },
+          py::arg("id"), R"doc(
+Cancels request ``id``: a queued request leaves the queue at once, a running one ends Cancelled
+at once. Raises NotFound for an unknown id, FailedPrecondition when it has already ended.
+)doc")
+      .def(
+          "release",
+          [](const PyEngine& self, const std::string& id) {
+            Status s = self.engine().release(id);
+            if (!s.ok()) raise_status(s);
+          },
+          py::arg("id"),
+          "Forgets a finished request's result now instead of at result_ttl. Raises "
+          "FailedPrecondition while it is pending or running, NotFound for an unknown id.")
+      .def("shutdown", &shutdown, py::arg("mode") = "drain", py::arg("drain_timeout") = py::none(),
+           R"doc(
+Stops the engine: submits are refused (Unavailable) from now on. mode='drain' finishes queued
+and running work (switching to cancel once drain_timeout seconds pass; None = the engine's
+drain_timeout); mode='cancel' ends it as shut_down (Aborted) at once. Wakes every waiter, runs
+every callback owed, joins every thread. Idempotent. Blocks, without the GIL. Raises
+FailedPrecondition when called from one of this engine's callbacks.
+)doc")
+      .def("__enter__", [](const py::object& self) { return self; })
+      .def(
+          "__exit__",
+          [](PyEngine& self, const py::args&) {
+            shutdown(self, py::str("drain"), py::none());
+            return false;
+          },
+          "shutdown('drain')")
+      .def(
+          "metrics", [](const PyEngine& self) { return metrics_dict(snapshot(self)); },
+          R"doc(
+A snapshot of the engine's metrics as a dict: request counts by outcome (submitted, rejected,
+completed, failed, timed_out, cancelled, shut_down), failures_by_reason, batches, retries,
+callback_exceptions (C++ and Python callbacks), gauges (queue_depth, inflight_requests),
+per-worker dicts, and histograms (queue_us, compute_us, request_us in microseconds;
+batch_size), each a dict with count, sum, max, mean, p50, p90, p99, bounds, counts.
+)doc")
+      .def(
+          "prometheus",
+          [](const PyEngine& self, const std::string& prefix) {
+            return snapshot(self).to_prometheus(prefix);
+          },
+          py::arg("prefix") = "asyncinfer",
+          "The metrics in the Prometheus text exposition format (0.0.4), names after Triton's.")
+      .def_property_readonly(
+          "signature", [](const PyEngine& self) { return self.engine().signature(); },
+          "The model's ModelSignature.")
+      .def_property_readonly(
+          "options", [](const PyEngine& self) { return options_dict(self.engine().options()); },
+          "The engine's options as a dict, in the units of the constructor's arguments.")
+      .def_property_readonly(
+          "model", [](const PyEngine& self) { return self.model(); }, "The Model.")
+      .def_property_readonly(
+          "device", [](const PyEngine& self) { return self.device(); }, "The Device.");
+
+  py::class_<PyAsyncInferQueue>(m, "AsyncInferQueue", R"doc(
+A pool of ``jobs`` requests in flight, after OpenVINO's AsyncInferQueue.
+
+    queue = asyncinfer.AsyncInferQueue(engine, jobs=8)
+    queue.set_callback(lambda outputs, userdata: ...)
+    for i, x in enumerate(images):
+        queue.start_async(x, userdata=i)     # waits while all jobs are busy
+    queue.wait_all()
+
+jobs=0 picks workers × max_inflight_per_worker × max batch size. The callback receives the
+outputs (a list of numpy arrays) or the exception the request ended with, and the userdata; it
+runs on the engine's completion thread holding the GIL. An exception it raises is logged and
+counted, and wait_all() raises the first one (as OpenVINO does). Without a callback, successful
+results are dropped and failures are raised by wait_all().
+)doc")
+      .def(py::init<py::object, int>(), py::arg("engine"), py::arg("jobs") = 0)
+      .def("set_callback", &PyAsyncInferQueue::set_callback, py::arg("fn"),
+           "Sets fn(outputs_or_exception, userdata), called once per request (None: none).")
+      .def("start_async", &PyAsyncInferQueue::start_async, py::arg("inputs"),
+           py::arg("userdata") = py::none(), py::kw_only(), py::arg("timeout") = py::none(),
+           py::arg("priority") = 0, py::arg("deadline") = py::none(),
+           py::arg("share_inputs") = false,
+           (std::string(R"doc(
+Starts one request; blocks, without the GIL, while all jobs are busy. Raises what submit()
+raises for a refused request, and ResourceExhausted when called from a callback while all jobs
+are busy (waiting there would block the callback that frees one).
+)doc") + kInputsDoc)
+               .c_str())
+      .def("wait_all", &PyAsyncInferQueue::wait_all, R"doc(
+Blocks, without the GIL, until every started request has ended and its callback returned;
+then raises the first exception a callback raised (or a failure nobody was called back for)
+since the last wait_all().
+)doc")
+      .def("is_ready", &PyAsyncInferQueue::is_ready,
+           "True when a job is free (start_async will not wait).")
+      .def_property_readonly("jobs", &PyAsyncInferQueue::jobs, "Requests in flight at most.")
+      .def_property_readonly("busy", &PyAsyncInferQueue::busy, "Requests in flight now.")
+      .def("__len__", &PyAsyncInferQueue::jobs);
+}
+
+}  // namespace asyncinfer::python

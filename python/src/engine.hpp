@@ -1,0 +1,50 @@
+// engine.hpp — asyncinfer.Engine and asyncinfer.AsyncInferQueue over asyncinfer::Engine.
+//
+// A thin layer (DESIGN.md §7): every call converts its arguments, calls the C++ engine once and
+// converts the answer; the engine's queue, batching, deadlines, retries and metrics are the C++
+// ones. What the binding adds is only what Python needs: the GIL released around blocking calls
+// (infer, result, shutdown, and submit under QueueFullPolicy.block), the GIL taken for Python
+// callbacks on the completion threads, exceptions from Status, and the exit hook (runtime.hpp).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+#include "asyncinfer/engine.hpp"
+#include "runtime.hpp"
+
+namespace asyncinfer::python {
+
+namespace py = pybind11;
+
+/// What the exit registry and the engine's Python callbacks share.
+struct EngineCore final : ExitStoppable {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<BindingStats> stats = std::make_shared<BindingStats>();
+  int exit_order() const noexcept override { return 2; }
+  void stop_at_exit() noexcept override { engine->shutdown(ShutdownMode::drain); }
+};
+
+/// The Python object.
+class PyEngine {
+ public:
+  PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device, EngineOptions options);
+  ~PyEngine();
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
+  Engine& engine() const noexcept { return *core_->engine; }
+  const std::shared_ptr<EngineCore>& core() const noexcept { return core_; }
+  const std::shared_ptr<Model>& model() const noexcept { return model_; }
+  const std::shared_ptr<Device>& device() const noexcept { return device_; }
+
+ private:
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<EngineCore> core_;
+};
+
+void init_engine(py::module_& m);
+
+}  // namespace asyncinfer::python

@@ -1,0 +1,188 @@
+// runtime.cpp — GIL hand-offs, deferred reference release, the exit hook (runtime.hpp).
+#include "runtime.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace asyncinfer::python {
+namespace {
+
+std::atomic<bool> g_exiting{false};
+unsigned long g_main_thread = 0;  // PyThread_get_thread_ident() of the importing (main) thread
+
+// References dropped by threads without the GIL. Heap objects that are never destroyed, so that
+// nothing here runs during static destruction after the interpreter has gone.
+struct Releases {
+  std::mutex mu;
+  std::vector<PyObject*> pending;
+  std::atomic<bool> any{false};
+};
+Releases& releases() {
+  static auto* r = new Releases();
+  return *r;
+}
+
+struct ExitRegistry {
+  std::mutex mu;
+  std::vector<std::pair<const ExitStoppable*, std::weak_ptr<ExitStoppable>>> live;
+  std::list<std::thread> reapers;
+};
+ExitRegistry& registry() {
+  static auto* r = new ExitRegistry();
+  return *r;
+}
+
+// One Python thread state per library thread, made on its first callback and deleted when the
+// thread ends (see LibraryGil).
+struct PinnedThreadState {
+  PyThreadState* state = nullptr;
+  bool checked = false;
+  ~PinnedThreadState() {
+    if (state == nullptr || g_exiting.load()) return;  // at exit: leaked with the interpreter
+    PyEval_RestoreThread(state);
+    PyGILState_Release(PyGILState_UNLOCKED);  // the first Ensure's: deletes the state, drops GIL
+  }
+};
+thread_local PinnedThreadState tl_pinned;
+thread_local const void* tl_callback_owner = nullptr;
+std::atomic<std::uint64_t> g_reported{0};
+
+[[noreturn]] void park_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+void at_exit() {
+  std::vector<std::shared_ptr<ExitStoppable>> live;
+  std::list<std::thread> reapers;
+  {
+    std::lock_guard lock(registry().mu);
+    for (auto& [key, weak] : registry().live) {
+      if (auto p = weak.lock()) live.push_back(std::move(p));
+    }
+    reapers.swap(registry().reapers);
+  }
+  std::stable_sort(live.begin(), live.end(),
+                   [](const auto& a, const auto& b) { return a->exit_order() < b->exit_order(); });
+  without_gil([&] {
+    for (auto& obj : live) obj->stop_at_exit();
+    for (auto& t : reapers) t.join();
+  });
+  drain_releases();
+  g_exiting.store(true);
+}
+
+}  // namespace
+
+bool exiting() noexcept { return g_exiting.load(std::memory_order_relaxed); }
+
+void release_later(PyObject* obj) noexcept {
+  if (g_exiting.load(std::memory_order_relaxed)) return;  // leaked: the interpreter is going
+  if (PyGILState_Check()) {
+    Py_DECREF(obj);
+    return;
+  }
+  Releases& r = releases();
+  std::lock_guard lock(r.mu);
+  r.pending.push_back(obj);
+  r.any.store(true, std::memory_order_release);
+}
+
+void drain_releases() noexcept {
+  Releases& r = releases();
+  if (!r.any.load(std::memory_order_acquire)) return;
+  std::vector<PyObject*> batch;
+  {
+    std::lock_guard lock(r.mu);
+    batch.swap(r.pending);
+    r.any.store(false, std::memory_order_relaxed);
+  }
+  // A destructor run here may queue more (it runs Python code): they wait for the next drain.
+  for (PyObject* o : batch) Py_DECREF(o);
+}
+
+void restore_thread(PyThreadState* state) {
+  if (g_exiting.load() && PyThread_get_thread_ident() != g_main_thread) park_forever();
+  PyEval_RestoreThread(state);
+}
+
+LibraryGil::LibraryGil(const void* owner) {
+  if (g_exiting.load(std::memory_order_relaxed)) return;
+  if (!tl_pinned.checked) {
+    tl_pinned.checked = true;
+    // Only a thread Python does not know gets a pinned state; a Python thread has its own.
+    if (PyGILState_GetThisThreadState() == nullptr) {
+      PyGILState_Ensure();
+      tl_pinned.state = PyThreadState_Get();
+      PyEval_SaveThread();
+    }
+  }
+  state_ = PyGILState_Ensure();
+  held_ = true;
+  if (tl_pinned.state != nullptr) {  // a library thread (not a Python one running it inline)
+    marked_ = true;
+    prev_owner_ = tl_callback_owner;
+    tl_callback_owner = owner;
+  }
+  drain_releases();
+}
+
+LibraryGil::~LibraryGil() {
+  if (marked_) tl_callback_owner = prev_owner_;
+  if (held_) PyGILState_Release(state_);
+}
+
+bool CallbackScope::inside(const void* owner) noexcept {
+  return owner != nullptr && tl_callback_owner == owner;
+}
+const void* CallbackScope::current() noexcept { return tl_callback_owner; }
+
+void report_callback_exception(py::error_already_set& e, const std::string& what,
+                               BindingStats* stats) noexcept {
+  // Counted per engine (or pipeline); the first ten of each are logged in full, then every
+  // thousandth, so a callback that always raises cannot flood the log; the counters keep the
+  // exact number.
+  const std::uint64_t n =
+      (stats != nullptr ? stats->callback_exceptions : g_reported).fetch_add(1) + 1;
+  if (n > 10 && n % 1000 != 0) return;
+  try {
+    py::object logger = py::module_::import("logging").attr("getLogger")("asyncinfer");
+    std::string msg = "exception in " + what + " (caught and counted; " + std::to_string(n) +
+                      " so far from this engine)";
+    logger.attr("error")(msg, py::arg("exc_info") = py::make_tuple(e.type(), e.value(), e.trace()));
+  } catch (py::error_already_set& again) {
+    again.discard_as_unraisable(what.c_str());
+  } catch (...) {
+  }
+}
+
+void register_for_exit(const std::shared_ptr<ExitStoppable>& obj) {
+  std::lock_guard lock(registry().mu);
+  registry().live.emplace_back(obj.get(), obj);
+}
+
+void unregister_for_exit(const ExitStoppable* obj) {
+  std::lock_guard lock(registry().mu);
+  auto& live = registry().live;
+  live.erase(std::remove_if(live.begin(), live.end(),
+                            [&](const auto& e) { return e.first == obj || e.second.expired(); }),
+             live.end());
+}
+
+void destroy_elsewhere(std::shared_ptr<void> obj) {
+  std::lock_guard lock(registry().mu);
+  registry().reapers.emplace_back([o = std::move(obj)]() mutable { o.reset(); });
+}
+
+void init_runtime(py::module_& m) {
+  g_main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  m.def("_at_exit", &at_exit,
+        "Stops every engine and pipeline (drain). Registered with atexit; not for users.");
+  py::module_::import("atexit").attr("register")(m.attr("_at_exit"));
+}
+
+}  // namespace asyncinfer::python

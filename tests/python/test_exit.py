@@ -1,0 +1,122 @@
+"""The interpreter exits with requests in flight: no crash, no hang, callbacks owed still run.
+
+Each case runs in a fresh interpreter (subprocess) that leaves without shutting anything down.
+"""
+import pytest
+
+from conftest import run_python
+
+# A signal shows in the return code; these are what a crash or an escaped error prints.
+BAD_SIGNS = ("terminate called", "Fatal Python error", "Segmentation fault", "core dumped",
+             "FATAL", "Traceback")
+
+
+def check(result, expect_lines=None):
+    assert result.returncode == 0, (result.returncode, result.stdout[-2000:], result.stderr[-4000:])
+    for sign in BAD_SIGNS:
+        assert sign not in result.stderr, result.stderr[-4000:]
+    if expect_lines is not None:
+        assert result.stdout.count("\n") >= expect_lines, result.stdout[-2000:]
+
+
+def test_exit_with_futures_and_callbacks_in_flight():
+    r = run_python("""
+        import sys, numpy as np, asyncinfer
+        e = asyncinfer.Engine("builtin:fixed_cost?base_us=2000", "cpu", workers=2,
+                              queue_capacity=20000)
+        x = np.zeros((1, 4), np.float32)
+        futures = [e.submit(x) for _ in range(500)]
+        for i in range(500):
+            e.submit(x, callback=lambda r, i=i: sys.stdout.write(f"cb {i} {type(r).__name__}\\n"))
+        print("leaving", flush=True)
+    """, timeout=120)
+    check(r)
+    # shutdown(drain) at exit: every callback owed ran, with the outputs (a list).
+    assert r.stdout.count(" list\n") == 500, r.stdout[-500:]
+
+
+def test_exit_with_daemon_threads_blocked_in_waits():
+    r = run_python("""
+        import threading, time, numpy as np, asyncinfer
+        e = asyncinfer.Engine("builtin:fixed_cost?base_us=5000000", "cpu", drain_timeout=0.2)
+        x = np.zeros((1, 4), np.float32)
+        f = e.submit(x)
+        e.submit_id("slow", x)
+        def quietly(call):
+            try:
+                call()
+            except asyncinfer.Error:   # Aborted: the exit hook drains for 0.2 s, then cancels
+                pass
+        threading.Thread(target=quietly, args=(f.result,), daemon=True).start()
+        threading.Thread(target=quietly, args=(lambda: e.result("slow"),), daemon=True).start()
+        threading.Thread(target=quietly, args=(lambda: e.infer(x),), daemon=True).start()
+        def spin():
+            while True:
+                try:
+                    e.submit(x)
+                except Exception:
+                    pass
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.2)
+        print("leaving", flush=True)
+    """, timeout=120)
+    check(r)
+
+
+def test_exit_with_raising_callbacks_pipelines_queues_and_asyncio():
+    r = run_python("""
+        import asyncio, numpy as np, asyncinfer, logging
+        logging.disable(logging.CRITICAL)   # the raising callbacks are logged; keep stderr clean
+        e = asyncinfer.Engine("builtin:fixed_cost?base_us=1000", "cpu")
+        x = np.zeros((1, 4), np.float32)
+        for _ in range(200):
+            e.submit(x, callback=lambda r: 1 / 0)
+            e.submit(x).add_done_callback(lambda f: [][1])
+        q = asyncinfer.AsyncInferQueue(e, 8)
+        q.set_callback(lambda out, data: None)
+        for i in range(8):
+            q.start_async(x, i)
+        p = asyncinfer.Pipeline([lambda i: np.full((1, 4), i, np.float32), e,
+                                 lambda out: out[0][0, 0]], window=8)
+        for i in range(8):
+            p.submit(i)
+        async def main():
+            # a task left waiting when the loop is closed
+            asyncio.ensure_future(e.submit(x))
+            await asyncio.sleep(0)
+        asyncio.run(main())
+        cycle = {"engine": asyncinfer.Engine("builtin:identity", "cpu")}
+        cycle["self"] = cycle
+        del cycle
+        print("leaving", flush=True)
+    """, timeout=120)
+    check(r)
+
+
+def test_exit_from_a_non_main_thread_with_work_in_flight():
+    r = run_python("""
+        import os, threading, numpy as np, asyncinfer
+        e = asyncinfer.Engine("builtin:fixed_cost?base_us=1000", "cpu")
+        x = np.zeros((1, 4), np.float32)
+        def worker():
+            for _ in range(100):
+                e.submit(x, callback=lambda r: None)
+        t = threading.Thread(target=worker)   # a non-daemon thread: joined before atexit
+        t.start()
+        print("leaving", flush=True)
+    """, timeout=120)
+    check(r)
+
+
+@pytest.mark.parametrize("mode", ["sys.exit(3)", "raise SystemExit(3)"])
+def test_exit_code_is_kept(mode):
+    r = run_python(f"""
+        import sys, numpy as np, asyncinfer
+        e = asyncinfer.Engine("builtin:fixed_cost?base_us=1000", "cpu")
+        for _ in range(100):
+            e.submit(np.zeros((1, 4), np.float32))
+        {mode}
+    """, timeout=120)
+    assert r.returncode == 3, r.stderr[-2000:]
+    for sign in BAD_SIGNS:
+        assert sign not in r.stderr
