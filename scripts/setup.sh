@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages asyncinfer needs (build tools, GoogleTest, Google Benchmark,
 # CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model; for
-# `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, and curl, requests,
-# prometheus_client, h2load, wrk and nginx for its tests and benchmarks). Idempotent:
+# `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, gRPC C++ with its code generators, and
+# curl, requests, prometheus_client, grpcio, PyYAML, h2load, wrk and nginx (with its stream module)
+# for its tests and benchmarks). Idempotent:
 # skips apt entirely when everything is already there. Needs root (or sudo).
 set -euo pipefail
 
@@ -13,6 +14,8 @@ packages=(
   libtorch-dev python3-torch python3-sklearn
   libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   curl python3-requests python3-prometheus-client nghttp2-client wrk nginx-light
+  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
+  libnginx-mod-stream
 )
 
 missing=()
