@@ -2,7 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,20 +49,6 @@ std::optional<Clock::time_point> call_deadline(const grpc::CallbackServerContext
     return std::nullopt;
   }
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
-}
-
-/// Parses a ModelInferRequest from the raw message; invalid_argument when it is not one.
-Status parse_request(grpc::ByteBuffer& buffer, pb::ModelInferRequest* out,
-                     const std::string& what) {
-  grpc::ProtoBufferReader reader(&buffer);
-  if (!reader.status().ok()) {
-    return invalid_argument_error(what + " could not be read: " + reader.status().error_message());
-  }
-  if (!out->ParseFromZeroCopyStream(&reader)) {
-    return invalid_argument_error(what + " is not a valid inference.ModelInferRequest (protobuf " +
-                                  std::to_string(buffer.Length()) + " bytes that do not parse)");
-  }
-  return Status();
 }
 
 double micros_since(Clock::time_point t) {
@@ -182,14 +167,10 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
  private:
   void run(const grpc::ByteBuffer& request) {
     grpc::ByteBuffer buffer(request);  // shares the slices
-    pb::ModelInferRequest message;
-    if (Status s = parse_request(buffer, &message, "the request"); !s.ok()) return finish(s);
-    auto model = impl_.core.find(message.model_name(), message.model_version());
-    if (!model.ok()) return finish(model.status());
-    auto request_in = decode_infer_request(**model, message);
-    if (!request_in.ok()) return finish(request_in.status());
-    request_in->deadline = call_deadline(ctx_);
-    auto accepted = impl_.core.submit(**model, std::move(*request_in),
+    ParsedInfer parsed = parse_infer_request(buffer, impl_.core, "the request");
+    if (!parsed.status.ok()) return finish(parsed.status);
+    parsed.request.deadline = call_deadline(ctx_);
+    auto accepted = impl_.core.submit(*parsed.model, std::move(parsed.request),
                                       [this](Result<InferResponse> r) { complete(std::move(r)); });
     if (!accepted.ok()) return finish(accepted.status());
     bool cancel_now = false;
@@ -267,10 +248,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       }
     }
     const std::uint64_t index = received_++;
-    pb::ModelInferRequest message;
-    Status parsed =
-        parse_request(read_buf_, &message, "stream message " + std::to_string(index + 1));
-    if (!parsed.ok()) {
+    ParsedInfer message =
+        parse_infer_request(read_buf_, impl_.core, "stream message " + std::to_string(index + 1));
+    if (!message.well_formed) {
+      const Status& parsed = message.status;
       // Garbage: stop reading; answer what was accepted, then end the stream with the error.
       Actions a;
       {
@@ -283,7 +264,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       impl_.count(grpc_code(parsed.code()));
       return run(a);
     }
-    handle(message);
+    handle(std::move(message));
     Actions a;
     {
       std::lock_guard lock(mu_);
@@ -358,18 +339,15 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     std::optional<grpc::Status> finish;
   };
 
-  void handle(pb::ModelInferRequest& message) {
+  void handle(ParsedInfer message) {
     const Clock::time_point start = Clock::now();
-    auto fail = [&](const Status& s, std::string_view version) {
+    auto fail = [&](const Status& s) {
       impl_.count(grpc_code(s.code()));
-      enqueue(encode_stream_error(s, message.model_name(), version, message.id()));
+      enqueue(encode_stream_error(s, message.model_name, message.model_version, message.id));
     };
-    auto model = impl_.core.find(message.model_name(), message.model_version());
-    if (!model.ok()) return fail(model.status(), message.model_version());
-    const ModelVersion& mv = **model;
-    auto request = decode_infer_request(mv, message);
-    if (!request.ok()) return fail(request.status(), mv.version_text);
-    request->deadline = deadline_;
+    if (!message.status.ok()) return fail(message.status);
+    const ModelVersion& mv = *message.model;
+    message.request.deadline = deadline_;
     std::uint64_t seq = 0;
     {
       // The gate: once the request is in inflight_ the stream cannot finish until it completes.
@@ -380,8 +358,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     }
     const ModelVersion* mvp = &mv;
     auto accepted = impl_.core.submit(
-        mv, std::move(*request),
-        [this, seq, start, mvp, id = message.id()](Result<InferResponse> r) mutable {
+        mv, std::move(message.request),
+        [this, seq, start, mvp, id = message.id](Result<InferResponse> r) mutable {
           complete(seq, start, *mvp, id, std::move(r));
         });
     if (!accepted.ok()) {
@@ -389,7 +367,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
         std::lock_guard lock(mu_);
         inflight_.erase(seq);
       }
-      return fail(accepted.status(), mv.version_text);
+      return fail(accepted.status());
     }
     InflightRequest cancel_now;
     {

@@ -1,5 +1,6 @@
 #include "oip_grpc.hpp"
 
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
 #include <cstring>
@@ -18,6 +19,9 @@ using inference::ModelInferResponse;
 
 /// Outputs up to this size are copied into the message; larger ones travel as their own slice.
 constexpr std::size_t kInlineOutputBytes = 8 * 1024;
+
+Result<ParameterValue> parameter_from_proto(const inference::InferParameter& p,
+                                            std::string_view name);
 
 Result<Parameters> parameters_from_proto(
     const google::protobuf::Map<std::string, inference::InferParameter>& map) {
@@ -171,8 +175,6 @@ std::size_t varint_size(std::uint64_t v) {
 /// The gRPC library frees a slice from any of its threads; the tensor keeps the bytes alive.
 void release_tensor(void* p) { delete static_cast<Tensor*>(p); }
 
-}  // namespace
-
 Result<ParameterValue> parameter_from_proto(const inference::InferParameter& p,
                                             std::string_view name) {
   using P = inference::InferParameter;
@@ -273,6 +275,47 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
     req.outputs.push_back({o.name(), std::move(params)});
   }
   return req;
+}
+
+}  // namespace
+
+ParsedInfer parse_infer_request(grpc::ByteBuffer& raw, const InferenceServer& server,
+                                const std::string& what) {
+  ParsedInfer out;
+  ModelInferRequest message;
+  {
+    grpc::ProtoBufferReader reader(&raw);
+    if (!reader.status().ok()) {
+      out.status =
+          invalid_argument_error(what + " could not be read: " + reader.status().error_message());
+      return out;
+    }
+    if (!message.ParseFromZeroCopyStream(&reader)) {
+      out.status =
+          invalid_argument_error(what + " is not a valid inference.ModelInferRequest (" +
+                                 std::to_string(raw.Length()) + " bytes that do not parse as one)");
+      return out;
+    }
+  }
+  raw.Clear();
+  out.well_formed = true;
+  out.model_name = message.model_name();
+  out.model_version = message.model_version();
+  out.id = message.id();
+  auto model = server.find(message.model_name(), message.model_version());
+  if (!model.ok()) {
+    out.status = model.status();
+    return out;
+  }
+  out.model = *model;
+  out.model_version = (*model)->version_text;
+  auto request = decode_infer_request(**model, message);
+  if (!request.ok()) {
+    out.status = request.status();
+    return out;
+  }
+  out.request = std::move(*request);
+  return out;
 }
 
 grpc::ByteBuffer encode_infer_response(const InferResponse& response, bool stream) {

@@ -16,6 +16,11 @@
 // appends each output's bytes as its own slice referencing the output tensor, so a large output
 // is not copied before gRPC writes it (protobuf allows a message's fields in any order).
 //
+// Build: the messages with map fields (ModelInferRequest, ModelInferResponse and their tensors)
+// appear only in oip_grpc.cpp, which is compiled like Debian's libprotobuf, without sanitizer
+// flags (under ThreadSanitizer protobuf's map fields change layout, as for model_config.cpp);
+// this header names none of them.
+//
 // Thread safety: free functions over their arguments.
 #pragma once
 
@@ -28,14 +33,25 @@
 
 namespace asyncinfer::server {
 
-/// InferParameter's oneof as a ParameterValue; invalid_argument when no value is set.
-Result<ParameterValue> parameter_from_proto(const inference::InferParameter& p,
-                                            std::string_view name);
+/// A ModelInferRequest parsed and decoded for its model. When `status` is not ok, the names
+/// (as far as they were read) still say which request failed.
+struct ParsedInfer {
+  Status status;
+  /// False when the bytes are not a ModelInferRequest at all (then status says so).
+  bool well_formed = false;
+  std::string model_name;
+  std::string model_version;
+  std::string id;
+  const ModelVersion* model = nullptr;  ///< set when the model was found
+  InferRequest request;                 ///< valid when status is ok
+};
 
-/// Decodes `message` for `model` (model_name and model_version were used to find it). Raw input
-/// bytes are moved out of `message`.
-Result<InferRequest> decode_infer_request(const ModelVersion& model,
-                                          inference::ModelInferRequest& message);
+/// Parses the raw message `raw` (consumed) as a ModelInferRequest, finds its model in `server`
+/// and decodes it (raw input bytes are moved, not copied). invalid_argument when the bytes are
+/// not a ModelInferRequest (`what` names the message in the error: "the request", "stream
+/// message 3"), or for bad input; the lookup's errors (not_found, unavailable) otherwise.
+ParsedInfer parse_infer_request(grpc::ByteBuffer& raw, const InferenceServer& server,
+                                const std::string& what);
 
 /// The serialized ModelInferResponse of `response`: model_name, model_version (the version that
 /// ran), id, outputs (name, datatype, shape) and raw_output_contents. With `stream` it is wrapped
