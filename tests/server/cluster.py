@@ -218,7 +218,7 @@ def h2load(url, body_path, clients, streams=1, duration=None, requests_n=None, h
     """Runs h2load; returns its figures: total/succeeded/failed/errored, status classes, req/s,
     elapsed seconds, and the output."""
     cmd = ["h2load", "-c", str(clients), "-m", str(streams), "-d", body_path]
-    cmd += ["-D", str(duration)] if duration else ["-n", str(requests_n)]
+    cmd += ["-D", "%ds" % max(1, round(duration))] if duration else ["-n", str(requests_n)]
     if h1:
         cmd.append("--h1")
     for h in headers:
