@@ -67,6 +67,9 @@ def make_repository():
         device="sim:compute_engines=4",
         extra='instance_group [ { kind: KIND_CPU, count: 4 } ]\n'
               'parameters { key: "max_inflight_per_worker" value { string_value: "1" } }\n'))
+    repo.add("mid", builtin_config(
+        "mid", "builtin:identity?shape=4096&max_batch=1", [("input0", "TYPE_FP32", [4096])],
+        [("output0", "TYPE_FP32", [4096])], max_batch_size=1))
     repo.add("big", builtin_config(
         "big", "builtin:identity?shape=%d&max_batch=1" % BIG, [("input0", "TYPE_FP32", [BIG])],
         [("output0", "TYPE_FP32", [BIG])], max_batch_size=1))
@@ -243,6 +246,22 @@ class Conformance(RpcCase):
         r = self.stub.ModelInfer(gc.infer_request("big", [("input0", "FP32", [1, BIG], values)]),
                                  timeout=60)
         self.assertEqual(gc.output(r, "output0")[2], values)
+
+    def test_stream_large_outputs(self):
+        # Outputs over 8 KiB travel as their own slice, inside the stream's wrapper message.
+        reqs, sent = [], {}
+        for i in range(3):
+            sent[str(i)] = struct.pack("<4096f", *([i + 0.5] * 4096))  # 16 KiB
+            reqs.append(gc.infer_request("mid", [("input0", "FP32", [1, 4096], sent[str(i)])],
+                                         request_id=str(i)))
+        got = list(self.stub.ModelStreamInfer(iter(reqs), timeout=60))
+        self.assertEqual(sorted(r.infer_response.id for r in got), ["0", "1", "2"])
+        for r in got:
+            self.assertEqual(r.error_message, "")
+            self.assertEqual(gc.output(r.infer_response, "output0"),
+                             ("FP32", [1, 4096], sent[r.infer_response.id]))
+        r = self.stub.ModelInfer(reqs[0])
+        self.assertEqual(gc.output(r, "output0")[2], sent["0"])
 
     def test_stream_out_of_order_matched_by_id(self):
         # 400, 300, 200, 100 ms on four engines at once: they complete in reverse order.
