@@ -96,6 +96,68 @@ def metric(server, family, suffix="", **labels):
     return total
 
 
+# The wire contract (KServe's open_inference_grpc.proto and Triton's grpc_service.proto, as
+# shared/protocol facts): message -> {field: number}. A renamed or renumbered field breaks every
+# existing client, so the generated descriptors are checked against it.
+WIRE = {
+    "ServerLiveResponse": {"live": 1},
+    "ServerReadyResponse": {"ready": 1},
+    "ModelReadyRequest": {"name": 1, "version": 2},
+    "ModelReadyResponse": {"ready": 1},
+    "ServerMetadataResponse": {"name": 1, "version": 2, "extensions": 3},
+    "ModelMetadataRequest": {"name": 1, "version": 2},
+    "ModelMetadataResponse": {"name": 1, "versions": 2, "platform": 3, "inputs": 4,
+                              "outputs": 5},
+    "ModelMetadataResponse.TensorMetadata": {"name": 1, "datatype": 2, "shape": 3},
+    "InferParameter": {"bool_param": 1, "int64_param": 2, "string_param": 3, "double_param": 4,
+                       "uint64_param": 5},
+    "InferTensorContents": {"bool_contents": 1, "int_contents": 2, "int64_contents": 3,
+                            "uint_contents": 4, "uint64_contents": 5, "fp32_contents": 6,
+                            "fp64_contents": 7, "bytes_contents": 8},
+    "ModelInferRequest": {"model_name": 1, "model_version": 2, "id": 3, "parameters": 4,
+                          "inputs": 5, "outputs": 6, "raw_input_contents": 7},
+    "ModelInferRequest.InferInputTensor": {"name": 1, "datatype": 2, "shape": 3,
+                                           "parameters": 4, "contents": 5},
+    "ModelInferRequest.InferRequestedOutputTensor": {"name": 1, "parameters": 2},
+    "ModelInferResponse": {"model_name": 1, "model_version": 2, "id": 3, "parameters": 4,
+                           "outputs": 5, "raw_output_contents": 6},
+    "ModelInferResponse.InferOutputTensor": {"name": 1, "datatype": 2, "shape": 3,
+                                             "parameters": 4, "contents": 5},
+    "ModelStreamInferResponse": {"error_message": 1, "infer_response": 2},
+    "RepositoryIndexRequest": {"repository_name": 1, "ready": 2},
+    "RepositoryIndexResponse": {"models": 1},
+    "RepositoryIndexResponse.ModelIndex": {"name": 1, "version": 2, "state": 3, "reason": 4},
+}
+METHODS = {"ServerLive": (False, False), "ServerReady": (False, False),
+           "ModelReady": (False, False), "ServerMetadata": (False, False),
+           "ModelMetadata": (False, False), "ModelInfer": (False, False),
+           "ModelStreamInfer": (True, True), "RepositoryIndex": (False, False)}
+
+
+class Proto(harness.unittest.TestCase):
+    def test_wire_names_and_numbers(self):
+        self.assertEqual(pb.DESCRIPTOR.package, "inference")
+        for full, fields in WIRE.items():
+            with self.subTest(message=full):
+                d = pb.DESCRIPTOR.message_types_by_name[full.split(".")[0]]
+                for part in full.split(".")[1:]:
+                    d = d.nested_types_by_name[part]
+                self.assertEqual({f.name: f.number for f in d.fields}, fields)
+        self.assertEqual([f.name for f in pb.InferParameter.DESCRIPTOR.oneofs[0].fields],
+                         ["bool_param", "int64_param", "string_param", "double_param",
+                          "uint64_param"])
+        service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+        self.assertEqual(service.full_name, gc.SERVICE)
+        for name, (client_stream, server_stream) in METHODS.items():
+            m = service.methods_by_name[name]
+            self.assertEqual((m.input_type.name, m.output_type.name),
+                             ({"ModelStreamInfer": "ModelInferRequest"}.get(name, name + "Request"),
+                              {"ModelStreamInfer": "ModelStreamInferResponse"}.get(
+                                  name, name + "Response")))
+            self.assertEqual((m.client_streaming, m.server_streaming),
+                             (client_stream, server_stream))
+
+
 class RpcCase(harness.unittest.TestCase):
     def assert_code(self, code, contains, fn, *args, **kw):
         with self.assertRaises(grpc.RpcError) as e:
