@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline server)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline server grpc)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -100,6 +100,11 @@ for s in "${sections[@]}"; do
     # asyncinfer serve: vs nginx, binary vs JSON, server-side p50, digits over HTTP.
     begin server
     run server scripts/bench_server.sh $B
+    ;;
+  grpc)
+    # gRPC vs HTTP, 1/2/3 servers behind nginx on sim, digits over gRPC vs in process.
+    begin grpc
+    run grpc /usr/bin/python3 scripts/bench_grpc.py $B
     ;;
   *) echo "bench.sh: unknown section '$s'" >&2; exit 2 ;;
   esac
