@@ -154,6 +154,7 @@ class Manifests(harness.unittest.TestCase):
         for b in binaries:
             out = subprocess.run(["readelf", "-d", b], capture_output=True, text=True).stdout
             needed |= set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out))
+        self.assertIn("libc.so.6", needed, "readelf found no libraries in %s" % binaries)
         base = {"libc6", "libgcc-s1", "libstdc++6"}  # in debian:bookworm itself
         missing = []
         for lib in sorted(needed):

@@ -129,7 +129,8 @@ class ScaleOut(harness.unittest.TestCase):
             # call that arrives once Shutdown has begun (before nginx has read the GOAWAY), and
             # nginx does not re-send a POST it has sent (docs/deploy.md). Such a call never ran:
             # it failed faster than the model's 10 ms, at the signal.
-            self.assertLessEqual(len(errors), 3, errors)
+            # At most what nginx had on its way to that server: its share of those in flight.
+            self.assertLessEqual(len(errors), CONCURRENCY // 3, errors)
             for start, end, code, details in errors:
                 self.assertIn(code, ("CANCELLED", "UNAVAILABLE"), details)
                 self.assertLess(end - start, 0.010, "an accepted request failed: %s" % details)
@@ -153,7 +154,7 @@ class ScaleOut(harness.unittest.TestCase):
             failed = [l for l in nginx.error_log().splitlines() if "[error]" in l and
                       "connect() failed" not in l]
             self.assertEqual(r.get("errored"), 0, r["output"])
-            self.assertLessEqual(r.get("5xx", 0), 3, r["output"])
+            self.assertLessEqual(r.get("5xx", 0), CONCURRENCY // 3, r["output"])
             self.assertEqual(r.get("2xx", 0) + r.get("5xx", 0), 1500, r["output"])
             self.assertEqual(len(failed), r.get("5xx", 0), "\n".join(failed))
             for line in failed:
