@@ -129,6 +129,7 @@ def section_protocols(work, digits):
             hl = http_body(hb, name, shape, raw)
             grpc_file(gb, model, name, shape, raw)
             http, grpc_ = [], []
+            h2load_grpc(server.grpc_port, gb, secs=1)  # warm-up, not counted
             for _ in range(ROUNDS):
                 r = h2load_http(server.http_port, model, hb, hl)
                 http.append(rate(r))
@@ -145,11 +146,14 @@ def section_protocols(work, digits):
             gb = os.path.join(work, "digits.grpc")
             grpc_file(gb, "digits", "INPUT__0", [1, 1, 32, 32], img)
             inproc, over = [], []
+            # TorchScript specialises on each batch size it meets: warm the server up first (the
+            # in-process runs warm up within --warmup-s).
+            h2load_grpc(server.grpc_port, gb, secs=5)
             for _ in range(ROUNDS):
                 out = subprocess.run(
                     [CLI, "bench", "--model", digits, "--device", "cpu", "--workers", "2",
                      "--max-batch", "64", "--max-queue-delay-us", "200", "--mode", "async",
-                     "--concurrency", "64", "--duration-s", str(SECS), "--warmup-s", "0.5",
+                     "--concurrency", "64", "--duration-s", str(SECS), "--warmup-s", "2",
                      "--quiet"], capture_output=True, text=True).stdout
                 m = re.search(r"throughput\s+([\d.]+) req/s", out)
                 inproc.append(float(m.group(1)) if m else 0.0)
