@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits baseline server grpc)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -78,10 +78,12 @@ for s in "${sections[@]}"; do
   digits)
     begin digits
     run digits $B/bench/bench_torch $model --benchmark_min_time=0.3
+    # One worker with both cores as intra-op threads (the engine's default until issue 13; the
+    # default now is a single-thread worker per core, measured in the contention section).
     run digits $cli bench --model $model --device cpu --compare sync,async --concurrency 32 \
-      --max-batch-size 1 --duration-s 3 --quiet
+      --max-batch-size 1 --workers 1 --intra-op-threads "$(nproc)" --duration-s 3 --quiet
     run digits $cli bench --model $model --device cpu --compare sync,async --concurrency 128 \
-      --duration-s 3 --quiet
+      --workers 1 --intra-op-threads "$(nproc)" --duration-s 3 --quiet
     run digits $cli bench --model $model --device cpu --mode async --workers 2 --concurrency 128 \
       --duration-s 3 --quiet
     # Half load: half of the best async throughput measured above, open loop.
@@ -89,6 +91,18 @@ for s in "${sections[@]}"; do
       --request-rate 8000 --duration-s 3 --quiet
     run digits $cli run --model $model --images models/data/test \
       --labels models/data/test/labels.csv --compare --window 16 --repeat 4 --quiet
+    ;;
+  contention)
+    begin contention
+    # Quiet against beside one busy-looping process (`--contention 1`: a bounded busy loop in a
+    # child process, alternated with quiet runs, medians compared), with the defaults and with
+    # the old defaults (one worker, every core an intra-op thread), twice each, alternating.
+    for pass in 1 2; do
+      run contention $cli bench --model $model --device cpu --concurrency 32 --duration-s 3 \
+        --contention 1 --contention-rounds 3 --quiet
+      run contention $cli bench --model $model --device cpu --concurrency 32 --duration-s 3 \
+        --workers 1 --intra-op-threads "$(nproc)" --contention 1 --contention-rounds 3 --quiet
+    done
     ;;
   baseline)
     begin baseline

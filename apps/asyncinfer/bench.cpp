@@ -2,16 +2,21 @@
 // outputs (table, --json, --csv, --report). The load generators are in drivers.cpp.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "asyncinfer/device.hpp"
+#include "asyncinfer/engine.hpp"
 #include "asyncinfer/model.hpp"
 #include "bench_options.hpp"
 #include "cli_options.hpp"
 #include "commands.hpp"
+#include "contention.hpp"
 #include "drivers.hpp"
 #include "http_bench.hpp"
 #include "inputs.hpp"
@@ -90,6 +95,58 @@ std::vector<RunPoint> points_of(const BenchOptions& o, ReportKind& kind) {
 
 int report_outputs(const BenchOptions& o, BenchReport& rep);
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/// `--contention N`: the point `rounds` times quiet and as often beside N busy-looping processes,
+/// alternating (quiet first), so that drift of the machine hits both alike; medians compared.
+int run_contention(const BenchContext& ctx, const RunPoint& point, BenchReport& rep) {
+  const BenchOptions& o = ctx.options;
+  // Each busy process stops by itself after this, even if the bench is stuck.
+  const auto limit =
+      detail::saturating_sum(detail::saturating_cast<std::chrono::milliseconds>(
+                                 std::chrono::duration<double>(o.duration_s + o.warmup_s)),
+                             std::chrono::milliseconds(60'000));
+  std::vector<double> quiet;
+  std::vector<double> busy;
+  for (int round = 1; round <= o.contention_rounds; ++round) {
+    for (const bool contended : {false, true}) {
+      std::optional<BusyLoad> load;
+      if (contended) {
+        auto started = BusyLoad::start(o.contention, limit);
+        if (!started.ok()) return library_error("--contention", started.status(), false);
+        load.emplace(std::move(*started));
+      }
+      Result<RunResult> r = run_point(ctx, point);
+      load.reset();
+      if (!r.ok()) return library_error("", r.status(), false);
+      r->label += contended ? " busy" + std::to_string(o.contention) : " quiet";
+      r->label += " #" + std::to_string(round);
+      (contended ? busy : quiet).push_back(r->throughput_rps);
+      rep.runs.push_back(std::move(*r));
+    }
+  }
+  BenchReport::Contention c;
+  c.processes = o.contention;
+  c.rounds = o.contention_rounds;
+  c.quiet_rps = median(quiet);
+  c.contended_rps = median(busy);
+  rep.contention = c;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "contention: quiet median %.1f req/s; beside %d busy process(es) median %.1f "
+                "req/s = %.1f %% of quiet (%d rounds each, alternated)",
+                c.quiet_rps, c.processes, c.contended_rps,
+                c.quiet_rps > 0 ? 100.0 * c.contended_rps / c.quiet_rps : 0.0, c.rounds);
+  rep.notes.emplace_back(line);
+  rep.kind = ReportKind::contention;
+  return kExitOk;
+}
+
 /// `--stages`: a pipeline of timed stages instead of a model (pipeline_bench.hpp).
 int run_stage_bench(BenchOptions& o) {
   auto stages = parse_stages(o.stages);
@@ -123,6 +180,15 @@ int run_bench(BenchOptions& o) {
   auto model = load_model(o.model);
   if (!model.ok()) return library_error("--model", model.status(), true);
   const ModelSignature& sig = (*model)->signature();
+  {
+    // Report what the engine will choose for what was left to it (--workers 0, the default).
+    EngineOptions asked;
+    asked.workers = o.workers;
+    asked.intra_op_threads = o.intra_op_threads;
+    const EngineOptions chosen = Engine::resolve_options(**model, **device, asked);
+    o.workers = chosen.workers;
+    o.intra_op_threads = chosen.intra_op_threads;
+  }
 
   auto plan = plan_inputs(sig, o);
   if (!plan.ok()) return usage(std::string(plan.status().message()));
@@ -149,6 +215,11 @@ int run_bench(BenchOptions& o) {
 
   const bool tty = isatty(STDERR_FILENO) != 0;
   BenchContext ctx{o, *model, *device, *plan, *pool, !o.quiet && tty};
+  if (o.contention > 0) {
+    const int rc = run_contention(ctx, points.front(), rep);
+    if (rc != kExitOk) return rc;
+    return report_outputs(o, rep);
+  }
   for (std::size_t i = 0; i < points.size(); ++i) {
     if (ctx.progress && points.size() > 1) {
       std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, points.size(), label_of(points[i], o).c_str());
@@ -233,7 +304,9 @@ Command add_bench_command(CLI::App& parent) {
       [](std::string_view t) { return parse_mode(t, "--compare", kRunModes); },
       "Run these modes back to back and print ratios against the first, e.g. sync,async");
   // Engine.
-  app->add_option("--workers,-w", o->workers, "Engine workers (streams + model instances)")
+  app->add_option("--workers,-w", o->workers,
+                  "Engine workers (streams + model instances); 0 = the engine's rule: one per "
+                  "core for a model that computes on host cores (libtorch on cpu), else 1")
       ->capture_default_str();
   add_max_batch_size_option(*app, o->max_batch_size, "--max-batch");
   app->add_option("--max-queue-delay-us", o->max_queue_delay_us,
@@ -260,6 +333,18 @@ Command add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--max-attempts", o->max_attempts,
                   "Attempts per request, first included (engine retry policy)")
+      ->capture_default_str();
+  app->add_option("--intra-op-threads", o->intra_op_threads,
+                  "Threads per model instance for one forward pass (libtorch intra-op); 0 = the "
+                  "engine's rule (docs/models.md)")
+      ->capture_default_str();
+  // CPU contention.
+  app->add_option("--contention", o->contention,
+                  "Also measure beside N busy-looping processes (each holds a core): every run "
+                  "is made quiet and contended, alternating, and the medians compared")
+      ->capture_default_str();
+  app->add_option("--contention-rounds", o->contention_rounds,
+                  "Quiet and contended runs each, with --contention")
       ->capture_default_str();
   // Length.
   app->add_option("--warmup", o->warmup,

@@ -196,7 +196,7 @@ Status validate(BenchOptions& o) {
     }
   }
   // Engine.
-  ASYNCINFER_RETURN_IF_ERROR(check_min("--workers", o.workers, 1));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--workers", o.workers, 0));
   ASYNCINFER_RETURN_IF_ERROR(
       check_min("--max-queue-delay-us", static_cast<double>(o.max_queue_delay_us), 0));
   for (std::int64_t p : o.preferred_batch) {
@@ -218,6 +218,15 @@ Status validate(BenchOptions& o) {
   ASYNCINFER_RETURN_IF_ERROR(
       check_min("--queue-capacity", static_cast<double>(o.queue_capacity), 0));
   ASYNCINFER_RETURN_IF_ERROR(check_min("--max-attempts", o.max_attempts, 1));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--intra-op-threads", o.intra_op_threads, 0));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--contention", o.contention, 0));
+  ASYNCINFER_RETURN_IF_ERROR(check_min("--contention-rounds", o.contention_rounds, 1));
+  if (o.contention > 0 && (!o.compare.empty() || o.mode == Mode::sweep)) {
+    return bad("--contention", "runs one point quiet and contended; not with --compare or sweep");
+  }
+  if (o.contention > 0 && !o.stages.empty()) {
+    return bad("--contention", "measures a model; not with --stages");
+  }
   // Length.
   ASYNCINFER_RETURN_IF_ERROR(check_min("--warmup", static_cast<double>(o.warmup), 0));
   ASYNCINFER_RETURN_IF_ERROR(check_min("--warmup-s", o.warmup_s, 0));

@@ -62,7 +62,7 @@ struct BenchOptions {
   Arrivals arrivals = Arrivals::poisson;
   std::vector<Mode> compare;  ///< --compare modes (empty: off)
   // Engine.
-  int workers = 1;
+  int workers = 0;  ///< 0 = the engine's rule; run_bench fills in the number chosen
   /// Largest batch in rows; 0 = the engine's rule (BatchingOptions::max_batch_size: the model's
   /// max_batch_size, or 64 when it sets none).
   std::int64_t max_batch_size = 0;
@@ -75,6 +75,12 @@ struct BenchOptions {
   int completion_threads = 1;
   std::int64_t queue_capacity = 0;  ///< 0 = auto (max(4096, 2 × concurrency))
   int max_attempts = 1;
+  int intra_op_threads = 0;  ///< 0 = the engine's rule (EngineOptions::intra_op_threads)
+  // CPU contention (contention.hpp): with N > 0 every run is made `contention_rounds` times
+  // quiet and as often with N busy-looping processes beside it, alternating, and the medians
+  // are compared.
+  int contention = 0;
+  int contention_rounds = 3;
   // Length.
   std::int64_t warmup = 0;    ///< warm-up requests (after the first inference)
   double warmup_s = 0;        ///< or warm-up seconds

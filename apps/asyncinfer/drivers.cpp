@@ -253,7 +253,9 @@ class Priorities {
   explicit Priorities(const BenchOptions& o) {
     std::optional<microseconds> timeout;
     if (o.timeout_ms > 0) {
-      timeout = microseconds(static_cast<std::int64_t>(std::llround(o.timeout_ms * 1000.0)));
+      // Saturating: --timeout-ms 1e300 means no limit, not an overflow.
+      timeout = detail::saturating_cast<microseconds>(
+          std::chrono::duration<double, std::milli>(o.timeout_ms));
     }
     if (o.priority.mixed) {
       for (int level = 1; level <= o.priority_levels; ++level) {
@@ -549,6 +551,7 @@ EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
   e.batching.max_queue_delay = microseconds(o.max_queue_delay_us);
   e.batching.preferred_batch_sizes = o.preferred_batch;
   e.retry.max_attempts = o.max_attempts;
+  e.intra_op_threads = o.intra_op_threads;
   if (o.queue_capacity > 0) {
     e.queue_capacity = static_cast<std::size_t>(o.queue_capacity);
   } else {

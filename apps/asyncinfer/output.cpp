@@ -1,6 +1,7 @@
 // output.cpp — table, JSON and CSV renderings of a bench report (output.hpp).
 #include "output.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -58,6 +59,8 @@ json config_json(const BenchReport& rep, const RunResult* run) {
       {"completion_threads", o.completion_threads},
       {"queue_capacity", o.queue_capacity > 0 ? json(o.queue_capacity) : json(nullptr)},
       {"max_attempts", o.max_attempts},
+      {"intra_op_threads", o.intra_op_threads},
+      {"contention", o.contention},
       {"warmup", o.warmup},
       {"warmup_s", o.warmup_s},
       {"duration_s", o.requests > 0 ? json(nullptr) : json(o.duration_s)},
@@ -174,6 +177,8 @@ std::string_view to_string(ReportKind kind) noexcept {
       return "compare";
     case ReportKind::sweep:
       return "sweep";
+    case ReportKind::contention:
+      return "contention";
     case ReportKind::single:
       break;
   }
@@ -213,6 +218,16 @@ nlohmann::ordered_json to_json(const BenchReport& rep) {
     }
   }
   doc["runs"] = std::move(runs);
+  if (rep.contention) {
+    const auto& c = *rep.contention;
+    doc["contention"] =
+        json{{"busy_processes", c.processes},
+             {"rounds", c.rounds},
+             {"quiet_rps_median", r3(c.quiet_rps)},
+             {"contended_rps_median", r3(c.contended_rps)},
+             {"contended_over_quiet",
+              c.quiet_rps > 0 ? json(r3(c.contended_rps / c.quiet_rps)) : json(nullptr)}};
+  }
   if (rep.kind == ReportKind::compare) {
     json rs = json::array();
     for (const Ratio& x : ratios(rep)) {
@@ -281,11 +296,12 @@ void print_table(std::FILE* f, const BenchReport& rep) {
   if (o.max_batch_size == 0 && !rep.runs.empty() && rep.runs[0].max_batch_size > 0) {
     max_batch = std::to_string(rep.runs[0].max_batch_size) + " (default)";
   }
-  std::fprintf(f,
-               "  engine   %d worker(s), %d in flight per worker, max batch size %s, queue delay "
-               "%lld us, %d completion thread(s)\n",
-               o.workers, o.inflight_per_worker, max_batch.c_str(),
-               static_cast<long long>(o.max_queue_delay_us), o.completion_threads);
+    std::fprintf(
+      f,
+      "  engine   %d worker(s) of %d intra-op thread(s), %d in flight per worker, max batch size "
+      "%s, queue delay %lld us, %d completion thread(s)\n",
+      o.workers, std::max(1, o.intra_op_threads), o.inflight_per_worker, max_batch.c_str(),
+      static_cast<long long>(o.max_queue_delay_us), o.completion_threads);
   std::fprintf(f, "  machine  %u cores, %s\n", rep.machine.cores, rep.machine.cpu_model.c_str());
 
   if (rep.runs.size() == 1) {
@@ -337,6 +353,7 @@ void print_table(std::FILE* f, const BenchReport& rep) {
     if (!r.stage_utilisation.empty()) {
       std::fprintf(f, "  stages           %s\n", r.stage_utilisation.c_str());
     }
+    for (const std::string& n : rep.notes) std::fprintf(f, "  %s\n", n.c_str());
     return;
   }
 
@@ -375,6 +392,8 @@ void print_table(std::FILE* f, const BenchReport& rep) {
     }
   }
   std::fprintf(f, "  (cpu: process CPU seconds per wall second; 1.00 = one core busy)\n");
+  if (!rep.notes.empty()) std::fprintf(f, "\n");
+  for (const std::string& n : rep.notes) std::fprintf(f, "  %s\n", n.c_str());
 }
 
 }  // namespace asyncinfer::cli

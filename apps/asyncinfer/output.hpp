@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,8 +21,8 @@ namespace asyncinfer::cli {
 inline constexpr int kJsonSchemaVersion = 1;
 
 /// What one bench invocation ran: one run, a comparison of modes, or a sweep of one mode.
-enum class ReportKind : std::uint8_t { single, compare, sweep };
-/// "single", "compare", "sweep" (the JSON's "kind").
+enum class ReportKind : std::uint8_t { single, compare, sweep, contention };
+/// "single", "compare", "sweep", "contention" (the JSON's "kind").
 std::string_view to_string(ReportKind kind) noexcept;
 
 struct BenchReport {
@@ -32,6 +33,16 @@ struct BenchReport {
   std::string inputs;              ///< InputPlan::describe()
   MachineInfo machine;
   std::vector<RunResult> runs;
+  /// --contention: medians of the quiet and the contended runs (alternated, same settings).
+  struct Contention {
+    int processes = 0;  ///< busy-looping processes beside the contended runs
+    int rounds = 0;
+    double quiet_rps = 0;
+    double contended_rps = 0;
+  };
+  std::optional<Contention> contention;
+  /// Lines printed after the table (e.g. the --contention summary).
+  std::vector<std::string> notes;
 };
 
 /// Ratio of each run to the first (compare): throughput, p50 and p99 latency.

@@ -42,7 +42,7 @@ struct RunOptions {
   std::optional<float> std_dev;
   int top_k = 1;
   Mode mode = Mode::async;
-  int workers = 1;
+  int workers = 0;  ///< 0 = the engine's rule (EngineOptions::workers)
   std::int64_t max_batch_size = 0;  ///< 0 = the engine's rule (BatchingOptions::max_batch_size)
   std::int64_t max_queue_delay_us = 0;
   int decode_threads = 0;
@@ -56,6 +56,7 @@ struct RunOptions {
 
 struct RunSummary {
   Mode mode = Mode::sync;
+  int workers = 0;  ///< as the engine chose them
   std::size_t ok = 0;
   std::size_t skipped = 0;
   std::size_t labelled = 0;
@@ -277,6 +278,7 @@ int run_once(const RunOptions& o, Mode mode, RunSummary& result) {
     return kExitRunFailed;
   }
   Engine& e = **engine;
+  result.workers = e.options().workers;
   const Preprocess p = *pre;
   const std::size_t classes = static_cast<std::size_t>(
       std::max<std::int64_t>(1, (*model)->signature().outputs.at(0).shape.back()));
@@ -448,7 +450,7 @@ std::string ms_or_none(const std::optional<double>& us) {
 void print_summary(const RunOptions& o, const RunSummary& s) {
   std::printf("mode            %s\n", std::string(to_string(s.mode)).c_str());
   std::printf("model           %s on %s, %d worker(s)\n", o.model.c_str(), o.device.c_str(),
-              o.workers);
+              s.workers);
   std::printf("images          %zu ok, %zu skipped\n", s.ok, s.skipped);
   if (s.labelled > 0) {
     std::printf("accuracy        %.2f %% (%zu of %zu)\n", 100.0 * s.accuracy(), s.correct,
@@ -546,8 +548,10 @@ Command add_run_command(CLI::App& parent) {
       },
       "sync (one image at a time) or async (pipeline)")
       ->default_str("async");
-  app->add_option("--workers,-w", o->workers, "engine workers (each a model instance)")
-      ->check(CLI::Range(1, 64))
+  app->add_option("--workers,-w", o->workers,
+                  "engine workers (each a model instance); 0 = one per core for a model that "
+                  "computes on host cores, else 1")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   add_max_batch_size_option(*app, o->max_batch_size, "--batch");
   app->add_option("--max-queue-delay-us", o->max_queue_delay_us,

@@ -10,12 +10,14 @@
 //   pipeline.hpp  Pipeline: stages overlapped on streams
 //   policy.hpp    RetryPolicy, CircuitBreakerOptions
 //   metrics.hpp   Histogram, EngineMetrics, Prometheus text
+//   log.hpp       set_log_hook: where the library's messages go
 #pragma once
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/executor.hpp"
 #include "asyncinfer/future.hpp"
+#include "asyncinfer/log.hpp"
 #include "asyncinfer/metrics.hpp"
 #include "asyncinfer/model.hpp"
 #include "asyncinfer/pipeline.hpp"

@@ -100,6 +100,7 @@ struct Kernel {
   std::string name = "kernel";
   /// Time the kernel occupies a compute engine: sim — simulated occupancy; cpu — the stream
   /// thread spins (spin = true) or sleeps for it; cuda — a device spin kernel of that length.
+  /// nanoseconds::max() occupies it until `stop` fires (or the stream is destroyed).
   std::chrono::nanoseconds duration{0};
   bool spin = false;
   /// Optional host function, run in stream order after the occupancy (cpu, sim: on the stream's
@@ -132,7 +133,13 @@ class Event {
   /// Blocks until the last recorded point completes. Returns the error the point carries.
   virtual Status synchronize() = 0;
   /// Blocks at most `timeout`; deadline_exceeded when the point has not completed by then.
+  /// nanoseconds::max() (or a timeout too long to represent) means no limit.
   virtual Status synchronize_for(std::chrono::nanoseconds timeout) = 0;
+  /// The same for a timeout in any unit, converted saturating (milliseconds::max() = no limit).
+  template <class Rep, class Period>
+  Status synchronize_for(std::chrono::duration<Rep, Period> timeout) {
+    return synchronize_for(detail::saturating_cast<std::chrono::nanoseconds>(timeout));
+  }
   /// Stream waits enqueued on this event that the waiting stream has not yet passed. (cuda: 0,
   /// since a CUDA wait captures the event's point when it is enqueued.)
   virtual int pending_waits() const noexcept = 0;
@@ -176,8 +183,13 @@ class Stream {
   /// waits for it); wait on what the function itself signals.
   virtual Status synchronize() = 0;
   /// Like synchronize() but waits at most `timeout`: deadline_exceeded on expiry, and the stream
-  /// stays usable (aclrtSynchronizeStreamWithTimeout).
+  /// stays usable (aclrtSynchronizeStreamWithTimeout). nanoseconds::max() means no limit.
   virtual Status synchronize_for(std::chrono::nanoseconds timeout) = 0;
+  /// The same for a timeout in any unit, converted saturating (milliseconds::max() = no limit).
+  template <class Rep, class Period>
+  Status synchronize_for(std::chrono::duration<Rep, Period> timeout) {
+    return synchronize_for(detail::saturating_cast<std::chrono::nanoseconds>(timeout));
+  }
   /// True when all work enqueued so far has finished. Never blocks.
   virtual bool query() = 0;
   virtual int priority() const noexcept = 0;

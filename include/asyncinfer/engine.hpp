@@ -31,7 +31,16 @@
 //   - Admission control (optional): reject at submit when the predicted wait (queue depth ×
 //     recent service time per request ÷ workers) already exceeds the request's deadline.
 //   - Ordered delivery (optional): results reach futures and callbacks in submit order, per
-//     sequence key when one is given (so one slow client does not hold up the others).
+//     sequence key when one is given (so one slow client does not hold up the others). A request
+//     takes its place in that order when it is accepted; one that ends before (cancel(id) while
+//     its submit still waits for room, a deadline that passes meanwhile, shutdown) is refused —
+//     its submit returns the error — and takes no place, so it can never hold up its key.
+//   - Worker recovery (RecoveryOptions, policy.hpp): bounded replacement attempts with backoff; a
+//     worker that cannot get a model instance is reported unhealthy (health(), metrics()); with
+//     none left, queued requests and new submits fail `unavailable` naming the cause.
+//   - Time: every duration and time point taken here may be `max()` for "no limit" (an option
+//     holding `max()` of its own type; functions take any unit); nothing overflows
+//     (detail/chrono.hpp). Messages go through the log hook (log.hpp).
 //
 // Guarantees (docs/design.md): every accepted request ends in exactly one terminal state
 // (completed, failed, timed_out, cancelled, shut_down); its future is fulfilled once and its
@@ -88,9 +97,9 @@ bool is_terminal(RequestState state) noexcept;
 struct RequestOptions {
   /// Priority level, 1 = highest … EngineOptions::priority_levels; 0 = the engine's default.
   int priority = 0;
-  /// Time allowed from submit to the terminal state (queue + execution + retries).
+  /// Time allowed from submit to the terminal state (queue + execution + retries). max(): none.
   std::optional<std::chrono::microseconds> timeout;
-  /// Absolute deadline; when both are given the earlier applies.
+  /// Absolute deadline; when both are given the earlier applies. time_point::max(): none.
   std::optional<Clock::time_point> deadline;
   /// With ordered delivery: results are ordered within each key (empty = one shared order).
   std::string sequence_key;
@@ -116,7 +125,8 @@ struct BatchingOptions {
   std::int64_t max_batch_size = 0;
   /// Batch sizes to prefer: the largest one reachable is dispatched at once.
   std::vector<std::int64_t> preferred_batch_sizes;
-  /// Longest a worker holds a forming batch waiting for more requests. 0 = take what is queued.
+  /// Longest a worker holds a forming batch waiting for more requests. 0 = take what is queued;
+  /// max() = until the batch is full or a preferred size is reached (or a deadline nears).
   std::chrono::microseconds max_queue_delay{0};
   /// Re-run a batch that failed with a non-retryable error one request at a time.
   bool split_failed_batches = true;
@@ -132,22 +142,53 @@ enum class ShutdownMode : std::uint8_t {
   cancel,  ///< resolve queued and running work as shut_down at once, then stop
 };
 
+/// A worker's health (Engine::health(), WorkerMetrics::health).
+enum class WorkerHealth : std::uint8_t {
+  healthy,     ///< serving
+  recovering,  ///< replacing its stream and model instance after a hang (maybe after a failed try)
+  paused,      ///< takes no work until abandoned work ends (RecoveryOptions)
+  unhealthy,   ///< gave up: no model instance after RecoveryOptions::max_recycle_attempts
+};
+std::string_view to_string(WorkerHealth health) noexcept;
+
+struct WorkerStatus {
+  int index = 0;
+  WorkerHealth health = WorkerHealth::healthy;
+  std::string reason;  ///< why it is not healthy (the last error); empty when healthy
+};
+
+/// What a liveness or readiness probe needs (KServe / Triton: server live, model ready).
+struct EngineHealth {
+  bool live = true;    ///< shutdown() has not begun
+  bool ready = false;  ///< live, and at least one worker is healthy: a submit can be served now
+  std::string reason;  ///< why not ready; empty when ready
+  std::vector<WorkerStatus> workers;
+};
+
 struct EngineOptions {
   /// Workers; each owns one stream and one model instance (the article's §3.2 consumers).
-  int workers = 1;
+  /// 0 = auto: for a model whose work runs on host cores (Model::uses_host_cores: libtorch on
+  /// cpu or sim), one worker per core available to the process (sched_getaffinity), at most 16;
+  /// otherwise 1. Engine::options() reports the number chosen. (Like OpenVINO's throughput hint:
+  /// many single-thread streams rather than one wide one, which degrades gracefully when another
+  /// process takes a core; docs/models.md, "Threads".)
+  int workers = 0;
   /// Batches queued on a worker's stream ahead of completion, so the host prepares the next
   /// batch while the device runs the current one.
   int max_inflight_per_worker = 2;
   /// Requests waiting in the queue (retries waiting for their backoff do not count).
   std::size_t queue_capacity = 4096;
   QueueFullPolicy queue_full_policy = QueueFullPolicy::reject;
+  /// With `block`: the longest a submit waits for room (max(): as long as it takes). A request
+  /// whose deadline passes first is refused with deadline_exceeded.
   std::chrono::microseconds submit_timeout{1'000'000};
   /// Threads that run completion callbacks and fulfil futures.
   int completion_threads = 1;
   /// Priority levels 1..priority_levels; requests without one get default_priority.
   int priority_levels = 3;
   int default_priority = 2;
-  /// 0 = off. Otherwise a request that has waited this long is served as if at level 1.
+  /// 0 = off. Otherwise a request that has waited this long is served as if at level 1
+  /// (max(): never).
   std::chrono::microseconds priority_aging{0};
   BatchingOptions batching;
   /// Results reach futures and callbacks in submit order (per sequence key). A callback of an
@@ -156,7 +197,7 @@ struct EngineOptions {
   /// keys, or unordered engines, is fine).
   bool ordered_delivery = false;
 
-  /// Default request timeout (none when unset). A request may only shorten it unless
+  /// Default request timeout (none when unset or max()). A request may only shorten it unless
   /// allow_timeout_override is set (Triton's rule).
   std::optional<std::chrono::microseconds> default_timeout;
   bool allow_timeout_override = false;
@@ -165,18 +206,25 @@ struct EngineOptions {
   RetryPolicy retry;
   CircuitBreakerOptions breaker;
   /// 0 = off. A batch whose completion point is not reached within this time fails with
-  /// deadline_exceeded and its worker is recycled.
+  /// deadline_exceeded and its worker is recycled (see `recovery`).
   std::chrono::milliseconds watchdog{0};
+  /// Bounded replacement of a worker's stream and model instance, and of abandoned work.
+  RecoveryOptions recovery;
 
   /// Result store of the id-based API: finished entries beyond capacity are evicted oldest
-  /// first; finished entries older than result_ttl expire.
+  /// first; finished entries older than result_ttl expire (max(): only capacity evicts).
   std::size_t result_store_capacity = 65536;
   std::chrono::milliseconds result_ttl{60'000};
 
-  /// Passed to model instances (libtorch intra-op threads); 0 = cores ÷ workers.
+  /// Threads one model instance may use for one forward pass (libtorch intra-op threads).
+  /// 0 = auto: 1. An OpenMP team of several threads waits at every parallel region for its
+  /// slowest thread, and collapses (40× on 2 cores) when another process takes one of their cores;
+  /// parallelism comes from workers instead. Set it for the latency of one large forward pass on
+  /// a machine of your own (docs/faq.md: OpenMP oversubscription). Engine::options() reports it.
   int intra_op_threads = 0;
   /// How long shutdown(drain) — and so the destructor — waits for queued and running work
-  /// before it falls back to cancel, so that a hung model cannot make shutdown hang.
+  /// before it falls back to cancel, so that a hung model cannot make shutdown hang (max(): it
+  /// waits for the work as long as it takes).
   std::chrono::milliseconds drain_timeout{30'000};
 };
 
@@ -193,6 +241,10 @@ class Engine {
   static Result<std::unique_ptr<Engine>> create(std::shared_ptr<Model> model,
                                                 std::shared_ptr<Device> device,
                                                 EngineOptions options = {});
+  /// `options` with the automatic values filled in as create() would (workers,
+  /// intra_op_threads). Does not validate them.
+  static EngineOptions resolve_options(const Model& model, const Device& device,
+                                       EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -218,6 +270,11 @@ class Engine {
   /// or was evicted (the message says which). Does not remove the entry (see release()).
   Result<Outputs> result(std::string_view id,
                          std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+  /// The same with a timeout in any unit, converted saturating (milliseconds::max() = no limit).
+  template <class Rep, class Period>
+  Result<Outputs> result(std::string_view id, std::chrono::duration<Rep, Period> timeout) {
+    return result(id, detail::saturating_cast<std::chrono::nanoseconds>(timeout));
+  }
   /// The request's state; unknown for an unknown, expired or evicted id. Never blocks.
   RequestState status(std::string_view id) const;
   /// Cancels request `id`: a queued request leaves the queue at once; a running one resolves
@@ -235,7 +292,15 @@ class Engine {
   /// work that cannot be cancelled takes to finish.
   void shutdown(ShutdownMode mode = ShutdownMode::drain,
                 std::optional<std::chrono::milliseconds> drain_timeout = std::nullopt);
+  /// The same with a drain timeout in any unit, converted saturating (max() = no limit).
+  template <class Rep, class Period>
+  void shutdown(ShutdownMode mode, std::chrono::duration<Rep, Period> drain_timeout) {
+    shutdown(mode, std::optional<std::chrono::milliseconds>(
+                       detail::saturating_cast<std::chrono::milliseconds>(drain_timeout)));
+  }
 
+  /// Liveness and readiness (for a server's health endpoints). Never blocks on requests.
+  EngineHealth health() const;
   EngineMetrics metrics() const;
   const ModelSignature& signature() const noexcept;
   /// The options in use: as given to create(), with batching.max_batch_size resolved to the

@@ -140,7 +140,14 @@ class DeadlineTimer {
   /// Arms `fn` to run on the timer thread at `when` (at once if `when` has passed). Timers with
   /// equal deadlines fire in the order they were added. After shutdown, returns an empty TimerId
   /// and destroys `fn` unrun.
+  /// time_point::max() never fires (until cancelled or shut down).
   TimerId add(Clock::time_point when, Task fn);
+  /// The same for a time point of any clock or unit, converted saturating (detail/chrono.hpp),
+  /// so time_point::max() of any of them never fires.
+  template <class C, class D>
+  TimerId add(std::chrono::time_point<C, D> when, Task fn) {
+    return add(detail::to_steady(when), std::move(fn));
+  }
   /// Disarms a timer. True when it was pending (it will never run); false when it already ran,
   /// is running now, was cancelled, or is unknown. Never blocks on a running timer function.
   bool cancel(TimerId id);
@@ -173,6 +180,8 @@ class DeadlineTimer {
 namespace detail {
 /// Names the calling thread (cut to 15 characters) and sets its timer slack to 1 µs.
 void setup_thread(const std::string& name) noexcept;
+/// CPU cores this process may run on (its affinity mask: taskset, cgroup cpusets), at least 1.
+int available_cores() noexcept;
 }  // namespace detail
 
 }  // namespace asyncinfer

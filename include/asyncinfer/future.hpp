@@ -15,7 +15,8 @@
 //   - registered after completion, they run at once on the registering thread, before
 //     on_complete() returns.
 //   Each callback runs exactly once. An exception thrown by a callback is caught, counted in
-//   unhandled_callback_exceptions() and reported on stderr; the other callbacks still run.
+//   unhandled_callback_exceptions() and reported through the log hook (log.hpp; stderr by
+//   default); the other callbacks still run.
 //
 // Cancellation is cooperative and best effort (like std::stop_token): Future::cancel() marks the
 // state and runs the producer's cancel handlers (Promise::on_cancel) on the cancelling thread.
@@ -41,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "asyncinfer/detail/chrono.hpp"
 #include "asyncinfer/detail/unique_function.hpp"
 #include "asyncinfer/status.hpp"
 
@@ -53,7 +55,7 @@ class Executor;
 std::uint64_t unhandled_callback_exceptions() noexcept;
 
 namespace detail {
-/// Counts and reports (stderr) an exception caught from user code. `where` names the call site.
+/// Counts and reports (log.hpp) an exception caught from user code. `where` names the call site.
 void report_callback_exception(const char* where, std::exception_ptr e) noexcept;
 /// Posts `task` to `executor`; false (task untouched) when it has shut down. (executor.cpp)
 bool post_to(Executor& executor, UniqueFunction<void()>& task);
@@ -122,9 +124,13 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
     --waiters_;
   }
 
-  template <class Clock, class Duration>
-  bool wait_until(const std::chrono::time_point<Clock, Duration>& deadline) {
+  /// Blocks until ready or `deadline`; time_point::max() waits without a limit.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
     if (is_ready()) return true;
+    if (no_limit(deadline)) {
+      wait();
+      return true;
+    }
     std::unique_lock lock(mu_);
     ++waiters_;
     const bool ok =
@@ -244,15 +250,17 @@ class [[nodiscard]] Future {
   void wait() const {
     if (state_) state_->wait();
   }
-  /// Blocks at most `timeout`; true when the result is set.
+  /// Blocks at most `timeout`; true when the result is set. `duration::max()` (of any unit)
+  /// means no limit; a timeout too long to represent saturates to no limit (detail/chrono.hpp).
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
-    return wait_until(std::chrono::steady_clock::now() + timeout);
+    return !state_ || state_->wait_until(detail::deadline_after(timeout));
   }
-  /// Blocks until `deadline`; true when the result is set.
+  /// Blocks until `deadline` (any clock; measured on the steady clock as the same distance from
+  /// now); true when the result is set. `time_point::max()` means no limit.
   template <class Clock, class Duration>
   bool wait_until(const std::chrono::time_point<Clock, Duration>& deadline) const {
-    return !state_ || state_->wait_until(deadline);
+    return !state_ || state_->wait_until(detail::to_steady(deadline));
   }
 
   /// Blocks until the result is set and returns a copy of it. May be called repeatedly.

@@ -63,10 +63,22 @@ class Histogram {
 struct WorkerMetrics {
   int index = 0;
   std::string breaker;  ///< "closed", "open" or "half_open"
+  /// "healthy", "recovering" (replacing its stream and model instance), "paused" (waiting for
+  /// abandoned work, RecoveryOptions::max_abandoned_instances) or "unhealthy" (gave up).
+  std::string health;
+  std::string health_reason;  ///< why it is not healthy; empty when healthy
   std::uint64_t batches = 0;
   std::uint64_t failed_batches = 0;
-  std::uint64_t recycles = 0;  ///< stream + instance replaced by the hang watchdog
+  std::uint64_t recycles = 0;          ///< stream + instance replaced by the hang watchdog
+  std::uint64_t recycle_failures = 0;  ///< attempts to create a replacement that failed
+  /// Batches holding one of the engine's in-flight slots on this worker.
   std::int64_t inflight_batches = 0;
+  /// Batches really on this worker's streams: launched and their completion point not yet
+  /// reached, abandoned ones included (a batch the watchdog failed frees its slot at once, but its
+  /// work may still run).
+  std::int64_t stream_batches = 0;
+  /// Replaced model instances (with their streams) not yet destroyed: their work still runs.
+  std::int64_t abandoned_instances = 0;
 };
 
 /// A snapshot of an engine's metrics.
@@ -90,6 +102,10 @@ struct EngineMetrics {
   std::uint64_t retries_denied_by_budget = 0;
   std::uint64_t split_batches = 0;     ///< failed batches re-run request by request
   std::uint64_t late_completions = 0;  ///< results that arrived after their request ended
+  /// Failures that arrived after their request had ended (timed out, cancelled): counted per
+  /// request by status code name; their messages are logged (log.hpp), rate-limited.
+  std::uint64_t late_failures = 0;
+  std::map<std::string, std::uint64_t> late_failures_by_reason;
   std::uint64_t callback_exceptions = 0;
   std::uint64_t model_exceptions = 0;
   std::uint64_t watchdog_fired = 0;
@@ -97,6 +113,14 @@ struct EngineMetrics {
   std::int64_t queue_depth = 0;
   std::int64_t inflight_requests = 0;
   std::int64_t retry_waiting = 0;
+  /// Entries of the id-based API's result store (pending, running and finished).
+  std::int64_t result_store_size = 0;
+  /// Ordered delivery: requests accepted and not yet delivered, per sequence key ("" = the shared
+  /// order), for the 64 keys with the most; ordered_backlog_total counts every key.
+  std::map<std::string, std::int64_t> ordered_backlog;
+  std::int64_t ordered_backlog_total = 0;
+  /// Workers that are not unhealthy (healthy, recovering or paused).
+  std::int64_t live_workers = 0;
   double batches_per_s = 0;  ///< since start
   std::vector<WorkerMetrics> workers;
   // Histograms (µs; batch size in items).

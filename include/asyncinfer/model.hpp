@@ -95,8 +95,8 @@ class ModelInstance {
 struct InstanceOptions {
   /// Index of the engine worker the instance serves (for names and logs).
   int worker_index = 0;
-  /// Threads the instance may use for one forward pass (libtorch intra-op threads); the engine
-  /// passes cores ÷ workers unless the user set ModelOptions::intra_op_threads.
+  /// Threads the instance may use for one forward pass (libtorch intra-op threads):
+  /// EngineOptions::intra_op_threads, 1 unless the user set it.
   int intra_op_threads = 1;
 };
 
@@ -109,6 +109,13 @@ class Model {
   virtual const std::string& name() const noexcept = 0;
   /// Whether running work stops early when BatchIO::stop fires (a libtorch call cannot).
   virtual bool cancellable() const noexcept { return false; }
+  /// Whether the model's work runs on the host's CPU cores when its instances use `device`
+  /// (libtorch on the cpu and sim devices) rather than on an accelerator or a simulated
+  /// engine. EngineOptions::workers = 0 (auto) starts one worker per core for such a model.
+  virtual bool uses_host_cores(const Device& device) const noexcept {
+    (void)device;
+    return false;
+  }
   /// A new instance for `stream` of `device`. unavailable when the model cannot run on that kind
   /// of device (the message says which devices it supports).
   virtual Result<std::unique_ptr<ModelInstance>> create_instance(
@@ -123,7 +130,8 @@ struct ModelOptions {
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::int64_t max_batch_size = -1;  ///< -1: from the signature file
-  /// TorchScript: intra-op threads per instance; 0 = cores ÷ workers (set by the engine).
+  /// Unused: the engine passes EngineOptions::intra_op_threads to each instance
+  /// (InstanceOptions::intra_op_threads). Kept for source compatibility.
   int intra_op_threads = 0;
   /// TorchScript: forward passes run at instance creation (excluded from measurements).
   int warmup_runs = 2;

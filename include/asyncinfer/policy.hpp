@@ -1,4 +1,5 @@
-// policy.hpp — how the engine reacts to failure: retries, retry budget, circuit breaker.
+// policy.hpp — how the engine reacts to failure: retries, retry budget, circuit breaker, worker
+// recovery.
 //
 // Design (the article's §5.2 retries every error after a fixed one-second sleep, in the calling
 // thread; we do not):
@@ -16,6 +17,18 @@
 //     success closes it, a failure opens it again. Meanwhile requests go to healthy workers.
 //     Workers pull from one queue, so the probe is the first request the half-open worker takes:
 //     while healthy workers keep up with the traffic alone, it may wait (harmlessly) for load.
+//   - RecoveryOptions: after the hang watchdog fails a batch, its worker replaces its stream and
+//     model instance. The old ones are destroyed off the hot path once the work they run ends;
+//     work a backend cannot stop keeps running meanwhile ("abandoned"), so the worker keeps at
+//     most `max_abandoned_instances` of them beside its live one and takes no new work beyond
+//     that (BentoML #5642 shows what happens otherwise: every hang adds a job to the device).
+//     A replacement that fails (a lost device: create_instance() keeps failing) is tried again
+//     with exponential backoff, at most `max_recycle_attempts` times in a row; then the worker
+//     gives up and reports itself unhealthy (EngineMetrics, Engine::health()). When no worker is
+//     left, queued requests and later submits fail `unavailable`, naming the cause.
+//
+// Durations: `max()` of an option's type means "no limit" (a backoff with no cap, a breaker that
+// stays open, a recovery that waits as long as it takes); nothing overflows (detail/chrono.hpp).
 //
 // Thread safety: plain option structs; RetryPolicy's member functions are const and thread-safe.
 #pragma once
@@ -55,8 +68,25 @@ struct RetryPolicy {
 struct CircuitBreakerOptions {
   /// Consecutive failed batches that open a worker's breaker; 0 = no breaker.
   int failure_threshold = 0;
-  /// How long an open worker stays out before it is probed with one request.
+  /// How long an open worker stays out before it is probed with one request (max(): for good).
   std::chrono::milliseconds cooldown{1000};
+};
+
+struct RecoveryOptions {
+  /// Attempts in a row to create a worker's new stream and model instance before it gives up and
+  /// is unhealthy for good (>= 1).
+  int max_recycle_attempts = 5;
+  /// Wait after the first failed attempt; doubles after each further one, up to
+  /// max_recycle_backoff (with the defaults: 0.1, 0.2, 0.4, 0.8 s, then it gives up).
+  std::chrono::milliseconds recycle_backoff{100};
+  std::chrono::milliseconds max_recycle_backoff{5000};
+  /// Replaced model instances per worker whose work could not be stopped and still runs. At the
+  /// limit the worker takes no new work (health "paused") until one of them finishes. 0: a
+  /// replaced instance's work must end before the worker takes new work.
+  int max_abandoned_instances = 1;
+
+  /// invalid_argument naming the bad field.
+  Status validate() const;
 };
 
 }  // namespace asyncinfer

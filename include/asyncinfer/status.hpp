@@ -95,7 +95,7 @@ Status internal_error(std::string_view message);
 Status aborted_error(std::string_view message);
 
 namespace detail {
-/// Prints "asyncinfer: check failed at file:line: what" to stderr and aborts. Used for broken
+/// Logs "check failed at file:line: what" (log.hpp; stderr by default) and aborts. Used for broken
 /// invariants (programming errors), never for bad input.
 [[noreturn]] void check_failed(const char* file, int line, const char* what) noexcept;
 /// Returns the ok Status object used by Result<T>::status() when a value is held.

@@ -1,8 +1,10 @@
 #include "asyncinfer/executor.hpp"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -16,6 +18,16 @@ thread_local const DeadlineTimer* tl_current_timer = nullptr;
 namespace detail {
 bool post_to(Executor& executor, UniqueFunction<void()>& task) {
   return executor.post(std::move(task));
+}
+
+int available_cores() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
 }
 
 void setup_thread(const std::string& name) noexcept {

@@ -1,5 +1,7 @@
 #include "asyncinfer/future.hpp"
 
+#include "asyncinfer/log.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <exception>
@@ -29,8 +31,10 @@ void report_callback_exception(const char* where, std::exception_ptr e) noexcept
     what = text.c_str();
   } catch (...) {
   }
-  std::fprintf(stderr, "asyncinfer: exception in %s caught and counted (%llu so far): %s\n", where,
-               static_cast<unsigned long long>(n), what);
+  char buf[1024];
+  std::snprintf(buf, sizeof buf, "exception in %s caught and counted (%llu so far): %s", where,
+                static_cast<unsigned long long>(n), what);
+  log(LogLevel::error, buf);
 }
 }  // namespace detail
 }  // namespace asyncinfer

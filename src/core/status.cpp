@@ -1,7 +1,11 @@
 #include "asyncinfer/status.hpp"
 
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
+
+#include "asyncinfer/log.hpp"
 
 namespace asyncinfer {
 namespace {
@@ -73,7 +77,9 @@ Status aborted_error(std::string_view m) { return {StatusCode::aborted, m}; }
 
 namespace detail {
 void check_failed(const char* file, int line, const char* what) noexcept {
-  std::fprintf(stderr, "asyncinfer: check failed at %s:%d: %s\n", file, line, what);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "check failed at %s:%d: %s", file, line, what);
+  log(LogLevel::error, buf);
   std::fflush(stderr);
   std::abort();
 }

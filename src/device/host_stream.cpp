@@ -91,7 +91,7 @@ Status HostEvent::synchronize() {
 Status HostEvent::synchronize_for(std::chrono::nanoseconds timeout) {
   auto m = current();
   if (!m) return Status();
-  if (!m->wait_until(Clock::now() + timeout)) {
+  if (!m->wait_until(deadline_after(timeout))) {
     return deadline_exceeded_error(
         "event not reached within " +
         std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(timeout).count()) +
@@ -212,7 +212,7 @@ Status HostStream::synchronize() {
 Status HostStream::synchronize_for(std::chrono::nanoseconds timeout) {
   auto marker = std::make_shared<Marker>();
   ASYNCINFER_RETURN_IF_ERROR(push(Op{RecordOp{marker}, Clock::now()}));
-  if (!marker->wait_until(Clock::now() + timeout)) {
+  if (!marker->wait_until(deadline_after(timeout))) {
     return deadline_exceeded_error(
         "stream '" + name_ + "' did not finish its work within " +
         std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(timeout).count()) +

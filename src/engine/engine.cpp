@@ -7,10 +7,19 @@
 //     callback may block on another future without starving the dispatcher (docs/design.md,
 //     guarantee 2);
 //   - one deadline timer thread (deadlines, retry backoff, hang watchdog);
-//   - one reaper thread: destroys streams and model instances replaced by the watchdog.
+//   - reaper threads (workers × max(1, max_abandoned_instances), at most 64): destroy streams and
+//     model instances replaced by the watchdog; each destruction waits for the work on that stream
+//     that could not be stopped, and the worker counts it as abandoned until then.
 //
 // Locks: qmu_ (queue, retry set, shutdown state) → order_mu_ / budget / timer internals; worker
-// mutexes are never held together with qmu_. No user code runs under any of them.
+// mutexes are never held together with qmu_. No user code runs under any of them; messages go to
+// the log hook (log.hpp) with no lock held.
+//
+// Worker loop (worker_loop): leaves at once when shutdown(cancel) begins (or a drain has
+// finished), whatever else is pending; otherwise, in order: an unhealthy worker (it gave up)
+// waits for shutdown; a pending recycle waits for its backoff and for the abandoned-instance
+// limit, then replaces the stream and model instance (bounded attempts, then unhealthy); an open
+// breaker waits for its cool-down; then the worker takes a batch when it has a free slot.
 #include "asyncinfer/engine.hpp"
 
 #include <algorithm>
@@ -23,6 +32,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "asyncinfer/detail/chrono.hpp"
+#include "asyncinfer/log.hpp"
 #include "engine/request.hpp"
 #include "engine/request_queue.hpp"
 #include "engine/result_store.hpp"
@@ -57,39 +68,48 @@ std::ostream& operator<<(std::ostream& os, RequestState state) { return os << to
 
 bool is_terminal(RequestState state) noexcept { return state >= RequestState::completed; }
 
+std::string_view to_string(WorkerHealth health) noexcept {
+  switch (health) {
+    case WorkerHealth::healthy:
+      return "healthy";
+    case WorkerHealth::recovering:
+      return "recovering";
+    case WorkerHealth::paused:
+      return "paused";
+    case WorkerHealth::unhealthy:
+      return "unhealthy";
+  }
+  return "unknown";
+}
+
 namespace detail {
 namespace {
 std::atomic<AssemblyHook> g_assembly_hook{nullptr};
+std::atomic<SubmitHook> g_submit_hook{nullptr};
 }  // namespace
 
 inline double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-/// `t + d` without overflow: a duration too long to represent means "never" (time_point::max).
+/// "12.5 ms" for a duration of any unit (a double conversion: max() cannot overflow).
 template <class Rep, class Period>
-Clock::time_point saturating_add(Clock::time_point t, std::chrono::duration<Rep, Period> d) {
-  if (d <= std::chrono::duration<Rep, Period>::zero()) return t;
-  const auto room = Clock::time_point::max() - t;
-  if (d >= std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(room)) {
-    return Clock::time_point::max();
-  }
-  return t + std::chrono::duration_cast<Clock::duration>(d);
-}
-
-inline std::string ms_text(std::chrono::nanoseconds d) {
-  char buf[32];
+std::string ms_text(std::chrono::duration<Rep, Period> d) {
+  char buf[48];
   std::snprintf(buf, sizeof buf, "%.1f ms", std::chrono::duration<double, std::milli>(d).count());
   return buf;
 }
 
 void set_assembly_hook(AssemblyHook hook) noexcept { g_assembly_hook.store(hook); }
+void set_submit_hook(SubmitHook hook) noexcept { g_submit_hook.store(hook); }
 }  // namespace detail
 
 using detail::Batch;
+using detail::deadline_after;
 using detail::ms_text;
 using detail::Request;
 using detail::saturating_add;
+using detail::saturating_cast;
 using detail::Stage;
 using detail::us_between;
 
@@ -106,14 +126,22 @@ struct Worker {
   std::uint64_t generation = 0;                 // under mu
   int inflight = 0;                             // under mu
   std::vector<std::shared_ptr<Batch>> running;  // under mu
-  bool recycle = false;                         // under mu
+  bool recycle = false;                         // under mu: a new stream + instance is needed
   std::atomic<bool> recycle_wanted{false};      // the same, readable without mu (next_batch)
+  int recycle_failures = 0;                     // under mu: failed attempts in a row
+  Clock::time_point next_recycle{};             // under mu: backoff after a failed attempt
+  bool gave_up = false;                         // under mu: unhealthy for good
+  std::string last_error;                       // under mu: why the last attempt failed
+  int abandoned = 0;                            // under mu: replaced instances not yet destroyed
   Breaker breaker = Breaker::closed;            // under mu
+  std::atomic<bool> breaker_open{false};        // breaker == open, readable without mu
   int consecutive_failures = 0;                 // under mu
   Clock::time_point open_until{};               // under mu
   std::atomic<std::uint64_t> batches{0};
   std::atomic<std::uint64_t> failed_batches{0};
   std::atomic<std::uint64_t> recycles{0};
+  std::atomic<std::uint64_t> recycle_attempts_failed{0};
+  std::atomic<std::int64_t> stream_batches{0};  // launched, completion point not yet run
   std::jthread thread;
 };
 
@@ -154,7 +182,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         completion_(static_cast<std::size_t>(opt_.completion_threads), "ai-callback"),
         dispatcher_(1, "ai-dispatch"),
         timer_("ai-timer"),
-        reaper_(1, "ai-reaper"),
+        reaper_(reaper_threads(opt_), "ai-reaper"),
         queue_(opt_.priority_levels),
         store_(opt_.result_store_capacity, opt_.result_ttl),
         budget_(opt_.retry),
@@ -162,11 +190,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   ~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
+  /// One reaper thread per abandoned instance the workers may hold at once (see the header).
+  static std::size_t reaper_threads(const EngineOptions& o) {
+    const int per_worker = std::max(1, o.recovery.max_abandoned_instances);
+    return static_cast<std::size_t>(std::clamp(o.workers * per_worker, 1, 64));
+  }
+
   Status start() {
-    const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
-    const int threads = opt_.intra_op_threads > 0
-                            ? opt_.intra_op_threads
-                            : std::max(1, static_cast<int>(cores) / opt_.workers);
+    const int threads = std::max(1, opt_.intra_op_threads);  // resolved by Engine::create
     for (int i = 0; i < opt_.workers; ++i) {
       auto w = std::make_unique<Worker>();
       w->index = i;
@@ -174,6 +205,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       workers_.push_back(std::move(w));
     }
     intra_op_threads_ = threads;
+    live_workers_.store(opt_.workers, std::memory_order_relaxed);
     for (auto& w : workers_) {
       Worker* wp = w.get();
       wp->thread = std::jthread([this, wp] { worker_loop(*wp); });
@@ -239,10 +271,15 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     return d;
   }
 
-  /// Accepts a prepared request into the queue, or refuses it (nothing registered).
+  /// Accepts a prepared request into the queue, or refuses it (nothing registered). Acceptance
+  /// is one step under qmu_: the stage leaves `submitting`, the request gets its place in the
+  /// ordered-delivery sequence and in the queue. Whatever ended the request before (see
+  /// request.hpp, `refusal`) makes it a refusal instead.
   Status accept(const std::shared_ptr<Request>& r) {
     std::unique_lock lock(qmu_);
+    if (r->refusal) return refuse_ended(*r);
     if (stopping_) return reject("shut_down", unavailable_error("engine is shut down"));
+    if (no_workers_) return reject("unavailable", *no_workers_);
     if (queue_.size() >= opt_.queue_capacity) {
       if (opt_.queue_full_policy == QueueFullPolicy::reject) {
         return reject("queue_full",
@@ -251,11 +288,29 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                                                " requests queued (queue_capacity " +
                                                std::to_string(opt_.queue_capacity) + ")"));
       }
-      const Clock::time_point until = saturating_add(Clock::now(), opt_.submit_timeout);
-      const bool room = space_cv_.wait_until(
-          lock, until, [this] { return stopping_ || queue_.size() < opt_.queue_capacity; });
+      // Wait for room, but not past the request's own deadline: a request whose deadline passes
+      // here ends before it is accepted, so it is refused.
+      const Clock::time_point until = std::min(deadline_after(opt_.submit_timeout), r->deadline);
+      const auto ready = [&] {
+        return stopping_ || r->refusal.has_value() || no_workers_.has_value() ||
+               queue_.size() < opt_.queue_capacity;
+      };
+      if (detail::no_limit(until)) {
+        space_cv_.wait(lock, ready);
+      } else {
+        space_cv_.wait_until(lock, until, ready);
+      }
+      if (r->refusal) return refuse_ended(*r);
       if (stopping_) return reject("shut_down", unavailable_error("engine is shut down"));
-      if (!room) {
+      if (no_workers_) return reject("unavailable", *no_workers_);
+      if (queue_.size() >= opt_.queue_capacity) {
+        if (Clock::now() >= r->deadline) {
+          return reject("deadline",
+                        deadline_exceeded_error(context("request timed out", r->tag) + " after " +
+                                                ms_text(Clock::now() - r->submitted) +
+                                                " while its submit waited for room in the queue "
+                                                "(not accepted)"));
+        }
         return reject("queue_full",
                       resource_exhausted_error(context("queue full", r->tag) + ": still " +
                                                std::to_string(queue_.size()) +
@@ -264,15 +319,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
     }
     const Clock::time_point now = Clock::now();
-    if (detail::is_final(r->stage.load(std::memory_order_acquire))) {
-      // Ended before it reached the queue (cancel(id) between the result store and here; the
-      // check is under qmu_, as is try_resolve's for queued requests): it is accepted and already
-      // resolved, and queueing it would run it and end it a second time. finish() counted it
-      // out of the requests in flight, so count it in.
-      inflight_requests_.fetch_add(1, std::memory_order_relaxed);
-      submitted_.fetch_add(1, std::memory_order_relaxed);
-      return Status();
-    }
     if (opt_.admission_control && r->deadline != Clock::time_point::max()) {
       const double service = service_us_.load(std::memory_order_relaxed);
       const double predicted_us =
@@ -288,12 +334,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         return reject("admission", resource_exhausted_error(context(buf, r->tag)));
       }
     }
+    // Accepted from here on: nothing below can refuse it.
     r->seq = next_seq_++;
     if (opt_.ordered_delivery) {
       std::lock_guard olock(order_mu_);
       r->order_seq = orders_[r->sequence_key].next_assign++;
     }
     r->enqueued = now;
+    r->stage.store(Stage::queued, std::memory_order_release);
     inflight_requests_.fetch_add(1, std::memory_order_relaxed);
     submitted_.fetch_add(1, std::memory_order_relaxed);
     if (opt_.retry.max_attempts > 1) budget_.on_request(now);
@@ -306,6 +354,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     lock.unlock();
     qcv_.notify_one();
     return Status();
+  }
+
+  /// The refusal of a request ended while its submit was still running (under qmu_).
+  Status refuse_ended(const Request& r) {
+    const Status& s = *r.refusal;
+    return reject(s.code() == StatusCode::cancelled ? "cancelled" : "ended_before_accepted", s);
   }
 
   Status reject(const char* reason, Status s) {
@@ -368,6 +422,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     Status s = store_.insert(r);
     if (!s.ok())
       return reject(s.code() == StatusCode::already_exists ? "duplicate_id" : "store_full", s);
+    if (const auto hook = detail::g_submit_hook.load(std::memory_order_relaxed)) hook(r->id);
     s = accept(r);
     if (!s.ok()) {
       store_.erase_refused(r->id, r.get());
@@ -432,6 +487,18 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
       std::unique_lock lock(qmu_);
       cur = r->stage.load(std::memory_order_acquire);
+      if (cur == Stage::submitting) {
+        // Its submit has not accepted it yet (request.hpp): it never will. The submit refuses it
+        // with this error; no terminal state, no place in the delivery order.
+        if (r->refusal) return false;
+        Status why =
+            result.ok() ? internal_error("request ended before it was accepted") : result.status();
+        r->refusal =
+            Status(why.code(), std::string(why.message()) + " (before its submit accepted it)");
+        lock.unlock();
+        space_cv_.notify_all();  // its submit may be waiting for room
+        return true;
+      }
       if (cur == Stage::queued) {
         queue_ref = queue_.remove(r.get());
         r->stage.store(to, std::memory_order_release);
@@ -615,16 +682,35 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   // ---- workers ----------------------------------------------------------------------------
 
+  /// A new stream and model instance for `w` (at start and on every recycle attempt). An
+  /// exception from the device or the model is a failed attempt, never an escape.
   Status make_stream_and_instance(Worker& w, int threads) {
+    const std::string where = "worker " + std::to_string(w.index);
     StreamOptions so;
     so.host_func_executor = completion_point_executor();
     so.name = "ai-w" + std::to_string(w.index) + "-stream";
-    auto stream = device_->create_stream(so);
-    if (!stream.ok()) return stream.status().with_context("worker " + std::to_string(w.index));
+    Result<std::unique_ptr<Stream>> stream = internal_error("no stream");
+    try {
+      stream = device_->create_stream(so);
+    } catch (const std::exception& e) {
+      stream = internal_error(std::string("device threw while creating a stream: ") + e.what());
+    } catch (...) {
+      stream = internal_error("device threw an unknown exception while creating a stream");
+    }
+    if (!stream.ok()) return stream.status().with_context(where);
     InstanceOptions io;
     io.worker_index = w.index;
     io.intra_op_threads = threads;
-    auto instance = model_->create_instance(*device_, **stream, io);
+    Result<std::unique_ptr<ModelInstance>> instance = internal_error("no instance");
+    try {
+      instance = model_->create_instance(*device_, **stream, io);
+    } catch (const std::exception& e) {
+      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      instance = internal_error(std::string("model threw in create_instance: ") + e.what());
+    } catch (...) {
+      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      instance = internal_error("model threw an unknown exception in create_instance");
+    }
     if (!instance.ok()) {
       return instance.status().with_context("worker " + std::to_string(w.index) + ": model '" +
                                             model_->name() + "' on " + device_->name());
@@ -651,20 +737,40 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       {
         std::unique_lock lock(w.mu);
         for (;;) {
-          if (stop_workers()) break;
-          // An open breaker first: a recycle that failed opened it, and is tried again only
-          // after the cool-down (never in a tight loop).
+          // Leave at once on shutdown(cancel) or after a drain, whatever else is pending (a
+          // recycle, a backoff, a breaker cool-down): nothing is left for this worker to do.
+          if (workers_exit_.load(std::memory_order_acquire)) return;
+          if (w.gave_up) {
+            // Unhealthy for good: serves nothing and waits for shutdown.
+            if (stopping_flag_.load(std::memory_order_acquire)) return;
+            w.cv.wait(lock);
+            continue;
+          }
+          if (w.recycle) {
+            // Replacing an instance abandons the old one: only within the limit (header).
+            if (w.abandoned > 0 && w.abandoned >= opt_.recovery.max_abandoned_instances) {
+              w.cv.wait(lock);  // the reaper notifies when an abandoned instance is destroyed
+              continue;
+            }
+            if (Clock::now() < w.next_recycle) {
+              w.cv.wait_until(lock, w.next_recycle);  // backoff after a failed attempt
+              continue;
+            }
+            do_recycle = true;
+            break;
+          }
+          if (w.abandoned > opt_.recovery.max_abandoned_instances) {
+            w.cv.wait(lock);  // max_abandoned_instances 0: the replaced instance's work first
+            continue;
+          }
           if (w.breaker == Breaker::open) {
             if (Clock::now() >= w.open_until) {
               w.breaker = Breaker::half_open;
+              w.breaker_open.store(false, std::memory_order_release);
               continue;
             }
             w.cv.wait_until(lock, w.open_until);
             continue;
-          }
-          if (w.recycle) {
-            do_recycle = true;
-            break;
           }
           const int limit = w.breaker == Breaker::half_open ? 1 : opt_.max_inflight_per_worker;
           if (w.inflight < limit) {
@@ -680,7 +786,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       }
       std::shared_ptr<Batch> batch = next_batch(w, cap);
       if (!batch) {
-        if (w.recycle_wanted.load(std::memory_order_acquire)) continue;  // recycle, then go on
+        if (workers_exit_.load(std::memory_order_acquire)) return;
+        // A recycle, or a breaker that opened while the worker waited for work: back to the
+        // loop above, which handles them.
+        if (w.recycle_wanted.load(std::memory_order_acquire)) continue;
+        if (w.breaker_open.load(std::memory_order_acquire)) continue;
         return;
       }
       launch(w, batch);
@@ -698,6 +808,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     for (;;) {
       if (stopping_ && mode_ == ShutdownMode::cancel) return nullptr;
       if (w.recycle_wanted.load(std::memory_order_acquire)) return nullptr;  // see worker_loop
+      if (w.breaker_open.load(std::memory_order_acquire)) return nullptr;
       if (queue_.empty()) {
         if (stopping_ && retry_waiting_.empty() && inflight_batches_ == 0) return nullptr;
         qcv_.wait(lock);
@@ -753,16 +864,21 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         }
       }
       if (!dispatch) {
-        const auto delay = opt_.batching.max_queue_delay;
-        wake = oldest + delay;
+        // max_queue_delay max(): wait for a full batch or a preferred size (saturating).
+        const auto delay = saturating_cast<Clock::duration>(opt_.batching.max_queue_delay);
+        wake = saturating_add(oldest, delay);
         // Never hold a request in a forming batch past its deadline minus the delay.
-        if (nearest_deadline != Clock::time_point::max() && nearest_deadline - delay < wake) {
-          wake = nearest_deadline - delay;
+        if (nearest_deadline != Clock::time_point::max()) {
+          wake = std::min(wake, saturating_add(nearest_deadline, -delay));
         }
         dispatch = now >= wake;
       }
       if (!dispatch) {
-        qcv_.wait_until(lock, wake);
+        if (detail::no_limit(wake)) {
+          qcv_.wait(lock);  // a new request, a stopping engine or a recycle wakes it
+        } else {
+          qcv_.wait_until(lock, wake);
+        }
         continue;
       }
       auto batch = std::make_shared<Batch>();
@@ -808,6 +924,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       batches_.fetch_add(1, std::memory_order_relaxed);
       w.batches.fetch_add(1, std::memory_order_relaxed);
       batch_size_.observe(static_cast<double>(batch->rows));
+      // On the stream from here until its completion point runs (or it never gets one).
+      batch->on_stream.store(true, std::memory_order_relaxed);
+      w.stream_batches.fetch_add(1, std::memory_order_relaxed);
       try {
         s = w.instance->enqueue(*w.stream, io);
       } catch (const std::exception& e) {
@@ -892,7 +1011,42 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   void fail_alone(const std::shared_ptr<Request>& r, Status s) {
     // The request is running (it was dispatched): end it here.
-    try_resolve(r, detail::stage_for_error(s.code()), std::move(s));
+    const Status copy = s;
+    if (!try_resolve(r, detail::stage_for_error(s.code()), std::move(s))) late_failure(1, copy, *r);
+  }
+
+  /// A failure that reached `n` requests which had already ended (timed out, cancelled, shut
+  /// down): counted per request by reason; its message is logged once, rate-limited.
+  void late_failure(std::size_t n, const Status& st, const Request& example) {
+    late_failures_.fetch_add(n, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(reasons_mu_);
+      late_failures_by_reason_[std::string(to_string(st.code()))] += n;
+    }
+    const Stage at = example.stage.load(std::memory_order_acquire);
+    late_log_.log(LogLevel::warning,
+                  context("engine: a failure arrived after its request had ended", example.tag) +
+                      " (" + std::string(to_string(detail::to_state(at))) +
+                      (n > 1 ? ", " + std::to_string(n) + " requests of one batch" : "") +
+                      "): " + st.to_string());
+  }
+
+  /// The completion point of a batch the watchdog already ended: its result is late.
+  void late_outcome(const Batch& batch, const Status& st) {
+    if (batch.requests.empty()) return;
+    if (st.ok()) {
+      late_completions_.fetch_add(batch.requests.size(), std::memory_order_relaxed);
+    } else if (!own_stop(batch, st)) {
+      late_failure(batch.requests.size(), st, *batch.requests.front());
+    }
+  }
+
+  /// Whether `st` is only the engine's own doing, not a failure: the batch's work stopped because
+  /// its stop token fired (all its requests ended, or the watchdog), or its stream was destroyed
+  /// (a recycle, shutdown).
+  static bool own_stop(const Batch& batch, const Status& st) {
+    return st.code() == StatusCode::aborted ||
+           (st.code() == StatusCode::cancelled && batch.stop.stop_requested());
   }
 
   Status enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io) {
@@ -916,8 +1070,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     return Status();
   }
 
+  /// Counts the batch off its worker's stream (once).
+  void off_stream(Worker& w, Batch& batch) {
+    if (batch.on_stream.exchange(false, std::memory_order_relaxed)) {
+      w.stream_batches.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
   /// A batch that never reached its stream (or whose completion point could not be enqueued).
   void end_without_running(Worker& w, const std::shared_ptr<Batch>& batch, Status s) {
+    off_stream(w, *batch);
     if (batch->done.exchange(true)) return;
     if (!s.ok()) {
       w.failed_batches.fetch_add(1, std::memory_order_relaxed);
@@ -929,7 +1091,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   }
 
   void on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
-    if (batch->done.exchange(true)) return;  // the watchdog ended it first
+    Worker& wk = *workers_[static_cast<std::size_t>(batch->worker)];
+    off_stream(wk, *batch);
+    if (batch->done.exchange(true)) {
+      // The watchdog ended it first: its requests have ended; what it brings is late.
+      late_outcome(*batch, st);
+      return;
+    }
     TimerId wd;
     {
       std::lock_guard wl(batch->watchdog_mu);
@@ -1047,9 +1215,17 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   void batch_failed(const std::shared_ptr<Batch>& batch, const Status& st) {
     std::vector<std::shared_ptr<Request>> live;
+    std::size_t ended = 0;
+    const Request* first_ended = nullptr;
     for (const auto& r : batch->requests) {
-      if (r->stage.load(std::memory_order_acquire) == Stage::running) live.push_back(r);
+      const Stage at = r->stage.load(std::memory_order_acquire);
+      if (at == Stage::running) {
+        live.push_back(r);
+      } else if (detail::is_final(at)) {
+        if (ended++ == 0) first_ended = r.get();
+      }
     }
+    if (ended > 0 && !own_stop(*batch, st)) late_failure(ended, st, *first_ended);
     const StatusCode code = st.code();
     if (live.size() > 1 && opt_.batching.split_failed_batches && !opt_.retry.is_retryable(code) &&
         code != StatusCode::cancelled && code != StatusCode::aborted &&
@@ -1065,12 +1241,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// the attempt. With solo, each will run in a batch of its own.
   void requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo) {
     std::vector<std::shared_ptr<Request>> refused;
+    std::optional<Status> unavailable;
     {
       std::lock_guard lock(qmu_);
+      unavailable = no_workers_;
       for (auto it = rs.rbegin(); it != rs.rend(); ++it) {
         const std::shared_ptr<Request>& r = *it;
         Stage exp = Stage::running;
-        if (stopping_ && mode_ == ShutdownMode::cancel) {
+        if ((stopping_ && mode_ == ShutdownMode::cancel) || unavailable) {
           refused.push_back(r);
           continue;
         }
@@ -1085,8 +1263,15 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     }
     qcv_.notify_all();
     for (auto& r : refused) {
-      try_resolve(r, Stage::shut_down,
-                  aborted_error(context("engine shut down before the request completed", r->tag)));
+      if (unavailable) {
+        try_resolve(
+            r, Stage::failed,
+            Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
+      } else {
+        try_resolve(
+            r, Stage::shut_down,
+            aborted_error(context("engine shut down before the request completed", r->tag)));
+      }
     }
   }
 
@@ -1113,24 +1298,27 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         std::lock_guard lock(rng_mu_);
         wait = opt_.retry.backoff(attempts + 1, rng_);
       }
-      if (now + wait >= r->deadline) {
+      const Clock::time_point retry_at = saturating_add(now, wait);
+      if (retry_at >= r->deadline) {
         why_not = "no time left before the deadline for attempt " + std::to_string(attempts + 1);
       } else if (!budget_.try_retry(now)) {
         retries_denied_.fetch_add(1, std::memory_order_relaxed);
         why_not = "retry budget exhausted";
       } else {
         {
-          std::lock_guard lock(qmu_);
+          std::unique_lock lock(qmu_);
           Stage exp = Stage::running;
           if (!r->stage.compare_exchange_strong(exp, Stage::retry_wait,
                                                 std::memory_order_acq_rel)) {
-            return;  // ended meanwhile (deadline, cancel)
+            lock.unlock();
+            late_failure(1, st, *r);  // ended meanwhile (deadline, cancel)
+            return;
           }
           r->batch.reset();
           retry_waiting_.emplace(r.get(), r);
         }
         retries_.fetch_add(1, std::memory_order_relaxed);
-        TimerId id = timer_.add(now + wait, [this, r] { requeue_after_backoff(r); });
+        TimerId id = timer_.add(retry_at, [this, r] { requeue_after_backoff(r); });
         std::lock_guard tl(r->timer_mu);
         r->retry_timer = id;
         return;
@@ -1144,16 +1332,21 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       msg += "; last error: " + st.to_string();
       final = Status(st.code(), context(msg, r->tag));
     }
-    try_resolve(r, detail::stage_for_error(final.code()), std::move(final));
+    const Status copy = final;
+    if (!try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
+      late_failure(1, copy, *r);  // ended meanwhile (deadline, cancel)
+    }
   }
 
   void requeue_after_backoff(const std::shared_ptr<Request>& r) {
     bool shut = false;
+    std::optional<Status> unavailable;
     {
       std::lock_guard lock(qmu_);
       auto it = retry_waiting_.find(r.get());
       if (it == retry_waiting_.end()) return;  // ended meanwhile
-      if (stopping_ && mode_ == ShutdownMode::cancel) {
+      unavailable = no_workers_;
+      if ((stopping_ && mode_ == ShutdownMode::cancel) || unavailable) {
         shut = true;
       } else {
         retry_waiting_.erase(it);
@@ -1164,6 +1357,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         r->enqueued = Clock::now();
         queue_.push_back(r);  // retries do not count against queue_capacity
       }
+    }
+    if (shut && unavailable) {
+      try_resolve(
+          r, Stage::failed,
+          Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
+      return;
     }
     if (shut) {
       try_resolve(
@@ -1225,36 +1424,127 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   }
 
   /// Replaces a hung worker's stream and model instance (worker thread only). The old ones are
-  /// destroyed by the reaper thread, so a kernel that ignores its stop token cannot block this
-  /// worker; batches still queued on the old stream come back through requeue_all.
+  /// destroyed by a reaper thread, so a kernel that ignores its stop token cannot block this
+  /// worker; until that destruction returns they count as abandoned (worker_loop bounds them).
+  /// Batches still queued on the old stream come back through requeue_all. A failed attempt is
+  /// retried after a backoff; after RecoveryOptions::max_recycle_attempts in a row the worker
+  /// gives up (worker_gave_up).
   void recycle(Worker& w) {
     std::unique_ptr<Stream> old_stream = std::move(w.stream);
     std::unique_ptr<ModelInstance> old_instance = std::move(w.instance);
+    const bool abandon = old_stream != nullptr || old_instance != nullptr;
     {
       std::lock_guard lock(w.mu);
       ++w.generation;
+      if (abandon) ++w.abandoned;
     }
-    Status s = make_stream_and_instance(w, intra_op_threads_);
+    if (abandon) {
+      w.recycles.fetch_add(1, std::memory_order_relaxed);
+      Task reap([&w, s = std::move(old_stream), i = std::move(old_instance)]() mutable {
+        s.reset();  // waits for its running work where the backend cannot stop it
+        i.reset();
+        {
+          std::lock_guard lock(w.mu);
+          --w.abandoned;
+        }
+        w.cv.notify_all();
+      });
+      if (!reaper_.post(std::move(reap))) reap();  // NOLINT(bugprone-use-after-move)
+    }
+    const Status s = make_stream_and_instance(w, intra_op_threads_);
+    int failures = 0;
+    bool gave_up = false;
+    std::chrono::milliseconds wait{0};
     {
       std::lock_guard lock(w.mu);
       if (s.ok()) {
         w.recycle = false;
         w.recycle_wanted.store(false, std::memory_order_release);
+        w.recycle_failures = 0;
+        w.last_error.clear();
       } else {
-        // Try again after a cool-down; meanwhile the other workers serve the queue.
-        w.breaker = Breaker::open;
-        w.open_until =
-            Clock::now() + std::max(opt_.breaker.cooldown, std::chrono::milliseconds(100));
-        std::fprintf(stderr, "asyncinfer: worker %d could not be recycled: %s\n", w.index,
-                     s.to_string().c_str());
+        failures = ++w.recycle_failures;
+        w.last_error = s.to_string();
+        if (failures >= opt_.recovery.max_recycle_attempts) {
+          w.gave_up = true;
+          gave_up = true;
+        } else {
+          wait = recycle_backoff(failures);
+          w.next_recycle = deadline_after(wait);
+        }
       }
     }
-    w.recycles.fetch_add(1, std::memory_order_relaxed);
-    Task reap([s = std::move(old_stream), i = std::move(old_instance)]() mutable {
-      s.reset();
-      i.reset();
-    });
-    if (!reaper_.post(std::move(reap))) reap();  // NOLINT(bugprone-use-after-move)
+    if (s.ok()) return;
+    w.recycle_attempts_failed.fetch_add(1, std::memory_order_relaxed);
+    if (gave_up) {
+      worker_gave_up(w, "worker " + std::to_string(w.index) +
+                            " is unhealthy: no model instance after " + std::to_string(failures) +
+                            " attempt" + (failures == 1 ? "" : "s") +
+                            "; last error: " + s.to_string());
+      return;
+    }
+    recycle_log_.log(LogLevel::warning,
+                     "engine: worker " + std::to_string(w.index) +
+                         " could not replace its stream and model instance (attempt " +
+                         std::to_string(failures) + " of " +
+                         std::to_string(opt_.recovery.max_recycle_attempts) + "; next in " +
+                         ms_text(wait) + "): " + s.to_string());
+  }
+
+  /// The wait after `failures` failed attempts in a row: recycle_backoff doubled per further
+  /// failure, capped (saturating: max() waits for good).
+  std::chrono::milliseconds recycle_backoff(int failures) const {
+    std::chrono::milliseconds wait = opt_.recovery.recycle_backoff;
+    for (int i = 1; i < failures && wait < opt_.recovery.max_recycle_backoff; ++i) {
+      wait = detail::saturating_sum(wait, wait);
+    }
+    return std::min(wait, opt_.recovery.max_recycle_backoff);
+  }
+
+  /// A worker gave up for good. When it was the last one that could serve, everything queued or
+  /// waiting to retry fails `unavailable` with `cause`, and later submits are refused with it.
+  void worker_gave_up(Worker& w, const std::string& cause) {
+    log(LogLevel::error, "engine: " + cause);
+    w.cv.notify_all();
+    if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    const Status st = unavailable_error("no worker of the engine can serve requests: " + cause);
+    std::vector<std::shared_ptr<Request>> victims;
+    {
+      std::lock_guard lock(qmu_);
+      no_workers_ = st;
+      for (Request* r : queue_.all()) victims.push_back(r->queue_ref);
+      for (auto& [ptr, ref] : retry_waiting_) victims.push_back(ref);
+    }
+    space_cv_.notify_all();  // blocked submits are refused now
+    for (auto& r : victims) {
+      try_resolve(r, Stage::failed, Status(st.code(), context(std::string(st.message()), r->tag)));
+    }
+    notify_progress();
+  }
+
+  /// A worker's health and why (under w.mu).
+  std::pair<WorkerHealth, std::string> health_of(const Worker& w) const {
+    if (w.gave_up) {
+      return {WorkerHealth::unhealthy, "no model instance after " +
+                                           std::to_string(w.recycle_failures) +
+                                           " attempts; last error: " + w.last_error};
+    }
+    const int max_abandoned = opt_.recovery.max_abandoned_instances;
+    if ((w.recycle && w.abandoned > 0 && w.abandoned >= max_abandoned) ||
+        w.abandoned > max_abandoned) {
+      return {WorkerHealth::paused, "waiting for " + std::to_string(w.abandoned) +
+                                        " abandoned model instance(s) to finish their work "
+                                        "(max_abandoned_instances " +
+                                        std::to_string(max_abandoned) + ")"};
+    }
+    if (w.recycle) {
+      return {WorkerHealth::recovering,
+              w.last_error.empty()
+                  ? std::string("replacing its stream and model instance after a hang")
+                  : "replacing its stream and model instance after a hang; attempt " +
+                        std::to_string(w.recycle_failures) + " failed: " + w.last_error};
+    }
+    return {WorkerHealth::healthy, std::string()};
   }
 
   void breaker_success(Worker& w) {
@@ -1270,15 +1560,23 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
         code == StatusCode::aborted) {
       return;  // the request's fault or the caller's choice, not the worker's health
     }
+    bool opened = false;
     {
       std::lock_guard lock(w.mu);
       ++w.consecutive_failures;
       if (w.breaker == Breaker::half_open ||
           w.consecutive_failures >= opt_.breaker.failure_threshold) {
         w.breaker = Breaker::open;
-        w.open_until = Clock::now() + opt_.breaker.cooldown;
+        w.breaker_open.store(true, std::memory_order_release);
+        w.open_until = deadline_after(opt_.breaker.cooldown);  // max(): open for good
         w.consecutive_failures = 0;
+        opened = true;
       }
+    }
+    if (opened) {
+      // A worker waiting for work in next_batch must not take the next request now.
+      { std::lock_guard lock(qmu_); }
+      qcv_.notify_all();
     }
   }
 
@@ -1299,18 +1597,31 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       mode_ = mode;
     }
     cancel_mode_.store(mode == ShutdownMode::cancel, std::memory_order_release);
+    if (mode == ShutdownMode::cancel) workers_exit_.store(true, std::memory_order_release);
     stopping_flag_.store(true, std::memory_order_release);
     wake_everyone();
     if (mode == ShutdownMode::drain) {
       std::unique_lock lock(qmu_);
-      const Clock::time_point until = saturating_add(Clock::now(), drain_timeout);
-      const bool drained = drain_cv_.wait_until(lock, until, [this] {
+      const Clock::time_point until = deadline_after(drain_timeout);
+      const auto drained_or_cancelled = [this] {
         return mode_ == ShutdownMode::cancel ||
                (queue_.empty() && retry_waiting_.empty() && inflight_batches_ == 0);
-      });
+      };
+      bool drained = true;
+      if (detail::no_limit(until)) {
+        drain_cv_.wait(lock, drained_or_cancelled);
+      } else {
+        drained = drain_cv_.wait_until(lock, until, drained_or_cancelled);
+      }
       if (!drained || mode_ == ShutdownMode::cancel) {
         lock.unlock();
         escalate_to_cancel();
+      } else {
+        // Drained: workers still waiting (a breaker cool-down, a recycle backoff, abandoned
+        // work) have nothing left to do.
+        lock.unlock();
+        workers_exit_.store(true, std::memory_order_release);
+        wake_everyone();
       }
     } else {
       cancel_all();
@@ -1339,6 +1650,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       mode_ = ShutdownMode::cancel;
     }
     cancel_mode_.store(true, std::memory_order_release);
+    workers_exit_.store(true, std::memory_order_release);
     stopping_flag_.store(true, std::memory_order_release);
     wake_everyone();
     cancel_all();
@@ -1395,6 +1707,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
       std::lock_guard lock(reasons_mu_);
       m.failures_by_reason = failures_by_reason_;
       m.rejections_by_reason = rejections_by_reason_;
+      m.late_failures_by_reason = late_failures_by_reason_;
     }
     m.batches = batches_.load();
     m.attempts = attempts_.load();
@@ -1402,6 +1715,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     m.retries_denied_by_budget = retries_denied_.load();
     m.split_batches = split_batches_.load();
     m.late_completions = late_completions_.load();
+    m.late_failures = late_failures_.load();
     m.callback_exceptions = callback_exceptions_.load();
     m.model_exceptions = model_exceptions_.load();
     m.watchdog_fired = watchdog_fired_.load();
@@ -1412,6 +1726,24 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     }
     m.inflight_requests = inflight_requests_.load();
     m.batches_per_s = m.uptime_s > 0 ? static_cast<double>(m.batches) / m.uptime_s : 0;
+    m.result_store_size = static_cast<std::int64_t>(store_.size());
+    if (opt_.ordered_delivery) {
+      std::vector<std::pair<std::int64_t, const std::string*>> keys;
+      std::lock_guard lock(order_mu_);
+      for (const auto& [key, q] : orders_) {
+        const auto n = static_cast<std::int64_t>(q.next_assign - q.next_deliver);
+        m.ordered_backlog_total += n;
+        if (n > 0) keys.emplace_back(n, &key);
+      }
+      constexpr std::size_t kMaxKeys = 64;  // bounded: keys may be one per client
+      if (keys.size() > kMaxKeys) {
+        std::nth_element(keys.begin(), keys.begin() + kMaxKeys, keys.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        keys.resize(kMaxKeys);
+      }
+      for (const auto& [n, key] : keys) m.ordered_backlog.emplace(*key, n);
+    }
+    m.live_workers = live_workers_.load();
     for (const auto& w : workers_) {
       WorkerMetrics wm;
       wm.index = w->index;
@@ -1421,10 +1753,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                      : w->breaker == Breaker::open ? "open"
                                                    : "half_open";
         wm.inflight_batches = w->inflight;
+        wm.abandoned_instances = w->abandoned;
+        auto [health, reason] = health_of(*w);
+        wm.health = std::string(to_string(health));
+        wm.health_reason = std::move(reason);
       }
       wm.batches = w->batches.load();
       wm.failed_batches = w->failed_batches.load();
       wm.recycles = w->recycles.load();
+      wm.recycle_failures = w->recycle_attempts_failed.load();
+      wm.stream_batches = w->stream_batches.load();
       m.workers.push_back(std::move(wm));
     }
     m.queue_us = queue_us_.snapshot();
@@ -1432,6 +1770,37 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     m.request_us = request_us_.snapshot();
     m.batch_size = batch_size_.snapshot();
     return m;
+  }
+
+  EngineHealth health() const {
+    EngineHealth h;
+    h.live = !stopping_flag_.load(std::memory_order_acquire);
+    int healthy = 0;
+    std::string first_reason;
+    for (const auto& w : workers_) {
+      WorkerStatus ws;
+      ws.index = w->index;
+      {
+        std::lock_guard lock(w->mu);
+        auto [health, reason] = health_of(*w);
+        ws.health = health;
+        ws.reason = std::move(reason);
+      }
+      if (ws.health == WorkerHealth::healthy) {
+        ++healthy;
+      } else if (first_reason.empty()) {
+        first_reason = "worker " + std::to_string(ws.index) + " " +
+                       std::string(to_string(ws.health)) + ": " + ws.reason;
+      }
+      h.workers.push_back(std::move(ws));
+    }
+    h.ready = h.live && healthy > 0;
+    if (!h.live) {
+      h.reason = "the engine is shut down";
+    } else if (!h.ready) {
+      h.reason = "no healthy worker (" + first_reason + ")";
+    }
+    return h;
   }
 
   std::string context(const std::string& what, const std::string& tag) const {
@@ -1466,13 +1835,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::unordered_map<Request*, std::shared_ptr<Request>> retry_waiting_;  // under qmu_
   std::int64_t inflight_batches_ = 0;                                     // under qmu_
   std::uint64_t next_seq_ = 0;                                            // under qmu_
+  std::optional<Status> no_workers_;  // under qmu_: every worker gave up (worker_gave_up)
   std::atomic<bool> stopping_flag_{false};
   std::atomic<bool> cancel_mode_{false};
+  std::atomic<bool> workers_exit_{false};  // shutdown(cancel) began or a drain finished
+  std::atomic<int> live_workers_{0};       // workers that have not given up
 
   std::vector<std::unique_ptr<Worker>> workers_;
   detail::ResultStore store_;
 
-  std::mutex order_mu_;
+  mutable std::mutex order_mu_;
   std::unordered_map<std::string, OrderQueue> orders_;
 
   detail::RetryBudget budget_;
@@ -1495,12 +1867,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<std::uint64_t> retries_denied_{0};
   std::atomic<std::uint64_t> split_batches_{0};
   std::atomic<std::uint64_t> late_completions_{0};
+  std::atomic<std::uint64_t> late_failures_{0};
   std::atomic<std::uint64_t> callback_exceptions_{0};
   std::atomic<std::uint64_t> model_exceptions_{0};
   std::atomic<std::uint64_t> watchdog_fired_{0};
   mutable std::mutex reasons_mu_;
   std::map<std::string, std::uint64_t> failures_by_reason_;
   std::map<std::string, std::uint64_t> rejections_by_reason_;
+  std::map<std::string, std::uint64_t> late_failures_by_reason_;  // under reasons_mu_
+  LogLimiter late_log_;     // late failures: their messages, rate-limited
+  LogLimiter recycle_log_;  // failed recycle attempts
   Histogram queue_us_;
   Histogram compute_us_;
   Histogram request_us_;
@@ -1541,6 +1917,8 @@ Status validate_options(const EngineOptions& o, const ModelSignature& sig, std::
   if (o.default_timeout && o.default_timeout->count() <= 0)
     return bad("default_timeout must be > 0");
   if (o.watchdog.count() < 0) return bad("watchdog must be >= 0");
+  Status rec = o.recovery.validate();
+  if (!rec.ok()) return rec.with_context("EngineOptions");
   if (o.breaker.failure_threshold < 0) return bad("breaker.failure_threshold must be >= 0");
   if (o.result_store_capacity < 1) return bad("result_store_capacity must be >= 1");
   if (o.result_ttl.count() < 0) return bad("result_ttl must be >= 0");
@@ -1570,6 +1948,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
     }
     max_rows = asked > 0 ? asked : (model_max > 0 ? model_max : kDefaultMaxBatchSize);
   }
+  if (options.workers < 0) return invalid_argument_error("EngineOptions: workers must be >= 0");
+  options = resolve_options(*model, *device, std::move(options));
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));
   options.batching.max_batch_size = max_rows;  // what Engine::options() reports
   auto core = std::make_shared<EngineCore>(std::move(model), std::move(device), std::move(options),
@@ -1580,6 +1960,20 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
     return s;
   }
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
+}
+
+EngineOptions Engine::resolve_options(const Model& model, const Device& device,
+                                      EngineOptions options) {
+  // The thread rule (docs/models.md, "Threads"): single-thread instances, one per core where the
+  // model computes on host cores. A team of intra-op threads spins at every parallel region for
+  // its slowest member and collapses when another process takes a core; workers do not.
+  constexpr int kMaxAutoWorkers = 16;  // each worker holds its own copy of the model
+  if (options.workers == 0) {
+    options.workers =
+        model.uses_host_cores(device) ? std::min(detail::available_cores(), kMaxAutoWorkers) : 1;
+  }
+  if (options.intra_op_threads == 0) options.intra_op_threads = 1;
+  return options;
 }
 
 Engine::Engine(std::shared_ptr<EngineCore> core) : core_(std::move(core)) {}
@@ -1619,6 +2013,8 @@ void Engine::shutdown(ShutdownMode mode, std::optional<std::chrono::milliseconds
 }
 
 EngineMetrics Engine::metrics() const { return core_->metrics(); }
+
+EngineHealth Engine::health() const { return core_->health(); }
 
 const ModelSignature& Engine::signature() const noexcept { return core_->sig_; }
 

@@ -1,10 +1,16 @@
 // request.hpp (internal) — a request's record and a batch's record inside the engine.
 //
-// Life of a request (Stage): queued → running → (retry_wait → queued → running)* → terminal.
-// Every change of stage is a compare-and-swap, and changes out of `queued` happen under the queue
-// mutex (the batcher moves queued → running under it too), so exactly one party ends a request:
-// completion, deadline, cancel, retry exhaustion or shutdown. The loser of a race does nothing
-// (a late result is counted and dropped).
+// Life of a request (Stage): submitting → queued → running → (retry_wait → queued → running)* →
+// terminal. Every change of stage is a compare-and-swap, and changes out of `submitting` and
+// `queued` happen under the queue mutex (the batcher moves queued → running under it too), so
+// exactly one party ends a request: completion, deadline, cancel, retry exhaustion or shutdown.
+// The loser of a race does nothing (a late result is counted and dropped).
+//
+// `submitting` is the window between a request becoming visible (the id API registers it in the
+// result store first) and its acceptance. Whatever ends it there (cancel(id)) does not end it:
+// it records the reason in `refusal`, and accept() refuses the request with it, so the request
+// is never accepted, never counted as submitted, and takes no place in the ordered-delivery
+// sequence (its submit returns the error).
 #pragma once
 
 #include <atomic>
@@ -22,6 +28,7 @@
 namespace asyncinfer::detail {
 
 enum class Stage : std::uint8_t {
+  submitting,
   queued,
   running,
   retry_wait,
@@ -36,6 +43,7 @@ inline bool is_final(Stage s) noexcept { return s >= Stage::completed; }
 
 inline RequestState to_state(Stage s) noexcept {
   switch (s) {
+    case Stage::submitting:
     case Stage::queued:
     case Stage::retry_wait:
       return RequestState::pending;
@@ -86,7 +94,10 @@ struct Request {
   Clock::time_point enqueued{};  ///< this attempt's entry into the queue
   Clock::time_point deadline = Clock::time_point::max();
 
-  std::atomic<Stage> stage{Stage::queued};
+  std::atomic<Stage> stage{Stage::submitting};
+  /// Set while `submitting` by whoever would have ended it; accept() refuses with it. Under the
+  /// queue mutex.
+  std::optional<Status> refusal;
   std::atomic<int> attempts{0};  ///< executions so far (read by the deadline message too)
   bool solo = false;  ///< run alone (a failed batch is being split); under the queue mutex
   Status last_error;  ///< the last failed attempt's error; under timer_mu
@@ -122,6 +133,8 @@ struct Batch {
   std::stop_source stop;
   std::atomic<int> live{0};       ///< requests not yet ended early
   std::atomic<bool> done{false};  ///< completion point handled (vs the watchdog)
+  /// Counted in its worker's batches on the stream (launched, completion point not yet run).
+  std::atomic<bool> on_stream{false};
   Clock::time_point compute_start{};
   TimerId watchdog;
   std::mutex watchdog_mu;

@@ -87,6 +87,8 @@ std::shared_ptr<Request> RequestQueue::remove(Request* r) {
 }
 
 Request* RequestQueue::next(Clock::time_point now, std::chrono::microseconds aging) const noexcept {
+  // microseconds::max() means "never aged": compared in the clock's unit without overflow.
+  const Clock::duration limit = saturating_cast<Clock::duration>(aging);
   Request* best = nullptr;
   for (Request* h : heads_) {
     if (h == nullptr) continue;
@@ -97,8 +99,8 @@ Request* RequestQueue::next(Clock::time_point now, std::chrono::microseconds agi
     }
     // A lower level's head that has waited past the aging limit competes as if at the top
     // level; among such requests the older wins.
-    const bool h_aged = now - h->enqueued >= aging;
-    const bool best_aged = best->level == 0 || now - best->enqueued >= aging;
+    const bool h_aged = now - h->enqueued >= limit;
+    const bool best_aged = best->level == 0 || now - best->enqueued >= limit;
     if (h_aged && (!best_aged || h->enqueued < best->enqueued)) best = h;
   }
   return best;

@@ -17,7 +17,7 @@ void ResultStore::purge_expired(Clock::time_point now) {
       finished_.pop_front();
       continue;
     }
-    if (now - it->second.finished_at < ttl_) break;
+    if (now - it->second.finished_at < ttl_ticks_) break;
     std::string id = finished_.front();
     finished_.pop_front();
     entries_.erase(it);

@@ -27,7 +27,7 @@ namespace asyncinfer::detail {
 class ResultStore {
  public:
   ResultStore(std::size_t capacity, std::chrono::milliseconds ttl)
-      : capacity_(capacity), ttl_(ttl) {}
+      : capacity_(capacity), ttl_(ttl), ttl_ticks_(saturating_cast<Clock::duration>(ttl)) {}
 
   /// Registers a live request under its id. already_exists while that id is live; a finished
   /// entry with the same id is replaced. resource_exhausted when every entry is live.
@@ -55,6 +55,7 @@ class ResultStore {
 
   const std::size_t capacity_;
   const std::chrono::milliseconds ttl_;
+  const Clock::duration ttl_ticks_;  // ttl_ in the clock's unit, saturating (max() never expires)
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> entries_;
   std::list<std::string> finished_;  // oldest finished first

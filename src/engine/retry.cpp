@@ -20,7 +20,10 @@ std::chrono::microseconds RetryPolicy::backoff(int next_attempt, std::mt19937_64
   const double cap = static_cast<double>(max_backoff.count());
   const double ceiling = std::min(cap, base * std::pow(multiplier, n - 1));
   std::uniform_real_distribution<double> dist(0.0, std::max(0.0, ceiling));
-  return std::chrono::microseconds(static_cast<std::int64_t>(dist(rng)));
+  // max_backoff = microseconds::max() is "no cap": the double may reach 2^63, which no int64
+  // holds, so convert saturating.
+  return detail::saturating_cast<std::chrono::microseconds>(
+      std::chrono::duration<double, std::micro>(dist(rng)));
 }
 
 Status RetryPolicy::validate() const {
@@ -44,6 +47,21 @@ Status RetryPolicy::validate() const {
   if (budget_ratio < 0 || budget_min_retries_per_s < 0 || budget_window.count() < 1000) {
     return invalid_argument_error(
         "retry budget: ratio and min retries per second must be >= 0 and the window >= 1000 ms");
+  }
+  return Status();
+}
+
+Status RecoveryOptions::validate() const {
+  if (max_recycle_attempts < 1) {
+    return invalid_argument_error("recovery.max_recycle_attempts must be >= 1, got " +
+                                  std::to_string(max_recycle_attempts));
+  }
+  if (recycle_backoff.count() < 0 || max_recycle_backoff.count() < 0) {
+    return invalid_argument_error("recovery: recycle_backoff and max_recycle_backoff must be >= 0");
+  }
+  if (max_abandoned_instances < 0) {
+    return invalid_argument_error("recovery.max_abandoned_instances must be >= 0, got " +
+                                  std::to_string(max_abandoned_instances));
   }
   return Status();
 }

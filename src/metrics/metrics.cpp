@@ -25,6 +25,24 @@ std::string fmt(double v) {
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
+
+/// A label value as the text format wants it: backslash, double quote and newline escaped.
+std::string label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 }  // namespace
 
 double HistogramSnapshot::percentile(double q) const noexcept {
@@ -100,7 +118,7 @@ void append_prometheus_histogram(std::string& out, std::string_view name, std::s
 
 std::string EngineMetrics::to_prometheus(std::string_view prefix) const {
   const std::string p(prefix);
-  const std::string model_label = "model=\"" + model + "\"";
+  const std::string model_label = "model=\"" + label_value(model) + "\"";
   std::string out;
   auto counter = [&](const std::string& name, const std::string& help, std::uint64_t v,
                      const std::string& extra = "") {
@@ -134,6 +152,13 @@ std::string EngineMetrics::to_prometheus(std::string_view prefix) const {
           retries_denied_by_budget);
   counter("inference_late_completions", "Results that arrived after their request ended",
           late_completions);
+  out += "# HELP " + p +
+         "_inference_late_failures Failures that arrived after their request ended, by reason\n";
+  out += "# TYPE " + p + "_inference_late_failures counter\n";
+  for (const auto& [reason, n] : late_failures_by_reason) {
+    out += p + "_inference_late_failures{" + model_label + ",reason=\"" + reason + "\"} " +
+           std::to_string(n) + "\n";
+  }
   counter("inference_callback_exceptions", "Exceptions thrown by user callbacks",
           callback_exceptions);
   counter("inference_model_exceptions", "Exceptions thrown by the model", model_exceptions);
@@ -141,12 +166,61 @@ std::string EngineMetrics::to_prometheus(std::string_view prefix) const {
   gauge("inference_queue_depth", "Requests waiting in the queue", static_cast<double>(queue_depth));
   gauge("inference_pending_request_count", "Requests accepted and not yet ended",
         static_cast<double>(inflight_requests));
-  for (const WorkerMetrics& w : workers) {
-    const std::string l = "{" + model_label + ",worker=\"" + std::to_string(w.index) + "\"}";
-    out += p + "_worker_breaker_open" + l + " " + (w.breaker == "closed" ? "0" : "1") + "\n";
-    out += p + "_worker_batches" + l + " " + std::to_string(w.batches) + "\n";
-    out += p + "_worker_recycles" + l + " " + std::to_string(w.recycles) + "\n";
+  gauge("inference_retry_waiting", "Requests waiting for their retry backoff",
+        static_cast<double>(retry_waiting));
+  gauge("result_store_size", "Entries of the id-based API's result store",
+        static_cast<double>(result_store_size));
+  gauge("ordered_backlog_total",
+        "Ordered delivery: requests accepted and not yet delivered, all keys",
+        static_cast<double>(ordered_backlog_total));
+  out += "# HELP " + p +
+         "_ordered_backlog Ordered delivery: requests accepted and not yet delivered, per "
+         "sequence key (the 64 largest)\n";
+  out += "# TYPE " + p + "_ordered_backlog gauge\n";
+  for (const auto& [key, n] : ordered_backlog) {
+    out += p + "_ordered_backlog{" + model_label + ",key=\"" + label_value(key) + "\"} " +
+           std::to_string(n) + "\n";
   }
+  gauge("live_workers", "Workers that have not given up (healthy, recovering or paused)",
+        static_cast<double>(live_workers));
+  // Per worker, one metric family at a time (the text format wants each family in one group).
+  auto per_worker = [&](const std::string& name, const std::string& help, const char* type,
+                        auto value) {
+    out +=
+        "# HELP " + p + "_" + name + " " + help + "\n# TYPE " + p + "_" + name + " " + type + "\n";
+    for (const WorkerMetrics& w : workers) {
+      out += p + "_" + name + "{" + model_label + ",worker=\"" + std::to_string(w.index) + "\"} " +
+             value(w) + "\n";
+    }
+  };
+  per_worker("worker_breaker_open", "1 while the worker's circuit breaker is open or half open",
+             "gauge",
+             [](const WorkerMetrics& w) { return std::string(w.breaker == "closed" ? "0" : "1"); });
+  per_worker("worker_healthy", "1 while the worker is healthy (serving)", "gauge",
+             [](const WorkerMetrics& w) { return std::string(w.health == "healthy" ? "1" : "0"); });
+  out += "# HELP " + p + "_worker_health The worker's health, one series per state\n";
+  out += "# TYPE " + p + "_worker_health gauge\n";
+  for (const WorkerMetrics& w : workers) {
+    for (const char* state : {"healthy", "recovering", "paused", "unhealthy"}) {
+      out += p + "_worker_health{" + model_label + ",worker=\"" + std::to_string(w.index) +
+             "\",state=\"" + state + "\"} " + (w.health == state ? "1" : "0") + "\n";
+    }
+  }
+  per_worker("worker_batches", "Batches executed by the worker", "counter",
+             [](const WorkerMetrics& w) { return std::to_string(w.batches); });
+  per_worker("worker_recycles", "Stream and model instance replaced after a hang", "counter",
+             [](const WorkerMetrics& w) { return std::to_string(w.recycles); });
+  per_worker("worker_recycle_failures", "Failed attempts to create a replacement instance",
+             "counter", [](const WorkerMetrics& w) { return std::to_string(w.recycle_failures); });
+  per_worker("worker_inflight_batches", "Batches holding one of the worker's in-flight slots",
+             "gauge", [](const WorkerMetrics& w) { return std::to_string(w.inflight_batches); });
+  per_worker("worker_stream_batches",
+             "Batches launched on the worker's streams and not yet complete, abandoned ones "
+             "included",
+             "gauge", [](const WorkerMetrics& w) { return std::to_string(w.stream_batches); });
+  per_worker("worker_abandoned_instances",
+             "Replaced model instances whose work still runs (not yet destroyed)", "gauge",
+             [](const WorkerMetrics& w) { return std::to_string(w.abandoned_instances); });
   append_prometheus_histogram(out, p + "_inference_queue_duration_us",
                               "Time requests spent queued (us)", queue_us, model_label);
   append_prometheus_histogram(out, p + "_inference_compute_infer_duration_us",

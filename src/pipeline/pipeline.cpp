@@ -103,16 +103,8 @@ std::string PipelineMetrics::to_prometheus(std::string_view prefix) const {
 
 namespace {
 
-/// `t + d` without overflow; a duration too long to represent means "never".
-template <class Rep, class Period>
-Clock::time_point saturating_add(Clock::time_point t, std::chrono::duration<Rep, Period> d) {
-  if (d <= std::chrono::duration<Rep, Period>::zero()) return t;
-  if (d >= std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(Clock::time_point::max() -
-                                                                          t)) {
-    return Clock::time_point::max();
-  }
-  return t + std::chrono::duration_cast<Clock::duration>(d);
-}
+using detail::deadline_after;
+using detail::saturating_add;
 
 enum class IState : std::uint8_t { active, ok, failed, timed_out, cancelled, shut_down };
 
@@ -673,7 +665,7 @@ class PipelineCore {
     bool drained = mode == ShutdownMode::drain;
     if (drained) {
       std::unique_lock lock(window_mu_);
-      drained = drain_cv_.wait_until(lock, saturating_add(Clock::now(), drain_timeout),
+      drained = drain_cv_.wait_until(lock, deadline_after(drain_timeout),
                                      [this] { return in_flight_ == 0; });
     }
     if (!drained) {

@@ -56,9 +56,9 @@ int run_until_signalled(InferenceServer& server, std::span<Frontend* const> fron
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + drain_timeout;
+  server.begin_drain();  // readiness false first: the log line below is after it
   log(std::string("received ") + signal_name(first) + ": not ready; draining for up to " +
       std::to_string(drain_timeout.count()) + " ms (a second signal cancels the drain)");
-  server.begin_drain();
   for (Frontend* f : frontends) f->stop_accepting();
 
   std::atomic<bool> drained{false};

@@ -258,6 +258,29 @@ TEST(CliJson, TimeoutsAreCountedByReason) {
   EXPECT_EQ(j["failures"]["deadline_exceeded"], 10);
 }
 
+// --contention: quiet and busy runs alternate, and the medians are compared in the JSON.
+TEST(CliJson, ContentionAlternatesQuietAndBusyRunsAndComparesMedians) {
+  const CliRun r = run_cli(
+      "bench --model 'builtin:fixed_cost?base_us=500' --device sim --concurrency 4 "
+      "--duration-s 0.3 --contention 1 --contention-rounds 2 --quiet --json -");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = parse_or_fail(r);
+  check_document(j, "contention", 4);
+  const char* labels[] = {"async c=4 quiet #1", "async c=4 busy1 #1", "async c=4 quiet #2",
+                          "async c=4 busy1 #2"};
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["runs"][i]["label"], labels[i]);
+    check_run(j["runs"][i], true);
+  }
+  ASSERT_TRUE(j.contains("contention")) << j.dump(2);
+  EXPECT_EQ(j["contention"]["busy_processes"], 1);
+  EXPECT_EQ(j["contention"]["rounds"], 2);
+  EXPECT_GT(j["contention"]["quiet_rps_median"].get<double>(), 0.0);
+  EXPECT_GT(j["contention"]["contended_rps_median"].get<double>(), 0.0);
+  EXPECT_GT(j["contention"]["contended_over_quiet"].get<double>(), 0.0);
+  EXPECT_EQ(j["config"]["contention"], 1);
+}
+
 TEST(CliJson, CsvAndReportFiles) {
   const std::string csv = temp_path("out.csv");
   const std::string html = temp_path("out.html");

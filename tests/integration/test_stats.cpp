@@ -2,12 +2,21 @@
 // option checks of `asyncinfer bench` (bench_options.hpp).
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_options.hpp"
+#include "contention.hpp"
 #include "stats.hpp"
 
 namespace asyncinfer::cli {
@@ -141,6 +150,44 @@ TEST(ReportHelpers, HistogramCountsEverySample) {
   EXPECT_EQ(t2, 3U);
 }
 
+// ---- --contention's busy load ------------------------------------------------------------------
+
+/// The scheduler state of a process ('R' running, 'S' sleeping, ...), or 0 when it is gone.
+char state_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? '\0' : stat[close + 2];
+}
+
+TEST(BusyLoad, ChildrenSpinAndAreGoneOnceItIsDestroyed) {
+  std::vector<pid_t> pids;
+  {
+    auto load = BusyLoad::start(2, std::chrono::milliseconds(60'000));
+    ASSERT_TRUE(load.ok()) << load.status();
+    pids = load->children();
+    ASSERT_EQ(pids.size(), 2u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (pid_t p : pids) EXPECT_EQ(state_of(p), 'R') << "a busy child is not running";
+  }
+  for (pid_t p : pids) {
+    EXPECT_EQ(kill(p, 0), -1) << "child " << p << " outlived the load";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+TEST(BusyLoad, EachChildStopsByItselfAfterItsLimit) {
+  auto load = BusyLoad::start(1, std::chrono::milliseconds(30));
+  ASSERT_TRUE(load.ok()) << load.status();
+  const pid_t p = load->children().at(0);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (state_of(p) != 'Z' && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(state_of(p), 'Z') << "the busy child did not end after its 30 ms limit";
+}
+
 TEST(BenchOptionsParse, Dims) {
   auto d = parse_dims("1x32x32", "--input-shape");
   ASSERT_TRUE(d.ok());
@@ -243,9 +290,30 @@ TEST(BenchOptionsValidate, DefaultsAndErrorsNameTheOption) {
   sh.input_shapes = {InputShapeArg{"", {1}}, InputShapeArg{"", {2}}};
   expect_names(check(sh), "--input-shape");
   BenchOptions wk = base();
-  wk.workers = 0;
+  wk.workers = -1;  // 0 is "auto"
   expect_names(check(wk), "--workers");
 }
 
 }  // namespace
+TEST(BenchOptionsValidate, ThreadsAndContentionOptions) {
+  BenchOptions t = base();
+  t.intra_op_threads = -1;
+  expect_names(check(t), "--intra-op-threads");
+  BenchOptions c = base();
+  c.contention = -1;
+  expect_names(check(c), "--contention");
+  BenchOptions r = base();
+  r.contention = 1;
+  r.contention_rounds = 0;
+  expect_names(check(r), "--contention-rounds");
+  BenchOptions cmp = base();
+  cmp.contention = 1;
+  cmp.compare = {Mode::sync, Mode::async};
+  expect_names(check(cmp), "--contention");
+  BenchOptions ok = base();
+  ok.contention = 2;
+  ok.workers = 0;  // auto
+  EXPECT_TRUE(check(ok).ok());
+}
+
 }  // namespace asyncinfer::cli

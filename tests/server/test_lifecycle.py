@@ -96,21 +96,22 @@ class Deadlines(harness.unittest.TestCase):
         self.assertEqual(results["busy"][0], 200, results["busy"])
 
     def test_priority_orders_queued_requests(self):
-        # Behind 0.6 s of work: a priority-3 request queued first, a priority-1 one after it.
+        # Behind 2 s of work: a priority-3 request queued first, a priority-1 one after it (the
+        # margins are for a loaded machine, where a client thread may start late).
         results = {}
-        busy = post_in_thread(self.server.url + SLOW, slow_body(600_000), results, "busy")
-        time.sleep(0.2)
+        busy = post_in_thread(self.server.url + SLOW, slow_body(2_000_000), results, "busy")
+        time.sleep(0.4)
         done = []
 
         def send(name, priority):
-            body = json.loads(slow_body(1000, rid=name))
+            body = json.loads(slow_body(200_000, rid=name))  # 0.2 s apart at the end
             body["parameters"] = {"priority": priority}
             r = requests.post(self.server.url + SLOW, data=json.dumps(body), timeout=30)
             done.append((name, r.status_code))
 
         low = threading.Thread(target=send, args=("low", 3))
         low.start()
-        time.sleep(0.1)
+        time.sleep(0.4)
         high = threading.Thread(target=send, args=("high", 1))
         high.start()
         for t in (busy, low, high):
@@ -336,7 +337,10 @@ class Soak(harness.unittest.TestCase):
             time.sleep(0.2)
             rss1, fds1 = proc_usage(server.proc.pid)
             self.assertEqual(fds1, fds0)
-            self.assertLess(rss1 - rss0, 16 * 1024, (rss0, rss1))  # kB
+            with open("/proc/%d/maps" % server.proc.pid) as f:
+                sanitized = any(lib in f.read() for lib in ("libasan", "libtsan"))
+            if not sanitized:  # ASan's quarantine and TSan's shadow memory grow by design
+                self.assertLess(rss1 - rss0, 16 * 1024, (rss0, rss1))  # kB
             self.assertGreaterEqual(
                 metric(server, "asyncinfer_inference_request_success", model="identity",
                        version="2"), 110_000)

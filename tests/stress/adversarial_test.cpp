@@ -341,8 +341,11 @@ void id_race(bool check_balance) {
         if (s.ok()) {
           ++submitted;
         } else {
+          // cancelled: a cancel(id) landed while this submit was still running, so the request
+          // was refused (never accepted).
           EXPECT_TRUE(s.code() == StatusCode::already_exists ||
-                      s.code() == StatusCode::resource_exhausted)
+                      s.code() == StatusCode::resource_exhausted ||
+                      s.code() == StatusCode::cancelled)
               << s;
         }
       }
@@ -401,16 +404,14 @@ TEST(AdvEngine, CancelReleaseAndResultByIdRaceEndsEveryRequestOnce) {
   id_race(/*check_balance=*/true);
 }
 
-// DEFECT: cancel(id) racing the submit(id) that registers it ends the request twice.
-// EngineCore::submit_id (engine.cpp) inserts the request into the result store *before*
-// accept() queues it; the request's stage starts as `queued`. A cancel(id) in that window finds
-// it, and try_resolve (engine.cpp, the `cur == Stage::queued` branch) "removes" it from a queue it
-// is not in (RequestQueue::remove returns null), marks it cancelled and finishes it. accept() then
-// queues the cancelled request anyway; next_batch stores `running` over the final stage (a plain
-// store, not a CAS) and runs it, and the completion finishes it a second time: two terminal
-// states, two counters, inflight_requests goes negative, status(id) flips cancelled -> running ->
-// completed. The window is wide with QueueFullPolicy::block (accept waits for room while the id
-// is already registered), which makes this deterministic; with reject it is a narrow race.
+// DEFECT (fixed twice): cancel(id) racing the submit(id) that registers it. EngineCore::submit_id
+// inserts the request into the result store *before* accept() queues it, and with
+// QueueFullPolicy::block accept() waits for room with the id already registered, so a
+// cancel(id) lands inside submit deterministically. First it ended the request twice (cancelled,
+// then run and completed). Then it was "accepted and already resolved" without a place in the
+// ordered-delivery sequence, which stalled its key forever (issue 13). Now the request is still
+// `submitting` there: the cancel is recorded, and the submit refuses the request with it — never
+// accepted, never run, no place in the order, nothing counted but the rejection.
 TEST(AdvEngine, CancelByIdWhileItsSubmitIsBlockedNeverRunsIt) {
   EngineOptions o;
   o.workers = 1;
@@ -433,20 +434,17 @@ TEST(AdvEngine, CancelByIdWhileItsSubmitIsBlockedNeverRunsIt) {
   std::this_thread::sleep_for(10ms);  // the producer is inside accept(), waiting for room
   const Status c = engine->cancel("victim");
   producer.join();
-  auto r = engine->result("victim", 10'000ms);
+  EXPECT_TRUE(c.ok()) << c;
+  EXPECT_EQ(submit_status.code(), StatusCode::cancelled) << submit_status;
+  EXPECT_EQ(engine->status("victim"), RequestState::unknown) << "a refused id stays registered";
+  EXPECT_EQ(engine->result("victim", 1000ms).status().code(), StatusCode::not_found);
   EXPECT_TRUE(get_within(running).ok());
   EXPECT_TRUE(get_within(queued).ok());
   engine->shutdown(ShutdownMode::drain);
-  if (c.ok()) {
-    EXPECT_FALSE(submit_status.ok() && engine->status("victim") == RequestState::completed)
-        << "cancel(victim) returned ok, submit returned " << submit_status
-        << ", and the request then ran to completion";
-    EXPECT_EQ(r.status().code(), StatusCode::cancelled);
-    EXPECT_EQ(engine->status("victim"), RequestState::cancelled)
-        << "the cancelled request ran after all";
-  }
   const auto m = engine->metrics();
-  EXPECT_EQ(m.batches, c.ok() ? 2u : 3u) << "a cancelled request reached the model";
+  EXPECT_EQ(m.batches, 2u) << "a cancelled request reached the model";
+  EXPECT_EQ(m.submitted, 2u) << "the refused request was counted as accepted";
+  EXPECT_EQ(m.rejections_by_reason.count("cancelled"), 1u);
   expect_balanced(m, "cancel during blocked submit");
 }
 
@@ -661,6 +659,126 @@ TEST(AdvEngine, DISABLED_OrderedDeliveryCallbackMayWaitOnAnotherFuture) {
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(*r) << "the inner future was not delivered while the callback waited for it";
   engine->shutdown(ShutdownMode::cancel);
+}
+
+// Issue 13: cancels racing blocked and unblocked submits on several keys, with shutdown racing
+// them. Each producer owns one key and submits callbacks (whose order it can check) between ids
+// that a canceller cancels at random, some while their submit waits for room. Before the fix a
+// cancel inside submit stalled the key for good.
+TEST(AdvEngine, OrderedKeysSurviveCancelsInsideBlockedSubmitsAndShutdown) {
+  for (const ShutdownMode mode : {ShutdownMode::drain, ShutdownMode::cancel}) {
+    SCOPED_TRACE(mode == ShutdownMode::drain ? "drain" : "cancel");
+    EngineOptions o;
+    o.workers = 2;
+    o.queue_capacity = 4;
+    o.queue_full_policy = QueueFullPolicy::block;
+    o.submit_timeout = 2'000'000us;
+    o.ordered_delivery = true;
+    o.completion_threads = 2;
+    auto engine = make_engine("builtin:fixed_cost?base_us=300", "sim", o);
+    ASSERT_TRUE(engine);
+    constexpr int kProducers = 3;
+    std::mutex mu;
+    std::map<int, std::vector<int>> delivered;
+    std::atomic<int> callbacks_accepted{0};
+    std::atomic<int> callbacks_called{0};
+    std::atomic<int> next_id{0};
+    std::atomic<bool> stop{false};
+    {
+      std::vector<std::jthread> producers;
+      for (int p = 0; p < kProducers; ++p) {
+        producers.emplace_back([&, p] {
+          RequestOptions ro;
+          ro.sequence_key = "k" + std::to_string(p);
+          for (int i = 0; !stop.load(); ++i) {
+            if (i % 2 == 0) {
+              const Status s = engine->submit(
+                  one(1),
+                  [&, p, i](const Result<Outputs>&) {
+                    {
+                      std::lock_guard lock(mu);
+                      delivered[p].push_back(i);
+                    }
+                    ++callbacks_called;
+                  },
+                  ro);
+              if (s.ok()) ++callbacks_accepted;
+            } else {
+              (void)engine->submit("x" + std::to_string(next_id++), one(1), ro);
+            }
+          }
+        });
+      }
+      std::jthread canceller([&] {
+        std::mt19937 g(7);
+        while (!stop.load()) {
+          const int n = next_id.load();
+          if (n > 0) (void)engine->cancel("x" + std::to_string(rnd(g, n)));
+        }
+      });
+      std::this_thread::sleep_for(400ms);
+      engine->shutdown(mode, 5000ms);
+      stop.store(true);
+    }
+    ASSERT_TRUE(eventually([&] { return callbacks_called.load() == callbacks_accepted.load(); }))
+        << callbacks_called.load() << " of " << callbacks_accepted.load() << " callbacks ran";
+    std::lock_guard lock(mu);
+    for (const auto& [key, order] : delivered) {
+      for (std::size_t j = 1; j < order.size(); ++j) {
+        ASSERT_LT(order[j - 1], order[j]) << "key " << key << " delivered out of submit order";
+      }
+    }
+    expect_balanced(engine->metrics(), "ordered keys, cancels inside submits");
+    EXPECT_EQ(engine->metrics().ordered_backlog_total, 0);
+  }
+}
+
+// Issue 13: shutdown (either mode) racing hang-watchdog recycles whose model cannot create new
+// instances after the first two, with uncancellable work of random length. Shutdown must return
+// (within the drain timeout plus the work that cannot be stopped), everything ends once.
+TEST(AdvEngine, ShutdownRacesRecyclesThatKeepFailing) {
+  set_log_hook([](LogLevel, std::string_view) {});
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(round);
+    EngineOptions o;
+    o.workers = 2;
+    o.watchdog = 10ms;
+    o.recovery.max_recycle_attempts = 3 + round;
+    o.recovery.recycle_backoff = 5ms;
+    o.drain_timeout = 300ms;
+    auto model = std::make_shared<testing::ControlledModel>(
+        2 + round % 2, [](int call) { return std::chrono::milliseconds((call * 7919) % 40); },
+        [](int call) { return std::chrono::milliseconds(call % 5 == 0 ? 15 : 0); });
+    auto device = open_device(round % 2 == 0 ? "cpu" : "sim");
+    auto created = Engine::create(model, *device, o);
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<Engine> engine = std::move(*created);
+    std::atomic<bool> stop{false};
+    {
+      std::vector<std::jthread> producers;
+      for (int t = 0; t < 2; ++t) {
+        producers.emplace_back([&, t] {
+          for (int i = 0; !stop.load(); ++i) {
+            if (t == 0) {
+              auto f = engine->submit(one(1));
+              (void)f;
+            } else {
+              (void)engine->submit("p" + std::to_string(i), one(1));
+            }
+            if (i % 8 == 0) std::this_thread::sleep_for(1ms);
+          }
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 + 60 * round));
+      testing::must_return_within(20'000ms, "shutdown racing failing recycles", [&] {
+        engine->shutdown(round % 2 == 0 ? ShutdownMode::drain : ShutdownMode::cancel);
+      });
+      stop.store(true);
+    }
+    expect_balanced(engine->metrics(), "failing recycles");
+    testing::must_return_within(20'000ms, "~Engine", [&] { engine.reset(); });
+  }
+  set_log_hook(nullptr);
 }
 
 // ==== 6. retry + deadline + watchdog + breaker with a hanging/faulty model on sim ===============

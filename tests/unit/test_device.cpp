@@ -202,9 +202,16 @@ TEST_P(DeviceConformance, HostFunctionsRunExactlyOnceInStreamOrder) {
     ASSERT_TRUE(s->launch_host_func([&, i](Status st) {
                    EXPECT_TRUE(st.ok()) << st;
                    calls[static_cast<std::size_t>(i)]++;
-                   std::lock_guard lock(mu);
-                   order.push_back(i);
-                   if (order.size() == kN) all.set_value(1);
+                   bool last = false;
+                   {
+                     std::lock_guard lock(mu);
+                     order.push_back(i);
+                     last = order.size() == kN;
+                   }
+                   // Last, with `mu` released: once the test wakes, its locals are gone. (Set
+                   // under the lock, the unlock after it wrote into the test's freed stack: TSan
+                   // saw a torn mutex pointer in the teardown, "unlock of an unlocked mutex".)
+                   if (last) all.set_value(1);
                  }).ok());
   }
   ASSERT_TRUE(get_within(all_f).ok());

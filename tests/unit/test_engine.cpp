@@ -457,7 +457,7 @@ TEST(Engine, CreateRejectsBadOptionsByName) {
   auto model = *load_model("builtin:identity");
   auto device = *open_device("cpu");
   EngineOptions o;
-  o.workers = 0;
+  o.workers = -1;  // 0 is "auto"
   auto r = Engine::create(model, device, o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("workers"), std::string_view::npos);

@@ -17,7 +17,7 @@ class CpuStream final : public HostStream {
   Status run_kernel(Kernel& kernel, Clock::time_point /*enqueued_at*/,
                     std::stop_token stop) override {
     if (kernel.duration.count() > 0) {
-      const auto end = Clock::now() + kernel.duration;
+      const auto end = deadline_after(kernel.duration);  // max(): until stopped
       const bool done = kernel.spin ? spin_until(end, stop) : sleep_until(end, stop);
       if (!done) return cancelled_error("kernel '" + kernel.name + "' stopped before completion");
     }

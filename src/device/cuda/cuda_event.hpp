@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "asyncinfer/detail/chrono.hpp"
 #include "device/cuda/cuda_common.hpp"
 
 namespace asyncinfer::detail::cuda {
@@ -37,13 +38,6 @@ using std::chrono::nanoseconds;
 
 /// The longest a timed wait sleeps before it checks the stream or event with a CUDA query.
 constexpr auto kWakeEvery = std::chrono::milliseconds(50);
-
-inline Clock::time_point deadline_after(nanoseconds timeout) {
-  const Clock::time_point now = Clock::now();
-  if (timeout <= nanoseconds::zero()) return now;
-  if (timeout > std::chrono::hours(24 * 365)) return Clock::time_point::max();
-  return now + timeout;
-}
 
 inline std::string micros(nanoseconds t) {
   return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(t).count()) + " us";

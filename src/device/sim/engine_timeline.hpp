@@ -50,8 +50,9 @@ class EngineTimeline {
     }
     const std::size_t index = fit < free_at_.size() ? fit : first;
     const Clock::time_point start = std::max(earliest, free_at_[index]);
-    free_at_[index] = start + duration;
-    return {index, start, start + duration};
+    const Clock::time_point end = saturating_add(start, duration);  // max(): until released
+    free_at_[index] = end;
+    return {index, start, end};
   }
 
   /// Gives back the unused end of `slot`, cut short at `at`, unless the engine was reserved

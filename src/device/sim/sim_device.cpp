@@ -117,7 +117,9 @@ class SimDevice final : public Device {
   std::atomic<int> next_stream_{0};
 };
 
-nanoseconds from_us(double us) { return nanoseconds(static_cast<std::int64_t>(us * 1000.0)); }
+nanoseconds from_us(double us) {
+  return saturating_cast<nanoseconds>(std::chrono::duration<double, std::micro>(us));
+}
 
 class SimStream final : public HostStream {
  public:
@@ -127,7 +129,9 @@ class SimStream final : public HostStream {
 
  protected:
   Status run_kernel(Kernel& kernel, Clock::time_point enqueued_at, std::stop_token stop) override {
-    const nanoseconds occupancy = kernel.duration + from_us(sim_.config().launch_overhead_us);
+    // duration::max() occupies the engine until the kernel is stopped.
+    const nanoseconds occupancy =
+        saturating_sum(kernel.duration, from_us(sim_.config().launch_overhead_us));
     ASYNCINFER_RETURN_IF_ERROR(
         occupy(EngineClass::compute, enqueued_at, occupancy, stop, "kernel '" + kernel.name + "'"));
     return timed_host_fn(kernel, stop);
@@ -186,7 +190,7 @@ class SimStream final : public HostStream {
     const Clock::time_point t0 = Clock::now();
     Status s = run_host_fn(kernel, std::move(stop));
     const Clock::time_point t1 = Clock::now();
-    ready_at_ = std::max(ready_at_ + (t1 - t0), t1);
+    ready_at_ = std::max(saturating_add(ready_at_, t1 - t0), t1);
     return s;
   }
 

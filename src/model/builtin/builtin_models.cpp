@@ -178,7 +178,9 @@ class BuiltinInstance final : public ModelInstance {
       for (std::int64_t r = 0; r < rows; ++r) extra = std::max(extra, first_element(t, r));
       us += extra;  // items of a batch run in parallel: the slowest one sets the cost
     }
-    return nanoseconds(static_cast<std::int64_t>(std::max(0.0, us) * 1000.0));
+    // Saturating: a cost too large to represent occupies the device until stopped.
+    return saturating_cast<nanoseconds>(
+        std::chrono::duration<double, std::micro>(std::max(0.0, us)));
   }
 
   static Status decide_fault(const BuiltinConfig& cfg, std::int64_t call, const BatchIO& io) {

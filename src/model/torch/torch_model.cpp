@@ -43,7 +43,8 @@
 //     CUDAStreamGuard); outputs are the result device tensors, wrapped without a copy. Elsewhere
 //     create_instance on cuda returns unavailable saying why.
 //
-// Intra-op threads (InstanceOptions::intra_op_threads): Debian's libtorch 1.13 uses the OpenMP
+// Intra-op threads (InstanceOptions::intra_op_threads; the engine's default is 1, with one worker
+// per core instead, see EngineOptions::intra_op_threads): Debian's libtorch 1.13 uses the OpenMP
 // parallel backend (AT_PARALLEL_OPENMP). There the intra-op thread count is OpenMP's nthreads
 // ICV, which is per calling thread, and libgomp keeps one thread team per calling ("master")
 // thread, so every instance gets its own pool of intra_op_threads threads: before each forward
@@ -769,6 +770,10 @@ class TorchModel final : public Model {
   const ModelSignature& signature() const noexcept override { return def_->signature; }
   const std::string& name() const noexcept override { return def_->path; }
   bool cancellable() const noexcept override { return false; }
+  /// cpu and sim: forward runs on the stream's host thread; cuda: on the GPU.
+  bool uses_host_cores(const Device& device) const noexcept override {
+    return device.kind() == DeviceKind::cpu || device.kind() == DeviceKind::sim;
+  }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
                                                          const InstanceOptions& options) override {
