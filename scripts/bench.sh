@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server python)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -114,6 +114,11 @@ for s in "${sections[@]}"; do
     # asyncinfer serve: vs nginx, binary vs JSON, server-side p50, digits over HTTP.
     begin server
     run server scripts/bench_server.sh $B
+    ;;
+  grpc)
+    # gRPC vs HTTP, 1/2/3 servers behind nginx on sim, digits over gRPC vs in process.
+    begin grpc
+    run grpc /usr/bin/python3 scripts/bench_grpc.py $B
     ;;
   python)
     # The Python module against the article's Python designs, side by side (bench/python_bench.py).

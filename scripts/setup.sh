@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages asyncinfer needs (build tools, GoogleTest, Google Benchmark,
 # CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model; for
-# `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, and curl, requests,
-# prometheus_client, h2load, wrk and nginx for its tests and benchmarks; for the Python
-# module: pybind11, the Python headers, numpy, dlpack, pip/setuptools/venv for
-# `pip install .`, pytest + pytest-asyncio for its tests). Idempotent:
+# `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, gRPC C++ with its code generators, and
+# curl, requests, prometheus_client, grpcio, PyYAML, h2load, wrk and nginx (with its stream module)
+# for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
+# pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests). Idempotent:
 # skips apt entirely when everything is already there. Needs root (or sudo).
 set -euo pipefail
 
@@ -18,6 +18,8 @@ packages=(
   pybind11-dev python3-pybind11 python3-dev python3-numpy libdlpack-dev
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
+  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
+  libnginx-mod-stream
 )
 
 missing=()

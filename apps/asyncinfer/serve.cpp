@@ -1,11 +1,14 @@
 // serve.cpp — `asyncinfer serve --model-repository DIR [...]`: the models of a Triton-layout
-// repository over the Open Inference Protocol (HTTP/REST) with Prometheus metrics, until SIGTERM
-// or SIGINT (graceful drain; a second signal cancels it). A thin layer over src/server
-// (docs/serving.md); built only where the server library is (ASYNCINFER_HAVE_SERVER).
+// repository over the Open Inference Protocol (HTTP/REST, and gRPC where it was built) with
+// Prometheus metrics, until SIGTERM or SIGINT (graceful drain; a second signal cancels it). A
+// thin layer over src/server (docs/serving.md); built only where the server library is
+// (ASYNCINFER_HAVE_SERVER; the gRPC frontend: ASYNCINFER_HAVE_GRPC).
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 
@@ -14,6 +17,9 @@
 #include "http_server.hpp"
 #include "inference_server.hpp"
 #include "model_repository.hpp"
+#endif
+#if ASYNCINFER_HAVE_SERVER && ASYNCINFER_HAVE_GRPC
+#include "grpc_server.hpp"
 #endif
 
 #ifndef ASYNCINFER_VERSION
@@ -28,6 +34,9 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int http_port = 8000;
   int metrics_port = 8002;
+  int grpc_port = 8001;
+  std::size_t grpc_max_message_bytes = 64u << 20;
+  double grpc_max_connection_age_s = 0;
   int http_threads = 0;
   double drain_timeout_s = 30;
   double header_timeout_s = 10;
@@ -110,8 +119,34 @@ int run_serve(const ServeOptions& o) {
     log_line("metrics: listening on " + o.host + ":" + std::to_string(http.metrics_port()) +
              " (/metrics)");
   }
+  std::vector<Frontend*> frontends = {&http};
+#if ASYNCINFER_HAVE_GRPC
+  std::optional<GrpcServer> grpc;
+  if (o.grpc_port >= 0) {
+    GrpcOptions go;
+    go.host = o.host;
+    go.port = o.grpc_port;
+    go.max_message_bytes = o.grpc_max_message_bytes;
+    go.max_connection_age = ms(o.grpc_max_connection_age_s);
+    grpc.emplace(core, go);
+    s = grpc->start();
+    if (!s.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n", s.to_string().c_str());
+      return s.code() == StatusCode::invalid_argument ? kExitUsage : kExitRunFailed;
+    }
+    log_line("grpc: listening on " + o.host + ":" + std::to_string(grpc->grpc_port()) +
+             " (inference.GRPCInferenceService, grpc.health.v1.Health; max message " +
+             std::to_string(go.max_message_bytes) + " bytes)");
+    frontends.push_back(&*grpc);
+  }
+#else
+  if (o.grpc_port >= 0) {
+    log_line(
+        "grpc: not built (needs libgrpc++-dev and protobuf-compiler-grpc; run "
+        "scripts/setup.sh and rebuild); serving HTTP only");
+  }
+#endif
   log_line(core.ready() ? "ready" : "not ready: a model failed to load (see above)");
-  Frontend* frontends[] = {&http};
   return run_until_signalled(core, frontends, ms(o.drain_timeout_s), log_line);
 }
 #else
@@ -129,7 +164,8 @@ int run_serve(const ServeOptions&) {
 Command add_serve_command(CLI::App& parent) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* app = parent.add_subcommand(
-      "serve", "Serve a model repository over the Open Inference Protocol (KServe v2) on HTTP");
+      "serve",
+      "Serve a model repository over the Open Inference Protocol (KServe v2) on HTTP and gRPC");
   app->add_option("--model-repository", o->repository,
                   "Triton-layout repository: DIR/<model>/config.pbtxt, DIR/<model>/<version>/")
       ->required();
@@ -141,6 +177,18 @@ Command add_serve_command(CLI::App& parent) {
                   "Prometheus /metrics port (0 = a free port, -1 = off)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 65535));
+  app->add_option("--grpc-port", o->grpc_port, "gRPC port (0 = a free port, logged; -1 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 65535));
+  app->add_option("--grpc-max-message-bytes", o->grpc_max_message_bytes,
+                  "Largest gRPC message received or sent (RESOURCE_EXHAUSTED above)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{2147483647}));
+  app->add_option("--grpc-max-connection-age", o->grpc_max_connection_age_s,
+                  "Seconds after which a gRPC connection gets GOAWAY so the client reconnects "
+                  "(spreads clients behind a connection-level balancer; 0 = never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
   app->add_option("--http-threads", o->http_threads, "I/O threads (0 = one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));

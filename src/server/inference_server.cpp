@@ -252,6 +252,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelVersion& model, Infer
   }
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
+  if (request.deadline) options.deadline = *request.deadline;
 
   Future<Outputs> future = model.engine->submit(std::move(inputs), options);
   if (future.is_ready()) {
@@ -285,13 +286,15 @@ Result<InflightRequest> InferenceServer::submit(const ModelVersion& model, Infer
 }
 
 ProtocolMetrics& InferenceServer::protocol_metrics(std::string_view protocol,
-                                                   ProtocolMetrics::Labels labels) {
+                                                   ProtocolMetrics::Labels labels,
+                                                   bool connections) {
   std::lock_guard lock(metrics_mu_);
   auto it = protocols_.find(protocol);
   if (it == protocols_.end()) {
     it = protocols_
              .emplace(std::string(protocol),
-                      std::make_unique<ProtocolMetrics>(std::string(protocol), std::move(labels)))
+                      std::make_unique<ProtocolMetrics>(std::string(protocol), std::move(labels),
+                                                        connections))
              .first;
   }
   return *it->second;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -61,6 +62,9 @@ struct RequestedOutput {
 struct InferRequest {
   std::string id;
   Parameters parameters;
+  /// The transport's own deadline (gRPC's call deadline); the earlier of it and the parameter
+  /// `timeout` applies. None for HTTP.
+  std::optional<Clock::time_point> deadline;
   std::vector<InferInput> inputs;        ///< any order
   std::vector<RequestedOutput> outputs;  ///< empty = every output, in signature order
 };
@@ -163,7 +167,9 @@ class InferenceServer {
   Result<InflightRequest> submit(const ModelVersion& model, InferRequest request, Completion done);
 
   /// Frontend metrics by protocol name ("http", "grpc"); created on first use, never freed.
-  ProtocolMetrics& protocol_metrics(std::string_view protocol, ProtocolMetrics::Labels labels);
+  /// `connections`: whether the frontend counts connections (gRPC's library does not show them).
+  ProtocolMetrics& protocol_metrics(std::string_view protocol, ProtocolMetrics::Labels labels,
+                                    bool connections = true);
   /// The whole /metrics page (Prometheus text format 0.0.4).
   std::string metrics_text() const;
 

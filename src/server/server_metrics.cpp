@@ -48,9 +48,10 @@ ClientMetric histogram(std::vector<ClientMetric::Label> labels, const HistogramS
 
 }  // namespace
 
-ProtocolMetrics::ProtocolMetrics(std::string protocol, Labels labels)
+ProtocolMetrics::ProtocolMetrics(std::string protocol, Labels labels, bool connections)
     : protocol_(std::move(protocol)),
       labels_(std::move(labels)),
+      connections_families_(connections),
       requests_(labels_.values.size()) {}
 
 void ProtocolMetrics::count_request(std::size_t index) noexcept {
@@ -79,6 +80,12 @@ void ProtocolMetrics::collect(std::vector<MetricFamily>& out) const {
                                 static_cast<double>(requests(i)), MetricType::Counter));
   }
   out.push_back(std::move(req));
+  if (connections_families_) collect_connections(p, out);
+  collect_latency(p, out);
+}
+
+void ProtocolMetrics::collect_connections(const std::string& p,
+                                          std::vector<MetricFamily>& out) const {
   MetricFamily active = family(p + "active_connections", "Connections open now", MetricType::Gauge);
   active.metric.push_back(
       sample({}, static_cast<double>(active_.load(std::memory_order_relaxed)), MetricType::Gauge));
@@ -93,6 +100,9 @@ void ProtocolMetrics::collect(std::vector<MetricFamily>& out) const {
   rejected.metric.push_back(sample(
       {}, static_cast<double>(rejected_.load(std::memory_order_relaxed)), MetricType::Counter));
   out.push_back(std::move(rejected));
+}
+
+void ProtocolMetrics::collect_latency(const std::string& p, std::vector<MetricFamily>& out) const {
   MetricFamily lat = family(p + "infer_duration_us",
                             "Server-side time of inference requests, request read to response "
                             "sent (us)",

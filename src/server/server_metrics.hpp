@@ -34,7 +34,9 @@ class ProtocolMetrics {
     std::string name;
     std::vector<std::string> values;
   };
-  ProtocolMetrics(std::string protocol, Labels labels);
+  /// `connections` false: the connection families are left out (a frontend that cannot see its
+  /// connections, as gRPC's).
+  ProtocolMetrics(std::string protocol, Labels labels, bool connections = true);
 
   /// Counts one finished request under label value `index` (into Labels::values).
   void count_request(std::size_t index) noexcept;
@@ -57,8 +59,13 @@ class ProtocolMetrics {
   void collect(std::vector<prometheus::MetricFamily>& out) const;
 
  private:
+  void collect_connections(const std::string& prefix,
+                           std::vector<prometheus::MetricFamily>& out) const;
+  void collect_latency(const std::string& prefix, std::vector<prometheus::MetricFamily>& out) const;
+
   std::string protocol_;
   Labels labels_;
+  bool connections_families_ = true;
   std::vector<std::atomic<std::uint64_t>> requests_;
   std::atomic<std::int64_t> active_{0};
   std::atomic<std::uint64_t> connections_{0};

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE_REPOSITORY = os.path.join(ROOT, "examples", "model_repository")
 DIGITS_CONFIG = os.path.join(ROOT, "examples", "model_repository_digits", "digits", "config.pbtxt")
 
-ARGS = argparse.Namespace(cli=None, digits=None)
+ARGS = argparse.Namespace(cli=None, digits=None, grpc_stubs=None)
 
 
 def parse_args():
@@ -32,9 +32,13 @@ def parse_args():
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--cli", required=True)
     p.add_argument("--digits", default=None)
+    p.add_argument("--grpc-stubs", default=None)  # Python stubs made from the project's .proto
     known, rest = p.parse_known_args()
     ARGS.cli = known.cli
     ARGS.digits = known.digits
+    ARGS.grpc_stubs = known.grpc_stubs
+    if known.grpc_stubs:
+        sys.path.insert(0, known.grpc_stubs)
     sys.argv = [sys.argv[0]] + rest
 
 
@@ -50,12 +54,15 @@ class Server:
         self.lines = []
         self.http_port = None
         self.metrics_port = None
+        self.grpc_port = None
         self._cond = threading.Condition()
         self._reader = None
 
     def start(self):
         cmd = [ARGS.cli, "serve", "--model-repository", self.repository,
                "--http-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"] + self.extra
+        if "--grpc-port" not in self.extra:
+            cmd += ["--grpc-port", "0"]  # never Triton's 8001: tests run side by side
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -65,7 +72,13 @@ class Server:
             while not self._started():
                 left = deadline - time.monotonic()
                 if left <= 0 or self.proc.poll() is not None:
-                    raise RuntimeError("server did not start:\n" + "\n".join(self.lines))
+                    text = "\n".join(self.lines)
+                    self._cond.release()
+                    try:
+                        self.stop()
+                    finally:
+                        self._cond.acquire()
+                    raise RuntimeError("server did not start:\n" + text)
                 self._cond.wait(min(left, 0.1))
         return self
 
@@ -83,6 +96,9 @@ class Server:
                 m = re.search(r"metrics: listening on [^ ]+:(\d+)", line)
                 if m:
                     self.metrics_port = int(m.group(1))
+                m = re.search(r"grpc: listening on [^ ]+:(\d+)", line)
+                if m:
+                    self.grpc_port = int(m.group(1))
                 self._cond.notify_all()
 
     def wait_line(self, pattern, timeout=10):
@@ -105,6 +121,10 @@ class Server:
     @property
     def url(self):
         return "http://127.0.0.1:%d" % self.http_port
+
+    @property
+    def grpc_target(self):
+        return "127.0.0.1:%d" % self.grpc_port
 
     @property
     def metrics_url(self):

@@ -1,0 +1,90 @@
+// grpc_server.hpp — the gRPC frontend of `asyncinfer serve`: inference.GRPCInferenceService
+// (the Open Inference Protocol's gRPC service, with Triton's ModelStreamInfer and
+// RepositoryIndex; grpc_service.proto) and the standard grpc.health.v1.Health service, on one port
+// (Triton's default 8001).
+//
+// Design: gRPC C++'s callback API (Debian's libgrpc++ 1.51). Every call is a reactor driven by
+// the library's own threads; no thread is parked on a call, a stream or a request. ModelInfer is a
+// ServerUnaryReactor: the request is decoded (oip_grpc.hpp) and submitted to its engine
+// (InferenceServer::submit), and the engine's completion callback encodes the response and
+// finishes the reactor. ModelStreamInfer is a ServerBidiReactor that keeps reading while its
+// requests run (up to max_stream_inflight at once, then reading pauses: HTTP/2 flow control pushes
+// back on the client), writes each response as its request completes — so responses come back
+// in completion order, matched by id — and writes one at a time from a queue. The two inference
+// methods take the raw ByteBuffer and parse it themselves, so a message that is not a
+// ModelInferRequest is INVALID_ARGUMENT with a message (the library would answer INTERNAL, or end
+// a stream as if the client had half-closed).
+//
+// Mapping onto the engine: the call's deadline is the request's deadline (the earlier of it and
+// the request parameter `timeout`); a client cancel or disconnect (OnCancel) cancels the engine
+// request, so its slot is free at once; error codes map one to one (status_mapping.hpp); the
+// deadline of a stream applies to each of its requests.
+//
+// Health: grpc.health.v1.Health is gRPC's own implementation (EnableDefaultHealthCheckService);
+// the service "" and "inference.GRPCInferenceService" are SERVING while the server is ready and
+// NOT_SERVING once it drains (Kubernetes' gRPC probes ask for "" by default).
+//
+// Shutdown (frontend.hpp): stop_accepting() turns health to NOT_SERVING and starts
+// grpc::Server::Shutdown on a thread of its own — the port closes, clients get GOAWAY, calls in
+// progress go on — and finishes the streams that have nothing in flight (UNAVAILABLE "server is
+// shutting down", so the client reopens elsewhere); a busy stream finishes once its requests are
+// answered. stop() cancels what is left and waits for Shutdown to return.
+//
+// Thread safety: start/stop_accepting/stop may be called from any thread; the InferenceServer
+// must outlive stop().
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "frontend.hpp"
+#include "inference_server.hpp"
+
+namespace asyncinfer::server {
+
+struct GrpcOptions {
+  /// Address to listen on (IPv4 or IPv6 literal, or "localhost").
+  std::string host = "127.0.0.1";
+  /// Triton's default; 0 = a free port (grpc_port() returns it).
+  int port = 8001;
+  /// Largest message received or sent; gRPC's own default is 4 MB, Triton's inputs reach more.
+  /// Over it: RESOURCE_EXHAUSTED.
+  std::size_t max_message_bytes = 64u << 20;
+  /// Requests of one stream running at once; reading pauses at the limit.
+  std::size_t max_stream_inflight = 256;
+  /// GRPC_ARG_MAX_CONNECTION_AGE_MS: a connection older than this gets GOAWAY (its calls go on for
+  /// max_connection_age_grace), so clients reconnect and a connection-level (L4) balancer spreads
+  /// them again. 0 = never.
+  std::chrono::milliseconds max_connection_age{0};
+  std::chrono::milliseconds max_connection_age_grace{30'000};
+};
+
+class GrpcServer : public Frontend {
+ public:
+  GrpcServer(InferenceServer& server, GrpcOptions options);
+  ~GrpcServer() override;
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+
+  /// Binds the port and starts serving. invalid_argument for a bad host, port or message size;
+  /// unavailable when the port cannot be bound (in use: the listener does not share ports, so a
+  /// second server cannot silently take half of another's connections).
+  Status start();
+  /// The bound port (after start).
+  int grpc_port() const noexcept;
+
+  std::string name() const override { return "grpc"; }
+  void stop_accepting() override;
+  /// Calls in progress (a stream counts as one until it ends).
+  std::size_t open_connections() const override;
+  void stop() override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asyncinfer::server
