@@ -13,7 +13,7 @@
 
 Every class and function is the C++ API's (include/asyncinfer/*.hpp) through a thin pybind11
 layer: Engine, Future, AsyncInferQueue (after OpenVINO's), Pipeline and Stage, Model and
-load_model, Device and open_device, RetryPolicy, CircuitBreakerOptions, and one exception class
+load_model, Device and open_device, RetryPolicy, CircuitBreakerOptions, RecoveryOptions, and one exception class
 per status code under asyncinfer.Error. Durations are seconds; see help(asyncinfer.Engine).
 """
 
@@ -39,6 +39,7 @@ from ._asyncinfer import (  # noqa: F401  (re-exported)
     QueueFullPolicy,
     RequestState,
     ResourceExhausted,
+    RecoveryOptions,
     RetryPolicy,
     ShutdownMode,
     Stage,
@@ -74,6 +75,7 @@ __all__ = [
     "QueueFullPolicy",
     "RequestState",
     "ResourceExhausted",
+    "RecoveryOptions",
     "RetryPolicy",
     "ShutdownMode",
     "Stage",

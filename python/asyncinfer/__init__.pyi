@@ -187,6 +187,14 @@ class CircuitBreakerOptions:
     cooldown: float
     def __init__(self, *, failure_threshold: int = 0, cooldown: Seconds = 1.0) -> None: ...
 
+class RecoveryOptions:
+    max_recycle_attempts: int
+    recycle_backoff: float
+    max_recycle_backoff: float
+    max_abandoned_instances: int
+    def __init__(self, *, max_recycle_attempts: int = 5, recycle_backoff: Seconds = 0.1,
+                 max_recycle_backoff: Seconds = 5.0, max_abandoned_instances: int = 1) -> None: ...
+
 # ---- futures ------------------------------------------------------------------------------------
 
 class Future:
@@ -211,7 +219,7 @@ class Engine:
     """The inference engine. A context manager (exit: shutdown('drain')); stopped at
     interpreter exit. Every method is thread-safe; shutdown() not from its own callbacks."""
     def __init__(self, model: Union[Model, str], device: Union[Device, str] = "cpu", *,
-                 workers: int = 1, max_inflight_per_worker: int = 2,
+                 workers: int = 0, max_inflight_per_worker: int = 2,
                  queue_capacity: int = 4096,
                  queue_full_policy: Union[str, QueueFullPolicy] = "reject",
                  submit_timeout: Seconds = 1.0, completion_threads: int = 1,
@@ -223,6 +231,7 @@ class Engine:
                  allow_timeout_override: bool = False, admission_control: bool = False,
                  retry: Union[RetryPolicy, Dict[str, Any], None] = None,
                  breaker: Union[CircuitBreakerOptions, Dict[str, Any], None] = None,
+                 recovery: Union[RecoveryOptions, Dict[str, Any], None] = None,
                  watchdog: Seconds = 0.0, result_store_capacity: int = 65536,
                  result_ttl: Seconds = 60.0, intra_op_threads: int = 0,
                  drain_timeout: Seconds = 30.0) -> None: ...
@@ -254,6 +263,8 @@ class Engine:
                  drain_timeout: Optional[Seconds] = None) -> None:
         """Blocks without the GIL; idempotent. Raises FailedPrecondition from a callback."""
     def metrics(self) -> Dict[str, Any]: ...
+    def health(self) -> Dict[str, Any]:
+        """live, ready, reason, workers (index, health, reason); for a readiness probe."""
     def prometheus(self, prefix: str = "asyncinfer") -> str: ...
     @property
     def signature(self) -> ModelSignature: ...

@@ -132,6 +132,17 @@ CircuitBreakerOptions breaker_arg(const py::object& breaker) {
                 py::repr(breaker).cast<std::string>());
 }
 
+RecoveryOptions recovery_arg(const py::object& recovery) {
+  if (recovery.is_none()) return {};
+  if (py::isinstance<RecoveryOptions>(recovery)) return recovery.cast<RecoveryOptions>();
+  if (PyDict_Check(recovery.ptr())) {
+    py::object cls = py::module_::import("asyncinfer").attr("RecoveryOptions");
+    return cls(**py::reinterpret_borrow<py::dict>(recovery)).cast<RecoveryOptions>();
+  }
+  raise_invalid("recovery: expected asyncinfer.RecoveryOptions or a dict of its fields, got " +
+                py::repr(recovery).cast<std::string>());
+}
+
 py::object optional_seconds(const std::optional<microseconds>& d) {
   if (!d) return py::none();
   return py::float_(to_seconds(*d));
@@ -185,6 +196,12 @@ py::dict metrics_dict(const EngineMetrics& m) {
   d["inflight_requests"] = m.inflight_requests;
   d["retry_waiting"] = m.retry_waiting;
   d["batches_per_s"] = m.batches_per_s;
+  d["late_failures"] = m.late_failures;
+  d["late_failures_by_reason"] = m.late_failures_by_reason;
+  d["result_store_size"] = m.result_store_size;
+  d["ordered_backlog"] = m.ordered_backlog;
+  d["ordered_backlog_total"] = m.ordered_backlog_total;
+  d["live_workers"] = m.live_workers;
   py::list workers;
   for (const WorkerMetrics& w : m.workers) {
     py::dict wd;
@@ -193,6 +210,11 @@ py::dict metrics_dict(const EngineMetrics& m) {
     wd["batches"] = w.batches;
     wd["failed_batches"] = w.failed_batches;
     wd["recycles"] = w.recycles;
+    wd["recycle_failures"] = w.recycle_failures;
+    wd["health"] = w.health;
+    wd["health_reason"] = w.health_reason;
+    wd["stream_batches"] = w.stream_batches;
+    wd["abandoned_instances"] = w.abandoned_instances;
     wd["inflight_batches"] = w.inflight_batches;
     workers.append(wd);
   }
@@ -225,6 +247,7 @@ py::dict options_dict(const EngineOptions& o) {
   d["admission_control"] = o.admission_control;
   d["retry"] = o.retry;
   d["breaker"] = o.breaker;
+  d["recovery"] = o.recovery;
   d["watchdog"] = to_seconds(o.watchdog);
   d["result_store_capacity"] = o.result_store_capacity;
   d["result_ttl"] = to_seconds(o.result_ttl);
@@ -499,7 +522,8 @@ Units: every duration is in seconds (int, float or datetime.timedelta) except
 ``max_queue_delay_us`` (microseconds, Triton's max_queue_delay_microseconds).
 
 Options (defaults are the C++ EngineOptions defaults):
-  workers                 workers (streams + model instances), the article's §3.2 consumers
+  workers                 workers (streams + model instances), the article's §3.2 consumers;
+                          0 = one per core for a model that computes on host cores, else 1
   max_inflight_per_worker batches queued on a worker's stream ahead of completion
   queue_capacity          requests waiting in the queue
   queue_full_policy       'reject' (ResourceExhausted at once) or 'block' (wait up to submit_timeout)
@@ -518,10 +542,11 @@ Options (defaults are the C++ EngineOptions defaults):
   admission_control       refuse at submit a request whose predicted wait exceeds its deadline
   retry                   asyncinfer.RetryPolicy (or a dict of its fields)
   breaker                 asyncinfer.CircuitBreakerOptions (or a dict of its fields)
+  recovery                asyncinfer.RecoveryOptions (or a dict of its fields)
   watchdog                s; 0 = off; a batch not done in this time fails and its worker is recycled
   result_store_capacity   finished results kept for the id-based API
   result_ttl              s; finished results older than this are forgotten
-  intra_op_threads        libtorch threads per instance; 0 = cores ÷ workers
+  intra_op_threads        libtorch threads per instance; 0 = 1 (docs/models.md, "Threads")
   drain_timeout           s; shutdown('drain') falls back to cancel after this long
 
 Raises InvalidArgument naming a bad option; errors creating model instances pass through (e.g.
@@ -689,6 +714,50 @@ worker is taken out for cooldown seconds, then probed with one request.
           },
           "s");
 
+  const RecoveryOptions recd;
+  py::class_<RecoveryOptions>(m, "RecoveryOptions", R"doc(
+How a worker gets a new stream and model instance after the watchdog fired: at most
+max_recycle_attempts tries in a row, waiting recycle_backoff seconds after the first failure and
+doubling up to max_recycle_backoff; then the worker is unhealthy for good (health(), metrics()).
+A worker keeps at most max_abandoned_instances replaced instances whose work still runs; beyond
+that it takes no new work (health 'paused') until one finishes.
+)doc")
+      .def(py::init([](int max_recycle_attempts, const py::object& recycle_backoff,
+                       const py::object& max_recycle_backoff, int max_abandoned_instances) {
+             RecoveryOptions r;
+             r.max_recycle_attempts = max_recycle_attempts;
+             r.recycle_backoff = to_duration_as<milliseconds>(recycle_backoff, "recycle_backoff");
+             r.max_recycle_backoff =
+                 to_duration_as<milliseconds>(max_recycle_backoff, "max_recycle_backoff");
+             r.max_abandoned_instances = max_abandoned_instances;
+             return r;
+           }),
+           py::kw_only(), py::arg("max_recycle_attempts") = recd.max_recycle_attempts,
+           py::arg("recycle_backoff") = to_seconds(recd.recycle_backoff),
+           py::arg("max_recycle_backoff") = to_seconds(recd.max_recycle_backoff),
+           py::arg("max_abandoned_instances") = recd.max_abandoned_instances)
+      .def_readwrite("max_recycle_attempts", &RecoveryOptions::max_recycle_attempts)
+      .def_property(
+          "recycle_backoff", [](const RecoveryOptions& r) { return to_seconds(r.recycle_backoff); },
+          [](RecoveryOptions& r, const py::object& v) {
+            r.recycle_backoff = to_duration_as<milliseconds>(v, "recycle_backoff");
+          },
+          "s")
+      .def_property(
+          "max_recycle_backoff",
+          [](const RecoveryOptions& r) { return to_seconds(r.max_recycle_backoff); },
+          [](RecoveryOptions& r, const py::object& v) {
+            r.max_recycle_backoff = to_duration_as<milliseconds>(v, "max_recycle_backoff");
+          },
+          "s")
+      .def_readwrite("max_abandoned_instances", &RecoveryOptions::max_abandoned_instances)
+      .def("__repr__", [](const RecoveryOptions& r) {
+        return "RecoveryOptions(max_recycle_attempts=" + std::to_string(r.max_recycle_attempts) +
+               ", recycle_backoff=" + std::to_string(to_seconds(r.recycle_backoff)) +
+               ", max_recycle_backoff=" + std::to_string(to_seconds(r.max_recycle_backoff)) +
+               ", max_abandoned_instances=" + std::to_string(r.max_abandoned_instances) + ")";
+      });
+
   const EngineOptions d;
   py::class_<PyEngine>(m, "Engine", kEngineDoc)
       .def(py::init([](const py::object& model, const py::object& device, int workers,
@@ -700,9 +769,10 @@ worker is taken out for cooldown seconds, then probed with one request.
                        std::int64_t max_queue_delay_us, bool split_failed_batches,
                        bool ordered_delivery, const py::object& default_timeout,
                        bool allow_timeout_override, bool admission_control, const py::object& retry,
-                       const py::object& breaker, const py::object& watchdog,
-                       std::size_t result_store_capacity, const py::object& result_ttl,
-                       int intra_op_threads, const py::object& drain_timeout) {
+                       const py::object& breaker, const py::object& recovery,
+                       const py::object& watchdog, std::size_t result_store_capacity,
+                       const py::object& result_ttl, int intra_op_threads,
+                       const py::object& drain_timeout) {
              EngineOptions o;
              o.workers = workers;
              o.max_inflight_per_worker = max_inflight_per_worker;
@@ -725,6 +795,7 @@ worker is taken out for cooldown seconds, then probed with one request.
              o.admission_control = admission_control;
              o.retry = retry_arg(retry);
              o.breaker = breaker_arg(breaker);
+             o.recovery = recovery_arg(recovery);
              o.watchdog = to_duration_as<milliseconds>(watchdog, "watchdog");
              o.result_store_capacity = result_store_capacity;
              o.result_ttl = to_duration_as<milliseconds>(result_ttl, "result_ttl");
@@ -749,7 +820,8 @@ worker is taken out for cooldown seconds, then probed with one request.
            py::arg("default_timeout") = py::none(),
            py::arg("allow_timeout_override") = d.allow_timeout_override,
            py::arg("admission_control") = d.admission_control, py::arg("retry") = py::none(),
-           py::arg("breaker") = py::none(), py::arg("watchdog") = to_seconds(d.watchdog),
+           py::arg("breaker") = py::none(), py::arg("recovery") = py::none(),
+           py::arg("watchdog") = to_seconds(d.watchdog),
            py::arg("result_store_capacity") = d.result_store_capacity,
            py::arg("result_ttl") = to_seconds(d.result_ttl),
            py::arg("intra_op_threads") = d.intra_op_threads,
@@ -867,6 +939,31 @@ batch_size), each a dict with count, sum, max, mean, p50, p90, p99, bounds, coun
           },
           py::arg("prefix") = "asyncinfer",
           "The metrics in the Prometheus text exposition format (0.0.4), names after Triton's.")
+      .def(
+          "health",
+          [](const PyEngine& self) {
+            const EngineHealth h = self.engine().health();
+            py::dict out;
+            out["live"] = h.live;
+            out["ready"] = h.ready;
+            out["reason"] = h.reason;
+            py::list workers;
+            for (const WorkerStatus& w : h.workers) {
+              py::dict wd;
+              wd["index"] = w.index;
+              wd["health"] = std::string(to_string(w.health));
+              wd["reason"] = w.reason;
+              workers.append(wd);
+            }
+            out["workers"] = workers;
+            return out;
+          },
+          R"doc(
+The engine's health, for a readiness probe: a dict with live (shutdown has not begun), ready
+(live and at least one worker healthy), reason (why not ready; '' when ready) and workers, a
+list of dicts with index, health ('healthy', 'recovering', 'paused', 'unhealthy') and reason.
+Never blocks; thread-safe.
+)doc")
       .def_property_readonly(
           "signature", [](const PyEngine& self) { return self.engine().signature(); },
           "The model's ModelSignature.")

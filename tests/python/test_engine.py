@@ -69,7 +69,10 @@ def test_every_engine_option_as_a_keyword():
                    preferred_batch_sizes=[4, 8], max_queue_delay_us=100,
                    split_failed_batches=False, ordered_delivery=True, default_timeout=5.0,
                    allow_timeout_override=True, admission_control=True, retry=retry,
-                   breaker={"failure_threshold": 3, "cooldown": 0.5}, watchdog=2.0,
+                   breaker={"failure_threshold": 3, "cooldown": 0.5},
+                   recovery=asyncinfer.RecoveryOptions(max_recycle_attempts=2,
+                                                       recycle_backoff=0.05),
+                   watchdog=2.0,
                    result_store_capacity=50, result_ttl=30.0, intra_op_threads=1,
                    drain_timeout=3.0)
     with asyncinfer.Engine("builtin:identity", "cpu", **options) as e:
@@ -83,17 +86,36 @@ def test_every_engine_option_as_a_keyword():
             elif key == "breaker":
                 assert got["breaker"].failure_threshold == 3
                 assert got["breaker"].cooldown == pytest.approx(0.5)
+            elif key == "recovery":
+                assert got["recovery"].max_recycle_attempts == 2
+                assert got["recovery"].recycle_backoff == pytest.approx(0.05)
+                assert got["recovery"].max_abandoned_instances == 1
             elif isinstance(value, float):
                 assert got[key] == pytest.approx(value), key
             else:
                 assert got[key] == value, key
         assert e.infer(x())[0].shape == (1, 4)
-    assert set(asyncinfer.Engine("builtin:identity").options) == set(options)
+        h = e.health()
+        assert h["live"] and h["ready"] and h["reason"] == ""
+        assert [w["health"] for w in h["workers"]] == ["healthy", "healthy"]
+        m = e.metrics()
+        assert m["live_workers"] == 2 and m["result_store_size"] == 0
+        assert m["workers"][0]["health"] == "healthy"
+    assert e.health()["live"] is False
+    auto = asyncinfer.Engine("builtin:identity")
+    assert set(auto.options) == set(options)
+    assert auto.options["workers"] == 1  # auto: identity does not compute on host cores
+    assert auto.options["intra_op_threads"] == 1
+    auto.shutdown()
 
 
 def test_bad_options_raise_invalid_argument_naming_them():
     with pytest.raises(asyncinfer.InvalidArgument, match="workers"):
-        asyncinfer.Engine("builtin:identity", workers=0)
+        asyncinfer.Engine("builtin:identity", workers=-1)
+    with pytest.raises(asyncinfer.InvalidArgument, match="recovery"):
+        asyncinfer.Engine("builtin:identity", recovery="often")
+    with pytest.raises(asyncinfer.InvalidArgument, match="max_recycle_attempts"):
+        asyncinfer.Engine("builtin:identity", recovery={"max_recycle_attempts": 0})
     with pytest.raises(asyncinfer.InvalidArgument, match="queue_full_policy"):
         asyncinfer.Engine("builtin:identity", queue_full_policy="sometimes")
     with pytest.raises(asyncinfer.InvalidArgument, match="default_timeout"):
