@@ -47,12 +47,13 @@ InferenceServer::~InferenceServer() {
   if (live()) shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
 }
 
-bool InferenceServer::ready() const noexcept {
+bool InferenceServer::ready() const {
   if (draining() || !live()) return false;
   bool any = false;
   for (const auto& m : repository_->models()) {
     if (options_.strict_readiness && !m->all_ready()) return false;
-    any = any || m->default_version() != nullptr;
+    const ModelVersion* v = m->default_version();
+    any = any || (v != nullptr && v->serving());
   }
   return any || repository_->models().empty();
 }
@@ -70,7 +71,13 @@ Result<const ModelVersion*> InferenceServer::find(std::string_view model,
     return not_found_error("unknown model '" + std::string(model) + "'");
   }
   if (version.empty()) {
-    if (const ModelVersion* v = m->default_version()) return v;
+    if (const ModelVersion* v = m->default_version()) {
+      if (!v->serving()) {
+        return unavailable_error("model '" + m->name + "' version " + v->version_text +
+                                 " is not ready: " + v->unready_reason());
+      }
+      return v;
+    }
     return unavailable_error("model '" + m->name + "' is not ready: " +
                              (m->reason.empty() ? "no version loaded" : m->reason));
   }
@@ -86,9 +93,9 @@ Result<const ModelVersion*> InferenceServer::find(std::string_view model,
     return not_found_error("model '" + m->name + "' has no version " + std::string(version) +
                            " (versions served: " + versions_of(*m) + ")");
   }
-  if (!v->ready()) {
+  if (!v->serving()) {
     return unavailable_error("model '" + m->name + "' version " + v->version_text +
-                             " is not ready: " + v->reason);
+                             " is not ready: " + v->unready_reason());
   }
   return v;
 }

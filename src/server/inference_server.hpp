@@ -130,7 +130,7 @@ class InferenceServer {
   bool live() const noexcept { return !stopped_.load(std::memory_order_acquire); }
   /// Ready when not draining and (strict readiness) every model version is ready, else at least
   /// one is.
-  bool ready() const noexcept;
+  bool ready() const;
   /// Readiness turns false at once; requests go on being served (frontends stop accepting).
   void begin_drain() noexcept { draining_.store(true, std::memory_order_release); }
   bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }

@@ -115,6 +115,8 @@ constexpr std::string_view kKnownParameters[] = {
     "retry_max_backoff_us",
     "ordered_delivery",
     "watchdog_ms",
+    "max_recycle_attempts",
+    "recycle_backoff_ms",
     "max_inflight_per_worker",
     "completion_threads",
     "intra_op_threads",
@@ -159,6 +161,14 @@ Status apply_parameters(const inference::ModelConfig& c, std::string_view model,
     } else if (key == "watchdog_ms") {
       ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 86'400'000));
       e.watchdog = std::chrono::milliseconds(n);
+    } else if (key == "max_recycle_attempts") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 1, 1'000'000));
+      e.recovery.max_recycle_attempts = static_cast<int>(n);
+    } else if (key == "recycle_backoff_ms") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 3'600'000));
+      e.recovery.recycle_backoff = std::chrono::milliseconds(n);
+      e.recovery.max_recycle_backoff =
+          std::max(e.recovery.max_recycle_backoff, e.recovery.recycle_backoff);
     } else if (key == "max_inflight_per_worker") {
       ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 1, 1024));
       e.max_inflight_per_worker = static_cast<int>(n);

@@ -29,9 +29,18 @@ const ModelVersion* ServedModel::find_version(std::int64_t version) const noexce
   return nullptr;
 }
 
-bool ServedModel::all_ready() const noexcept {
+bool ModelVersion::serving() const { return ready() && engine && engine->health().ready; }
+
+std::string ModelVersion::unready_reason() const {
+  if (!ready()) return reason;
+  if (!engine) return "no engine";
+  EngineHealth h = engine->health();
+  return h.ready ? std::string() : std::move(h.reason);
+}
+
+bool ServedModel::all_ready() const {
   if (!reason.empty() || versions.empty()) return false;
-  return std::all_of(versions.begin(), versions.end(), [](const auto& v) { return v->ready(); });
+  return std::all_of(versions.begin(), versions.end(), [](const auto& v) { return v->serving(); });
 }
 
 namespace {

@@ -55,7 +55,14 @@ struct ModelVersion {
   std::int64_t max_batch_size = 0;
   std::unique_ptr<Engine> engine;  ///< null unless ready
 
+  /// Loaded (the engine was made).
   bool ready() const noexcept { return state == ModelState::ready; }
+  /// Loaded and able to serve now: its engine is ready (Engine::health(); a version whose workers
+  /// all lost their model instances for good, as on a lost device, is not). What the model
+  /// readiness endpoints, the server's readiness and the ready gauge report. Thread-safe.
+  bool serving() const;
+  /// Why it cannot serve: the load error, or the engine's health reason; "" when serving.
+  std::string unready_reason() const;
 };
 
 /// A model folder of the repository.
@@ -69,8 +76,8 @@ struct ServedModel {
   /// The highest ready version; null when none is ready.
   const ModelVersion* default_version() const noexcept;
   const ModelVersion* find_version(std::int64_t version) const noexcept;
-  /// True when the config was usable and every selected version is ready.
-  bool all_ready() const noexcept;
+  /// True when the config was usable and every selected version is serving.
+  bool all_ready() const;
 };
 
 class ModelRepository {

@@ -134,7 +134,7 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
       const std::vector<ClientMetric::Label> l = {{"model", model->name},
                                                   {"version", v->version_text}};
       add(p + "model_ready", "1 when the model version is loaded and serving", MetricType::Gauge,
-          sample(l, v->ready() ? 1 : 0, MetricType::Gauge));
+          sample(l, v->serving() ? 1 : 0, MetricType::Gauge));
       if (!v->engine) continue;
       const EngineMetrics m = v->engine->metrics();
       auto counter = [&](const char* name, const char* help, std::uint64_t value) {

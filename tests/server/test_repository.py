@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import time
 
 import requests
 
@@ -104,6 +105,58 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
     def test_without_strict_readiness(self):
         with Server(self.repo.path, "--strict-readiness", "false") as server:
             self.assertEqual(requests.get(server.url + "/v2/health/ready").status_code, 200)
+
+
+class LostDevice(harness.unittest.TestCase):
+    """A version whose only worker cannot get a model instance any more (the device is lost for
+    good) turns not ready on every readiness surface, naming why; the other models serve."""
+
+    def test_unhealthy_engine_is_not_ready(self):
+        repo = Repository()
+        try:
+            repo.add("good", identity_config("good"))
+            # The first call hangs past the watchdog; the replacement instance is refused.
+            repo.add("lost", builtin_config(
+                "lost", "builtin:faulty?mode=hang&first=1&instances=1&shape=16",
+                [("input0", "TYPE_FP32", [16])], [("output0", "TYPE_FP32", [16])], extra="""
+instance_group [ { count: 1, kind: KIND_CPU } ]
+parameters { key: "watchdog_ms" value { string_value: "200" } }
+parameters { key: "max_recycle_attempts" value { string_value: "2" } }
+parameters { key: "recycle_backoff_ms" value { string_value: "50" } }
+"""))
+            with Server(repo.path) as server:
+                url = server.url
+                body = json.dumps({"inputs": [{"name": "input0", "shape": [1, 16],
+                                               "datatype": "FP32", "data": [1] * 16}]})
+                self.assertEqual(requests.get(url + "/v2/models/lost/ready").status_code, 200)
+                self.assertEqual(requests.get(url + "/v2/health/ready").status_code, 200)
+                r = requests.post(url + "/v2/models/lost/infer", data=body, timeout=20)
+                self.assertNotEqual(r.status_code, 200, r.text)  # the watchdog failed it
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    r = requests.get(url + "/v2/models/lost/ready", timeout=10)
+                    if r.status_code != 200:
+                        break
+                    time.sleep(0.05)
+                self.assertEqual(r.status_code, 400, r.text)
+                self.assertIn("device is lost", r.json()["error"])
+                r = requests.get(url + "/v2/health/ready", timeout=10)
+                self.assertEqual(r.status_code, 503, r.text)
+                r = requests.post(url + "/v2/models/lost/infer", data=body, timeout=10)
+                self.assertEqual(r.status_code, 503, r.text)
+                self.assertIn("not ready", r.json()["error"])
+                index = requests.post(url + "/v2/repository/index", timeout=10).json()
+                states = {e["name"]: (e["state"], e.get("reason", "")) for e in index}
+                self.assertEqual(states["lost"][0], "UNAVAILABLE")
+                self.assertIn("device is lost", states["lost"][1])
+                self.assertEqual(states["good"], ("READY", ""))
+                text = requests.get(server.metrics_url, timeout=10).text
+                self.assertIn('asyncinfer_model_ready{model="lost",version="1"} 0', text)
+                self.assertIn('asyncinfer_model_ready{model="good",version="1"} 1', text)
+                r = requests.post(url + "/v2/models/good/infer", data=body, timeout=10)
+                self.assertEqual(r.status_code, 200, r.text)
+        finally:
+            repo.cleanup()
 
 
 class Versions(harness.unittest.TestCase):

@@ -38,11 +38,13 @@ struct BuiltinConfig {
   std::int64_t first = 0;
   bool has_poison = false;
   double poison = 0;
+  std::int64_t instances = 0;  // > 0: later create_instance calls fail with `code` (device lost)
 };
 
 constexpr std::string_view kForms =
     "builtin:identity, builtin:fixed_cost?base_us=<us>&per_item_us=<us>, "
-    "builtin:faulty?mode=error|throw|hang&code=<status>&every=<k>&first=<n>&poison=<value>";
+    "builtin:faulty?mode=error|throw|hang&code=<status>&every=<k>&first=<n>&poison=<value>&"
+    "instances=<n>";
 
 /// Value of element 0 of row `row` of a host tensor, as double.
 double first_element(const Tensor& t, std::int64_t row) {
@@ -106,12 +108,14 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
 
   const BuiltinConfig& config() const noexcept { return cfg_; }
   std::int64_t next_call() { return calls_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  std::int64_t next_instance() { return made_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
  private:
   std::string name_;
   BuiltinConfig cfg_;
   ModelSignature sig_;
   std::atomic<std::int64_t> calls_{0};  // shared by all instances: "the k-th call" is global
+  std::atomic<std::int64_t> made_{0};   // create_instance calls so far
 };
 
 class BuiltinInstance final : public ModelInstance {
@@ -219,6 +223,12 @@ class BuiltinInstance final : public ModelInstance {
 
 Result<std::unique_ptr<ModelInstance>> BuiltinModel::create_instance(
     Device& device, Stream& /*stream*/, const InstanceOptions& /*options*/) {
+  const std::int64_t n = next_instance();
+  if (cfg_.instances > 0 && n > cfg_.instances) {
+    return Status(cfg_.code, "injected fault (builtin:faulty): model instance " +
+                                 std::to_string(n) + " refused, the device is lost after " +
+                                 std::to_string(cfg_.instances) + " (instances=)");
+  }
   return std::unique_ptr<ModelInstance>(
       std::make_unique<BuiltinInstance>(shared_from_this(), device));
 }
@@ -240,7 +250,8 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
   if (cfg.kind != "identity") {
     known.insert({"base_us", "per_item_us", "cost_from_input", "cpu", "cancellable"});
   }
-  if (cfg.kind == "faulty") known.insert({"mode", "code", "every", "first", "poison", "fail_at"});
+  if (cfg.kind == "faulty")
+    known.insert({"mode", "code", "every", "first", "poison", "fail_at", "instances"});
   ASYNCINFER_RETURN_IF_ERROR(p.check_known(known));
 
   ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
@@ -294,6 +305,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
       return invalid_argument_error(context + ": fail_at=" + at + " is not one of device, enqueue");
     }
     cfg.fail_at_enqueue = at == "enqueue";
+    ASYNCINFER_ASSIGN_OR_RETURN(cfg.instances, p.get_int("instances", 0, 0, 1 << 20));
   }
   return std::shared_ptr<Model>(std::make_shared<BuiltinModel>(std::string(uri), std::move(cfg)));
 }

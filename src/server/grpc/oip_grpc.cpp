@@ -416,12 +416,13 @@ void repository_index(const ModelRepository& repository, bool ready_only,
       continue;
     }
     for (const auto& v : m->versions) {
-      if (ready_only && !v->ready()) continue;
+      if (ready_only && !v->serving()) continue;
       auto* e = out->add_models();
       e->set_name(m->name);
       e->set_version(v->version_text);
-      e->set_state(std::string(to_string(v->state)));
-      if (!v->ready()) e->set_reason(v->reason);
+      const bool serving = v->serving();
+      e->set_state(serving ? "READY" : "UNAVAILABLE");
+      if (!serving) e->set_reason(v->unready_reason());
     }
   }
 }

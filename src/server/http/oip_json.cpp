@@ -603,11 +603,12 @@ std::string repository_index_json(const ModelRepository& repository, bool ready_
       continue;
     }
     for (const auto& v : m->versions) {
-      if (ready_only && !v->ready()) continue;
+      if (ready_only && !v->serving()) continue;
+      const bool serving = v->serving();
       json e = {{"name", m->name},
                 {"version", v->version_text},
-                {"state", std::string(to_string(v->state))}};
-      if (!v->ready()) e["reason"] = v->reason;
+                {"state", serving ? "READY" : "UNAVAILABLE"}};
+      if (!serving) e["reason"] = v->unready_reason();
       list.push_back(std::move(e));
     }
   }
