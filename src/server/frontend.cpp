@@ -56,10 +56,12 @@ int run_until_signalled(InferenceServer& server, std::span<Frontend* const> fron
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + drain_timeout;
-  server.begin_drain();  // readiness false first: the log line below is after it
+  // Readiness false and the listeners closed before the log line says so (a probe or a client
+  // racing the line must see both).
+  server.begin_drain();
+  for (Frontend* f : frontends) f->stop_accepting();
   log(std::string("received ") + signal_name(first) + ": not ready; draining for up to " +
       std::to_string(drain_timeout.count()) + " ms (a second signal cancels the drain)");
-  for (Frontend* f : frontends) f->stop_accepting();
 
   std::atomic<bool> drained{false};
   std::thread drainer([&] {

@@ -36,7 +36,8 @@ class Frontend {
   /// "http", "grpc": for log lines.
   virtual std::string name() const = 0;
   /// Closes the listeners (new connections are refused) and idle connections; busy connections
-  /// close once their response is written. Does not block.
+  /// close once their response is written. Returns once the listeners are closed (bounded: at
+  /// most about a second if the frontend's threads are stuck); does not wait for connections.
   virtual void stop_accepting() = 0;
   /// Connections still open.
   virtual std::size_t open_connections() const = 0;

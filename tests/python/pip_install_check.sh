@@ -28,5 +28,18 @@ with asyncinfer.Engine("builtin:identity", "cpu") as e:
     assert out.tolist() == [[0, 1, 2, 3]], out
 print("pip install . ok:", asyncinfer.__file__, asyncinfer.__version__)
 PY
+# No installed file may search the current directory for libraries: an empty RUNPATH entry
+# (CMake pads build-tree RUNPATHs with ':') would load a library planted there.
+pkg=$("$work/venv/bin/python" -c 'import asyncinfer, os; print(os.path.dirname(asyncinfer.__file__))')
+for f in "$pkg"/*.so*; do
+  runpath=$(readelf -d "$f" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+  case ":$runpath:" in
+    *::*) echo "pip_install_check: $f has an empty RUNPATH entry: [$runpath]" >&2; exit 1 ;;
+  esac
+  echo "RUNPATH of $(basename "$f"): [$runpath]"
+done
+# And it still imports from a directory holding a file named like a library it needs.
+mkdir -p "$work/planted" && : >"$work/planted/libc10.so.1.13"
+(cd "$work/planted" && "$work/venv/bin/python" -c 'import asyncinfer')
 "$work/venv/bin/python" -m pip uninstall -y -q asyncinfer
 rm -rf "$work"

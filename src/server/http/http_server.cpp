@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "oip_json.hpp"
 #include "status_mapping.hpp"
@@ -626,13 +629,19 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
                            });
   }
 
-  void close() {
-    net::post(acceptor_.get_executor(), [self = shared_from_this()] {
+  /// Closes the acceptor on its strand; the future is ready once it is closed (or, should the
+  /// io_context have stopped, at once: the promise is then broken).
+  std::future<void> close() {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> closed = done->get_future();
+    net::post(acceptor_.get_executor(), [self = shared_from_this(), done] {
       beast::error_code ec;
       self->closed_ = true;
       self->retry_.cancel();
       self->acceptor_.close(ec);
+      done->set_value();
     });
+    return closed;
   }
 
  private:
@@ -752,9 +761,13 @@ int HttpServer::metrics_port() const noexcept {
 void HttpServer::stop_accepting() {
   Impl& im = *impl_;
   im.draining.store(true, std::memory_order_release);
-  if (im.http_listener) im.http_listener->close();
-  if (im.metrics_listener) im.metrics_listener->close();
+  std::vector<std::future<void>> closed;
+  if (im.http_listener) closed.push_back(im.http_listener->close());
+  if (im.metrics_listener) closed.push_back(im.metrics_listener->close());
   for (auto& s : im.snapshot()) net::post(s->executor(), [s] { s->on_drain(); });
+  // New connections are refused once this returns (docs/serving.md, "Shutdown").
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  for (auto& c : closed) c.wait_until(until);
 }
 
 std::size_t HttpServer::open_connections() const {
