@@ -203,6 +203,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo);
   void requeue_all(const std::shared_ptr<Batch>& batch);
 
+  /// Ends a request no worker will serve: failed with `unavailable` (every worker gave up), else
+  /// shut_down with the message `shut_down`.
+  void end_unservable(const std::shared_ptr<Request>& r, const std::optional<Status>& unavailable,
+                      const char* shut_down);
+
   /// A failure that reached `n` requests which had already ended (timed out, cancelled, shut
   /// down): counted per request by reason; its message is logged once, rate-limited.
   void late_failure(std::size_t n, const Status& st, const Request& example);

@@ -4,6 +4,10 @@
 
 namespace asyncinfer::detail {
 
+RequestQueue::~RequestQueue() {
+  for (Request* r : all()) remove(r);
+}
+
 void RequestQueue::push_back(const std::shared_ptr<Request>& r) {
   const auto l = static_cast<std::size_t>(r->level);
   r->prev = tails_[l];

@@ -112,13 +112,7 @@ void EngineCore::requeue_after_backoff(const std::shared_ptr<Request>& r) {
       return;
     }
   }
-  if (unavailable) {
-    try_resolve(r, Stage::failed,
-                Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
-    return;
-  }
-  try_resolve(r, Stage::shut_down,
-              aborted_error(context("engine shut down while the request waited to retry", r->tag)));
+  end_unservable(r, unavailable, "engine shut down while the request waited to retry");
 }
 
 }  // namespace asyncinfer

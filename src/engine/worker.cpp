@@ -488,14 +488,17 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
   }
   qcv_.notify_all();
   for (auto& r : refused) {
-    if (unavailable) {
-      try_resolve(
-          r, Stage::failed,
-          Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
-    } else {
-      try_resolve(r, Stage::shut_down,
-                  aborted_error(context("engine shut down before the request completed", r->tag)));
-    }
+    end_unservable(r, unavailable, "engine shut down before the request completed");
+  }
+}
+
+void EngineCore::end_unservable(const std::shared_ptr<Request>& r,
+                                const std::optional<Status>& unavailable, const char* shut_down) {
+  if (unavailable) {
+    try_resolve(r, Stage::failed,
+                Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
+  } else {
+    try_resolve(r, Stage::shut_down, aborted_error(context(shut_down, r->tag)));
   }
 }
 

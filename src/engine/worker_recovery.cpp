@@ -150,7 +150,7 @@ void EngineCore::worker_gave_up(Worker& w, const std::string& cause) {
   }
   space_cv_.notify_all();  // blocked submits are refused now
   for (auto& r : victims) {
-    try_resolve(r, Stage::failed, Status(st.code(), context(std::string(st.message()), r->tag)));
+    end_unservable(r, st, "");
   }
   notify_progress();
 }
