@@ -554,12 +554,18 @@ void EngineCore::wake_everyone() {
   }
 }
 
+std::vector<std::shared_ptr<Request>> EngineCore::not_running() const {
+  std::vector<std::shared_ptr<Request>> out;
+  for (Request* r : queue_.all()) out.push_back(r->queue_ref);
+  for (auto& ref : retry_.all()) out.push_back(std::move(ref));
+  return out;
+}
+
 void EngineCore::cancel_all() {
   std::vector<std::shared_ptr<Request>> victims;
   {
     std::lock_guard lock(qmu_);
-    for (Request* r : queue_.all()) victims.push_back(r->queue_ref);
-    for (auto& ref : retry_.all()) victims.push_back(std::move(ref));
+    victims = not_running();
   }
   for (auto& w : workers_) {
     std::lock_guard lock(w->mu);

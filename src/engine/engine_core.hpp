@@ -265,6 +265,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void escalate_to_cancel();
   void wake_everyone();
   void cancel_all();
+  /// Every request queued or waiting to retry, queued first (under qmu_).
+  std::vector<std::shared_ptr<Request>> not_running() const;
 
   // ---- metrics (engine_metrics.cpp) -----------------------------------------------------------
 

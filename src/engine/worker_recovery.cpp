@@ -145,8 +145,7 @@ void EngineCore::worker_gave_up(Worker& w, const std::string& cause) {
   {
     std::lock_guard lock(qmu_);
     no_workers_ = st;
-    for (Request* r : queue_.all()) victims.push_back(r->queue_ref);
-    for (auto& ref : retry_.all()) victims.push_back(std::move(ref));
+    victims = not_running();
   }
   space_cv_.notify_all();  // blocked submits are refused now
   for (auto& r : victims) {
