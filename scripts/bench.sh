@@ -53,6 +53,7 @@ for s in "${sections[@]}"; do
   engine)
     begin engine
     run engine $B/bench/bench_engine
+    run engine $B/bench/bench_wakeup 5 2000
     for w in 1 2; do
       run engine $cli bench --model builtin:identity --device cpu --mode sweep \
         --concurrency 1,64,1024 --workers $w --completion-threads $w --duration-s 2 --quiet

@@ -1,10 +1,16 @@
-// request.hpp (internal) — a request's record and a batch's record inside the engine.
+// request.hpp (internal) — a request's record, its life cycle, and a batch's record.
 //
 // Life of a request (Stage): submitting → queued → running → (retry_wait → queued → running)* →
-// terminal. Every change of stage is a compare-and-swap, and changes out of `submitting` and
-// `queued` happen under the queue mutex (the batcher moves queued → running under it too), so
-// exactly one party ends a request: completion, deadline, cancel, retry exhaustion or shutdown.
-// The loser of a race does nothing (a late result is counted and dropped).
+// terminal; a running request also goes back to queued when its batch is split or its stream is
+// replaced. Every change of stage goes through transition() below, which checks it against the
+// table of legal transitions (kLegal) and makes it with one compare-and-swap, so exactly one party
+// ends a request: completion, deadline, cancel, retry exhaustion or shutdown. The loser of a race
+// does nothing (a late result is counted and dropped).
+//
+// The queue rule: every transition out of `submitting`, `queued` or `retry_wait`, and every one
+// into `queued` or `retry_wait`, happens under the engine's queue mutex (the batcher moves
+// queued → running under it too). transition() takes that lock as an argument and checks that it
+// is held; only running → terminal may happen without it (transition_running()).
 //
 // `submitting` is the window between a request becoming visible (the id API registers it in the
 // result store first) and its acceptance. Whatever ends it there (cancel(id)) does not end it:
@@ -24,6 +30,7 @@
 
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/executor.hpp"
+#include "engine/lifecycle.hpp"
 
 namespace asyncinfer::detail {
 
@@ -63,19 +70,45 @@ inline RequestState to_state(Stage s) noexcept {
   return RequestState::unknown;
 }
 
-/// The terminal stage for an error code.
-inline Stage stage_for_error(StatusCode code) noexcept {
-  switch (code) {
-    case StatusCode::deadline_exceeded:
-      return Stage::timed_out;
-    case StatusCode::cancelled:
-      return Stage::cancelled;
-    case StatusCode::aborted:
-      return Stage::shut_down;
-    default:
-      return Stage::failed;
-  }
+/// The terminal stage for an outcome, and back.
+inline Stage stage_for(Outcome o) noexcept {
+  return static_cast<Stage>(static_cast<int>(Stage::completed) + static_cast<int>(o));
 }
+inline Outcome outcome_of(Stage terminal) noexcept {
+  return static_cast<Outcome>(static_cast<int>(terminal) - static_cast<int>(Stage::completed));
+}
+static_assert(static_cast<int>(Stage::shut_down) - static_cast<int>(Stage::completed) ==
+              static_cast<int>(Outcome::shut_down));
+
+/// The terminal stage for an error code (outcome_for_error).
+inline Stage stage_for_error(StatusCode code) noexcept {
+  return stage_for(outcome_for_error(code));
+}
+
+inline constexpr int kStages = static_cast<int>(Stage::shut_down) + 1;
+
+/// kLegal[from][to]: the legal transitions (the header's diagram). Terminal stages go nowhere;
+/// `submitting` only to `queued` (a request ended there is refused, not ended: see `refusal`).
+inline constexpr bool kLegal[kStages][kStages] = {
+    //            sub    queued running retry  completed failed timed  cancel shut
+    /* submit  */ {false, true, false, false, false, false, false, false, false},
+    /* queued  */ {false, false, true, false, true, true, true, true, true},
+    /* running */ {false, true, false, true, true, true, true, true, true},
+    /* retry   */ {false, true, false, false, true, true, true, true, true},
+    /* done..  */ {},
+    {},
+    {},
+    {},
+    {},
+};
+
+/// Whether from → to must happen under the queue mutex (the queue rule in the header).
+constexpr bool needs_queue_lock(Stage from, Stage to) noexcept {
+  return from != Stage::running || to == Stage::queued || to == Stage::retry_wait;
+}
+
+/// An illegal transition is a bug in the engine: reported and the process aborted.
+[[noreturn]] void illegal_transition(Stage from, Stage to, const char* why) noexcept;
 
 struct Batch;
 
@@ -121,6 +154,26 @@ struct Request {
   bool in_queue = false;
   std::shared_ptr<Request> queue_ref;  ///< keeps a queued request alive
 };
+
+/// Moves `r` from `from` to `to` if it is in `from` (one compare-and-swap); false when it is not
+/// (someone else moved it first). `queue_lock` must hold the engine's queue mutex.
+inline bool transition(Request& r, Stage from, Stage to,
+                       const std::unique_lock<std::mutex>& queue_lock) noexcept {
+  if (!kLegal[static_cast<int>(from)][static_cast<int>(to)]) {
+    illegal_transition(from, to, "not in the table");
+  }
+  if (!queue_lock.owns_lock()) illegal_transition(from, to, "the queue mutex is not held");
+  return r.stage.compare_exchange_strong(from, to, std::memory_order_acq_rel);
+}
+
+/// running → a terminal stage, the one transition made without the queue mutex.
+inline bool transition_running(Request& r, Stage to) noexcept {
+  Stage from = Stage::running;
+  if (needs_queue_lock(from, to) || !kLegal[static_cast<int>(from)][static_cast<int>(to)]) {
+    illegal_transition(from, to, "only running -> terminal may be made without the queue mutex");
+  }
+  return r.stage.compare_exchange_strong(from, to, std::memory_order_acq_rel);
+}
 
 /// One batch on a worker's stream.
 struct Batch {

@@ -4,37 +4,8 @@
 
 namespace asyncinfer::detail {
 
-bool batch_compatible(const Request& a, const Request& b) noexcept {
-  if (a.shape_key != b.shape_key || a.inputs.size() != b.inputs.size()) return false;
-  for (std::size_t i = 0; i < a.inputs.size(); ++i) {
-    const Tensor& x = a.inputs[i];
-    const Tensor& y = b.inputs[i];
-    if (x.dtype() != y.dtype() || x.rank() != y.rank()) return false;
-    if (!std::equal(x.shape().begin() + (x.rank() > 0 ? 1 : 0), x.shape().end(),
-                    y.shape().begin() + (y.rank() > 0 ? 1 : 0))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
-  // FNV-1a over dtypes and the dims after the batch dim.
-  std::uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xffU;
-      h *= 1099511628211ULL;
-    }
-  };
-  for (const Tensor& t : inputs) {
-    mix(static_cast<std::uint64_t>(t.dtype()));
-    mix(t.rank());
-    for (std::size_t d = batched ? 1 : 0; d < t.rank(); ++d) {
-      mix(static_cast<std::uint64_t>(t.shape()[d]));
-    }
-  }
-  return h;
+RequestQueue::~RequestQueue() {
+  for (Request* r : all()) remove(r);
 }
 
 void RequestQueue::push_back(const std::shared_ptr<Request>& r) {

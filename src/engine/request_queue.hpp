@@ -22,6 +22,11 @@ class RequestQueue {
  public:
   explicit RequestQueue(int levels)
       : heads_(static_cast<std::size_t>(levels)), tails_(static_cast<std::size_t>(levels)) {}
+  /// Unlinks what is still queued, dropping the queue's references (a queued request holds one
+  /// to itself, `queue_ref`, which would otherwise keep it alive for good).
+  ~RequestQueue();
+  RequestQueue(const RequestQueue&) = delete;
+  RequestQueue& operator=(const RequestQueue&) = delete;
 
   void push_back(const std::shared_ptr<Request>& r);
   void push_front(const std::shared_ptr<Request>& r);

@@ -12,11 +12,13 @@ namespace asyncinfer::detail {
 /// fails that request alone. nullptr = no hook.
 using AssemblyHook = void (*)(const Inputs& inputs);
 void set_assembly_hook(AssemblyHook hook) noexcept;
+AssemblyHook assembly_hook() noexcept;
 
 /// Called by submit(id, ...) after the id is registered and before the request is accepted (on
 /// the submitting thread, no lock held): the window where a cancel(id) ends a request that is
 /// not accepted yet. nullptr = no hook.
 using SubmitHook = void (*)(const std::string& id);
 void set_submit_hook(SubmitHook hook) noexcept;
+SubmitHook submit_hook() noexcept;
 
 }  // namespace asyncinfer::detail

@@ -11,102 +11,35 @@
 // `outstanding` before it looks at the item's state, and whoever ends an item looks at
 // `outstanding` after ending it (both sequentially consistent), so an item is never retired while
 // a stage still uses it — and its slot's events are reused only after its device work has passed.
+//
+// About 760 lines, on purpose: PipelineCore is one class because its parts (submission, the
+// stage threads, ending and retiring, shutdown) all keep the retirement rule above, which reads
+// best in one place. The public value types (StageSpec's builders, PipelineMetrics) are in
+// pipeline_types.cpp; what it shares with the engine (outcomes, counters, time helpers) is in
+// engine/lifecycle.hpp.
 #include "asyncinfer/pipeline.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 
 #include "asyncinfer/executor.hpp"
+#include "engine/lifecycle.hpp"
 
 namespace asyncinfer {
-
-StageSpec StageSpec::host(std::string name, HostStageFn fn, int concurrency) {
-  StageSpec s;
-  s.name = std::move(name);
-  s.kind = StageKind::host;
-  s.host_fn = std::move(fn);
-  s.concurrency = concurrency;
-  return s;
-}
-
-StageSpec StageSpec::on_device(std::string name, std::shared_ptr<Device> device, DeviceStageFn fn,
-                               int stream_depth) {
-  StageSpec s;
-  s.name = std::move(name);
-  s.kind = StageKind::device;
-  s.device = std::move(device);
-  s.device_fn = std::move(fn);
-  s.stream_depth = stream_depth;
-  return s;
-}
-
-StageSpec StageSpec::run_model(std::string name, std::shared_ptr<Device> device,
-                               std::shared_ptr<Model> model, int stream_depth) {
-  StageSpec s;
-  s.name = std::move(name);
-  s.kind = StageKind::device;
-  s.device = std::move(device);
-  s.model = std::move(model);
-  s.stream_depth = stream_depth;
-  return s;
-}
-
-StageSpec StageSpec::run_engine(std::string name, Engine& engine) {
-  StageSpec s;
-  s.name = std::move(name);
-  s.kind = StageKind::engine;
-  s.engine = &engine;
-  return s;
-}
-
-std::string PipelineMetrics::bottleneck() const {
-  const StageMetrics* best = nullptr;
-  for (const auto& s : stages) {
-    if (s.items > 0 && (best == nullptr || s.utilisation > best->utilisation)) best = &s;
-  }
-  return best == nullptr ? std::string() : best->name;
-}
-
-std::string PipelineMetrics::to_prometheus(std::string_view prefix) const {
-  const std::string p(prefix);
-  std::string out;
-  auto add = [&](const std::string& name, const char* type, const std::string& labels,
-                 const std::string& value) {
-    out += "# TYPE " + p + "_" + name + " " + type + "\n";
-    out += p + "_" + name + labels + " " + value + "\n";
-  };
-  add("pipeline_items_completed", "counter", "", std::to_string(completed));
-  add("pipeline_items_failed", "counter", "", std::to_string(failed));
-  add("pipeline_items_timed_out", "counter", "", std::to_string(timed_out));
-  add("pipeline_items_cancelled", "counter", "", std::to_string(cancelled));
-  add("pipeline_items_in_flight", "gauge", "", std::to_string(in_flight));
-  for (const auto& s : stages) {
-    const std::string l = "{stage=\"" + s.name + "\",kind=\"" + s.kind + "\"}";
-    add("pipeline_stage_items", "counter", l, std::to_string(s.items));
-    add("pipeline_stage_busy_seconds", "counter", l, std::to_string(s.busy_s));
-    add("pipeline_stage_utilisation", "gauge", l, std::to_string(s.utilisation));
-    add("pipeline_stage_queued", "gauge", l, std::to_string(s.queued));
-    append_prometheus_histogram(out, p + "_pipeline_stage_queue_duration_us",
-                                "Time items waited at the stage (us)", s.queue_us,
-                                "stage=\"" + s.name + "\"");
-  }
-  append_prometheus_histogram(out, p + "_pipeline_item_duration_us", "Submit to delivery (us)",
-                              latency_us);
-  return out;
-}
 
 namespace {
 
 using detail::deadline_after;
 using detail::saturating_add;
 
-enum class IState : std::uint8_t { active, ok, failed, timed_out, cancelled, shut_down };
+using detail::elapsed_s_since;
+using detail::elapsed_us_since;
+using detail::Outcome;
 
 struct PItem {
   std::uint64_t seq = 0;
@@ -115,7 +48,7 @@ struct PItem {
   Clock::time_point submitted{};
   Clock::time_point deadline = Clock::time_point::max();
   PipelineItem data;
-  std::atomic<IState> state{IState::active};
+  std::atomic<bool> ended{false};  // set once, by end(), with the item's Outcome
   Promise<PipelineItem> promise;
   std::stop_source stop;              // fired when the item ends early
   Event* ready_event = nullptr;       // for the next device stage to wait on
@@ -283,7 +216,7 @@ class PipelineCore {
     submitted_.fetch_add(1, std::memory_order_relaxed);
     item->promise.on_cancel([this, weak = std::weak_ptr<PItem>(item)] {
       if (auto it = weak.lock()) {
-        end(it, IState::cancelled, cancelled_error("item cancelled by the caller"));
+        end(it, Outcome::cancelled, cancelled_error("item cancelled by the caller"));
       }
     });
     if (d != Clock::time_point::max()) {
@@ -294,11 +227,9 @@ class PipelineCore {
             at >= 0 && at < static_cast<int>(stages_.size())
                 ? " at stage '" + stages_[static_cast<std::size_t>(at)]->spec.name + "'"
                 : "";
-        char buf[64];
-        std::snprintf(
-            buf, sizeof buf, " after %.1f ms",
-            std::chrono::duration<double, std::milli>(Clock::now() - item->submitted).count());
-        end(item, IState::timed_out, deadline_exceeded_error("item timed out" + where + buf));
+        end(item, Outcome::timed_out,
+            deadline_exceeded_error("item timed out" + where + " after " +
+                                    detail::ms_text(Clock::now() - item->submitted)));
       });
     }
     push(*stages_[0], item);
@@ -331,11 +262,11 @@ class PipelineCore {
 
   /// After stage `st` is done with `item` (ok): on to the next stage, or the item is complete.
   void advance(Stage& st, const ItemPtr& item) {
-    if (item->state.load() != IState::active) return;
+    if (item->ended.load()) return;
     const std::size_t next = static_cast<std::size_t>(st.index) + 1;
     if (next == stages_.size()) {
       item->at_stage.store(-1);
-      end(item, IState::ok, std::move(item->data));
+      end(item, Outcome::completed, std::move(item->data));
     } else {
       push(*stages_[next], item);
     }
@@ -343,7 +274,7 @@ class PipelineCore {
 
   void fail(Stage& st, const ItemPtr& item, const Status& s) {
     st.failures.fetch_add(1, std::memory_order_relaxed);
-    end(item, IState::failed,
+    end(item, Outcome::failed,
         Status(s.code(), "stage '" + st.spec.name + "': " + std::string(s.message())));
   }
 
@@ -364,12 +295,11 @@ class PipelineCore {
         if (stop_stages_) return nullptr;
         item = pop(st);
       }
-      if (item->state.load() != IState::active) {
+      if (item->ended.load()) {
         done_with(item);
         continue;
       }
-      st.queue_us.observe(
-          std::chrono::duration<double, std::micro>(Clock::now() - item->stage_enter).count());
+      st.queue_us.observe(elapsed_us_since(item->stage_enter));
       return item;
     }
   }
@@ -397,7 +327,7 @@ class PipelineCore {
     while (ItemPtr item = take(st)) {
       const Clock::time_point t0 = Clock::now();
       Status s = guarded([&] { return st.spec.host_fn(item->data); });
-      account(st, std::chrono::duration<double>(Clock::now() - t0).count());
+      account(st, elapsed_s_since(t0));
       if (s.ok()) {
         advance(st, item);
       } else {
@@ -424,9 +354,9 @@ class PipelineCore {
       }
       const std::uint64_t seq = item->seq;
       call.on_complete([this, sp, item, t0](const Result<Outputs>& r) {
-        account(*sp, std::chrono::duration<double>(Clock::now() - t0).count());
+        account(*sp, elapsed_s_since(t0));
         if (r.ok()) {
-          if (item->state.load() == IState::active) item->data.tensors = *r;
+          if (!item->ended.load()) item->data.tensors = *r;
           advance(*sp, item);
         } else {
           fail(*sp, item, r.status());
@@ -456,14 +386,13 @@ class PipelineCore {
         item = pop(st);
         ++st.inflight;
       }
-      if (item->state.load() != IState::active) {
+      if (item->ended.load()) {
         release_stream_slot(st);
         done_with(item);
         continue;
       }
       const Clock::time_point t_enq = Clock::now();
-      st.queue_us.observe(
-          std::chrono::duration<double, std::micro>(t_enq - item->stage_enter).count());
+      st.queue_us.observe(detail::us_between(item->stage_enter, t_enq));
       Status s;
       if (item->ready_event != nullptr) {
         s = st.stream->wait(*item->ready_event);  // the previous device stage's point: no host wait
@@ -553,7 +482,7 @@ class PipelineCore {
       fail(st, item, s);
     } else {
       if (item->model_io) {
-        if (item->state.load() == IState::active) item->data.tensors = item->model_io->outputs;
+        if (!item->ended.load()) item->data.tensors = item->model_io->outputs;
         item->model_io.reset();
       }
       if (!handed) advance(st, item);
@@ -564,33 +493,17 @@ class PipelineCore {
   // ---- ending and retiring ----------------------------------------------------------------
 
   /// Ends the item once (later calls return false).
-  bool end(const ItemPtr& item, IState to, Result<PipelineItem> result) {
-    IState expected = IState::active;
-    if (!item->state.compare_exchange_strong(expected, to)) return false;
-    if (to != IState::ok) item->stop.request_stop();
+  bool end(const ItemPtr& item, Outcome to, Result<PipelineItem> result) {
+    bool ended = false;
+    if (!item->ended.compare_exchange_strong(ended, true)) return false;
+    if (to != Outcome::completed) item->stop.request_stop();
     TimerId t;
     {
       std::lock_guard tl(item->timer_mu);
       t = std::exchange(item->deadline_timer, TimerId{});
     }
     timer_.cancel(t);
-    switch (to) {
-      case IState::ok:
-        completed_.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case IState::failed:
-        failed_.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case IState::timed_out:
-        timed_out_.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case IState::cancelled:
-        cancelled_.fetch_add(1, std::memory_order_relaxed);
-        break;
-      default:
-        shut_down_.fetch_add(1, std::memory_order_relaxed);
-        break;
-    }
+    outcomes_.count(to);
     // An item that ends while queued leaves its queue at once.
     const int q = item->queued_stage.load();
     if (q >= 0) {
@@ -607,8 +520,7 @@ class PipelineCore {
   }
 
   void deliver(const ItemPtr& item, Result<PipelineItem>&& result) {
-    latency_us_.observe(
-        std::chrono::duration<double, std::micro>(Clock::now() - item->submitted).count());
+    latency_us_.observe(elapsed_us_since(item->submitted));
     if (!opt_.ordered) {
       item->promise.set_result(std::move(result));
       return;
@@ -639,7 +551,7 @@ class PipelineCore {
   }
 
   void maybe_retire(const ItemPtr& item) {
-    if (item->state.load() == IState::active) return;
+    if (!item->ended.load()) return;
     if (item->outstanding.load() > 0 || item->queued_stage.load() >= 0) return;
     if (item->retired.exchange(true)) return;
     {
@@ -675,7 +587,7 @@ class PipelineCore {
         for (auto& [seq, it] : active_) items.push_back(it);
       }
       for (auto& it : items) {
-        end(it, IState::shut_down, aborted_error("pipeline shut down before the item finished"));
+        end(it, Outcome::shut_down, aborted_error("pipeline shut down before the item finished"));
       }
     }
     stop_stages_.store(true);
@@ -725,17 +637,17 @@ class PipelineCore {
   PipelineMetrics metrics() const {
     PipelineMetrics m;
     m.submitted = submitted_.load();
-    m.completed = completed_.load();
-    m.failed = failed_.load();
-    m.timed_out = timed_out_.load();
-    m.cancelled = cancelled_.load();
-    m.shut_down = shut_down_.load();
+    m.completed = outcomes_.completed.load();
+    m.failed = outcomes_.failed.load();
+    m.timed_out = outcomes_.timed_out.load();
+    m.cancelled = outcomes_.cancelled.load();
+    m.shut_down = outcomes_.shut_down.load();
     {
       std::lock_guard lock(window_mu_);
       m.in_flight = in_flight_;
       m.max_in_flight = max_in_flight_;
       if (first_submit_) {
-        m.elapsed_s = std::chrono::duration<double>(Clock::now() - *first_submit_).count();
+        m.elapsed_s = elapsed_s_since(*first_submit_);
       }
     }
     m.items_per_s = m.elapsed_s > 0 ? static_cast<double>(m.completed) / m.elapsed_s : 0;
@@ -792,11 +704,7 @@ class PipelineCore {
   bool delivering_ = false;
 
   std::atomic<std::uint64_t> submitted_{0};
-  std::atomic<std::uint64_t> completed_{0};
-  std::atomic<std::uint64_t> failed_{0};
-  std::atomic<std::uint64_t> timed_out_{0};
-  std::atomic<std::uint64_t> cancelled_{0};
-  std::atomic<std::uint64_t> shut_down_{0};
+  detail::OutcomeCounters outcomes_;
   Histogram latency_us_;
 
   std::mutex shutdown_mu_;

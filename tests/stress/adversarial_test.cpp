@@ -847,7 +847,7 @@ TEST(AdvEngine, RetryDeadlineWatchdogAndBreakerTogetherEndEveryRequestOnce) {
 }
 
 // DEFECT: the hang watchdog also fails every batch that is merely queued on the stream behind a
-// hung batch. EngineCore::launch (engine.cpp) arms each batch's watchdog at
+// hung batch. EngineCore::launch (worker.cpp) arms each batch's watchdog at
 // `compute_start + watchdog` where compute_start is the time the batch was *enqueued* on the
 // worker's stream, not when it began to run; a batch launched right behind a hung one (with the
 // default max_inflight_per_worker = 2 that is simply the next request) reaches its watchdog at
@@ -1259,7 +1259,7 @@ TEST(AdvInput, RequestTimeoutOfMicrosecondsMaxIsNoDeadline) {
 }
 
 // DEFECT: EngineOptions::watchdog = milliseconds::max() (accepted by validate_options) fails
-// every batch at once: EngineCore::launch (engine.cpp) arms the watchdog at
+// every batch at once: EngineCore::launch (worker.cpp) arms the watchdog at
 // `batch->compute_start + opt_.watchdog`, which overflows to a point in the past, so the timer
 // fires immediately, the batch is failed with deadline_exceeded ("hang watchdog") and the worker
 // is recycled after every batch.

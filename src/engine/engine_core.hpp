@@ -1,0 +1,343 @@
+// engine_core.hpp (internal) — EngineCore, the engine behind asyncinfer::Engine (engine.hpp).
+//
+// Threads, all fixed at creation:
+//   - one worker thread per worker (worker.hpp): forms batches from the queue with the batcher
+//     (batcher.hpp) and enqueues them on its stream;
+//   - the device's stream threads (cpu/sim: one per worker stream);
+//   - one dispatcher thread: runs the streams' completion points (library code only: splits the
+//     outputs, ends requests, fulfils futures — waking waiters — and hands callbacks on);
+//   - completion_threads completion threads: run user callbacks and future continuations, so a
+//     callback may block on another future without starving the dispatcher (docs/design.md,
+//     guarantee 2);
+//   - one deadline timer thread (deadlines, retry backoff, hang watchdog);
+//   - reaper threads (workers × max(1, max_abandoned_instances), at most 64): destroy streams and
+//     model instances replaced by the watchdog; each destruction waits for the work on that stream
+//     that could not be stopped, and the worker counts it as abandoned until then.
+//
+// Where each part lives (one concept per file):
+//   engine.cpp            submit, resolve (ending a request) and shutdown — what EngineCore owns;
+//   engine_api.cpp        Engine's public methods, Engine::create and its option checks;
+//   engine_metrics.cpp    metrics() and health();
+//   worker.cpp            the worker loop, launch, batch assembly, the completion point;
+//   worker_recovery.cpp   the hang watchdog, recycling, giving up, the circuit breaker;
+//   batcher.hpp           which requests form the next batch, and when (a pure function);
+//   ordered_delivery.hpp  results in submit order per sequence key;
+//   retry_scheduler.hpp   whether and when a failed request runs again;
+//   admission.hpp         refusing a request that would miss its deadline in the queue;
+//   request.hpp           a request's record and its life cycle (transition());
+//   request_queue.hpp, result_store.hpp, retry.hpp  the queue, the id store, the retry budget.
+//
+// Engine life cycle (EngineState): running → draining → cancelling → stopped, or running →
+// cancelling → stopped. set_state() is the one place it changes (under qmu_, checked); readers
+// without the lock load the atomic. A drain that finishes moves on to cancelling too: nothing is
+// left to cancel, and the workers leave.
+//
+// Locks: qmu_ (queue, retry waiting set, engine state) → ordered delivery / retry budget / timer
+// internals; worker mutexes are never held together with qmu_. No user code runs under any of
+// them; messages go to the log hook (log.hpp) with no lock held.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "asyncinfer/engine.hpp"
+#include "asyncinfer/log.hpp"
+#include "engine/admission.hpp"
+#include "engine/lifecycle.hpp"
+#include "engine/ordered_delivery.hpp"
+#include "engine/request.hpp"
+#include "engine/request_queue.hpp"
+#include "engine/result_store.hpp"
+#include "engine/retry_scheduler.hpp"
+#include "engine/worker.hpp"
+
+namespace asyncinfer {
+
+namespace detail {
+/// The engine's life cycle (the header). Ordered: a later state never goes back.
+enum class EngineState : std::uint8_t {
+  running,     ///< accepts requests
+  draining,    ///< refuses new requests; queued, retrying and running work finishes
+  cancelling,  ///< refuses new requests; what is left ends shut_down; the workers leave
+  stopped,     ///< shutdown() has returned: every thread joined
+};
+const char* to_string(EngineState s) noexcept;
+}  // namespace detail
+
+class EngineCore : public std::enable_shared_from_this<EngineCore> {
+ public:
+  using Request = detail::Request;
+  using Batch = detail::Batch;
+  using Worker = detail::Worker;
+  using Stage = detail::Stage;
+  using Pending = detail::Pending;
+  using EngineState = detail::EngineState;
+
+  EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device, EngineOptions options,
+             std::int64_t max_rows);
+  ~EngineCore();
+  /// One reaper thread per abandoned instance the workers may hold at once (see the header).
+  static std::size_t reaper_threads(const EngineOptions& o);
+
+  // ---- submission (engine.cpp) ----------------------------------------------------------------
+
+  Status start();
+  Result<std::shared_ptr<Request>> prepare(Inputs&& inputs, const RequestOptions& o);
+  Clock::time_point effective_deadline(const RequestOptions& o, Clock::time_point now) const;
+
+  /// Accepts a prepared request into the queue, or refuses it (nothing registered). Acceptance
+  /// is one step under qmu_: the stage leaves `submitting`, the request gets its place in the
+  /// ordered-delivery sequence and in the queue. Whatever ended the request before (see
+  /// request.hpp, `refusal`) makes it a refusal instead.
+  Status accept(const std::shared_ptr<Request>& r);
+
+  /// The refusal of a request ended while its submit was still running (under qmu_).
+  Status refuse_ended(const Request& r);
+
+  /// Counts a refusal under `reason` (EngineMetrics::rejections_by_reason); returns `s`.
+  Status reject(const char* reason, Status s);
+
+  /// The three submit forms of engine.hpp: prepare (validate, copy shared inputs), then accept.
+  Future<Outputs> submit_future(Inputs&& inputs, const RequestOptions& o);
+
+  /// Future continuations run on the completion executor. With ordered delivery the promise is
+  /// already set on a completion thread, in order, so its continuations run right there (posting
+  /// them would let two completion threads reorder them).
+  void set_callback_executor(Promise<Outputs>& p);
+
+  Status submit_callback(Inputs&& inputs, Engine::Callback&& cb, const RequestOptions& o);
+  Status submit_id(std::string&& id, Inputs&& inputs, const RequestOptions& o);
+  Result<Outputs> result(std::string_view id, std::chrono::nanoseconds timeout);
+  RequestState status(std::string_view id);
+  Status cancel(std::string_view id);
+  Status release(std::string_view id);
+
+  // ---- ending a request (engine.cpp) ----------------------------------------------------------
+
+  /// Ends `r` in stage `to` with `result` unless something else ended it first (then false).
+  bool try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result);
+
+  /// The ending's bookkeeping (timers, counters, the id store), then the sink: in order
+  /// (deliver_ordered) or at once (run_sink).
+  void finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result);
+
+  /// Fulfils the future (waking waiters; its continuations go to the completion executor) or
+  /// hands the callback to the completion executor.
+  void run_sink(const std::shared_ptr<Request>& r, Result<Outputs>&& result);
+  void invoke_callback(Request& r, const Result<Outputs>& result);
+  void on_deadline(const std::shared_ptr<Request>& r);
+
+  /// While alive on a thread, callbacks of this engine's requests ended on that thread are
+  /// collected and handed to the completion executor as one task when it goes (one hand-off per
+  /// batch instead of one per request). Order within the batch is kept.
+  class CallbackBatch {
+   public:
+    explicit CallbackBatch(EngineCore& core);
+    ~CallbackBatch();
+    CallbackBatch(const CallbackBatch&) = delete;
+    CallbackBatch& operator=(const CallbackBatch&) = delete;
+
+   private:
+    EngineCore& core_;
+    CallbackBatch* prev_;
+    std::vector<Pending> pending_;
+    friend class EngineCore;
+  };
+
+  // ---- ordered delivery (engine.cpp, with ordered_delivery.hpp) -------------------------------
+
+  void deliver_ordered(const std::shared_ptr<Request>& r, Result<Outputs>&& result);
+
+  /// Delivers, in sequence, every result of `key` whose predecessors have been delivered. One
+  /// drain per key runs at a time (the `draining` flag), so order holds with any number of
+  /// completion threads.
+  void drain_order(const std::string& key);
+
+  // ---- workers (worker.cpp) -------------------------------------------------------------------
+
+  /// A new stream and model instance for `w` (at start and on every recycle attempt). An
+  /// exception from the device or the model is a failed attempt, never an escape.
+  Status make_stream_and_instance(Worker& w, int threads);
+
+  /// Where the streams' completion points run: on cpu and sim the stream thread itself runs the
+  /// (library-only) completion code, saving a thread hand-off per batch; elsewhere (cuda, whose
+  /// callback thread must not call CUDA) the dispatcher thread.
+  Executor* completion_point_executor();
+  void worker_loop(Worker& w);
+
+  /// Blocks until a batch is ready for `w` (or the engine stops: null).
+  std::shared_ptr<Batch> next_batch(Worker& w, std::int64_t cap);
+  void launch(Worker& w, const std::shared_ptr<Batch>& batch);
+
+  /// Builds the batch's inputs. Requests whose preparation throws fail alone and leave the batch.
+  Status assemble(Worker& w, Batch& batch, BatchIO& io);
+  void fail_alone(const std::shared_ptr<Request>& r, Status s);
+  Status enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io);
+
+  /// Counts the batch off its worker's stream (once).
+  void off_stream(Worker& w, Batch& batch);
+
+  /// A batch that never reached its stream (or whose completion point could not be enqueued).
+  void end_without_running(Worker& w, const std::shared_ptr<Batch>& batch, Status s);
+  void on_batch_done(const std::shared_ptr<Batch>& batch, Status st);
+
+  /// Frees the batch's in-flight slot on its worker; true when the worker's stream was replaced
+  /// since the batch was launched.
+  bool release_slot(Worker& w, const Batch& batch);
+
+  /// Called once a batch's outcome has been handled (requests ended or re-queued).
+  void batch_finished();
+  void notify_progress();
+  void complete(const std::shared_ptr<Batch>& batch, double compute_us);
+  Status check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const;
+  void batch_failed(const std::shared_ptr<Batch>& batch, const Status& st);
+
+  /// Puts running requests back at the front of their levels (in their order), without counting
+  /// the attempt. With solo, each will run in a batch of its own.
+  void requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo);
+  void requeue_all(const std::shared_ptr<Batch>& batch);
+
+  /// Ends a request no worker will serve: failed with `unavailable` (every worker gave up), else
+  /// shut_down with the message `shut_down`.
+  void end_unservable(const std::shared_ptr<Request>& r, const std::optional<Status>& unavailable,
+                      const char* shut_down);
+
+  /// A failure that reached `n` requests which had already ended (timed out, cancelled, shut
+  /// down): counted per request by reason; its message is logged once, rate-limited.
+  void late_failure(std::size_t n, const Status& st, const Request& example);
+
+  /// The completion point of a batch the watchdog already ended: its result is late.
+  void late_outcome(const Batch& batch, const Status& st);
+
+  /// Whether `st` is only the engine's own doing, not a failure: the batch's work stopped because
+  /// its stop token fired (all its requests ended, or the watchdog), or its stream was destroyed
+  /// (a recycle, shutdown).
+  static bool own_stop(const Batch& batch, const Status& st);
+
+  // ---- retries (retry_scheduler.cpp) ----------------------------------------------------------
+
+  void retry_or_fail(const std::shared_ptr<Request>& r, const Status& st);
+  void requeue_after_backoff(const std::shared_ptr<Request>& r);
+
+  // ---- recovery and the breaker (worker_recovery.cpp) -----------------------------------------
+
+  void on_watchdog(const std::shared_ptr<Batch>& batch);
+
+  /// Replaces a hung worker's stream and model instance (worker thread only). The old ones are
+  /// destroyed by a reaper thread, so a kernel that ignores its stop token cannot block this
+  /// worker; until that destruction returns they count as abandoned (worker_loop bounds them).
+  /// Batches still queued on the old stream come back through requeue_all. A failed attempt is
+  /// retried after a backoff; after RecoveryOptions::max_recycle_attempts in a row the worker
+  /// gives up (worker_gave_up).
+  void recycle(Worker& w);
+
+  /// The wait after `failures` failed attempts in a row: recycle_backoff doubled per further
+  /// failure, capped (saturating: max() waits for good).
+  std::chrono::milliseconds recycle_backoff(int failures) const;
+
+  /// A worker gave up for good. When it was the last one that could serve, everything queued or
+  /// waiting to retry fails `unavailable` with `cause`, and later submits are refused with it.
+  void worker_gave_up(Worker& w, const std::string& cause);
+
+  /// A worker's health and why (under w.mu).
+  std::pair<WorkerHealth, std::string> health_of(const Worker& w) const;
+  void breaker_success(Worker& w);
+  void breaker_failure(Worker& w, StatusCode code);
+
+  // ---- engine life cycle and shutdown (engine.cpp) --------------------------------------------
+
+  /// The one place the engine's state changes (under qmu_; an illegal change aborts).
+  void set_state(EngineState to, const std::unique_lock<std::mutex>& qlock);
+  EngineState state() const noexcept { return state_.load(std::memory_order_acquire); }
+  bool accepting() const noexcept { return state() == EngineState::running; }
+  /// Cancelling or stopped: the workers leave, nothing is retried or requeued.
+  bool cancelling() const noexcept { return state() >= EngineState::cancelling; }
+
+  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
+
+  /// Switches a shutdown in progress to cancel: the queued and running requests end now.
+  void escalate_to_cancel();
+  void wake_everyone();
+  void cancel_all();
+  /// Every request queued or waiting to retry, queued first (under qmu_).
+  std::vector<std::shared_ptr<Request>> not_running() const;
+
+  // ---- metrics (engine_metrics.cpp) -----------------------------------------------------------
+
+  EngineMetrics metrics() const;
+  EngineHealth health() const;
+  std::string context(const std::string& what, const std::string& tag) const {
+    return detail::with_tag(what, tag);
+  }
+
+  // ---- state ----------------------------------------------------------------------------------
+
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<Device> device_;
+  EngineOptions opt_;
+  ModelSignature sig_;
+  std::int64_t max_rows_;
+  bool unified_;
+  Clock::time_point started_;
+  int intra_op_threads_ = 1;
+
+  // Executors. Destroyed in reverse order; shutdown() stops them in the right order first.
+  ThreadPool completion_;
+  ThreadPool dispatcher_;
+  InlineExecutor inline_;
+  DeadlineTimer timer_;
+  ThreadPool reaper_;
+
+  mutable std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::condition_variable space_cv_;
+  std::condition_variable drain_cv_;
+  detail::RequestQueue queue_;
+  std::atomic<EngineState> state_{EngineState::running};  // written by set_state() under qmu_
+  detail::RetryScheduler retry_;                          // its waiting set under qmu_
+  std::int64_t inflight_batches_ = 0;                     // under qmu_
+  std::uint64_t next_seq_ = 0;                            // under qmu_
+  std::optional<Status> no_workers_;  // under qmu_: every worker gave up (worker_gave_up)
+  std::atomic<int> live_workers_{0};  // workers that have not given up
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  detail::ResultStore store_;
+  detail::OrderedDelivery order_;
+  detail::AdmissionControl admission_;
+
+  // Hot counters live on their own cache lines: they are bumped from several threads at once.
+  detail::OutcomeCounters outcomes_;
+  alignas(64) std::atomic<std::int64_t> inflight_requests_{0};
+  alignas(64) std::atomic<std::uint64_t> submitted_{0};
+  alignas(64) std::atomic<std::uint64_t> attempts_{0};
+  std::atomic<std::uint64_t> batches_{0};
+  std::atomic<std::uint64_t> rejected_{0};
+  std::atomic<std::uint64_t> retries_{0};
+  std::atomic<std::uint64_t> retries_denied_{0};
+  std::atomic<std::uint64_t> split_batches_{0};
+  std::atomic<std::uint64_t> late_completions_{0};
+  std::atomic<std::uint64_t> late_failures_{0};
+  std::atomic<std::uint64_t> callback_exceptions_{0};
+  std::atomic<std::uint64_t> model_exceptions_{0};
+  std::atomic<std::uint64_t> watchdog_fired_{0};
+  mutable std::mutex reasons_mu_;
+  std::map<std::string, std::uint64_t> failures_by_reason_;
+  std::map<std::string, std::uint64_t> rejections_by_reason_;
+  std::map<std::string, std::uint64_t> late_failures_by_reason_;  // under reasons_mu_
+  LogLimiter late_log_;     // late failures: their messages, rate-limited
+  LogLimiter recycle_log_;  // failed recycle attempts
+  Histogram queue_us_;
+  Histogram compute_us_;
+  Histogram request_us_;
+  Histogram batch_size_{Histogram::batch_size_bounds()};
+
+  std::mutex shutdown_mu_;
+};
+
+}  // namespace asyncinfer

@@ -1,0 +1,110 @@
+// EngineCore::metrics() and health() (engine.hpp's EngineMetrics and EngineHealth): snapshots
+// of the counters, histograms and per-worker state, each read under the lock that guards it.
+#include "engine/engine_core.hpp"
+
+namespace asyncinfer {
+
+using detail::Batch;
+using detail::ms_text;
+using detail::Pending;
+using detail::Request;
+using detail::Stage;
+using detail::Worker;
+EngineMetrics EngineCore::metrics() const {
+  EngineMetrics m;
+  m.model = model_->name();
+  m.uptime_s = detail::elapsed_s_since(started_);
+  m.submitted = submitted_.load();
+  m.rejected = rejected_.load();
+  m.completed = outcomes_.completed.load();
+  m.failed = outcomes_.failed.load();
+  m.timed_out = outcomes_.timed_out.load();
+  m.cancelled = outcomes_.cancelled.load();
+  m.shut_down = outcomes_.shut_down.load();
+  {
+    std::lock_guard lock(reasons_mu_);
+    m.failures_by_reason = failures_by_reason_;
+    m.rejections_by_reason = rejections_by_reason_;
+    m.late_failures_by_reason = late_failures_by_reason_;
+  }
+  m.batches = batches_.load();
+  m.attempts = attempts_.load();
+  m.retries = retries_.load();
+  m.retries_denied_by_budget = retries_denied_.load();
+  m.split_batches = split_batches_.load();
+  m.late_completions = late_completions_.load();
+  m.late_failures = late_failures_.load();
+  m.callback_exceptions = callback_exceptions_.load();
+  m.model_exceptions = model_exceptions_.load();
+  m.watchdog_fired = watchdog_fired_.load();
+  {
+    std::lock_guard lock(qmu_);
+    m.queue_depth = static_cast<std::int64_t>(queue_.size());
+    m.retry_waiting = static_cast<std::int64_t>(retry_.size());
+  }
+  m.inflight_requests = inflight_requests_.load();
+  m.batches_per_s = m.uptime_s > 0 ? static_cast<double>(m.batches) / m.uptime_s : 0;
+  m.result_store_size = static_cast<std::int64_t>(store_.size());
+  if (opt_.ordered_delivery) {
+    constexpr std::size_t kMaxKeys = 64;  // bounded: keys may be one per client
+    order_.backlog(m.ordered_backlog_total, m.ordered_backlog, kMaxKeys);
+  }
+  m.live_workers = live_workers_.load();
+  for (const auto& w : workers_) {
+    WorkerMetrics wm;
+    wm.index = w->index;
+    {
+      std::lock_guard lock(w->mu);
+      wm.breaker = detail::to_string(w->breaker);
+      wm.inflight_batches = w->inflight;
+      wm.abandoned_instances = w->abandoned;
+      auto [health, reason] = health_of(*w);
+      wm.health = std::string(to_string(health));
+      wm.health_reason = std::move(reason);
+    }
+    wm.batches = w->batches.load();
+    wm.failed_batches = w->failed_batches.load();
+    wm.recycles = w->recycles.load();
+    wm.recycle_failures = w->recycle_attempts_failed.load();
+    wm.stream_batches = w->stream_batches.load();
+    m.workers.push_back(std::move(wm));
+  }
+  m.queue_us = queue_us_.snapshot();
+  m.compute_us = compute_us_.snapshot();
+  m.request_us = request_us_.snapshot();
+  m.batch_size = batch_size_.snapshot();
+  return m;
+}
+
+EngineHealth EngineCore::health() const {
+  EngineHealth h;
+  h.live = accepting();
+  int healthy = 0;
+  std::string first_reason;
+  for (const auto& w : workers_) {
+    WorkerStatus ws;
+    ws.index = w->index;
+    {
+      std::lock_guard lock(w->mu);
+      auto [health, reason] = health_of(*w);
+      ws.health = health;
+      ws.reason = std::move(reason);
+    }
+    if (ws.health == WorkerHealth::healthy) {
+      ++healthy;
+    } else if (first_reason.empty()) {
+      first_reason = "worker " + std::to_string(ws.index) + " " +
+                     std::string(to_string(ws.health)) + ": " + ws.reason;
+    }
+    h.workers.push_back(std::move(ws));
+  }
+  h.ready = h.live && healthy > 0;
+  if (!h.live) {
+    h.reason = "the engine is shut down";
+  } else if (!h.ready) {
+    h.reason = "no healthy worker (" + first_reason + ")";
+  }
+  return h;
+}
+
+}  // namespace asyncinfer

@@ -1,0 +1,58 @@
+#include "engine/request.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace asyncinfer::detail {
+
+namespace {
+const char* stage_name(Stage s) noexcept {
+  constexpr const char* kNames[kStages] = {"submitting", "queued",    "running",
+                                           "retry_wait", "completed", "failed",
+                                           "timed_out",  "cancelled", "shut_down"};
+  const auto i = static_cast<int>(s);
+  return i >= 0 && i < kStages ? kNames[i] : "?";
+}
+}  // namespace
+
+void illegal_transition(Stage from, Stage to, const char* why) noexcept {
+  std::fprintf(stderr, "asyncinfer: internal error: request stage %s -> %s: %s\n", stage_name(from),
+               stage_name(to), why);
+  std::abort();
+}
+
+bool batch_compatible(const Request& a, const Request& b) noexcept {
+  if (a.shape_key != b.shape_key || a.inputs.size() != b.inputs.size()) return false;
+  for (std::size_t i = 0; i < a.inputs.size(); ++i) {
+    const Tensor& x = a.inputs[i];
+    const Tensor& y = b.inputs[i];
+    if (x.dtype() != y.dtype() || x.rank() != y.rank()) return false;
+    if (!std::equal(x.shape().begin() + (x.rank() > 0 ? 1 : 0), x.shape().end(),
+                    y.shape().begin() + (y.rank() > 0 ? 1 : 0))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
+  // FNV-1a over dtypes and the dims after the batch dim.
+  std::uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffU;
+      h *= 1099511628211ULL;
+    }
+  };
+  for (const Tensor& t : inputs) {
+    mix(static_cast<std::uint64_t>(t.dtype()));
+    mix(t.rank());
+    for (std::size_t d = batched ? 1 : 0; d < t.rank(); ++d) {
+      mix(static_cast<std::uint64_t>(t.shape()[d]));
+    }
+  }
+  return h;
+}
+
+}  // namespace asyncinfer::detail

@@ -1,0 +1,118 @@
+#include "engine/retry_scheduler.hpp"
+
+#include "engine/engine_core.hpp"
+
+namespace asyncinfer {
+namespace detail {
+
+RetryScheduler::RetryScheduler(const RetryPolicy& policy)
+    : policy_(policy), budget_(policy), rng_(std::random_device{}()) {}
+
+void RetryScheduler::on_request(Clock::time_point now) {
+  if (policy_.max_attempts > 1) budget_.on_request(now);
+}
+
+RetryDecision RetryScheduler::decide(int attempts, StatusCode code, Clock::time_point deadline,
+                                     Clock::time_point now, bool cancelling) {
+  RetryDecision d;
+  if (attempts >= policy_.max_attempts || !policy_.is_retryable(code) || cancelling) return d;
+  std::chrono::microseconds wait;
+  {
+    std::lock_guard lock(rng_mu_);
+    wait = policy_.backoff(attempts + 1, rng_);
+  }
+  d.at = saturating_add(now, wait);
+  if (d.at >= deadline) {
+    d.why_not = "no time left before the deadline for attempt " + std::to_string(attempts + 1);
+  } else if (!budget_.try_retry(now)) {
+    d.denied_by_budget = true;
+    d.why_not = "retry budget exhausted";
+  } else {
+    d.retry = true;
+  }
+  return d;
+}
+
+Status RetryScheduler::final_status(const Status& last, int attempts, const std::string& why_not,
+                                    const std::string& tag) {
+  if (attempts <= 1 && why_not.empty()) return last;
+  std::string msg =
+      "failed after " + std::to_string(attempts) + " attempt" + (attempts == 1 ? "" : "s");
+  if (!why_not.empty()) msg += " (" + why_not + ")";
+  msg += "; last error: " + last.to_string();
+  return Status(last.code(), with_tag(msg, tag));
+}
+
+std::shared_ptr<Request> RetryScheduler::unpark(Request* r) {
+  auto it = waiting_.find(r);
+  if (it == waiting_.end()) return nullptr;
+  std::shared_ptr<Request> ref = std::move(it->second);
+  waiting_.erase(it);
+  return ref;
+}
+
+std::vector<std::shared_ptr<Request>> RetryScheduler::all() const {
+  std::vector<std::shared_ptr<Request>> out;
+  out.reserve(waiting_.size());
+  for (const auto& [ptr, ref] : waiting_) out.push_back(ref);
+  return out;
+}
+
+}  // namespace detail
+
+using detail::Request;
+using detail::Stage;
+
+void EngineCore::retry_or_fail(const std::shared_ptr<Request>& r, const Status& st) {
+  {
+    std::lock_guard tl(r->timer_mu);
+    r->last_error = st;
+  }
+  const int attempts = r->attempts.load(std::memory_order_relaxed);
+  const detail::RetryDecision d =
+      retry_.decide(attempts, st.code(), r->deadline, Clock::now(), cancelling());
+  if (d.denied_by_budget) retries_denied_.fetch_add(1, std::memory_order_relaxed);
+  if (d.retry) {
+    {
+      std::unique_lock lock(qmu_);
+      if (!detail::transition(*r, Stage::running, Stage::retry_wait, lock)) {
+        lock.unlock();
+        late_failure(1, st, *r);  // ended meanwhile (deadline, cancel)
+        return;
+      }
+      r->batch.reset();
+      retry_.park(r);
+    }
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    TimerId id = timer_.add(d.at, [this, r] { requeue_after_backoff(r); });
+    std::lock_guard tl(r->timer_mu);
+    r->retry_timer = id;
+    return;
+  }
+  Status final = detail::RetryScheduler::final_status(st, attempts, d.why_not, r->tag);
+  const Status copy = final;
+  if (!try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
+    late_failure(1, copy, *r);  // ended meanwhile (deadline, cancel)
+  }
+}
+
+void EngineCore::requeue_after_backoff(const std::shared_ptr<Request>& r) {
+  std::optional<Status> unavailable;
+  {
+    std::unique_lock lock(qmu_);
+    if (!retry_.waiting(r.get())) return;  // ended meanwhile
+    unavailable = no_workers_;
+    if (!cancelling() && !unavailable) {
+      std::shared_ptr<Request> ref = retry_.unpark(r.get());
+      if (!detail::transition(*r, Stage::retry_wait, Stage::queued, lock)) return;
+      r->enqueued = Clock::now();
+      queue_.push_back(ref);  // retries do not count against queue_capacity
+      lock.unlock();
+      qcv_.notify_one();
+      return;
+    }
+  }
+  end_unservable(r, unavailable, "engine shut down while the request waited to retry");
+}
+
+}  // namespace asyncinfer

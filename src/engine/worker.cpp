@@ -1,0 +1,541 @@
+// The worker (worker.hpp): its loop, launching a batch (assembly, enqueue, the completion point
+// and the copies back), the completion point itself (splitting the outputs, ending the requests),
+// and what happens to a failed batch (split, requeue, retry). The watchdog, recycling and the
+// breaker are in worker_recovery.cpp.
+#include <algorithm>
+
+#include "asyncinfer/detail/chrono.hpp"
+#include "engine/batcher.hpp"
+#include "engine/engine_core.hpp"
+#include "engine/test_hooks.hpp"
+
+namespace asyncinfer {
+
+using detail::Batch;
+using detail::Breaker;
+using detail::ms_text;
+using detail::Pending;
+using detail::Request;
+using detail::saturating_add;
+using detail::Stage;
+using detail::Worker;
+
+Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
+  const std::string where = "worker " + std::to_string(w.index);
+  StreamOptions so;
+  so.host_func_executor = completion_point_executor();
+  so.name = "ai-w" + std::to_string(w.index) + "-stream";
+  Result<std::unique_ptr<Stream>> stream = internal_error("no stream");
+  try {
+    stream = device_->create_stream(so);
+  } catch (const std::exception& e) {
+    stream = internal_error(std::string("device threw while creating a stream: ") + e.what());
+  } catch (...) {
+    stream = internal_error("device threw an unknown exception while creating a stream");
+  }
+  if (!stream.ok()) return stream.status().with_context(where);
+  InstanceOptions io;
+  io.worker_index = w.index;
+  io.intra_op_threads = threads;
+  Result<std::unique_ptr<ModelInstance>> instance = internal_error("no instance");
+  try {
+    instance = model_->create_instance(*device_, **stream, io);
+  } catch (const std::exception& e) {
+    model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    instance = internal_error(std::string("model threw in create_instance: ") + e.what());
+  } catch (...) {
+    model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    instance = internal_error("model threw an unknown exception in create_instance");
+  }
+  if (!instance.ok()) {
+    return instance.status().with_context("worker " + std::to_string(w.index) + ": model '" +
+                                          model_->name() + "' on " + device_->name());
+  }
+  w.stream = std::move(*stream);
+  w.instance = std::move(*instance);
+  return Status();
+}
+
+Executor* EngineCore::completion_point_executor() {
+  const DeviceKind k = device_->kind();
+  if (k == DeviceKind::cpu || k == DeviceKind::sim) return &inline_;
+  return &dispatcher_;
+}
+
+void EngineCore::worker_loop(Worker& w) {
+  detail::setup_thread("ai-worker-" + std::to_string(w.index));
+  for (;;) {
+    std::int64_t cap = max_rows_;
+    bool do_recycle = false;
+    {
+      std::unique_lock lock(w.mu);
+      for (;;) {
+        // Leave at once when cancelling (shutdown(cancel), or a drain that ended), whatever else is
+        // pending (a recycle, a backoff, a breaker cool-down): nothing is left for this worker to
+        // do.
+        if (cancelling()) return;
+        if (w.gave_up) {
+          // Unhealthy for good: serves nothing and waits for shutdown.
+          if (!accepting()) return;
+          w.cv.wait(lock);
+          continue;
+        }
+        if (w.recycle) {
+          // Replacing an instance abandons the old one: only within the limit (header).
+          if (w.abandoned > 0 && w.abandoned >= opt_.recovery.max_abandoned_instances) {
+            w.cv.wait(lock);  // the reaper notifies when an abandoned instance is destroyed
+            continue;
+          }
+          if (Clock::now() < w.next_recycle) {
+            w.cv.wait_until(lock, w.next_recycle);  // backoff after a failed attempt
+            continue;
+          }
+          do_recycle = true;
+          break;
+        }
+        if (w.abandoned > opt_.recovery.max_abandoned_instances) {
+          w.cv.wait(lock);  // max_abandoned_instances 0: the replaced instance's work first
+          continue;
+        }
+        if (w.breaker == Breaker::open) {
+          if (Clock::now() >= w.open_until) {
+            w.breaker = Breaker::half_open;
+            w.breaker_open.store(false, std::memory_order_release);
+            continue;
+          }
+          w.cv.wait_until(lock, w.open_until);
+          continue;
+        }
+        const int limit = w.breaker == Breaker::half_open ? 1 : opt_.max_inflight_per_worker;
+        if (w.inflight < limit) {
+          if (w.breaker == Breaker::half_open) cap = 1;  // probe with one request
+          break;
+        }
+        w.cv.wait(lock);
+      }
+    }
+    if (do_recycle) {
+      recycle(w);
+      continue;
+    }
+    std::shared_ptr<Batch> batch = next_batch(w, cap);
+    if (!batch) {
+      if (cancelling()) return;
+      // A recycle, or a breaker that opened while the worker waited for work: back to the
+      // loop above, which handles them.
+      if (w.recycle_wanted.load(std::memory_order_acquire)) continue;
+      if (w.breaker_open.load(std::memory_order_acquire)) continue;
+      return;
+    }
+    launch(w, batch);
+  }
+}
+
+std::shared_ptr<Batch> EngineCore::next_batch(Worker& w, std::int64_t cap) {
+  detail::BatcherConfig config;
+  config.batched = sig_.batched;
+  config.max_rows = cap;
+  config.max_queue_delay = opt_.batching.max_queue_delay;
+  config.preferred_batch_sizes = opt_.batching.preferred_batch_sizes;
+  config.priority_aging = opt_.priority_aging;
+  std::unique_lock lock(qmu_);
+  for (;;) {
+    if (cancelling()) return nullptr;
+    if (w.recycle_wanted.load(std::memory_order_acquire)) return nullptr;  // see worker_loop
+    if (w.breaker_open.load(std::memory_order_acquire)) return nullptr;
+    if (queue_.empty()) {
+      if (!accepting() && retry_.empty() && inflight_batches_ == 0) return nullptr;
+      qcv_.wait(lock);
+      continue;
+    }
+    config.flush = !accepting();
+    const detail::BatchPlan plan = detail::plan_batch(queue_, config, Clock::now());
+    if (!plan.ready()) {
+      if (detail::no_limit(plan.wake)) {
+        qcv_.wait(lock);  // a new request, a stopping engine or a recycle wakes it
+      } else {
+        qcv_.wait_until(lock, plan.wake);
+      }
+      continue;
+    }
+    auto batch = std::make_shared<Batch>();
+    batch->worker = w.index;
+    batch->requests.reserve(plan.take.size());
+    for (Request* r : plan.take) {
+      r->batch = batch;  // before the transition: whoever sees `running` sees the batch
+      detail::transition(*r, Stage::queued, Stage::running, lock);
+      batch->requests.push_back(queue_.remove(r));
+    }
+    batch->rows = plan.rows;
+    batch->live.store(static_cast<int>(batch->requests.size()), std::memory_order_relaxed);
+    ++inflight_batches_;
+    lock.unlock();
+    if (opt_.queue_full_policy == QueueFullPolicy::block) space_cv_.notify_all();
+    return batch;
+  }
+}
+
+void EngineCore::launch(Worker& w, const std::shared_ptr<Batch>& batch) {
+  {
+    std::lock_guard lock(w.mu);
+    batch->generation = w.generation;
+    ++w.inflight;
+    w.running.push_back(batch);
+  }
+  const Clock::time_point now = Clock::now();
+  for (const auto& r : batch->requests) {
+    ++r->attempts;
+    queue_us_.observe(detail::us_between(r->enqueued, now));
+  }
+  attempts_.fetch_add(batch->requests.size(), std::memory_order_relaxed);
+  auto io = std::make_shared<BatchIO>();
+  batch->io = io;
+  io->stop = batch->stop.get_token();
+  Status s = assemble(w, *batch, *io);
+  if (s.ok() && batch->requests.empty()) {  // every request failed in assembly
+    end_without_running(w, batch, Status());
+    return;
+  }
+  if (s.ok()) {
+    batches_.fetch_add(1, std::memory_order_relaxed);
+    w.batches.fetch_add(1, std::memory_order_relaxed);
+    batch_size_.observe(static_cast<double>(batch->rows));
+    // On the stream from here until its completion point runs (or it never gets one).
+    batch->on_stream.store(true, std::memory_order_relaxed);
+    w.stream_batches.fetch_add(1, std::memory_order_relaxed);
+    try {
+      s = w.instance->enqueue(*w.stream, io);
+    } catch (const std::exception& e) {
+      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      s = internal_error(std::string("model threw during enqueue: ") + e.what());
+    } catch (...) {
+      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      s = internal_error("model threw an unknown exception during enqueue");
+    }
+    if (!s.ok()) s = s.with_context("model '" + model_->name() + "'");
+  }
+  if (s.ok() && !unified_) s = enqueue_copies_back(w, *batch, *io);
+  if (!s.ok()) {
+    end_without_running(w, batch, s);
+    return;
+  }
+  batch->compute_start = Clock::now();
+  if (opt_.watchdog.count() > 0) {
+    std::lock_guard wl(batch->watchdog_mu);
+    batch->watchdog = timer_.add(saturating_add(batch->compute_start, opt_.watchdog),
+                                 [this, batch] { on_watchdog(batch); });
+  }
+  s = w.stream->launch_host_func([this, batch](Status st) { on_batch_done(batch, std::move(st)); });
+  if (!s.ok()) end_without_running(w, batch, s);
+}
+
+Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
+  const detail::AssemblyHook hook = detail::assembly_hook();
+  if (hook != nullptr) {
+    std::vector<std::shared_ptr<Request>> kept;
+    for (auto& r : batch.requests) {
+      try {
+        hook(r->inputs);
+        kept.push_back(r);
+      } catch (const std::exception& e) {
+        fail_alone(r, internal_error(context("batch assembly failed for this request", r->tag) +
+                                     ": " + e.what()));
+      } catch (...) {
+        fail_alone(r, internal_error(context("batch assembly failed for this request", r->tag)));
+      }
+    }
+    if (kept.size() != batch.requests.size()) {
+      batch.requests.swap(kept);
+      batch.rows = 0;
+      for (auto& r : batch.requests) batch.rows += r->rows;
+    }
+    if (batch.requests.empty()) return Status();
+  }
+  io.batch_size = sig_.batched ? batch.rows : 1;
+  try {
+    if (batch.requests.size() == 1) {
+      io.host_inputs = batch.requests[0]->inputs;
+    } else {
+      io.host_inputs.reserve(sig_.inputs.size());
+      std::vector<Tensor> parts(batch.requests.size());
+      for (std::size_t i = 0; i < sig_.inputs.size(); ++i) {
+        for (std::size_t j = 0; j < batch.requests.size(); ++j) {
+          parts[j] = batch.requests[j]->inputs[i];
+        }
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, concat_dim0(parts));
+        io.host_inputs.push_back(std::move(t));
+      }
+    }
+    if (unified_) {
+      io.inputs = io.host_inputs;
+    } else {
+      io.inputs.reserve(io.host_inputs.size());
+      for (const Tensor& h : io.host_inputs) {
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d,
+                                    device_->empty(h.dtype(), h.shape(), MemoryKind::device));
+        ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(d, h));
+        io.inputs.push_back(std::move(d));
+      }
+    }
+  } catch (const std::exception& e) {
+    return internal_error(std::string("batch assembly failed: ") + e.what());
+  }
+  return Status();
+}
+
+void EngineCore::fail_alone(const std::shared_ptr<Request>& r, Status s) {
+  // The request is running (it was dispatched): end it here.
+  const Status copy = s;
+  if (!try_resolve(r, detail::stage_for_error(s.code()), std::move(s))) late_failure(1, copy, *r);
+}
+
+Status EngineCore::enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io) {
+  if (io.outputs.size() != sig_.outputs.size()) {
+    return internal_error("model '" + model_->name() + "' gave " +
+                          std::to_string(io.outputs.size()) + " outputs during enqueue on " +
+                          device_->name() + ", its signature has " +
+                          std::to_string(sig_.outputs.size()) +
+                          " (on devices without unified memory the outputs must exist when "
+                          "enqueue returns)");
+  }
+  batch.host_outputs.reserve(io.outputs.size());
+  for (const Tensor& out : io.outputs) {
+    if (!out.defined())
+      return internal_error("model '" + model_->name() + "' left an output undefined");
+    ASYNCINFER_ASSIGN_OR_RETURN(Tensor host,
+                                device_->empty(out.dtype(), out.shape(), MemoryKind::pinned_host));
+    ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(host, out));
+    batch.host_outputs.push_back(std::move(host));
+  }
+  return Status();
+}
+
+void EngineCore::off_stream(Worker& w, Batch& batch) {
+  if (batch.on_stream.exchange(false, std::memory_order_relaxed)) {
+    w.stream_batches.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void EngineCore::end_without_running(Worker& w, const std::shared_ptr<Batch>& batch, Status s) {
+  off_stream(w, *batch);
+  if (batch->done.exchange(true)) return;
+  if (!s.ok()) {
+    w.failed_batches.fetch_add(1, std::memory_order_relaxed);
+    breaker_failure(w, s.code());
+  }
+  release_slot(w, *batch);
+  if (!s.ok()) batch_failed(batch, s);
+  batch_finished();
+}
+
+void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
+  Worker& wk = *workers_[static_cast<std::size_t>(batch->worker)];
+  off_stream(wk, *batch);
+  if (batch->done.exchange(true)) {
+    // The watchdog ended it first: its requests have ended; what it brings is late.
+    late_outcome(*batch, st);
+    return;
+  }
+  TimerId wd;
+  {
+    std::lock_guard wl(batch->watchdog_mu);
+    wd = std::exchange(batch->watchdog, TimerId{});
+  }
+  timer_.cancel(wd);
+  const Clock::time_point now = Clock::now();
+  const double compute = detail::us_between(batch->compute_start, now);
+  compute_us_.observe(compute);
+  Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+  // The breaker is updated before the slot is freed, so a worker that just failed its probe
+  // cannot take another request in between.
+  if (st.ok()) {
+    breaker_success(w);
+  } else if (st.code() != StatusCode::aborted) {
+    w.failed_batches.fetch_add(1, std::memory_order_relaxed);
+    breaker_failure(w, st.code());
+  }
+  const bool stale = release_slot(w, *batch);
+  CallbackBatch callbacks(*this);
+  if (st.ok()) {
+    complete(batch, compute);
+  } else if (stale && st.code() == StatusCode::aborted) {
+    requeue_all(batch);  // its stream was replaced under it: run it again on the new one
+  } else {
+    batch_failed(batch, st);
+  }
+  batch_finished();
+}
+
+bool EngineCore::release_slot(Worker& w, const Batch& batch) {
+  bool stale = false;
+  {
+    std::lock_guard lock(w.mu);
+    --w.inflight;
+    auto it = std::find_if(w.running.begin(), w.running.end(),
+                           [&](const std::shared_ptr<Batch>& b) { return b.get() == &batch; });
+    if (it != w.running.end()) w.running.erase(it);
+    stale = batch.generation != w.generation;
+  }
+  w.cv.notify_one();
+  return stale;
+}
+
+void EngineCore::batch_finished() {
+  {
+    std::lock_guard lock(qmu_);
+    --inflight_batches_;
+  }
+  if (!accepting()) notify_progress();
+}
+
+void EngineCore::notify_progress() {
+  { std::lock_guard lock(qmu_); }
+  qcv_.notify_all();
+  drain_cv_.notify_all();
+}
+
+void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us) {
+  const std::vector<Tensor>& outs = unified_ ? batch->io->outputs : batch->host_outputs;
+  Status check = check_outputs(outs, batch->rows);
+  if (!check.ok()) {
+    batch_failed(batch, check);
+    return;
+  }
+  admission_.observe(compute_us, batch->requests.size());  // for admission control
+  const bool split = sig_.batched && batch->requests.size() > 1;
+  std::int64_t offset = 0;
+  for (const auto& r : batch->requests) {
+    Outputs mine;
+    if (split) {
+      mine.reserve(outs.size());
+      for (const Tensor& o : outs) mine.push_back(*o.slice(offset, offset + r->rows));
+    } else {
+      mine = outs;
+    }
+    offset += r->rows;
+    if (!try_resolve(r, Stage::completed, std::move(mine))) {
+      late_completions_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const {
+  if (outs.size() != sig_.outputs.size()) {
+    return internal_error("model '" + model_->name() + "' produced " + std::to_string(outs.size()) +
+                          " outputs, its signature has " + std::to_string(sig_.outputs.size()));
+  }
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    const TensorSpec& spec = sig_.outputs[i];
+    const Tensor& t = outs[i];
+    bool ok = t.defined() && t.is_host_accessible() && t.dtype() == spec.dtype &&
+              t.rank() == spec.shape.size();
+    for (std::size_t d = 0; ok && d < spec.shape.size(); ++d) {
+      if (spec.shape[d] >= 0 && spec.shape[d] != t.shape()[d]) ok = false;
+    }
+    if (ok && sig_.batched && t.dim(0) != rows) ok = false;
+    if (!ok) {
+      return internal_error("model '" + model_->name() + "' returned output '" + spec.name +
+                            "' as " + t.describe() + " but its signature says " +
+                            std::string(to_string(spec.dtype)) + shape_to_string(spec.shape) +
+                            (sig_.batched ? " with " + std::to_string(rows) + " rows" : ""));
+    }
+  }
+  return Status();
+}
+
+void EngineCore::batch_failed(const std::shared_ptr<Batch>& batch, const Status& st) {
+  std::vector<std::shared_ptr<Request>> live;
+  std::size_t ended = 0;
+  const Request* first_ended = nullptr;
+  for (const auto& r : batch->requests) {
+    const Stage at = r->stage.load(std::memory_order_acquire);
+    if (at == Stage::running) {
+      live.push_back(r);
+    } else if (detail::is_final(at)) {
+      if (ended++ == 0) first_ended = r.get();
+    }
+  }
+  if (ended > 0 && !own_stop(*batch, st)) late_failure(ended, st, *first_ended);
+  const StatusCode code = st.code();
+  if (live.size() > 1 && opt_.batching.split_failed_batches && !opt_.retry.is_retryable(code) &&
+      code != StatusCode::cancelled && code != StatusCode::aborted &&
+      code != StatusCode::deadline_exceeded) {
+    split_batches_.fetch_add(1, std::memory_order_relaxed);
+    requeue(live, /*solo=*/true);
+    return;
+  }
+  for (const auto& r : live) retry_or_fail(r, st);
+}
+
+void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo) {
+  std::vector<std::shared_ptr<Request>> refused;
+  std::optional<Status> unavailable;
+  {
+    std::unique_lock lock(qmu_);
+    unavailable = no_workers_;
+    for (auto it = rs.rbegin(); it != rs.rend(); ++it) {
+      const std::shared_ptr<Request>& r = *it;
+      if (cancelling() || unavailable) {
+        refused.push_back(r);
+        continue;
+      }
+      if (!detail::transition(*r, Stage::running, Stage::queued, lock)) continue;
+      r->solo = r->solo || solo;
+      --r->attempts;
+      r->batch.reset();
+      queue_.push_front(r);
+    }
+  }
+  qcv_.notify_all();
+  for (auto& r : refused) {
+    end_unservable(r, unavailable, "engine shut down before the request completed");
+  }
+}
+
+void EngineCore::end_unservable(const std::shared_ptr<Request>& r,
+                                const std::optional<Status>& unavailable, const char* shut_down) {
+  if (unavailable) {
+    try_resolve(r, Stage::failed,
+                Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
+  } else {
+    try_resolve(r, Stage::shut_down, aborted_error(context(shut_down, r->tag)));
+  }
+}
+
+void EngineCore::requeue_all(const std::shared_ptr<Batch>& batch) {
+  std::vector<std::shared_ptr<Request>> live;
+  for (const auto& r : batch->requests) {
+    if (r->stage.load(std::memory_order_acquire) == Stage::running) live.push_back(r);
+  }
+  requeue(live, /*solo=*/false);
+}
+
+void EngineCore::late_failure(std::size_t n, const Status& st, const Request& example) {
+  late_failures_.fetch_add(n, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(reasons_mu_);
+    late_failures_by_reason_[std::string(to_string(st.code()))] += n;
+  }
+  const Stage at = example.stage.load(std::memory_order_acquire);
+  late_log_.log(LogLevel::warning,
+                context("engine: a failure arrived after its request had ended", example.tag) +
+                    " (" + std::string(to_string(detail::to_state(at))) +
+                    (n > 1 ? ", " + std::to_string(n) + " requests of one batch" : "") +
+                    "): " + st.to_string());
+}
+
+void EngineCore::late_outcome(const Batch& batch, const Status& st) {
+  if (batch.requests.empty()) return;
+  if (st.ok()) {
+    late_completions_.fetch_add(batch.requests.size(), std::memory_order_relaxed);
+  } else if (!own_stop(batch, st)) {
+    late_failure(batch.requests.size(), st, *batch.requests.front());
+  }
+}
+
+bool EngineCore::own_stop(const Batch& batch, const Status& st) {
+  return st.code() == StatusCode::aborted ||
+         (st.code() == StatusCode::cancelled && batch.stop.stop_requested());
+}
+
+}  // namespace asyncinfer

@@ -1,0 +1,71 @@
+// worker.hpp (internal) — one engine worker: a thread, a device stream and a model instance.
+//
+// The worker loop (EngineCore::worker_loop, worker.cpp) leaves at once when the engine is
+// cancelling or stopped, whatever else is pending; otherwise, in order: an unhealthy worker (it
+// gave up) waits for shutdown; a pending recycle waits for its backoff and for the
+// abandoned-instance limit, then replaces the stream and model instance (bounded attempts, then
+// unhealthy); an open breaker waits for its cool-down; then the worker asks the batcher
+// (batcher.hpp) for a batch when it has a free in-flight slot, assembles it, enqueues it on its
+// stream with a completion point, and arms the hang watchdog.
+//
+// worker.cpp holds the loop, launch, batch assembly and the completion point;
+// worker_recovery.cpp the watchdog, recycling, giving up and the circuit breaker.
+//
+// Locks: `mu` guards the fields marked so; never held together with the engine's queue mutex.
+// The atomic mirrors (`recycle_wanted`, `breaker_open`) let the batcher's caller, which holds the
+// queue mutex, see that the worker must stop taking work without taking `mu`.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asyncinfer/device.hpp"
+#include "asyncinfer/model.hpp"
+#include "engine/request.hpp"
+
+namespace asyncinfer::detail {
+
+/// Circuit breaker (EngineOptions::breaker): closed → open after failure_threshold failed
+/// batches in a row; open → half_open after the cool-down; half_open runs one request: success
+/// closes it, failure opens it again.
+enum class Breaker : std::uint8_t { closed, open, half_open };
+
+inline const char* to_string(Breaker b) noexcept {
+  return b == Breaker::closed ? "closed" : b == Breaker::open ? "open" : "half_open";
+}
+
+struct Worker {
+  int index = 0;
+  std::unique_ptr<Stream> stream;  // replaced only by the worker thread (recycle)
+  std::unique_ptr<ModelInstance> instance;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t generation = 0;                 // under mu
+  int inflight = 0;                             // under mu
+  std::vector<std::shared_ptr<Batch>> running;  // under mu
+  bool recycle = false;                         // under mu: a new stream + instance is needed
+  std::atomic<bool> recycle_wanted{false};      // the same, readable without mu (next_batch)
+  int recycle_failures = 0;                     // under mu: failed attempts in a row
+  Clock::time_point next_recycle{};             // under mu: backoff after a failed attempt
+  bool gave_up = false;                         // under mu: unhealthy for good
+  std::string last_error;                       // under mu: why the last attempt failed
+  int abandoned = 0;                            // under mu: replaced instances not yet destroyed
+  Breaker breaker = Breaker::closed;            // under mu
+  std::atomic<bool> breaker_open{false};        // breaker == open, readable without mu
+  int consecutive_failures = 0;                 // under mu
+  Clock::time_point open_until{};               // under mu
+  std::atomic<std::uint64_t> batches{0};
+  std::atomic<std::uint64_t> failed_batches{0};
+  std::atomic<std::uint64_t> recycles{0};
+  std::atomic<std::uint64_t> recycle_attempts_failed{0};
+  std::atomic<std::int64_t> stream_batches{0};  // launched, completion point not yet run
+  std::jthread thread;
+};
+
+}  // namespace asyncinfer::detail

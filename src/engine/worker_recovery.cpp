@@ -1,0 +1,214 @@
+// A worker's recovery (worker.hpp): the hang watchdog, replacing a hung worker's stream and model
+// instance (recycle), giving up after bounded attempts, its health, and the circuit breaker.
+#include <algorithm>
+
+#include "asyncinfer/detail/chrono.hpp"
+#include "engine/engine_core.hpp"
+
+namespace asyncinfer {
+
+using detail::Batch;
+using detail::Breaker;
+using detail::deadline_after;
+using detail::ms_text;
+using detail::Pending;
+using detail::Request;
+using detail::saturating_add;
+using detail::Stage;
+using detail::Worker;
+
+void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
+  if (batch->done.load(std::memory_order_acquire)) return;
+  {
+    // A batch queued on the stream behind an older one that has not finished has not started:
+    // its time runs from when the one ahead ends. Check again later instead of failing it.
+    Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+    std::lock_guard lock(w.mu);
+    bool behind = w.recycle || batch->generation != w.generation;  // its stream is going away:
+    // it comes back through requeue_all when that stream is destroyed
+    for (const auto& other : w.running) {
+      if (behind) break;
+      if (other.get() == batch.get()) break;  // `running` is in launch order
+      if (!other->done.load(std::memory_order_acquire) && other->generation == batch->generation) {
+        behind = true;
+      }
+    }
+    if (behind) {
+      std::lock_guard wl(batch->watchdog_mu);
+      batch->watchdog = timer_.add(saturating_add(Clock::now(), opt_.watchdog),
+                                   [this, batch] { on_watchdog(batch); });
+      return;
+    }
+  }
+  if (batch->done.exchange(true)) return;
+  watchdog_fired_.fetch_add(1, std::memory_order_relaxed);
+  Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+  {
+    std::lock_guard lock(w.mu);
+    if (batch->generation == w.generation) {
+      w.recycle = true;
+      w.recycle_wanted.store(true, std::memory_order_release);
+    }
+  }
+  w.failed_batches.fetch_add(1, std::memory_order_relaxed);
+  breaker_failure(w, StatusCode::deadline_exceeded);
+  { std::lock_guard lock(qmu_); }  // a worker waiting for work in next_batch sees the flag
+  qcv_.notify_all();
+  release_slot(w, *batch);
+  batch->stop.request_stop();  // cancellable backends end the hung work
+  const Status st = deadline_exceeded_error(
+      "worker " + std::to_string(w.index) +
+      ": the batch did not reach its completion point "
+      "within the " +
+      std::to_string(opt_.watchdog.count()) +
+      " ms hang watchdog; the worker's stream and model instance are being replaced");
+  for (const auto& r : batch->requests) try_resolve(r, Stage::timed_out, st);
+  batch_finished();
+}
+
+void EngineCore::recycle(Worker& w) {
+  std::unique_ptr<Stream> old_stream = std::move(w.stream);
+  std::unique_ptr<ModelInstance> old_instance = std::move(w.instance);
+  const bool abandon = old_stream != nullptr || old_instance != nullptr;
+  {
+    std::lock_guard lock(w.mu);
+    ++w.generation;
+    if (abandon) ++w.abandoned;
+  }
+  if (abandon) {
+    w.recycles.fetch_add(1, std::memory_order_relaxed);
+    Task reap([&w, s = std::move(old_stream), i = std::move(old_instance)]() mutable {
+      s.reset();  // waits for its running work where the backend cannot stop it
+      i.reset();
+      {
+        std::lock_guard lock(w.mu);
+        --w.abandoned;
+      }
+      w.cv.notify_all();
+    });
+    if (!reaper_.post(std::move(reap))) reap();  // NOLINT(bugprone-use-after-move)
+  }
+  const Status s = make_stream_and_instance(w, intra_op_threads_);
+  int failures = 0;
+  bool gave_up = false;
+  std::chrono::milliseconds wait{0};
+  {
+    std::lock_guard lock(w.mu);
+    if (s.ok()) {
+      w.recycle = false;
+      w.recycle_wanted.store(false, std::memory_order_release);
+      w.recycle_failures = 0;
+      w.last_error.clear();
+    } else {
+      failures = ++w.recycle_failures;
+      w.last_error = s.to_string();
+      if (failures >= opt_.recovery.max_recycle_attempts) {
+        w.gave_up = true;
+        gave_up = true;
+      } else {
+        wait = recycle_backoff(failures);
+        w.next_recycle = deadline_after(wait);
+      }
+    }
+  }
+  if (s.ok()) return;
+  w.recycle_attempts_failed.fetch_add(1, std::memory_order_relaxed);
+  if (gave_up) {
+    worker_gave_up(w, "worker " + std::to_string(w.index) +
+                          " is unhealthy: no model instance after " + std::to_string(failures) +
+                          " attempt" + (failures == 1 ? "" : "s") +
+                          "; last error: " + s.to_string());
+    return;
+  }
+  recycle_log_.log(LogLevel::warning,
+                   "engine: worker " + std::to_string(w.index) +
+                       " could not replace its stream and model instance (attempt " +
+                       std::to_string(failures) + " of " +
+                       std::to_string(opt_.recovery.max_recycle_attempts) + "; next in " +
+                       ms_text(wait) + "): " + s.to_string());
+}
+
+std::chrono::milliseconds EngineCore::recycle_backoff(int failures) const {
+  std::chrono::milliseconds wait = opt_.recovery.recycle_backoff;
+  for (int i = 1; i < failures && wait < opt_.recovery.max_recycle_backoff; ++i) {
+    wait = detail::saturating_sum(wait, wait);
+  }
+  return std::min(wait, opt_.recovery.max_recycle_backoff);
+}
+
+void EngineCore::worker_gave_up(Worker& w, const std::string& cause) {
+  log(LogLevel::error, "engine: " + cause);
+  w.cv.notify_all();
+  if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  const Status st = unavailable_error("no worker of the engine can serve requests: " + cause);
+  std::vector<std::shared_ptr<Request>> victims;
+  {
+    std::lock_guard lock(qmu_);
+    no_workers_ = st;
+    victims = not_running();
+  }
+  space_cv_.notify_all();  // blocked submits are refused now
+  for (auto& r : victims) {
+    end_unservable(r, st, "");
+  }
+  notify_progress();
+}
+
+std::pair<WorkerHealth, std::string> EngineCore::health_of(const Worker& w) const {
+  if (w.gave_up) {
+    return {WorkerHealth::unhealthy, "no model instance after " +
+                                         std::to_string(w.recycle_failures) +
+                                         " attempts; last error: " + w.last_error};
+  }
+  const int max_abandoned = opt_.recovery.max_abandoned_instances;
+  if ((w.recycle && w.abandoned > 0 && w.abandoned >= max_abandoned) ||
+      w.abandoned > max_abandoned) {
+    return {WorkerHealth::paused, "waiting for " + std::to_string(w.abandoned) +
+                                      " abandoned model instance(s) to finish their work "
+                                      "(max_abandoned_instances " +
+                                      std::to_string(max_abandoned) + ")"};
+  }
+  if (w.recycle) {
+    return {WorkerHealth::recovering,
+            w.last_error.empty()
+                ? std::string("replacing its stream and model instance after a hang")
+                : "replacing its stream and model instance after a hang; attempt " +
+                      std::to_string(w.recycle_failures) + " failed: " + w.last_error};
+  }
+  return {WorkerHealth::healthy, std::string()};
+}
+
+void EngineCore::breaker_success(Worker& w) {
+  if (opt_.breaker.failure_threshold <= 0) return;
+  std::lock_guard lock(w.mu);
+  w.consecutive_failures = 0;
+  if (w.breaker == Breaker::half_open) w.breaker = Breaker::closed;
+}
+
+void EngineCore::breaker_failure(Worker& w, StatusCode code) {
+  if (opt_.breaker.failure_threshold <= 0) return;
+  if (code == StatusCode::invalid_argument || code == StatusCode::cancelled ||
+      code == StatusCode::aborted) {
+    return;  // the request's fault or the caller's choice, not the worker's health
+  }
+  bool opened = false;
+  {
+    std::lock_guard lock(w.mu);
+    ++w.consecutive_failures;
+    if (w.breaker == Breaker::half_open ||
+        w.consecutive_failures >= opt_.breaker.failure_threshold) {
+      w.breaker = Breaker::open;
+      w.breaker_open.store(true, std::memory_order_release);
+      w.open_until = deadline_after(opt_.breaker.cooldown);  // max(): open for good
+      w.consecutive_failures = 0;
+      opened = true;
+    }
+  }
+  if (opened) {
+    // A worker waiting for work in next_batch must not take the next request now.
+    { std::lock_guard lock(qmu_); }
+    qcv_.notify_all();
+  }
+}
+
+}  // namespace asyncinfer
