@@ -352,15 +352,24 @@ TEST(Pipeline, ShutdownMidFlightResolvesEveryItem) {
 
 TEST(Pipeline, HostDeviceHostStagesOverlap) {
   // pre 2 ms (host, sleeping), infer 5 ms (sim), post 2 ms: serially 9 ms an item; overlapped
-  // the device is the bottleneck at 5 ms. A generous bound: well under the serial time.
+  // the device is the bottleneck at 5 ms. The overlap is observed, not timed (a loaded machine
+  // stretches every sleep): the two host stages run at the same time, and the device stage is
+  // given work while a host stage runs. Wall time only bounds it from below (the device's 5 ms
+  // an item is physical) and guards against a hang.
   auto device = *open_device("sim");
-  auto sleep_stage = [](std::string n) {
-    return StageSpec::host(std::move(n), [](PipelineItem&) {
+  std::atomic<int> host_active{0};
+  std::atomic<int> host_overlap{0};    // a host stage started while the other one ran
+  std::atomic<int> device_overlap{0};  // device work given while a host stage ran
+  auto sleep_stage = [&](std::string n) {
+    return StageSpec::host(std::move(n), [&](PipelineItem&) {
+      if (host_active.fetch_add(1) > 0) host_overlap.fetch_add(1);
       std::this_thread::sleep_for(2ms);
+      host_active.fetch_sub(1);
       return Status();
     });
   };
-  auto infer = StageSpec::on_device("infer", device, [](PipelineItem&, Stream& s) {
+  auto infer = StageSpec::on_device("infer", device, [&](PipelineItem&, Stream& s) {
+    if (host_active.load() > 0) device_overlap.fetch_add(1);
     Kernel k;
     k.name = "infer";
     k.duration = 5ms;
@@ -374,11 +383,13 @@ TEST(Pipeline, HostDeviceHostStagesOverlap) {
   auto results = p->run(std::move(items));
   const double took_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   for (auto& r : results) ASSERT_TRUE(r.ok());
-  EXPECT_LT(took_ms, 0.8 * 9.0 * kItems);
+  // A serial pipeline gives 0 for both.
+  EXPECT_GT(host_overlap.load(), 0) << "pre and post never ran at the same time";
+  EXPECT_GT(device_overlap.load(), 0) << "the device was never fed while the host worked";
   EXPECT_GE(took_ms, 5.0 * kItems * 0.99);
+  EXPECT_LT(took_ms, 60'000.0);  // hang guard only
   const auto m = p->metrics();
   EXPECT_EQ(m.bottleneck(), "infer");
-  EXPECT_GT(m.stages[1].utilisation, 0.5);
 }
 
 TEST(Pipeline, ModelAndEngineStages) {
