@@ -218,8 +218,9 @@ Command add_serve_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
   app->add_option("--strict-readiness", o->strict_readiness,
-                  "Ready only when every model version loaded (Triton's default)")
-      ->capture_default_str();
+                  "Ready only when every model version loaded and can serve (Triton's default); "
+                  "true or false")
+      ->default_str("true");
   return Command{app, [o] { return run_serve(*o); }};
 }
 

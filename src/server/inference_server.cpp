@@ -78,8 +78,13 @@ Result<const ModelVersion*> InferenceServer::find(std::string_view model,
       }
       return v;
     }
-    return unavailable_error("model '" + m->name + "' is not ready: " +
-                             (m->reason.empty() ? "no version loaded" : m->reason));
+    std::string why = m->reason;
+    if (why.empty() && !m->versions.empty()) {
+      const ModelVersion& last = *m->versions.back();
+      why = "version " + last.version_text + ": " + last.reason;
+    }
+    return unavailable_error("model '" + m->name +
+                             "' is not ready: " + (why.empty() ? "no version loaded" : why));
   }
   std::int64_t n = 0;
   const char* end = version.data() + version.size();

@@ -165,6 +165,12 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
         add(p + "inference_request_rejected", "Requests refused at submit, by reason",
             MetricType::Counter, sample(lr, static_cast<double>(n), MetricType::Counter));
       }
+      if (m.rejections_by_reason.empty()) {  // a series from the start, so alerts see 0
+        std::vector<ClientMetric::Label> lr = l;
+        lr.push_back({"reason", "none"});
+        add(p + "inference_request_rejected", "Requests refused at submit, by reason",
+            MetricType::Counter, sample(lr, 0, MetricType::Counter));
+      }
       counter("inference_request_accepted", "Requests accepted by the engine", m.submitted);
       counter("inference_request_timed_out", "Requests that passed their deadline", m.timed_out);
       counter("inference_request_cancelled", "Requests cancelled (client gone)", m.cancelled);

@@ -218,6 +218,29 @@ class BadInput(harness.unittest.TestCase):
         self.assertLess(time.monotonic() - start, 5)
         self.check_sentinel()
 
+    def test_transfer_encoding_other_than_chunked(self):
+        # RFC 9112 §6.3: refused and the connection closed, never a body taken for the next
+        # request (the smuggled GET below must not be answered).
+        smuggled = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+        raw = raw_request(self.server.http_port,
+                          b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+                          b"Transfer-Encoding: gzip\r\n\r\n" + smuggled)
+        self.assertEqual(http_status(raw), 400, raw)
+        self.assertIn(b"Transfer-Encoding 'gzip' is not supported", raw)
+        self.assertEqual(raw.count(b"HTTP/1.1 "), 1, raw)
+        self.check_sentinel()
+
+    def test_inference_header_content_length_twice(self):
+        body = json.dumps(GOOD).encode()
+        raw = raw_request(self.server.http_port,
+                          b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                          b"Inference-Header-Content-Length: %d\r\n"
+                          b"Inference-Header-Content-Length: 3\r\n\r\n"
+                          % (INFER.encode(), len(body), len(body)) + body)
+        self.assertEqual(http_status(raw), 400, raw)
+        self.assertIn(b"Inference-Header-Content-Length is given more than once", raw)
+        self.check_sentinel()
+
     def test_malformed_http(self):
         raw = raw_request(self.server.http_port, b"NOT-HTTP\r\n\r\n")
         self.assertEqual(http_status(raw), 400, raw)

@@ -20,7 +20,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 import harness
-from harness import EXAMPLE_REPOSITORY, Server, http_status
+from harness import EXAMPLE_REPOSITORY, Repository, Server, builtin_config, http_status
 
 SLOW = "/v2/models/slow/infer"
 
@@ -165,6 +165,55 @@ class Limits(harness.unittest.TestCase):
             self.assertEqual(s.recv(1), b"")  # closed by the server
             self.assertLess(time.monotonic() - start, 3)
             s.close()
+
+    def test_slow_steady_reader_gets_the_whole_response(self):
+        # The idle timeout applies to a response without progress, not to its whole write: a
+        # client reading a 4 MB answer over ~1.5 s gets all of it with --idle-timeout 0.3, and
+        # one that stops reading is closed.
+        repo = Repository()
+        repo.add("big", builtin_config("big", "builtin:identity?shape=-1&max_batch_size=0",
+                                       [("input0", "TYPE_FP32", [-1])],
+                                       [("output0", "TYPE_FP32", [-1])], max_batch_size=0))
+        n = 1 << 21  # zeros: "0," a value, about 4 MB of JSON
+        raw_in = b"\0" * (4 * n)
+        header = json.dumps({"inputs": [{"name": "input0", "shape": [n], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": len(raw_in)}}]})
+        request = (b"POST /v2/models/big/infer HTTP/1.1\r\nHost: x\r\n"
+                   b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                   % (len(header), len(header) + len(raw_in)) + header.encode() + raw_in)
+
+        def fetch(server, pause_s, per_read_s):
+            c = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            c.sendall(request)
+            time.sleep(pause_s)
+            got = b""
+            try:
+                while True:
+                    d = c.recv(65536)
+                    if not d:
+                        break
+                    got += d
+                    time.sleep(per_read_s)
+                    if len(got) > 8 << 20:
+                        break
+            finally:
+                c.close()
+            head, _, body = got.partition(b"\r\n\r\n")
+            m = re.search(rb"Content-Length: (\d+)", head)
+            return int(m.group(1)) if m else -1, len(body)
+
+        try:
+            with Server(repo.path, "--idle-timeout", "0.3") as server:
+                start = time.monotonic()
+                length, read = fetch(server, 0, 0.02)
+                self.assertGreater(time.monotonic() - start, 0.6)  # it did outlast the timeout
+                self.assertGreater(length, 4_000_000)
+                self.assertEqual(read, length)
+                length, read = fetch(server, 2.0, 0)  # stops reading: closed after 0.3 s
+                self.assertLess(read, length)
+        finally:
+            repo.cleanup()
 
 
 class Shutdown(harness.unittest.TestCase):

@@ -1,5 +1,7 @@
 #include "http_server.hpp"
 
+#include <sys/ioctl.h>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -231,6 +233,22 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     if (ec) return on_read_error(ec, "header");
     auto& req = parser_->get();
+    // RFC 9112 §6.3: a request whose final transfer coding is not chunked has no length the
+    // server can trust; read as a zero-length body, its bytes would be taken for the next
+    // request (smuggling). Refuse it and close.
+    if (req.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+      keep_alive_ = false;
+      version_ = req.version();
+      return respond_error(400, "Transfer-Encoding '" +
+                                    std::string(req[http::field::transfer_encoding]) +
+                                    "' is not supported: only chunked may be the final transfer "
+                                    "coding of a request (or give Content-Length)");
+    }
+    if (req.count("Inference-Header-Content-Length") > 1) {
+      keep_alive_ = false;
+      version_ = req.version();
+      return respond_error(400, "Inference-Header-Content-Length is given more than once");
+    }
     if (parser_->is_done()) return on_request();
     if (beast::iequals(req[http::field::expect], "100-continue")) {
       // curl and others wait for this before sending a large body.
@@ -341,9 +359,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (is(3, {"v2", "health", "ready"})) {
       if (!need(http::verb::get)) return;
       if (impl_.core.ready()) return respond(200, "", "");
-      return respond_error(503, impl_.core.draining() ? "server is shutting down"
-                                                      : "server is not ready: a model failed to "
-                                                        "load (see /v2/repository/index)");
+      return respond_error(503, impl_.core.draining()
+                                    ? "server is shutting down"
+                                    : "server is not ready: a model version failed to load or "
+                                      "cannot serve (POST /v2/repository/index gives each "
+                                      "version's state and reason)");
     }
     if (is(3, {"v2", "repository", "index"})) {
       if (!need(http::verb::post)) return;
@@ -475,16 +495,31 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = keep;
     res.prepare_payload();
     const int status = static_cast<int>(res.result_int());
-    impl_.metrics.count_request(static_cast<std::size_t>(std::clamp(status / 100, 1, 5) - 1));
+    if (!metrics_port_) {  // scrapes are not API requests (as for the connection gauges)
+      impl_.metrics.count_request(static_cast<std::size_t>(std::clamp(status / 100, 1, 5) - 1));
+    }
     response_.emplace(std::move(res));
-    set_deadline(impl_.opt.idle_timeout);  // a client that does not read its response
-    http::async_write(
-        socket_, *response_,
-        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_write(ec); });
+    serializer_.emplace(*response_);
+    write_some();
+  }
+
+  /// Writes the response a piece at a time; each piece written moves the deadline, so a client
+  /// that reads slowly but steadily gets the whole of a large response, and one that stops
+  /// reading is closed after --idle-timeout without progress.
+  void write_some() {
+    set_deadline(impl_.opt.idle_timeout);
+    http::async_write_some(socket_, *serializer_,
+                           [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                             if (!ec && !self->closed_ && !self->serializer_->is_done()) {
+                               return self->write_some();
+                             }
+                             self->on_write(ec);
+                           });
   }
 
   void on_write(beast::error_code ec) {
     clear_deadline();
+    serializer_.reset();
     response_.reset();
     if (is_infer_ && !ec) {
       impl_.metrics.observe_infer_us(
@@ -524,13 +559,34 @@ class Session : public std::enable_shared_from_this<Session> {
     timer_waiting_ = false;
     if (closed_ || deadline_ == Clock::time_point::max()) return;
     if (Clock::now() < deadline_) return start_timer(deadline_);
-    timed_out_ = true;
     if (phase_ == Phase::idle || phase_ == Phase::writing || phase_ == Phase::closing) {
+      // A response may sit in the kernel's send queue (megabytes on loopback) while the client
+      // reads it; a write waits for room meanwhile. As long as that queue shrinks between two
+      // timeouts the client is reading, not idle.
+      const std::size_t unsent = unsent_bytes();
+      if (unsent > 0 && unsent != unsent_at_last_timeout_) {
+        unsent_at_last_timeout_ = unsent;
+        return set_deadline(phase_ == Phase::closing ? kLinger : impl_.opt.idle_timeout);
+      }
+    }
+    timed_out_ = true;
+    if (phase_ == Phase::idle) {
+      // Idle after a response: the client may still be reading its tail from the kernel's
+      // buffers, which an abrupt close can discard (a reset); end it the graceful way.
+      linger();
+    } else if (phase_ == Phase::writing || phase_ == Phase::closing) {
       close();
     } else {
       beast::error_code ignored;
       socket_.cancel(ignored);  // the pending read's handler answers 408
     }
+  }
+
+  /// Bytes written to the socket that the kernel has not sent yet (0 when unknown).
+  std::size_t unsent_bytes() {
+    int n = 0;
+    if (::ioctl(socket_.native_handle(), TIOCOUTQ, &n) != 0 || n < 0) return 0;
+    return static_cast<std::size_t>(n);
   }
 
   /// Stops sending, then reads and discards what the client still sends (for up to kLinger)
@@ -576,12 +632,14 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   std::optional<Response> response_;
+  std::optional<http::response_serializer<http::string_body>> serializer_;
   DecodedInfer decoded_;
   InflightRequest inflight_;
   Clock::time_point request_read_at_;
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point timer_at_;
   bool timer_waiting_ = false;
+  std::size_t unsent_at_last_timeout_ = 0;
   unsigned version_ = 11;
   Phase phase_ = Phase::idle;
   bool metrics_port_;
@@ -614,7 +672,10 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
     if (ec) {
       return unavailable_error("cannot listen on " + endpoint.address().to_string() + ":" +
-                               std::to_string(endpoint.port()) + ": " + ec.message());
+                               std::to_string(endpoint.port()) + ": " + ec.message() +
+                               (metrics_ ? " (choose another with --metrics-port; 0 = a free "
+                                           "port, -1 = no metrics listener)"
+                                         : " (choose another with --http-port; 0 = a free port)"));
     }
     port_ = acceptor_.local_endpoint(ec).port();
     return Status();
