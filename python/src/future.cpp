@@ -14,15 +14,26 @@ PyObject* g_get_running_loop = nullptr;
 
 PyFuture& cast(py::handle self) { return self.cast<PyFuture&>(); }
 
+/// The request's status as Python sees it (cancel_won turns a late success into Cancelled).
+Status status_of(PyFuture& f) {
+  Status s = f.src->status();
+  if (f.cancel_won && s.code() != StatusCode::cancelled) {
+    return Status(StatusCode::cancelled,
+                  "cancelled by Future.cancel() (the request's own outcome, " +
+                      std::string(to_string(s.code())) + ", arrived after it and is dropped)");
+  }
+  return s;
+}
+
 /// The outcome, converted on first use.
 void settle(PyFuture& f) {
   if (f.has_outcome) return;
-  const Status s = f.src->status();
+  const Status s = status_of(f);
   if (s.ok()) {
     f.outcome = f.src->value();
     f.failed = false;
   } else {
-    py::object pe = f.src->python_error();
+    py::object pe = f.cancel_won ? py::object() : f.src->python_error();
     f.outcome = pe ? pe : make_exception(s);
     f.failed = true;
   }
@@ -30,7 +41,7 @@ void settle(PyFuture& f) {
 }
 
 bool is_cancelled(PyFuture& f) {
-  return f.src->ready() && f.src->status().code() == StatusCode::cancelled;
+  return f.src->ready() && status_of(f).code() == StatusCode::cancelled;
 }
 
 /// Waits for the result with the GIL released; TimeoutError when `timeout` passes first.
@@ -130,7 +141,9 @@ void resolve_aio(const py::object& aio, const py::object& self) {
   if (aio.attr("done")().cast<bool>()) return;
   PyFuture& f = cast(self);
   settle(f);
-  if (f.failed) {
+  if (is_cancelled(f)) {
+    aio.attr("cancel")();  // as asyncio.wrap_future does: the awaiting task gets CancelledError
+  } else if (f.failed) {
     aio.attr("set_exception")(f.outcome);
   } else {
     aio.attr("set_result")(f.outcome);
@@ -180,13 +193,13 @@ py::object await_future(const py::object& self) {
 
 std::string state_name(PyFuture& f) {
   if (!f.src->ready()) return "pending";
-  switch (f.src->status().code()) {
+  switch (status_of(f).code()) {
     case StatusCode::ok:
       return "finished";
     case StatusCode::cancelled:
       return "cancelled";
     default:
-      return "failed (" + std::string(to_string(f.src->status().code())) + ")";
+      return "failed (" + std::string(to_string(status_of(f).code())) + ")";
   }
 }
 
@@ -254,13 +267,15 @@ out.
           "cancel",
           [](PyFuture& f) {
             const bool reached = f.src->cancel();
+            if (reached) f.cancel_won = true;
             return reached || is_cancelled(f);
           },
           R"doc(
 Cancels the request: a queued request leaves the queue at once, a running one ends Cancelled
-at once (its work is stopped where the backend can). True when the request was cancelled (or
-will be: with ordered delivery its result waits for its turn); False when it had already ended.
-Never blocks.
+at once (its work is stopped where the backend can). True when the request had not ended yet:
+this future then ends Cancelled, even if the engine's result was already on its way (it is
+dropped), as concurrent.futures promises (with ordered delivery it ends in its turn); False when
+it had already ended. Never blocks.
 )doc")
       .def("add_done_callback", &add_done_callback, py::arg("fn"), R"doc(
 Calls ``fn(future)`` once the request ends: on the engine's completion thread, holding the
@@ -269,7 +284,8 @@ GIL, or at once on this thread when it has already ended. An exception fn raises
 )doc")
       .def("__await__", &await_future,
            "Awaitable in asyncio: resolved on the running loop's thread "
-           "(loop.call_soon_threadsafe). Cancelling the awaiting task cancels the request.")
+           "(loop.call_soon_threadsafe). Cancelling the awaiting task cancels the request; "
+           "awaiting a cancelled future raises asyncio.CancelledError (as asyncio.wrap_future).")
       .def_property_readonly(
           "_condition",
           [](const py::object& self) {

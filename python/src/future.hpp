@@ -74,6 +74,10 @@ class PyFuture {
   // (which reads _state and installs waiters under the condition) never sees a future finished
   // whose waiters have not been told, or the other way round.
   bool notified = false;
+  // cancel() returned True: the request ends Cancelled for Python whatever the engine delivers
+  // (a result that was already on its way when the cancel landed is dropped), as
+  // concurrent.futures promises. GIL held.
+  bool cancel_won = false;
 };
 
 void init_future(py::module_& m);
