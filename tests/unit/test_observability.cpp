@@ -121,14 +121,16 @@ TEST(LogHook, LimiterLetsABurstThroughAndCountsTheRest) {
 TEST(LateFailures, TheEnginesOwnStopIsNotALateFailure) {
   CapturedLog log;
   auto model = std::make_shared<ScriptedModel>([](const Call&) {
-    return Decision{internal_error("kernel 'conv1' failed: illegal memory access"), 80ms};
+    // Seconds of work, stopped at the request's deadline: the margin holds on a loaded machine
+    // (with 80 ms against 40 ms, a late deadline timer under ASan let the failure win).
+    return Decision{internal_error("kernel 'conv1' failed: illegal memory access"), 3s};
   });
   EngineOptions o;
   o.workers = 1;
   o.batching.max_batch_size = 1;
   auto engine = engine_of(model, o);
   RequestOptions ro;
-  ro.timeout = 40ms;
+  ro.timeout = 100ms;
   auto r = get_within(engine->submit(one(1), ro));
   EXPECT_EQ(r.status().code(), StatusCode::deadline_exceeded);
   engine->shutdown(ShutdownMode::drain);
