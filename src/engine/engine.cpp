@@ -99,13 +99,18 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->rows = sig_.batched ? inputs[0].dim(0) : 1;
   // Guarantee 6: the caller may overwrite its buffers once submit returns. A tensor still
   // referenced elsewhere is copied; one moved in is used as it is.
+  bool copied = false;
   for (Tensor& t : inputs) {
     if (t.storage().use_count() > 1) {
       auto copy = t.clone();
       if (!copy.ok()) return copy.status().with_context(context("copying input", o.tag));
       t = std::move(*copy);
+      copied = true;
     }
   }
+  // When the request enters the queue, unless its submit waits for room (accept()): a moment
+  // from now, so the clock is read again only when a copy took time.
+  r->enqueued = copied ? Clock::now() : now;
   r->inputs = std::move(inputs);
   r->shape_key = detail::compute_shape_key(r->inputs, sig_.batched);
   return r;
@@ -131,6 +136,7 @@ Status EngineCore::accept(const std::shared_ptr<Request>& r) {
   if (r->refusal) return refuse_ended(*r);
   if (!accepting()) return reject("shut_down", unavailable_error("engine is shut down"));
   if (no_workers_) return reject("unavailable", *no_workers_);
+  Clock::time_point now = r->enqueued;  // prepare()'s reading, unless the submit waits below
   if (queue_.size() >= opt_.queue_capacity) {
     if (opt_.queue_full_policy == QueueFullPolicy::reject) {
       return reject("queue_full",
@@ -168,8 +174,8 @@ Status EngineCore::accept(const std::shared_ptr<Request>& r) {
                                              " requests queued after waiting " +
                                              ms_text(opt_.submit_timeout) + " (submit_timeout)"));
     }
+    now = Clock::now();
   }
-  const Clock::time_point now = Clock::now();
   if (auto why = admission_.check(queue_.size(), now, r->deadline)) {
     return reject("admission", resource_exhausted_error(context(*why, r->tag)));
   }
@@ -298,7 +304,8 @@ Status EngineCore::release(std::string_view id) { return store_.release(id); }
 
 // ---- ending a request ---------------------------------------------------------------------------
 
-bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result) {
+bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result,
+                             Clock::time_point now) {
   std::shared_ptr<Request> queue_ref;  // references dropped after the lock
   std::shared_ptr<Request> retry_ref;
   for (;;) {
@@ -349,18 +356,19 @@ bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result
     }
     // running or final: go round again without the lock
   }
-  finish(r, to, std::move(result));
+  finish(r, to, std::move(result), now);
   return true;
 }
 
-void EngineCore::finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result) {
+void EngineCore::finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result,
+                        Clock::time_point now) {
   TimerId deadline;
   {
     std::lock_guard tl(r->timer_mu);
     deadline = std::exchange(r->deadline_timer, TimerId{});
   }
   timer_.cancel(deadline);
-  const Clock::time_point now = Clock::now();
+  if (now == Clock::time_point{}) now = Clock::now();
   request_us_.observe(detail::us_between(r->submitted, now));
   outcomes_.count(detail::outcome_of(to));
   if (!result.ok()) {

@@ -121,11 +121,15 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // ---- ending a request (engine.cpp) ----------------------------------------------------------
 
   /// Ends `r` in stage `to` with `result` unless something else ended it first (then false).
-  bool try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result);
+  /// `now`, when given, is the time of the ending (a batch's requests share their completion
+  /// point's); otherwise the clock is read.
+  bool try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result,
+                   Clock::time_point now = {});
 
   /// The ending's bookkeeping (timers, counters, the id store), then the sink: in order
-  /// (deliver_ordered) or at once (run_sink).
-  void finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result);
+  /// (deliver_ordered) or at once (run_sink). `now` as for try_resolve.
+  void finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result,
+              Clock::time_point now = {});
 
   /// Fulfils the future (waking waiters; its continuations go to the completion executor) or
   /// hands the callback to the completion executor.
@@ -194,7 +198,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// Called once a batch's outcome has been handled (requests ended or re-queued).
   void batch_finished();
   void notify_progress();
-  void complete(const std::shared_ptr<Batch>& batch, double compute_us);
+  /// Ends the batch's requests with their rows of the outputs; `now` is the completion point.
+  void complete(const std::shared_ptr<Batch>& batch, double compute_us, Clock::time_point now);
   Status check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const;
   void batch_failed(const std::shared_ptr<Batch>& batch, const Status& st);
 

@@ -357,7 +357,7 @@ void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   const bool stale = release_slot(w, *batch);
   CallbackBatch callbacks(*this);
   if (st.ok()) {
-    complete(batch, compute);
+    complete(batch, compute, now);
   } else if (stale && st.code() == StatusCode::aborted) {
     requeue_all(batch);  // its stream was replaced under it: run it again on the new one
   } else {
@@ -394,7 +394,8 @@ void EngineCore::notify_progress() {
   drain_cv_.notify_all();
 }
 
-void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us) {
+void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us,
+                          Clock::time_point now) {
   const std::vector<Tensor>& outs = unified_ ? batch->io->outputs : batch->host_outputs;
   Status check = check_outputs(outs, batch->rows);
   if (!check.ok()) {
@@ -413,7 +414,7 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
       mine = outs;
     }
     offset += r->rows;
-    if (!try_resolve(r, Stage::completed, std::move(mine))) {
+    if (!try_resolve(r, Stage::completed, std::move(mine), now)) {
       late_completions_.fetch_add(1, std::memory_order_relaxed);
     }
   }
