@@ -78,7 +78,7 @@ class Call {
   virtual void on_drain() {}
   /// The server is stopping: end the call now.
   virtual void on_stop() {}
-  /// A health Watch: the status changed (a HealthCheckResponse::ServingStatus).
+  /// A health Watch: the status is now `status` (a HealthCheckResponse::ServingStatus).
   virtual void on_health(int /*status*/) {}
   void ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept {
@@ -105,7 +105,7 @@ struct GrpcServer::Impl {
 
   mutable std::mutex mu;
   std::unordered_set<Call*> calls;    // inference calls: open_connections, drain, stop
-  std::unordered_set<Call*> watches;  // health Watch calls of a known service
+  std::unordered_set<Call*> watches;  // health Watch calls
   std::atomic<bool> draining{false};
   std::thread shutdown_thread;
   bool shutdown_started = false;
@@ -631,18 +631,13 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     if (known_) {
       impl_.add_watch(this);  // calls on_health
     } else {
-      on_health(hpb::HealthCheckResponse::SERVICE_UNKNOWN);
+      send(hpb::HealthCheckResponse::SERVICE_UNKNOWN);
+      impl_.add(this, impl_.watches);  // for stop
     }
   }
 
   void on_health(int status) override {
-    Actions a;
-    {
-      std::lock_guard lock(mu_);
-      want_ = status;
-      a = next_locked();
-    }
-    run(a);
+    if (known_) send(status);
   }
 
   void on_stop() override {
@@ -680,7 +675,7 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     {
       std::lock_guard lock(mu_);  // orders the destructor after Finish for ThreadSanitizer
     }
-    if (known_) impl_.remove(this, impl_.watches);
+    impl_.remove(this, impl_.watches);
     release();
   }
 
@@ -689,6 +684,17 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     bool write = false;
     std::optional<grpc::Status> finish;
   };
+
+  /// Sends `status` (the latest only, after the write in progress).
+  void send(int status) {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      want_ = status;
+      a = next_locked();
+    }
+    run(a);
+  }
 
   Actions next_locked() {
     Actions a;
