@@ -4,7 +4,9 @@ inference.GRPCInferenceService and grpc.health.v1.Health; raw and typed contents
 datatype, always answered raw; ModelStreamInfer with out-of-order responses matched by id;
 deadlines (a 100 ms deadline behind long work ends DEADLINE_EXCEEDED on time) and cancellation
 (the slot is free at once); every bad-input case with its status code and message while a channel
-opened before keeps being served; message size limits; metrics; drain on SIGTERM."""
+opened before keeps being served; message size limits (a response over the limit too); metrics;
+health that follows readiness (a lost device turns it NOT_SERVING); drain on SIGTERM, which
+neither a health Watch nor an idle channel holds past the drain timeout."""
 
 import os
 import re
