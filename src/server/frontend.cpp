@@ -93,7 +93,14 @@ int run_until_signalled(InferenceServer& server, std::span<Frontend* const> fron
       log("closing " + std::to_string(open) + " connection(s) still open");
       break;
     }
-    (void)wait_signal(std::chrono::milliseconds(5));
+    const int s = wait_signal(std::chrono::milliseconds(5));
+    if (s != 0) {
+      // A second (or third) signal while the last responses are written: stop now.
+      cancelled = true;
+      log(std::string("received ") + signal_name(s) + " again: closing " + std::to_string(open) +
+          " connection(s) now");
+      break;
+    }
   }
   for (Frontend* f : frontends) f->stop();
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(

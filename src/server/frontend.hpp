@@ -9,7 +9,8 @@
 //      what is left is cancelled and answered (503), so in-flight requests end within it;
 //   4. the frontends finish writing their last responses, then stop; the process exits 0.
 //   A second signal during the drain cancels it: the engines stop at once (shut-down requests
-//   are answered 503) and the sequence goes on from step 4.
+//   are answered 503) and the sequence goes on from step 4; one during step 4 ends its wait for
+//   the last responses (the frontends stop at once).
 //
 // Signals are taken synchronously (sigwait on one thread) after block_shutdown_signals() has
 // blocked them, before any thread is started, so no thread is interrupted and no handler runs

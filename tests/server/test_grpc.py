@@ -4,9 +4,12 @@ inference.GRPCInferenceService and grpc.health.v1.Health; raw and typed contents
 datatype, always answered raw; ModelStreamInfer with out-of-order responses matched by id;
 deadlines (a 100 ms deadline behind long work ends DEADLINE_EXCEEDED on time) and cancellation
 (the slot is free at once); every bad-input case with its status code and message while a channel
-opened before keeps being served; message size limits; metrics; drain on SIGTERM."""
+opened before keeps being served; message size limits (a response over the limit too); metrics;
+health that follows readiness (a lost device turns it NOT_SERVING); drain on SIGTERM, which
+neither a health Watch nor an idle channel holds past the drain timeout."""
 
 import os
+import re
 import shutil
 import signal
 import struct
@@ -73,7 +76,28 @@ def make_repository():
     repo.add("big", builtin_config(
         "big", "builtin:identity?shape=%d&max_batch=1" % BIG, [("input0", "TYPE_FP32", [BIG])],
         [("output0", "TYPE_FP32", [BIG])], max_batch_size=1))
+    # No batching, any length (its signature is the backend's: input0/output0 FP32 [-1]): a
+    # zero-element input is valid, and a response can be sized to just over a message limit.
+    repo.add("nobatch", 'name: "nobatch"\nbackend: "builtin"\nmax_batch_size: 0\n'
+             'parameters { key: "uri" value { string_value: '
+             '"builtin:identity?shape=-1&max_batch_size=0" } }\n')
     return repo
+
+
+def response_over(limit, request_id):
+    """A request to `nobatch` of at most `limit` bytes whose response is over it: the response
+    repeats the request's fields and adds model_version "1" (3 bytes), and "output0" is a byte
+    longer than "input0"."""
+    n = limit // 4 - 64
+    r = gc.infer_request("nobatch", [("input0", "FP32", [n], b"\0" * (4 * n))],
+                         request_id=request_id)
+    pad = limit - 2 - r.ByteSize()
+    r.id = request_id + "x" * pad
+    while r.ByteSize() > limit - 2:  # a longer id can take a longer length prefix
+        pad -= 1
+        r.id = request_id + "x" * pad
+    assert limit - 3 <= r.ByteSize() <= limit - 2, r.ByteSize()
+    return r
 
 
 def f32(values):
@@ -208,6 +232,25 @@ class Conformance(RpcCase):
         watch = h.Watch(gc.health_pb2.HealthCheckRequest(service=""), timeout=10)
         self.assertEqual(next(watch).status, serving)
         watch.cancel()
+        # An unknown service: SERVICE_UNKNOWN on Watch, and the call stays open.
+        watch = h.Watch(gc.health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        self.assertEqual(next(watch).status, gc.health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+        watch.cancel()
+
+    def test_zero_element_input_typed_and_raw(self):
+        # Typed: no values to send, so `contents` may be absent (a client that sets no field of
+        # it sends none), or present and empty; raw: an empty entry. Each is a tensor of shape
+        # [0], as over HTTP.
+        absent = gc.infer_request("nobatch", [("input0", "FP32", [0], b"")], request_id="absent")
+        del absent.raw_input_contents[:]
+        self.assertFalse(absent.inputs[0].HasField("contents"))
+        typed = gc.infer_request("nobatch", [("input0", "FP32", [0], [])], typed=True,
+                                 request_id="typed")
+        raw = gc.infer_request("nobatch", [("input0", "FP32", [0], b"")], request_id="raw")
+        for r in (absent, typed, raw):
+            out = self.stub.ModelInfer(r, timeout=10)
+            self.assertEqual(out.id, r.id)
+            self.assertEqual(gc.output(out, "output0"), ("FP32", [0], b""))
 
     def test_model_metadata(self):
         m = self.stub.ModelMetadata(pb.ModelMetadataRequest(name="identity"))
@@ -540,6 +583,34 @@ class BadInput(RpcCase):
                       e.exception.details())
         self.check_sentinel()
 
+    def test_response_over_the_limit(self):
+        # Unary: the call ends RESOURCE_EXHAUSTED, counted so.
+        before = metric(self.server, "asyncinfer_grpc_requests", grpc_code="RESOURCE_EXHAUSTED")
+        self.bad(grpc.StatusCode.RESOURCE_EXHAUSTED, "over the largest message this server sends",
+                 response_over(4 << 20, "unary"))
+        # A stream answers that request with error_message and goes on.
+        requests_ = [gc.infer_request("identity", [("input0", "FP32", [1, 16], [1] * 16)],
+                                      request_id="before"),
+                     response_over(4 << 20, "too-big"),
+                     gc.infer_request("identity", [("input0", "FP32", [1, 16], [2] * 16)],
+                                      request_id="after")]
+
+        def one_at_a_time():  # in order, so the responses come back in order
+            for r in requests_:
+                yield r
+                time.sleep(0.2)
+
+        got = [(r.infer_response.id[:7], r.error_message)
+               for r in self.stub.ModelStreamInfer(one_at_a_time(), timeout=30)]
+        self.assertEqual([g[0] for g in got], ["before", "too-big", "after"], got)
+        self.assertEqual(got[0][1], "")
+        self.assertIn("over the largest message this server sends (4194304 bytes, "
+                      "--grpc-max-message-bytes)", got[1][1])
+        self.assertEqual(got[2][1], "")
+        self.assertEqual(metric(self.server, "asyncinfer_grpc_requests",
+                                grpc_code="RESOURCE_EXHAUSTED"), before + 2)
+        self.check_sentinel()
+
     def test_stream_messages_over_the_limit(self):
         big = gc.infer_request("big", [("input0", "FP32", [1, BIG], b"\0" * (BIG * 4))])
         with self.assertRaises(grpc.RpcError) as e:
@@ -641,7 +712,82 @@ class Deadlines(RpcCase):
         self.assertLess(time.monotonic() - start, 2.0)
 
 
+class HealthFollowsReadiness(RpcCase):
+    """A model whose device is lost at run time (its first request hangs, the watchdog takes the
+    device, recycling fails) turns the server not ready: grpc.health.v1.Health follows."""
+
+    def test_lost_device_turns_health_not_serving(self):
+        repo = Repository()
+        repo.add("faulty", 'name: "faulty"\nbackend: "builtin"\nmax_batch_size: 8\n'
+                 'parameters { key: "uri" value { string_value: '
+                 '"builtin:faulty?mode=hang&first=1&instances=1&shape=16" } }\n'
+                 'parameters { key: "watchdog_ms" value { string_value: "300" } }\n'
+                 'parameters { key: "max_recycle_attempts" value { string_value: "2" } }\n'
+                 'parameters { key: "recycle_backoff_ms" value { string_value: "100" } }\n')
+        try:
+            with Server(repo.path) as server:
+                ch = gc.channel(server.grpc_target)
+                h = gc.health_stub(ch)
+                hc = gc.health_pb2.HealthCheckResponse
+                watch = h.Watch(gc.health_pb2.HealthCheckRequest(service=""), timeout=30)
+                self.assertEqual(next(watch).status, hc.SERVING)
+                self.assertEqual(h.Check(gc.health_pb2.HealthCheckRequest(service="")).status,
+                                 hc.SERVING)
+                with self.assertRaises(grpc.RpcError):  # hangs until the watchdog ends it
+                    gc.stub(ch).ModelInfer(gc.infer_request(
+                        "faulty", [("input0", "FP32", [1, 16], [0] * 16)]), timeout=20)
+                deadline = time.monotonic() + 15
+                while gc.stub(ch).ServerReady(pb.ServerReadyRequest()).ready:
+                    self.assertLess(time.monotonic(), deadline, "the server stayed ready")
+                    time.sleep(0.05)
+                # Check answers the readiness of the moment, for both services.
+                for service in ("", gc.SERVICE):
+                    self.assertEqual(
+                        h.Check(gc.health_pb2.HealthCheckRequest(service=service)).status,
+                        hc.NOT_SERVING)
+                # The watch is told (its refresh runs every 100 ms).
+                self.assertEqual(next(watch).status, hc.NOT_SERVING)
+                watch.cancel()
+                ch.close()
+        finally:
+            repo.cleanup()
+
+
 class Shutdown(RpcCase):
+    def test_sigterm_with_a_health_watch_open(self):
+        # A Watch never ends by itself: the server sends NOT_SERVING, ends it at the end of the
+        # drain, and exits 0 within the drain timeout.
+        with Server(EXAMPLE_REPOSITORY, "--drain-timeout", "3") as server:
+            ch = gc.channel(server.grpc_target)
+            hc = gc.health_pb2.HealthCheckResponse
+            watch = gc.health_stub(ch).Watch(gc.health_pb2.HealthCheckRequest(service=""),
+                                             timeout=30)
+            self.assertEqual(next(watch).status, hc.SERVING)
+            start = time.monotonic()
+            server.signal(signal.SIGTERM)
+            self.assertEqual(next(watch).status, hc.NOT_SERVING)
+            self.assertEqual(server.wait(15), 0)
+            self.assertLess(time.monotonic() - start, 3)
+            with self.assertRaises(grpc.RpcError) as e:
+                next(watch)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE,
+                             e.exception.details())
+            ch.close()
+
+    def test_idle_channel_does_not_hold_the_exit(self):
+        # A client that keeps its channel open after a call: the server does not wait for it to
+        # let go (gRPC's Shutdown would, ~5 s for Python's client).
+        with Server(EXAMPLE_REPOSITORY, "--drain-timeout", "1") as server:
+            ch = gc.channel(server.grpc_target)
+            self.assertTrue(gc.stub(ch).ServerLive(pb.ServerLiveRequest(), timeout=10).live)
+            start = time.monotonic()
+            server.signal(signal.SIGTERM)
+            self.assertEqual(server.wait(15), 0)
+            self.assertLess(time.monotonic() - start, 1.5)
+            line = server.wait_line(r"stopped after \d+ ms")
+            self.assertLess(int(re.search(r"stopped after (\d+) ms", line).group(1)), 1000, line)
+            ch.close()
+
     def test_sigterm_answers_accepted_requests_and_ends_streams(self):
         with Server(EXAMPLE_REPOSITORY, "--drain-timeout", "10") as server:
             ch = gc.channel(server.grpc_target)
@@ -690,6 +836,10 @@ class Shutdown(RpcCase):
             long_call = stub.ModelInfer.future(gc.slow_request(20_000_000), timeout=60)
             stream = stub.ModelStreamInfer(iter([gc.slow_request(20_000_000, "queued")]),
                                            timeout=60)
+            # A health Watch open too does not hold the exit.
+            watch = gc.health_stub(ch).Watch(gc.health_pb2.HealthCheckRequest(service=""),
+                                             timeout=60)
+            next(watch)
             time.sleep(0.3)
             start = time.monotonic()
             server.signal(signal.SIGTERM)

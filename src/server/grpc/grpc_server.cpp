@@ -1,10 +1,11 @@
 #include "grpc_server.hpp"
 
+#include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <limits>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <unordered_set>
 
 #include "grpc_service.grpc.pb.h"
+#include "health.grpc.pb.h"
 #include "oip_grpc.hpp"
 #include "status_mapping.hpp"
 
@@ -21,9 +23,16 @@ namespace asyncinfer::server {
 namespace {
 
 namespace pb = inference;
+namespace hpb = grpc::health::v1;
 using Clock = std::chrono::steady_clock;
+using HealthStatus = hpb::HealthCheckResponse::ServingStatus;
 
 constexpr const char* kServiceName = "inference.GRPCInferenceService";
+/// How often the health status is compared with the server's readiness for the Watch calls (a
+/// Check always answers the readiness of the moment).
+constexpr auto kHealthRefresh = std::chrono::milliseconds(100);
+/// What a stopping server gives its calls to end by themselves before it cancels them.
+constexpr auto kStopGrace = std::chrono::milliseconds(100);
 
 /// The request counter's label: grpc::StatusCode names, indexed by code.
 const ProtocolMetrics::Labels& code_labels() {
@@ -69,6 +78,8 @@ class Call {
   virtual void on_drain() {}
   /// The server is stopping: end the call now.
   virtual void on_stop() {}
+  /// A health Watch: the status is now `status` (a HealthCheckResponse::ServingStatus).
+  virtual void on_health(int /*status*/) {}
   void ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
@@ -88,49 +99,134 @@ struct GrpcServer::Impl {
 
   class Service;
   std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Service> health_service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
   mutable std::mutex mu;
-  std::unordered_set<Call*> calls;
+  std::unordered_set<Call*> calls;    // inference calls: open_connections, drain, stop
+  std::unordered_set<Call*> watches;  // health Watch calls
   std::atomic<bool> draining{false};
   std::thread shutdown_thread;
   bool shutdown_started = false;
   bool stopped = false;
+  std::mutex shutdown_mu;
+  std::condition_variable shutdown_cv;
+  bool shutdown_done = false;  // grpc::Server::Shutdown has returned
 
-  void add(Call* c) {
+  // Health: the last status sent to the watches, under health_mu (which also orders the
+  // updates, so a watch's last message is the latest status). The refresher compares it with
+  // the readiness every kHealthRefresh until stop.
+  std::mutex health_mu;
+  int health = hpb::HealthCheckResponse::UNKNOWN;
+  std::mutex refresh_mu;
+  std::condition_variable refresh_cv;
+  bool refresh_stop = false;
+  std::thread refresher;
+
+  void add(Call* c, std::unordered_set<Call*>& set) {
     std::lock_guard lock(mu);
-    calls.insert(c);
+    set.insert(c);
   }
-  void remove(Call* c) {
+  void add(Call* c) { add(c, calls); }
+  void remove(Call* c, std::unordered_set<Call*>& set) {
     std::lock_guard lock(mu);
-    calls.erase(c);
+    set.erase(c);
   }
-  /// The calls now, each with a reference the caller releases.
-  std::vector<Call*> snapshot() {
+  void remove(Call* c) { remove(c, calls); }
+  /// The calls of `set` now, each with a reference the caller releases.
+  std::vector<Call*> snapshot(const std::unordered_set<Call*>& set) {
     std::lock_guard lock(mu);
-    std::vector<Call*> out(calls.begin(), calls.end());
+    std::vector<Call*> out(set.begin(), set.end());
     for (Call* c : out) c->ref();
     return out;
   }
+  std::vector<Call*> snapshot() { return snapshot(calls); }
   void count(int code) { metrics.count_request(static_cast<std::size_t>(code)); }
-  void set_serving(bool serving) {
-    if (auto* h = server ? server->GetHealthCheckService() : nullptr) {
-      h->SetServingStatus("", serving);
-      h->SetServingStatus(kServiceName, serving);
+
+  /// SERVING while the server is ready (InferenceServer::ready: every model loaded and its
+  /// device healthy) and not draining; NOT_SERVING otherwise.
+  int serving_status() const {
+    return !draining.load(std::memory_order_acquire) && core.ready()
+               ? hpb::HealthCheckResponse::SERVING
+               : hpb::HealthCheckResponse::NOT_SERVING;
+  }
+  void publish_locked(int status) {
+    if (status == health) return;
+    health = status;
+    for (Call* w : snapshot(watches)) {
+      w->on_health(status);
+      w->release();
     }
   }
+  /// The status now; watches are told when it changed. Never blocks on a client.
+  int refresh_health() {
+    std::lock_guard lock(health_mu);
+    const int status = serving_status();
+    publish_locked(status);
+    return status;
+  }
+  /// Registers a Watch and sends it the status now.
+  void add_watch(Call* w) {
+    std::lock_guard lock(health_mu);
+    publish_locked(serving_status());
+    add(w, watches);
+    w->on_health(health);
+  }
+  void start_refresher() {
+    refresher = std::thread([this] {
+      std::unique_lock lock(refresh_mu);
+      while (!refresh_cv.wait_for(lock, kHealthRefresh, [this] { return refresh_stop; })) {
+        lock.unlock();
+        refresh_health();
+        lock.lock();
+      }
+    });
+  }
+  void stop_refresher() {
+    {
+      std::lock_guard lock(refresh_mu);
+      refresh_stop = true;
+    }
+    refresh_cv.notify_all();
+    if (refresher.joinable()) refresher.join();
+  }
+
   /// Starts grpc::Server::Shutdown on its own thread (once): the port closes, clients get
-  /// GOAWAY, calls in progress go on; it returns once every call has ended.
+  /// GOAWAY, calls in progress go on; it returns once every call has ended and every connection
+  /// has closed (stop() cancels what is left, so it does not wait on a client).
   void start_shutdown() {
     std::lock_guard lock(mu);
     if (shutdown_started || !server) return;
     shutdown_started = true;
-    shutdown_thread = std::thread([this] { server->Shutdown(); });
+    shutdown_thread = std::thread([this] {
+      server->Shutdown();
+      {
+        std::lock_guard done(shutdown_mu);
+        shutdown_done = true;
+      }
+      shutdown_cv.notify_all();
+    });
+  }
+  /// Waits up to `timeout` for Shutdown to return.
+  bool wait_shutdown(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(shutdown_mu);
+    return shutdown_cv.wait_for(lock, timeout, [this] { return shutdown_done; });
   }
 };
 
 namespace {
+
+/// resource_exhausted when an encoded response is over --grpc-max-message-bytes (gRPC would end
+/// the call, or the whole stream, with RESOURCE_EXHAUSTED when writing it).
+Status check_response_size(const grpc::ByteBuffer& response, std::size_t max_bytes) {
+  if (response.Length() <= max_bytes) return Status();
+  return resource_exhausted_error("the response is " + std::to_string(response.Length()) +
+                                  " bytes, over the largest message this server sends (" +
+                                  std::to_string(max_bytes) +
+                                  " bytes, --grpc-max-message-bytes); ask for fewer or smaller "
+                                  "outputs, or raise the limit");
+}
 
 /// ModelInfer: decode, submit; the engine's completion callback writes the response and finishes.
 class InferCall final : public grpc::ServerUnaryReactor, public Call {
@@ -195,6 +291,11 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   void complete(Result<InferResponse> r) {
     if (!r.ok()) return finish(r.status());
     *response_ = encode_infer_response(*r, false);
+    if (Status too_big = check_response_size(*response_, impl_.opt.max_message_bytes);
+        !too_big.ok()) {
+      response_->Clear();
+      return finish(too_big);
+    }
     finish(Status());
   }
 
@@ -404,10 +505,22 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// On the engine's completion executor.
   void complete(std::uint64_t seq, Clock::time_point start, const ModelVersion& mv,
                 const std::string& id, Result<InferResponse> r) {
-    impl_.count(grpc_code(r.ok() ? StatusCode::ok : r.status().code()));
-    grpc::ByteBuffer out =
-        r.ok() ? encode_infer_response(*r, true)
-               : encode_stream_error(r.status(), mv.model_name, mv.version_text, id);
+    grpc::ByteBuffer out;
+    Status status = r.ok() ? Status() : r.status();
+    if (r.ok()) {
+      out = encode_infer_response(*r, true);
+      status = check_response_size(out, impl_.opt.max_message_bytes);
+    }
+    // A failed request is answered on the stream with error_message; the stream goes on.
+    if (!status.ok()) {
+      out = encode_stream_error(status, mv.model_name, mv.version_text, id);
+      // An id too long to echo in the error (the rest of the request was large too) is left out
+      // rather than end the stream.
+      if (!check_response_size(out, impl_.opt.max_message_bytes).ok()) {
+        out = encode_stream_error(status, mv.model_name, mv.version_text, "");
+      }
+    }
+    impl_.count(grpc_code(status.code()));
     impl_.metrics.observe_infer_us(micros_since(start));
     Actions a;
     {
@@ -506,6 +619,149 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   std::mutex ctx_mu_;
   bool done_ = false;
+};
+
+/// grpc.health.v1.Health/Watch: sends the status now, then each change, one write at a time (a
+/// change during a write is sent after it, only the latest). An unknown service gets
+/// SERVICE_UNKNOWN and the call stays open, as gRPC's health-checking protocol says. The server's
+/// stop ends it with UNAVAILABLE after its last status.
+class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckResponse>, public Call {
+ public:
+  HealthWatch(GrpcServer::Impl& impl, bool known) : Call(1), impl_(impl), known_(known) {
+    if (known_) {
+      impl_.add_watch(this);  // calls on_health
+    } else {
+      send(hpb::HealthCheckResponse::SERVICE_UNKNOWN);
+      impl_.add(this, impl_.watches);  // for stop
+    }
+  }
+
+  void on_health(int status) override {
+    if (known_) send(status);
+  }
+
+  void on_stop() override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      if (!ok) broken_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnCancel() override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      broken_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(mu_);  // orders the destructor after Finish for ThreadSanitizer
+    }
+    impl_.remove(this, impl_.watches);
+    release();
+  }
+
+ private:
+  struct Actions {
+    bool write = false;
+    std::optional<grpc::Status> finish;
+  };
+
+  /// Sends `status` (the latest only, after the write in progress).
+  void send(int status) {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      want_ = status;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  Actions next_locked() {
+    Actions a;
+    if (finished_ || writing_) return a;
+    if (!broken_ && want_ != sent_) {
+      writing_ = true;
+      sent_ = want_;
+      out_.set_status(static_cast<HealthStatus>(want_));
+      a.write = true;
+    } else if (broken_ || stopping_) {
+      finished_ = true;
+      a.finish = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled")
+                         : grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down");
+    }
+    return a;
+  }
+
+  void run(Actions& a) {
+    if (a.write) StartWrite(&out_);
+    if (a.finish) Finish(std::move(*a.finish));
+  }
+
+  GrpcServer::Impl& impl_;
+  const bool known_;
+  std::mutex mu_;
+  hpb::HealthCheckResponse out_;  // being written while writing_
+  int want_ = -1;
+  int sent_ = -1;
+  bool writing_ = false;
+  bool stopping_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+};
+
+bool health_service_known(const std::string& service) {
+  return service.empty() || service == kServiceName;
+}
+
+/// grpc.health.v1.Health for the service "" (the server) and inference.GRPCInferenceService; both
+/// follow serving_status(). Its calls are not counted in asyncinfer_grpc_requests_total (probes
+/// would swamp it).
+class HealthService final : public hpb::Health::CallbackService {
+ public:
+  explicit HealthService(GrpcServer::Impl& impl) : impl_(impl) {}
+
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
+                                  const hpb::HealthCheckRequest* in,
+                                  hpb::HealthCheckResponse* out) override {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    if (!health_service_known(in->service())) {
+      r->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + in->service() +
+                                                              "' (this server reports \"\" and " +
+                                                              kServiceName + ")"));
+      return r;
+    }
+    out->set_status(static_cast<HealthStatus>(impl_.refresh_health()));
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+
+  grpc::ServerWriteReactor<hpb::HealthCheckResponse>* Watch(
+      grpc::CallbackServerContext*, const hpb::HealthCheckRequest* in) override {
+    return new HealthWatch(impl_, health_service_known(in->service()));
+  }
+
+ private:
+  GrpcServer::Impl& impl_;
 };
 
 }  // namespace
@@ -643,11 +899,12 @@ Status GrpcServer::start() {
   }
   const std::string address = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(im.opt.port);
 
-  grpc::EnableDefaultHealthCheckService(true);
   im.service = std::make_unique<Impl::Service>(im);
+  im.health_service = std::make_unique<HealthService>(im);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &im.port);
   builder.RegisterService(im.service.get());
+  builder.RegisterService(im.health_service.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(im.opt.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(im.opt.max_message_bytes));
   // gRPC shares a port between processes (SO_REUSEPORT) by default: a second server on the same
@@ -667,7 +924,8 @@ Status GrpcServer::start() {
     return unavailable_error("cannot listen on " + address +
                              " for gRPC (the port is in use, or the address is not local)");
   }
-  im.set_serving(im.core.ready());
+  im.refresh_health();
+  im.start_refresher();
   return Status();
 }
 
@@ -677,7 +935,7 @@ void GrpcServer::stop_accepting() {
   Impl& im = *impl_;
   if (!im.server) return;
   im.draining.store(true, std::memory_order_release);
-  im.set_serving(false);
+  im.refresh_health();  // NOT_SERVING to every watch
   im.start_shutdown();
   for (Call* c : im.snapshot()) {
     c->on_drain();
@@ -697,11 +955,26 @@ void GrpcServer::stop() {
   // Engine callbacks finish our reactors: every engine ends (and answers) before the server.
   if (im.core.live()) im.core.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
   im.draining.store(true, std::memory_order_release);
-  im.set_serving(false);
+  im.stop_refresher();
+  im.refresh_health();
   im.start_shutdown();
   for (Call* c : im.snapshot()) {
     c->on_stop();
     c->release();
+  }
+  for (Call* w : im.snapshot(im.watches)) {
+    w->on_stop();
+    w->release();
+  }
+  // Shutdown returns once every call has ended and every connection has closed: a client that
+  // keeps a Watch or an idle channel open would hold it (for ever, or until the client lets go).
+  // After a short grace for the calls just ended to send their status, cancel what is left and
+  // close the connections (what Shutdown(deadline) does at its deadline; the deadline is the
+  // caller's, who calls stop() at the end of the drain).
+  if (!im.wait_shutdown(kStopGrace)) {
+    do {
+      grpc_server_cancel_all_calls(im.server->c_server());
+    } while (!im.wait_shutdown(kStopGrace));
   }
   im.shutdown_thread.join();
   im.server.reset();

@@ -20,15 +20,23 @@
 // request, so its slot is free at once; error codes map one to one (status_mapping.hpp); the
 // deadline of a stream applies to each of its requests.
 //
-// Health: grpc.health.v1.Health is gRPC's own implementation (EnableDefaultHealthCheckService);
-// the service "" and "inference.GRPCInferenceService" are SERVING while the server is ready and
-// NOT_SERVING once it drains (Kubernetes' gRPC probes ask for "" by default).
+// Health: grpc.health.v1.Health (health.proto) is served here, not by gRPC's default service,
+// so that it follows InferenceServer::ready() (a model whose device is lost turns the server not
+// ready at run time): the service "" and "inference.GRPCInferenceService" are SERVING while the
+// server is ready and not draining, NOT_SERVING otherwise (Kubernetes' gRPC probes ask for ""
+// by default). Check reads the readiness of the moment; Watch is a ServerWriteReactor told of each
+// change by one refresher thread that compares the readiness every 100 ms (and by Check and
+// stop_accepting), so no thread waits per call.
 //
 // Shutdown (frontend.hpp): stop_accepting() turns health to NOT_SERVING and starts
 // grpc::Server::Shutdown on a thread of its own — the port closes, clients get GOAWAY, calls in
 // progress go on — and finishes the streams that have nothing in flight (UNAVAILABLE "server is
 // shutting down", so the client reopens elsewhere); a busy stream finishes once its requests are
-// answered. stop() cancels what is left and waits for Shutdown to return.
+// answered. stop() cancels what is left (streams, and the health watches, which end UNAVAILABLE),
+// and, after a 100 ms grace, cancels every call still open and closes the connections
+// (grpc_server_cancel_all_calls, what Shutdown(deadline) does at its deadline): Shutdown waits for
+// every call and connection, so a Watch or an idle client channel would hold it for ever, or
+// until the client lets go. stop() is bounded by the grace and its own reactors' ends.
 //
 // Thread safety: start/stop_accepting/stop may be called from any thread; the InferenceServer
 // must outlive stop().
@@ -79,6 +87,8 @@ class GrpcServer : public Frontend {
   void stop_accepting() override;
   /// Calls in progress (a stream counts as one until it ends).
   std::size_t open_connections() const override;
+  /// Ends every call (cancelled after a 100 ms grace) and closes every connection; returns once
+  /// the calls have ended, so about 100 ms at most.
   void stop() override;
 
   struct Impl;

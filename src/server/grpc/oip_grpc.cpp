@@ -243,6 +243,14 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
       req.inputs.push_back({in.name(), std::move(t)});
       continue;
     }
+    if (!in.has_contents() && slot.element_count == 0) {
+      // A zero-element input has no values to send: protobuf drops an empty `contents` from the
+      // wire, so its absence is the typed form of an empty tensor (raw contents and HTTP accept
+      // it too).
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::empty(slot.dtype, dims));
+      req.inputs.push_back({in.name(), std::move(t)});
+      continue;
+    }
     if (!in.has_contents()) {
       return invalid_argument_error(what + ": no data; set contents." +
                                     (is_half(slot.dtype)
