@@ -1,5 +1,7 @@
-// convert.cpp — the exception classes and the time conversions (convert.hpp).
+// convert.cpp — the exception classes, the time conversions and metrics helpers (convert.hpp).
 #include "convert.hpp"
+
+#include <pybind11/stl.h>
 
 #include <array>
 #include <cmath>
@@ -158,5 +160,19 @@ std::optional<Clock::time_point> to_deadline(py::handle h, const char* what) {
 }
 
 double to_seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+py::dict histogram_dict(const HistogramSnapshot& h) {
+  py::dict d;
+  d["count"] = h.count;
+  d["sum"] = h.sum;
+  d["max"] = h.max;
+  d["mean"] = h.mean();
+  d["p50"] = h.percentile(0.50);
+  d["p90"] = h.percentile(0.90);
+  d["p99"] = h.percentile(0.99);
+  d["bounds"] = h.bounds;
+  d["counts"] = h.counts;
+  return d;
+}
 
 }  // namespace asyncinfer::python

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "asyncinfer/executor.hpp"
+#include "asyncinfer/metrics.hpp"
 #include "asyncinfer/status.hpp"
 
 namespace asyncinfer::python {
@@ -46,6 +47,9 @@ std::chrono::nanoseconds to_duration_required(py::handle h, const char* what);
 std::optional<Clock::time_point> to_deadline(py::handle h, const char* what);
 /// A duration as float seconds.
 double to_seconds(std::chrono::nanoseconds d);
+
+/// A histogram as a dict: count, sum, max, mean, p50, p90, p99, bounds, counts (its units).
+py::dict histogram_dict(const HistogramSnapshot& h);
 
 template <class D>
 D to_duration_as(py::handle h, const char* what) {

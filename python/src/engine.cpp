@@ -110,37 +110,17 @@ QueueFullPolicy queue_full_policy(const py::object& p) {
                 " is neither 'reject' nor 'block'");
 }
 
-RetryPolicy retry_arg(const py::object& retry) {
-  if (retry.is_none()) return {};
-  if (py::isinstance<RetryPolicy>(retry)) return retry.cast<RetryPolicy>();
-  if (PyDict_Check(retry.ptr())) {
-    py::object cls = py::module_::import("asyncinfer").attr("RetryPolicy");
-    return cls(**py::reinterpret_borrow<py::dict>(retry)).cast<RetryPolicy>();
+/// A policy option given as the asyncinfer class `cls` or a dict of its fields; None = defaults.
+template <class Policy>
+Policy policy_arg(const py::object& v, const char* option, const char* cls) {
+  if (v.is_none()) return {};
+  if (py::isinstance<Policy>(v)) return v.cast<Policy>();
+  if (PyDict_Check(v.ptr())) {
+    py::object type = py::module_::import("asyncinfer").attr(cls);
+    return type(**py::reinterpret_borrow<py::dict>(v)).cast<Policy>();
   }
-  raise_invalid("retry: expected asyncinfer.RetryPolicy or a dict of its fields, got " +
-                py::repr(retry).cast<std::string>());
-}
-
-CircuitBreakerOptions breaker_arg(const py::object& breaker) {
-  if (breaker.is_none()) return {};
-  if (py::isinstance<CircuitBreakerOptions>(breaker)) return breaker.cast<CircuitBreakerOptions>();
-  if (PyDict_Check(breaker.ptr())) {
-    py::object cls = py::module_::import("asyncinfer").attr("CircuitBreakerOptions");
-    return cls(**py::reinterpret_borrow<py::dict>(breaker)).cast<CircuitBreakerOptions>();
-  }
-  raise_invalid("breaker: expected asyncinfer.CircuitBreakerOptions or a dict of its fields, got " +
-                py::repr(breaker).cast<std::string>());
-}
-
-RecoveryOptions recovery_arg(const py::object& recovery) {
-  if (recovery.is_none()) return {};
-  if (py::isinstance<RecoveryOptions>(recovery)) return recovery.cast<RecoveryOptions>();
-  if (PyDict_Check(recovery.ptr())) {
-    py::object cls = py::module_::import("asyncinfer").attr("RecoveryOptions");
-    return cls(**py::reinterpret_borrow<py::dict>(recovery)).cast<RecoveryOptions>();
-  }
-  raise_invalid("recovery: expected asyncinfer.RecoveryOptions or a dict of its fields, got " +
-                py::repr(recovery).cast<std::string>());
+  raise_invalid(std::string(option) + ": expected asyncinfer." + cls +
+                " or a dict of its fields, got " + py::repr(v).cast<std::string>());
 }
 
 py::object optional_seconds(const std::optional<microseconds>& d) {
@@ -149,20 +129,6 @@ py::object optional_seconds(const std::optional<microseconds>& d) {
 }
 
 // ---- metrics -----------------------------------------------------------------------------------
-
-py::dict histogram_dict(const HistogramSnapshot& h) {
-  py::dict d;
-  d["count"] = h.count;
-  d["sum"] = h.sum;
-  d["max"] = h.max;
-  d["mean"] = h.mean();
-  d["p50"] = h.percentile(0.50);
-  d["p90"] = h.percentile(0.90);
-  d["p99"] = h.percentile(0.99);
-  d["bounds"] = h.bounds;
-  d["counts"] = h.counts;
-  return d;
-}
 
 EngineMetrics snapshot(const PyEngine& e) {
   EngineMetrics m = e.engine().metrics();
@@ -793,9 +759,10 @@ that it takes no new work (health 'paused') until one finishes.
              }
              o.allow_timeout_override = allow_timeout_override;
              o.admission_control = admission_control;
-             o.retry = retry_arg(retry);
-             o.breaker = breaker_arg(breaker);
-             o.recovery = recovery_arg(recovery);
+             o.retry = policy_arg<RetryPolicy>(retry, "retry", "RetryPolicy");
+             o.breaker =
+                 policy_arg<CircuitBreakerOptions>(breaker, "breaker", "CircuitBreakerOptions");
+             o.recovery = policy_arg<RecoveryOptions>(recovery, "recovery", "RecoveryOptions");
              o.watchdog = to_duration_as<milliseconds>(watchdog, "watchdog");
              o.result_store_capacity = result_store_capacity;
              o.result_ttl = to_duration_as<milliseconds>(result_ttl, "result_ttl");

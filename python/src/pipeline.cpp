@@ -302,18 +302,6 @@ class PyPipeline {
   std::shared_ptr<PipelineCore> core_;
 };
 
-py::dict histogram(const HistogramSnapshot& h) {
-  py::dict d;
-  d["count"] = h.count;
-  d["sum"] = h.sum;
-  d["max"] = h.max;
-  d["mean"] = h.mean();
-  d["p50"] = h.percentile(0.50);
-  d["p90"] = h.percentile(0.90);
-  d["p99"] = h.percentile(0.99);
-  return d;
-}
-
 py::dict metrics_dict(const PipelineMetrics& m) {
   py::dict d;
   d["submitted"] = m.submitted;
@@ -338,12 +326,12 @@ py::dict metrics_dict(const PipelineMetrics& m) {
     sd["busy_s"] = s.busy_s;
     sd["utilisation"] = s.utilisation;
     sd["queued"] = s.queued;
-    sd["queue_us"] = histogram(s.queue_us);
-    sd["service_us"] = histogram(s.service_us);
+    sd["queue_us"] = histogram_dict(s.queue_us);
+    sd["service_us"] = histogram_dict(s.service_us);
     stages.append(sd);
   }
   d["stages"] = stages;
-  d["latency_us"] = histogram(m.latency_us);
+  d["latency_us"] = histogram_dict(m.latency_us);
   return d;
 }
 
