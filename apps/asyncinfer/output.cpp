@@ -296,7 +296,7 @@ void print_table(std::FILE* f, const BenchReport& rep) {
   if (o.max_batch_size == 0 && !rep.runs.empty() && rep.runs[0].max_batch_size > 0) {
     max_batch = std::to_string(rep.runs[0].max_batch_size) + " (default)";
   }
-    std::fprintf(
+  std::fprintf(
       f,
       "  engine   %d worker(s) of %d intra-op thread(s), %d in flight per worker, max batch size "
       "%s, queue delay %lld us, %d completion thread(s)\n",

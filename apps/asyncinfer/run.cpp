@@ -42,7 +42,7 @@ struct RunOptions {
   std::optional<float> std_dev;
   int top_k = 1;
   Mode mode = Mode::async;
-  int workers = 0;  ///< 0 = the engine's rule (EngineOptions::workers)
+  int workers = 0;                  ///< 0 = the engine's rule (EngineOptions::workers)
   std::int64_t max_batch_size = 0;  ///< 0 = the engine's rule (BatchingOptions::max_batch_size)
   std::int64_t max_queue_delay_us = 0;
   int decode_threads = 0;
