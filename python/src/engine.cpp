@@ -29,13 +29,7 @@ class EngineSource final : public FutureSource {
   }
   bool ready() const noexcept override { return f_.is_ready(); }
   void wait() override { f_.wait(); }
-  bool wait_for(nanoseconds timeout) override {
-    if (timeout >= std::chrono::hours(24 * 365)) {
-      f_.wait();
-      return true;
-    }
-    return f_.wait_for(timeout);
-  }
+  bool wait_for(nanoseconds timeout) override { return f_.wait_for(timeout); }
   bool cancel() override { return f_.cancel(); }
   Status status() const override { return f_.state()->result().status(); }
   py::object value() override { return to_python(f_.state()->result().value()); }

@@ -51,13 +51,7 @@ class PipelineSource final : public FutureSource {
   }
   bool ready() const noexcept override { return f_.is_ready(); }
   void wait() override { f_.wait(); }
-  bool wait_for(std::chrono::nanoseconds timeout) override {
-    if (timeout >= std::chrono::hours(24 * 365)) {
-      f_.wait();
-      return true;
-    }
-    return f_.wait_for(timeout);
-  }
+  bool wait_for(std::chrono::nanoseconds timeout) override { return f_.wait_for(timeout); }
   bool cancel() override { return f_.cancel(); }
   Status status() const override { return f_.state()->result().status(); }
   py::object value() override { return item_value(f_.state()->result().value(), *box_); }
