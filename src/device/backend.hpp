@@ -18,6 +18,8 @@
 
 namespace asyncinfer::detail {
 
+class HostStream;
+
 /// Opens a device of this backend; `args` is what followed "name:" in the spec ("" if none).
 using DeviceOpener = Result<std::shared_ptr<Device>> (*)(std::string_view args);
 
@@ -33,6 +35,11 @@ const std::vector<DeviceBackend>& device_backend_registry();
 /// Backends of this library (declared here, defined in each backend's directory).
 Result<std::shared_ptr<Device>> open_cpu_device(std::string_view args);
 Result<std::shared_ptr<Device>> open_sim_device(std::string_view args);
+/// A stream of the built-in cpu device with no thread of its own (caller-run mode,
+/// host_stream.hpp): its work runs when the owner calls run_pending(). Null when `device` is not
+/// the built-in cpu device. Used by the engine's inline path
+/// (EngineCore::make_stream_and_instance).
+std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options);
 #if defined(ASYNCINFER_HAVE_CUDA)
 Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args);
 #endif

@@ -122,13 +122,14 @@ Result<double> HostEvent::elapsed_us_since(Event& start) {
 // ---- HostStream ------------------------------------------------------------------------------
 
 HostStream::HostStream(std::shared_ptr<Device> device, const StreamOptions& options,
-                       std::string thread_name)
+                       std::string thread_name, StreamThread thread)
     : device_(std::move(device)),
       priority_(options.priority),
+      caller_run_(thread == StreamThread::caller),
       executor_(options.host_func_executor != nullptr ? options.host_func_executor
                                                       : &device_->host_func_executor()),
       name_(std::move(thread_name)) {
-  thread_ = std::jthread([this](std::stop_token st) { loop(st); });
+  if (!caller_run_) thread_ = std::jthread([this](std::stop_token st) { loop(st); });
 }
 
 HostStream::~HostStream() { close(); }
@@ -139,8 +140,10 @@ void HostStream::close() {
     if (closing_ && !thread_.joinable()) return;
     closing_ = true;
   }
-  thread_.request_stop();  // wakes the thread and fires the running kernel's stop token
+  thread_.request_stop();        // wakes the thread and fires the running kernel's stop token
+  close_source_.request_stop();  // the same for a run_pending() in progress (caller-run mode)
   if (thread_.joinable()) thread_.join();
+  if (caller_run_) std::lock_guard wait_for_runner(run_mu_);
   std::deque<Op> rest;
   {
     std::lock_guard lock(mu_);
@@ -156,8 +159,26 @@ Status HostStream::push(Op op) {
     ops_.push_back(std::move(op));
     ++enqueued_;
   }
-  cv_.notify_one();
+  if (!caller_run_) cv_.notify_one();
   return Status();
+}
+
+void HostStream::run_pending() {
+  if (!caller_run_) return;
+  std::lock_guard runner(run_mu_);
+  const std::stop_token stop = close_source_.get_token();
+  for (;;) {
+    Op op;
+    {
+      std::lock_guard lock(mu_);
+      if (ops_.empty() || stop.stop_requested()) return;  // close() fails what is left
+      op = std::move(ops_.front());
+      ops_.pop_front();
+    }
+    const bool counted = execute(op, stop);
+    op = Op{};  // release tensors and functions before counting the op finished
+    if (!counted) finished_.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 Status HostStream::enqueue(Kernel kernel) {
@@ -205,6 +226,7 @@ Status HostStream::launch_host_func(HostFunc fn) {
 Status HostStream::synchronize() {
   auto marker = std::make_shared<Marker>();
   ASYNCINFER_RETURN_IF_ERROR(push(Op{RecordOp{marker}, Clock::now()}));
+  run_pending();  // caller-run mode: the work runs here
   marker->wait_until(Clock::time_point::max());
   return marker->status();
 }
@@ -212,6 +234,7 @@ Status HostStream::synchronize() {
 Status HostStream::synchronize_for(std::chrono::nanoseconds timeout) {
   auto marker = std::make_shared<Marker>();
   ASYNCINFER_RETURN_IF_ERROR(push(Op{RecordOp{marker}, Clock::now()}));
+  run_pending();  // caller-run mode: the work runs here, whatever the timeout
   if (!marker->wait_until(deadline_after(timeout))) {
     return deadline_exceeded_error(
         "stream '" + name_ + "' did not finish its work within " +

@@ -7,6 +7,13 @@
 // and the timeline hooks (sim keeps an ideal simulated timeline so that thread wake-up latency
 // never accumulates into simulated time).
 //
+// Caller-run mode (StreamThread::caller, cpu only, for the engine's inline path): the stream has no
+// thread. Enqueueing only appends to the queue, as always, and never blocks; the operations run,
+// in order, on whichever thread calls run_pending() (the engine's worker, right after it enqueued
+// a batch), or synchronize(). Every rule of device.hpp holds except where work runs: "waiting
+// parks only the stream's thread" means the thread running run_pending(). run_pending() calls are
+// serialized (a recursive mutex, so a host function may synchronize its own stream).
+//
 // Each record() creates a new Marker; a wait() captures the marker current at enqueue time, so
 // re-recording cannot move an earlier wait (CUDA semantics), and an event can be destroyed while
 // waits on it are pending (the marker is reference-counted).
@@ -88,9 +95,16 @@ class HostEvent final : public Event {
   std::shared_ptr<std::atomic<int>> pending_waits_ = std::make_shared<std::atomic<int>>(0);
 };
 
+/// Who runs a HostStream's operations (see the header comment).
+enum class StreamThread : std::uint8_t {
+  own,     ///< the stream's own thread
+  caller,  ///< whoever calls run_pending() or synchronize()
+};
+
 class HostStream : public Stream {
  public:
-  HostStream(std::shared_ptr<Device> device, const StreamOptions& options, std::string thread_name);
+  HostStream(std::shared_ptr<Device> device, const StreamOptions& options, std::string thread_name,
+             StreamThread thread = StreamThread::own);
   /// Stops the thread: see device.hpp for what happens to pending work. Derived destructors
   /// must call close() first, so the hooks never run on a half-destroyed object.
   ~HostStream() override;
@@ -105,6 +119,12 @@ class HostStream : public Stream {
   bool query() override;
   int priority() const noexcept override { return priority_; }
   Device& device() noexcept override { return *device_; }
+
+  /// Caller-run mode: runs what is queued, in order, on the calling thread, until the queue is
+  /// empty (host functions run on the stream's executor, inline when it is the engine's). Blocks
+  /// for as long as that work takes. A no-op for a stream with its own thread.
+  void run_pending();
+  bool caller_run() const noexcept { return caller_run_; }
 
  protected:
   /// Runs `kernel` on the stream thread: its occupancy, then its host function (run_host_fn).
@@ -157,6 +177,7 @@ class HostStream : public Stream {
   void deliver_host_func(HostFunc fn, Status status);
 
   const int priority_;
+  const bool caller_run_;
   Executor* executor_;
   std::string name_;
   std::mutex mu_;
@@ -165,7 +186,9 @@ class HostStream : public Stream {
   bool closing_ = false;
   std::uint64_t enqueued_ = 0;
   std::atomic<std::uint64_t> finished_{0};
-  Status pending_error_;  // touched only by the stream thread
+  Status pending_error_;           // touched only by the thread running the operations
+  std::recursive_mutex run_mu_;    // caller-run mode: one run_pending() at a time
+  std::stop_source close_source_;  // caller-run mode: what the stream thread's token is otherwise
   std::jthread thread_;
 };
 

@@ -3,7 +3,8 @@
 // Threads, all fixed at creation:
 //   - one worker thread per worker (worker.hpp): forms batches from the queue with the batcher
 //     (batcher.hpp) and enqueues them on its stream;
-//   - the device's stream threads (cpu/sim: one per worker stream);
+//   - the device's stream threads (sim, and cpu with a hang watchdog: one per worker stream; cpu
+//     without a watchdog runs each batch on its worker's thread, the inline path, worker.hpp);
 //   - one dispatcher thread: runs the streams' completion points (library code only: splits the
 //     outputs, ends requests, fulfils futures — waking waiters — and hands callbacks on);
 //   - completion_threads completion threads: run user callbacks and future continuations, so a
@@ -289,6 +290,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   ModelSignature sig_;
   std::int64_t max_rows_;
   bool unified_;
+  // The inline path (worker.hpp): the cpu device with no hang watchdog.
+  bool inline_path_;
   Clock::time_point started_;
   int intra_op_threads_ = 1;
 

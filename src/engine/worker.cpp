@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "asyncinfer/detail/chrono.hpp"
+#include "device/backend.hpp"
+#include "device/host_stream.hpp"
 #include "engine/batcher.hpp"
 #include "engine/engine_core.hpp"
 #include "engine/test_hooks.hpp"
@@ -26,8 +28,16 @@ Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
   so.host_func_executor = completion_point_executor();
   so.name = "ai-w" + std::to_string(w.index) + "-stream";
   Result<std::unique_ptr<Stream>> stream = internal_error("no stream");
+  detail::HostStream* caller_stream = nullptr;
   try {
-    stream = device_->create_stream(so);
+    std::unique_ptr<detail::HostStream> own;
+    if (inline_path_) own = detail::create_caller_run_stream(*device_, so);
+    if (own) {
+      caller_stream = own.get();
+      stream = std::unique_ptr<Stream>(std::move(own));
+    } else {
+      stream = device_->create_stream(so);  // not the built-in cpu device: its own stream
+    }
   } catch (const std::exception& e) {
     stream = internal_error(std::string("device threw while creating a stream: ") + e.what());
   } catch (...) {
@@ -52,6 +62,7 @@ Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
                                           model_->name() + "' on " + device_->name());
   }
   w.stream = std::move(*stream);
+  w.caller_stream = caller_stream;
   w.instance = std::move(*instance);
   return Status();
 }
@@ -128,6 +139,7 @@ void EngineCore::worker_loop(Worker& w) {
       return;
     }
     launch(w, batch);
+    if (w.caller_stream != nullptr) w.caller_stream->run_pending();  // the inline path
   }
 }
 

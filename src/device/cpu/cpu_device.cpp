@@ -47,10 +47,13 @@ class CpuDevice final : public Device {
   const DeviceInfo& info() const noexcept override { return info_; }
 
   Result<std::unique_ptr<Stream>> create_stream(const StreamOptions& options) override {
+    return std::unique_ptr<Stream>(make_stream(options, StreamThread::own));
+  }
+
+  std::unique_ptr<HostStream> make_stream(const StreamOptions& options, StreamThread thread) {
     std::string name =
         options.name.empty() ? "cpu-s" + std::to_string(next_stream_++) : options.name;
-    return std::unique_ptr<Stream>(
-        std::make_unique<CpuStream>(shared_from_this(), options, std::move(name)));
+    return std::make_unique<CpuStream>(shared_from_this(), options, std::move(name), thread);
   }
 
   Result<std::unique_ptr<Event>> create_event(const EventOptions& options) override {
@@ -70,6 +73,12 @@ class CpuDevice final : public Device {
 };
 
 }  // namespace
+
+std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options) {
+  auto* cpu = dynamic_cast<CpuDevice*>(&device);
+  if (cpu == nullptr) return nullptr;
+  return cpu->make_stream(options, StreamThread::caller);
+}
 
 Result<std::shared_ptr<Device>> open_cpu_device(std::string_view args) {
   if (!args.empty()) {
