@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages asyncinfer needs (build tools, GoogleTest, Google Benchmark,
-# CLI11, nlohmann_json, stb, libtorch, and PyTorch + scikit-learn for the demo model; for
+# CLI11, nlohmann_json, stb, gperftools' tcmalloc for the programs, libtorch, and PyTorch +
+# scikit-learn for the demo model; for
 # `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, gRPC C++ with its code generators, and
 # curl, requests, prometheus_client, grpcio, PyYAML, h2load, wrk and nginx (with its stream module)
 # for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
@@ -10,7 +11,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libgoogle-perftools-dev
   libcli11-dev nlohmann-json3-dev libstb-dev
   libtorch-dev python3-torch python3-sklearn
   libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev

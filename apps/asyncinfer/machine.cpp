@@ -1,6 +1,7 @@
 // machine.cpp — machine description and process CPU times (machine.hpp).
 #include "machine.hpp"
 
+#include <dlfcn.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 
@@ -35,6 +36,17 @@ std::string cpu_model_from_proc() {
   return fallback.empty() ? "unknown" : fallback;
 }
 
+/// Looked up, not linked: whichever malloc the process was linked or preloaded with.
+std::string allocator_in_use() {
+  using TcVersion = const char* (*)(int*, int*, const char**);
+  if (auto tc = reinterpret_cast<TcVersion>(dlsym(RTLD_DEFAULT, "tc_version"))) {
+    const char* version = tc(nullptr, nullptr, nullptr);
+    return std::string("tcmalloc (") + (version != nullptr ? version : "gperftools") + ")";
+  }
+  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
+  return "glibc";
+}
+
 double seconds(const timeval& tv) {
   return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
 }
@@ -56,6 +68,7 @@ MachineInfo machine_info() {
 #else
   m.compiler = "unknown";
 #endif
+  m.allocator = allocator_in_use();
   return m;
 }
 

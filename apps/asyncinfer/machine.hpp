@@ -1,4 +1,5 @@
-// machine.hpp — what the bench ran on (cores, CPU model) and process CPU time (getrusage).
+// machine.hpp — what the bench ran on (cores, CPU model, allocator) and process CPU time
+// (getrusage).
 #pragma once
 
 #include <string>
@@ -10,6 +11,9 @@ struct MachineInfo {
   std::string cpu_model;  ///< "model name" of /proc/cpuinfo ("unknown" if absent)
   std::string os;         ///< uname: sysname release machine
   std::string compiler;   ///< what built the tool
+  /// The malloc this process runs on: "tcmalloc (gperftools 2.10)" where the program links it
+  /// (CMake's ASYNCINFER_MALLOC) or it is preloaded, "jemalloc" when preloaded, else "glibc".
+  std::string allocator;
 };
 MachineInfo machine_info();
 

@@ -84,8 +84,11 @@ json config_json(const BenchReport& rep, const RunResult* run) {
 }
 
 json machine_json(const MachineInfo& m) {
-  return json{
-      {"cores", m.cores}, {"cpu_model", m.cpu_model}, {"os", m.os}, {"compiler", m.compiler}};
+  return json{{"cores", m.cores},
+              {"cpu_model", m.cpu_model},
+              {"os", m.os},
+              {"compiler", m.compiler},
+              {"allocator", m.allocator}};
 }
 
 json run_json(const BenchReport& rep, const RunResult& r) {
@@ -302,7 +305,8 @@ void print_table(std::FILE* f, const BenchReport& rep) {
       "%s, queue delay %lld us, %d completion thread(s)\n",
       o.workers, std::max(1, o.intra_op_threads), o.inflight_per_worker, max_batch.c_str(),
       static_cast<long long>(o.max_queue_delay_us), o.completion_threads);
-  std::fprintf(f, "  machine  %u cores, %s\n", rep.machine.cores, rep.machine.cpu_model.c_str());
+  std::fprintf(f, "  machine  %u cores, %s, malloc %s\n", rep.machine.cores,
+               rep.machine.cpu_model.c_str(), rep.machine.allocator.c_str());
 
   if (rep.runs.size() == 1) {
     const RunResult& r = rep.runs[0];

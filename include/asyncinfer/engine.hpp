@@ -7,6 +7,9 @@
 //   max_inflight_per_worker batches queued on its stream) ─► stream completion point (host
 //   function on the completion executor) ─► future / callback / result store
 //
+//   (On the cpu device with no hang watchdog, the worker runs its batch and the completion point
+//   itself: the request crosses two threads, submitter → worker → completion thread.)
+//
 //   - Queue: bounded (queue_capacity); priority levels 1..N (1 highest), FIFO within a level;
 //     optional aging promotes a request that has waited longer than `priority_aging` to the top
 //     level. When full: reject at once (resource_exhausted) or block the producer up to
@@ -174,7 +177,9 @@ struct EngineOptions {
   /// process takes a core; docs/models.md, "Threads".)
   int workers = 0;
   /// Batches queued on a worker's stream ahead of completion, so the host prepares the next
-  /// batch while the device runs the current one.
+  /// batch while the device runs the current one. On the cpu device with no `watchdog`, the
+  /// worker runs each batch itself on its own thread (a cpu stream has no device to overlap
+  /// with, and the hand-off to a stream thread costs a wake-up per batch), so one at a time.
   int max_inflight_per_worker = 2;
   /// Requests waiting in the queue (retries waiting for their backoff do not count).
   std::size_t queue_capacity = 4096;
@@ -206,7 +211,9 @@ struct EngineOptions {
   RetryPolicy retry;
   CircuitBreakerOptions breaker;
   /// 0 = off. A batch whose completion point is not reached within this time fails with
-  /// deadline_exceeded and its worker is recycled (see `recovery`).
+  /// deadline_exceeded and its worker is recycled (see `recovery`). On cpu a watchdog makes each
+  /// batch run on its stream's thread, not on the worker's (max_inflight_per_worker), so that a
+  /// hung model leaves the worker free to replace it.
   std::chrono::milliseconds watchdog{0};
   /// Bounded replacement of a worker's stream and model instance, and of abandoned work.
   RecoveryOptions recovery;

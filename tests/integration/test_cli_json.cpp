@@ -142,6 +142,15 @@ void check_document(const json& j, const std::string& kind, std::size_t runs) {
   ASSERT_TRUE(j.contains("config") && j["config"].is_object());
   ASSERT_TRUE(j.contains("machine") && j["machine"].is_object());
   EXPECT_GE(j["machine"]["cores"].get<int>(), 1);
+  // The allocator the program runs on (CMake's ASYNCINFER_MALLOC): linking tcmalloc by a flag
+  // the linker could drop (--as-needed) would silently give glibc's malloc back.
+  ASSERT_TRUE(j["machine"].contains("allocator") && j["machine"]["allocator"].is_string());
+  const std::string allocator = j["machine"]["allocator"];
+  if (std::string(ASYNCINFER_TEST_MALLOC) == "tcmalloc") {
+    EXPECT_EQ(allocator.rfind("tcmalloc (gperftools", 0), 0u) << allocator;
+  } else {
+    EXPECT_FALSE(allocator.empty());
+  }
   ASSERT_TRUE(j.contains("runs") && j["runs"].is_array());
   EXPECT_EQ(j["runs"].size(), runs);
 }
