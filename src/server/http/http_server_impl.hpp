@@ -128,9 +128,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void not_found(std::string_view target);
   void respond_method(const char* allowed);
   void respond_status(const Status& s) { respond_error(http_status(s.code()), s.message()); }
-
   void respond_error(int status, std::string_view message) { respond(status, error_json(message)); }
-
   void respond(int status, std::string body, const char* content_type = "application/json");
   void send(Response res);
 
@@ -158,6 +156,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void discard();
   void close();
 
+  // ---- state (used on the session's strand only) ------------------------------------------------
   HttpServer::Impl& impl_;
   Socket socket_;
   Timer timer_;
