@@ -71,8 +71,9 @@ struct ModelPlan {
 /// it against asyncinfer's subset. `dir_name` is the model's folder (Triton requires `name`, when
 /// given, to equal it). invalid_argument with "source:line:column" for syntax errors and unknown
 /// fields, or naming the field and what was expected; warnings for ignorable fields are appended
-/// to `warnings`. The protobuf types stay inside model_config.cpp (see the CMake file: under
-/// ThreadSanitizer, protobuf's map fields change layout, so that file is built like libprotobuf).
+/// to `warnings`. The protobuf types stay inside model_config.cpp and model_config_sections.cpp
+/// (see the CMake file: under ThreadSanitizer, protobuf's map fields change layout, so those files
+/// are built like libprotobuf).
 Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
                                     std::string_view dir_name, std::vector<std::string>* warnings);
 

@@ -1,0 +1,223 @@
+// grpc.health.v1.Health (health.proto) of the gRPC frontend: Check, Watch (HealthWatch, one
+// ServerWriteReactor per watch) and the refresher thread that compares the server's readiness
+// every 100 ms and tells the watches of each change (grpc_server.hpp, "Health").
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "grpc_server_impl.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+using HealthStatus = hpb::HealthCheckResponse::ServingStatus;
+
+constexpr const char* kServiceName = "inference.GRPCInferenceService";
+/// How often the health status is compared with the server's readiness for the Watch calls (a
+/// Check always answers the readiness of the moment).
+constexpr auto kHealthRefresh = std::chrono::milliseconds(100);
+
+}  // namespace
+
+int GrpcServer::Impl::serving_status() const {
+  return !draining.load(std::memory_order_acquire) && core.ready()
+             ? hpb::HealthCheckResponse::SERVING
+             : hpb::HealthCheckResponse::NOT_SERVING;
+}
+
+void GrpcServer::Impl::publish_locked(int status) {
+  if (status == health) return;
+  health = status;
+  for (Call* w : snapshot(watches)) {
+    w->on_health(status);
+    w->release();
+  }
+}
+
+int GrpcServer::Impl::refresh_health() {
+  std::lock_guard lock(health_mu);
+  const int status = serving_status();
+  publish_locked(status);
+  return status;
+}
+
+void GrpcServer::Impl::add_watch(Call* w) {
+  std::lock_guard lock(health_mu);
+  publish_locked(serving_status());
+  add(w, watches);
+  w->on_health(health);
+}
+
+void GrpcServer::Impl::start_refresher() {
+  refresher = std::thread([this] {
+    std::unique_lock lock(refresh_mu);
+    while (!refresh_cv.wait_for(lock, kHealthRefresh, [this] { return refresh_stop; })) {
+      lock.unlock();
+      refresh_health();
+      lock.lock();
+    }
+  });
+}
+
+void GrpcServer::Impl::stop_refresher() {
+  {
+    std::lock_guard lock(refresh_mu);
+    refresh_stop = true;
+  }
+  refresh_cv.notify_all();
+  if (refresher.joinable()) refresher.join();
+}
+
+namespace {
+
+/// grpc.health.v1.Health/Watch: sends the status now, then each change, one write at a time (a
+/// change during a write is sent after it, only the latest). An unknown service gets
+/// SERVICE_UNKNOWN and the call stays open, as gRPC's health-checking protocol says. The server's
+/// stop ends it with UNAVAILABLE after its last status.
+class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckResponse>, public Call {
+ public:
+  HealthWatch(GrpcServer::Impl& impl, bool known) : Call(1), impl_(impl), known_(known) {
+    if (known_) {
+      impl_.add_watch(this);  // calls on_health
+    } else {
+      send(hpb::HealthCheckResponse::SERVICE_UNKNOWN);
+      impl_.add(this, impl_.watches);  // for stop
+    }
+  }
+
+  void on_health(int status) override {
+    if (known_) send(status);
+  }
+
+  void on_stop() override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      if (!ok) broken_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnCancel() override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      broken_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(mu_);  // orders the destructor after Finish for ThreadSanitizer
+    }
+    impl_.remove(this, impl_.watches);
+    release();
+  }
+
+ private:
+  struct Actions {
+    bool write = false;
+    std::optional<grpc::Status> finish;
+  };
+
+  /// Sends `status` (the latest only, after the write in progress).
+  void send(int status) {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      want_ = status;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  Actions next_locked() {
+    Actions a;
+    if (finished_ || writing_) return a;
+    if (!broken_ && want_ != sent_) {
+      writing_ = true;
+      sent_ = want_;
+      out_.set_status(static_cast<HealthStatus>(want_));
+      a.write = true;
+    } else if (broken_ || stopping_) {
+      finished_ = true;
+      a.finish = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled")
+                         : grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down");
+    }
+    return a;
+  }
+
+  void run(Actions& a) {
+    if (a.write) StartWrite(&out_);
+    if (a.finish) Finish(std::move(*a.finish));
+  }
+
+  GrpcServer::Impl& impl_;
+  const bool known_;
+  std::mutex mu_;
+  hpb::HealthCheckResponse out_;  // being written while writing_
+  int want_ = -1;
+  int sent_ = -1;
+  bool writing_ = false;
+  bool stopping_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+};
+
+bool health_service_known(const std::string& service) {
+  return service.empty() || service == kServiceName;
+}
+
+/// grpc.health.v1.Health for the service "" (the server) and inference.GRPCInferenceService; both
+/// follow serving_status(). Its calls are not counted in asyncinfer_grpc_requests_total (probes
+/// would swamp it).
+class HealthService final : public hpb::Health::CallbackService {
+ public:
+  explicit HealthService(GrpcServer::Impl& impl) : impl_(impl) {}
+
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
+                                  const hpb::HealthCheckRequest* in,
+                                  hpb::HealthCheckResponse* out) override {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    if (!health_service_known(in->service())) {
+      r->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + in->service() +
+                                                              "' (this server reports \"\" and " +
+                                                              kServiceName + ")"));
+      return r;
+    }
+    out->set_status(static_cast<HealthStatus>(impl_.refresh_health()));
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+
+  grpc::ServerWriteReactor<hpb::HealthCheckResponse>* Watch(
+      grpc::CallbackServerContext*, const hpb::HealthCheckRequest* in) override {
+    return new HealthWatch(impl_, health_service_known(in->service()));
+  }
+
+ private:
+  GrpcServer::Impl& impl_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> make_health_service(GrpcServer::Impl& impl) {
+  return std::make_unique<HealthService>(impl);
+}
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,214 @@
+// inference.GRPCInferenceService (grpc_service.proto) of the gRPC frontend: the unary RPCs
+// (liveness, readiness, metadata, RepositoryIndex) answered at once, ModelInfer's reactor
+// (InferCall: decode, submit, and the engine's completion callback answers), and the hand-off of
+// ModelStreamInfer to its reactor (grpc_stream_call.cpp).
+#include <mutex>
+#include <string>
+
+#include "grpc_server_impl.hpp"
+#include "oip_grpc.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+/// ModelInfer: decode, submit; the engine's completion callback writes the response and finishes.
+class InferCall final : public grpc::ServerUnaryReactor, public Call {
+ public:
+  InferCall(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response)
+      : Call(2), impl_(impl), ctx_(ctx), response_(response), start_(Clock::now()) {
+    impl_.add(this);
+  }
+
+  /// Runs in the method handler; drops the handler's reference at the end.
+  void start(const grpc::ByteBuffer& request) {
+    run(request);
+    release();
+  }
+
+  void OnCancel() override {
+    bool have = false;
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+      have = inflight_.valid();
+    }
+    // inflight_ is set once, before `have` can be true, and never changed after.
+    if (have) inflight_.cancel();
+  }
+
+  void OnDone() override {
+    int code = 0;
+    double micros = 0;
+    {
+      // gRPC orders Finish before OnDone; the lock makes that visible to ThreadSanitizer too
+      // (gRPC's own synchronization is not instrumented).
+      std::lock_guard lock(mu_);
+      code = code_;
+      micros = micros_;
+    }
+    impl_.count(code);
+    impl_.metrics.observe_infer_us(micros);
+    impl_.remove(this);
+    release();
+  }
+
+ private:
+  void run(const grpc::ByteBuffer& request) {
+    grpc::ByteBuffer buffer(request);  // shares the slices
+    ParsedInfer parsed = parse_infer_request(buffer, impl_.core, "the request");
+    if (!parsed.status.ok()) return finish(parsed.status);
+    parsed.request.deadline = call_deadline(ctx_);
+    auto accepted = impl_.core.submit(*parsed.model, std::move(parsed.request),
+                                      [this](Result<InferResponse> r) { complete(std::move(r)); });
+    if (!accepted.ok()) return finish(accepted.status());
+    bool cancel_now = false;
+    {
+      std::lock_guard lock(mu_);
+      inflight_ = std::move(*accepted);
+      cancel_now = cancelled_;
+    }
+    if (cancel_now) inflight_.cancel();
+  }
+
+  /// On the engine's completion executor.
+  void complete(Result<InferResponse> r) {
+    if (!r.ok()) return finish(r.status());
+    *response_ = encode_infer_response(*r, false);
+    if (Status too_big = check_response_size(*response_, impl_.opt.max_message_bytes);
+        !too_big.ok()) {
+      response_->Clear();
+      return finish(too_big);
+    }
+    finish(Status());
+  }
+
+  /// The last thing done with the call: OnDone may run (on another thread) as soon as it is in.
+  void finish(const Status& s) {
+    {
+      std::lock_guard lock(mu_);
+      code_ = grpc_code(s.code());
+      micros_ = micros_since(start_);
+    }
+    Finish(to_grpc(s));
+  }
+
+  GrpcServer::Impl& impl_;
+  grpc::CallbackServerContext* ctx_;
+  grpc::ByteBuffer* response_;
+  Clock::time_point start_;
+  std::mutex mu_;
+  InflightRequest inflight_;
+  bool cancelled_ = false;
+  int code_ = 0;
+  double micros_ = 0;
+};
+
+}  // namespace
+
+// ---- the service ------------------------------------------------------------------------------
+
+using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
+    pb::GRPCInferenceService::WithCallbackMethod_ServerReady<
+        pb::GRPCInferenceService::WithCallbackMethod_ModelReady<
+            pb::GRPCInferenceService::WithCallbackMethod_ServerMetadata<
+                pb::GRPCInferenceService::WithCallbackMethod_ModelMetadata<
+                    pb::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                        pb::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
+                            pb::GRPCInferenceService::WithCallbackMethod_RepositoryIndex<
+                                pb::GRPCInferenceService::Service>>>>>>>>;
+
+class GrpcServer::Impl::Service final : public ServiceBase {
+ public:
+  explicit Service(Impl& impl) : impl_(impl) {}
+
+  using ServiceBase::ModelInfer;
+  using ServiceBase::ModelMetadata;
+  using ServiceBase::ModelReady;
+  using ServiceBase::ModelStreamInfer;
+  using ServiceBase::RepositoryIndex;
+  using ServiceBase::ServerLive;
+  using ServiceBase::ServerMetadata;
+  using ServiceBase::ServerReady;
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
+                                       const pb::ServerLiveRequest*,
+                                       pb::ServerLiveResponse* out) override {
+    out->set_live(impl_.core.live());
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx,
+                                        const pb::ServerReadyRequest*,
+                                        pb::ServerReadyResponse* out) override {
+    out->set_ready(impl_.core.ready());
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
+                                       const pb::ModelReadyRequest* in,
+                                       pb::ModelReadyResponse* out) override {
+    auto mv = impl_.core.find(in->name(), in->version());
+    // A known model (version) that is not ready answers ready = false; an unknown one is
+    // NOT_FOUND and a malformed version INVALID_ARGUMENT, as over HTTP.
+    if (!mv.ok() && mv.status().code() != StatusCode::unavailable) return done(ctx, mv.status());
+    out->set_ready(mv.ok());
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx,
+                                           const pb::ServerMetadataRequest*,
+                                           pb::ServerMetadataResponse* out) override {
+    server_metadata(impl_.core, out);
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
+                                          const pb::ModelMetadataRequest* in,
+                                          pb::ModelMetadataResponse* out) override {
+    auto mv = impl_.core.find(in->name(), in->version());
+    if (!mv.ok()) return done(ctx, mv.status());
+    const ServedModel* sm = impl_.core.repository().find(in->name());
+    model_metadata(*sm, **mv, in->version().empty() ? nullptr : *mv, out);
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const pb::RepositoryIndexRequest* in,
+                                            pb::RepositoryIndexResponse* out) override {
+    if (!in->repository_name().empty()) {
+      return done(ctx, not_found_error("unknown repository '" + in->repository_name() +
+                                       "' (asyncinfer serves one; leave repository_name empty)"));
+    }
+    repository_index(impl_.core.repository(), in->ready(), out);
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override {
+    auto* call = new InferCall(impl_, ctx, response);
+    call->start(*request);
+    return call;
+  }
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
+      grpc::CallbackServerContext* ctx) override {
+    return new_stream_call(impl_, ctx);
+  }
+
+ private:
+  grpc::ServerUnaryReactor* done(grpc::CallbackServerContext* ctx, const Status& s) {
+    impl_.count(grpc_code(s.code()));
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(to_grpc(s));
+    return r;
+  }
+
+  Impl& impl_;
+};
+
+std::unique_ptr<grpc::Service> make_inference_service(GrpcServer::Impl& impl) {
+  return std::make_unique<GrpcServer::Impl::Service>(impl);
+}
+
+}  // namespace asyncinfer::server

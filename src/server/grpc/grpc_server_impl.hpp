@@ -1,0 +1,173 @@
+// grpc_server_impl.hpp — what the files of the gRPC frontend share (internal to src/server/grpc):
+// GrpcServer::Impl (the server's state: the core, the options, the tracked calls, the health
+// status, the shutdown thread), Call (a tracked call in progress, reference-counted), the
+// conversions every reactor uses, and the factories of the services and the stream reactor.
+//
+// The frontend's files, one concept each (grpc_server.hpp has the design):
+//   grpc_server.cpp         GrpcServer: start (the port, the builder), stop_accepting, stop
+//   grpc_infer_service.cpp  inference.GRPCInferenceService: the unary RPCs, ModelInfer's reactor
+//   grpc_stream_call.cpp    ModelStreamInfer's reactor
+//   grpc_health.cpp         grpc.health.v1.Health: Check, Watch, the refresher
+//
+// Thread safety: Impl's sets of calls are under `mu`; the health status under `health_mu`.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "grpc_server.hpp"
+#include "grpc_service.grpc.pb.h"
+#include "health.grpc.pb.h"
+#include "status_mapping.hpp"
+
+namespace asyncinfer::server {
+
+namespace pb = inference;
+namespace hpb = grpc::health::v1;
+using Clock = std::chrono::steady_clock;
+
+inline grpc::Status to_grpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(grpc_code(s.code())), std::string(s.message()));
+}
+
+/// The call's deadline on the engine's clock; none when the client set none.
+inline std::optional<Clock::time_point> call_deadline(const grpc::CallbackServerContext* ctx) {
+  const auto d = ctx->deadline();
+  const auto now = std::chrono::system_clock::now();
+  if (d == std::chrono::system_clock::time_point::max() || d - now > std::chrono::hours(24 * 365)) {
+    return std::nullopt;
+  }
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
+}
+
+inline double micros_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+}
+
+/// resource_exhausted when an encoded response is over --grpc-max-message-bytes (gRPC would end
+/// the call, or the whole stream, with RESOURCE_EXHAUSTED when writing it).
+inline Status check_response_size(const grpc::ByteBuffer& response, std::size_t max_bytes) {
+  if (response.Length() <= max_bytes) return Status();
+  return resource_exhausted_error("the response is " + std::to_string(response.Length()) +
+                                  " bytes, over the largest message this server sends (" +
+                                  std::to_string(max_bytes) +
+                                  " bytes, --grpc-max-message-bytes); ask for fewer or smaller "
+                                  "outputs, or raise the limit");
+}
+
+/// A call in progress that the frontend tracks (for open_connections, drain and stop). Freed when
+/// its last reference goes: the library's (released in OnDone) and any taken by snapshot().
+class Call {
+ public:
+  explicit Call(int refs) : refs_(refs) {}
+  virtual ~Call() = default;
+  /// The server started draining.
+  virtual void on_drain() {}
+  /// The server is stopping: end the call now.
+  virtual void on_stop() {}
+  /// A health Watch: the status is now `status` (a HealthCheckResponse::ServingStatus).
+  virtual void on_health(int /*status*/) {}
+  void ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+ private:
+  std::atomic<int> refs_;
+};
+
+struct GrpcServer::Impl {
+  Impl(InferenceServer& s, GrpcOptions o);  // grpc_server.cpp
+
+  InferenceServer& core;
+  GrpcOptions opt;
+  ProtocolMetrics& metrics;
+
+  class Service;  // inference.GRPCInferenceService (grpc_infer_service.cpp)
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<grpc::Service> health_service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  mutable std::mutex mu;
+  std::unordered_set<Call*> calls;    // inference calls: open_connections, drain, stop
+  std::unordered_set<Call*> watches;  // health Watch calls
+  std::atomic<bool> draining{false};
+  std::thread shutdown_thread;
+  bool shutdown_started = false;
+  bool stopped = false;
+  std::mutex shutdown_mu;
+  std::condition_variable shutdown_cv;
+  bool shutdown_done = false;  // grpc::Server::Shutdown has returned
+
+  // Health: the last status sent to the watches, under health_mu (which also orders the
+  // updates, so a watch's last message is the latest status). The refresher compares it with
+  // the readiness every kHealthRefresh until stop.
+  std::mutex health_mu;
+  int health = hpb::HealthCheckResponse::UNKNOWN;
+  std::mutex refresh_mu;
+  std::condition_variable refresh_cv;
+  bool refresh_stop = false;
+  std::thread refresher;
+
+  void add(Call* c, std::unordered_set<Call*>& set) {
+    std::lock_guard lock(mu);
+    set.insert(c);
+  }
+  void add(Call* c) { add(c, calls); }
+  void remove(Call* c, std::unordered_set<Call*>& set) {
+    std::lock_guard lock(mu);
+    set.erase(c);
+  }
+  void remove(Call* c) { remove(c, calls); }
+  /// The calls of `set` now, each with a reference the caller releases.
+  std::vector<Call*> snapshot(const std::unordered_set<Call*>& set) {
+    std::lock_guard lock(mu);
+    std::vector<Call*> out(set.begin(), set.end());
+    for (Call* c : out) c->ref();
+    return out;
+  }
+  std::vector<Call*> snapshot() { return snapshot(calls); }
+  void count(int code) { metrics.count_request(static_cast<std::size_t>(code)); }
+
+  // Health (grpc_health.cpp).
+  /// SERVING while the server is ready (InferenceServer::ready: every model loaded and its
+  /// device healthy) and not draining; NOT_SERVING otherwise.
+  int serving_status() const;
+  void publish_locked(int status);
+  /// The status now; watches are told when it changed. Never blocks on a client.
+  int refresh_health();
+  /// Registers a Watch and sends it the status now.
+  void add_watch(Call* w);
+  void start_refresher();
+  void stop_refresher();
+
+  // Shutdown (grpc_server.cpp).
+  /// Starts grpc::Server::Shutdown on its own thread (once): the port closes, clients get
+  /// GOAWAY, calls in progress go on; it returns once every call has ended and every connection
+  /// has closed (stop() cancels what is left, so it does not wait on a client).
+  void start_shutdown();
+  /// Waits up to `timeout` for Shutdown to return.
+  bool wait_shutdown(std::chrono::milliseconds timeout);
+};
+
+/// inference.GRPCInferenceService over `impl` (grpc_infer_service.cpp).
+std::unique_ptr<grpc::Service> make_inference_service(GrpcServer::Impl& impl);
+/// grpc.health.v1.Health over `impl` (grpc_health.cpp).
+std::unique_ptr<grpc::Service> make_health_service(GrpcServer::Impl& impl);
+/// A ModelStreamInfer call's reactor (grpc_stream_call.cpp); the library owns it until OnDone.
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* new_stream_call(
+    GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx);
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,326 @@
+// ModelStreamInfer's reactor (StreamCall): Triton's bidirectional stream of inference requests,
+// read one after another while earlier ones run, each answered when it completes (grpc_server.hpp
+// has the design; the locking rule is on the class).
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "grpc_server_impl.hpp"
+#include "oip_grpc.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+/// ModelStreamInfer: reads requests one after another while earlier ones run, writes each
+/// response when its request completes (completion order), one write at a time.
+///
+/// All state is under mu_; library operations (StartRead, StartWrite, Finish) are started after
+/// mu_ is released, in that order (a read is started before a write, and both before Finish, so
+/// the call cannot end while one is being started), because a reaction may run inline in them.
+class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                         public Call {
+ public:
+  StreamCall(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx)
+      : Call(1), impl_(impl), ctx_(ctx), deadline_(call_deadline(ctx)) {
+    impl_.add(this);
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      draining_ = impl_.draining.load(std::memory_order_acquire);
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client half-closed (or the call ended).
+      Actions a;
+      {
+        std::lock_guard lock(mu_);
+        reading_ = false;
+        reads_done_ = true;
+        a = next_locked();
+      }
+      return run(a);
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (finished_) {  // ended (drained or cancelled) while this message arrived: dropped
+        reading_ = false;
+        return;
+      }
+    }
+    const std::uint64_t index = received_++;
+    ParsedInfer message =
+        parse_infer_request(read_buf_, impl_.core, "stream message " + std::to_string(index + 1));
+    if (!message.well_formed) {
+      const Status& parsed = message.status;
+      // Garbage: stop reading; answer what was accepted, then end the stream with the error.
+      Actions a;
+      {
+        std::lock_guard lock(mu_);
+        reading_ = false;
+        stop_reading_ = true;
+        if (end_status_.ok()) end_status_ = parsed;
+        a = next_locked();
+      }
+      impl_.count(grpc_code(parsed.code()));
+      return run(a);
+    }
+    handle(std::move(message));
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      reading_ = false;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      queue_.pop_front();
+      if (!ok) {
+        // The client is gone: nothing more can be written.
+        broken_ = true;
+        drop_queued_locked();
+      }
+      a = next_locked();
+    }
+    if (!ok) cancel_inflight();
+    run(a);
+  }
+
+  void OnCancel() override {
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+      drop_queued_locked();
+    }
+    cancel_inflight();
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(ctx_mu_);
+      done_ = true;
+    }
+    {
+      // Everything before Finish happened under mu_: taking it orders the destructor after it
+      // for ThreadSanitizer as well (gRPC's own synchronization is not instrumented).
+      std::lock_guard lock(mu_);
+    }
+    impl_.remove(this);
+    release();
+  }
+
+  void on_drain() override {
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      draining_ = true;
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void on_stop() override {
+    // TryCancel may run OnCancel inline (which takes mu_, not ctx_mu_); OnDone runs on another
+    // thread and waits here, so ctx_ is valid throughout.
+    std::lock_guard lock(ctx_mu_);
+    if (!done_) ctx_->TryCancel();
+  }
+
+ private:
+  struct Actions {
+    bool read = false;
+    grpc::ByteBuffer* write = nullptr;
+    std::optional<grpc::Status> finish;
+  };
+
+  void handle(ParsedInfer message) {
+    const Clock::time_point start = Clock::now();
+    auto fail = [&](const Status& s) {
+      impl_.count(grpc_code(s.code()));
+      enqueue(encode_stream_error(s, message.model_name, message.model_version, message.id));
+    };
+    if (!message.status.ok()) return fail(message.status);
+    const ModelVersion& mv = *message.model;
+    message.request.deadline = deadline_;
+    std::uint64_t seq = 0;
+    {
+      // The gate: once the request is in inflight_ the stream cannot finish until it completes.
+      std::lock_guard lock(mu_);
+      if (finished_ || cancelled_ || broken_) return;
+      seq = next_seq_++;
+      inflight_.emplace(seq, InflightRequest());
+    }
+    const ModelVersion* mvp = &mv;
+    auto accepted = impl_.core.submit(
+        mv, std::move(message.request),
+        [this, seq, start, mvp, id = message.id](Result<InferResponse> r) mutable {
+          complete(seq, start, *mvp, id, std::move(r));
+        });
+    if (!accepted.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        inflight_.erase(seq);
+      }
+      return fail(accepted.status());
+    }
+    InflightRequest cancel_now;
+    {
+      std::lock_guard lock(mu_);
+      auto it = inflight_.find(seq);
+      if (it != inflight_.end()) {  // else it has completed already
+        if (cancelled_ || broken_) {
+          cancel_now = std::move(*accepted);
+        } else {
+          it->second = std::move(*accepted);
+        }
+      }
+    }
+    cancel_now.cancel();
+  }
+
+  /// On the engine's completion executor.
+  void complete(std::uint64_t seq, Clock::time_point start, const ModelVersion& mv,
+                const std::string& id, Result<InferResponse> r) {
+    grpc::ByteBuffer out;
+    Status status = r.ok() ? Status() : r.status();
+    if (r.ok()) {
+      out = encode_infer_response(*r, true);
+      status = check_response_size(out, impl_.opt.max_message_bytes);
+    }
+    // A failed request is answered on the stream with error_message; the stream goes on.
+    if (!status.ok()) {
+      out = encode_stream_error(status, mv.model_name, mv.version_text, id);
+      // An id too long to echo in the error (the rest of the request was large too) is left out
+      // rather than end the stream.
+      if (!check_response_size(out, impl_.opt.max_message_bytes).ok()) {
+        out = encode_stream_error(status, mv.model_name, mv.version_text, "");
+      }
+    }
+    impl_.count(grpc_code(status.code()));
+    impl_.metrics.observe_infer_us(micros_since(start));
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      inflight_.erase(seq);
+      if (!cancelled_ && !broken_) queue_.push_back(std::move(out));
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  void enqueue(grpc::ByteBuffer out) {
+    std::lock_guard lock(mu_);
+    if (!cancelled_ && !broken_ && !finished_) queue_.push_back(std::move(out));
+    // The caller (OnReadDone) computes the next actions.
+  }
+
+  /// Drops the responses not yet written; the one being written stays until OnWriteDone.
+  void drop_queued_locked() {
+    if (writing_) {
+      queue_.erase(queue_.begin() + 1, queue_.end());
+    } else {
+      queue_.clear();
+    }
+  }
+
+  void cancel_inflight() {
+    std::vector<InflightRequest> cancel;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [seq, f] : inflight_) {
+        if (f.valid()) cancel.push_back(std::move(f));
+      }
+    }
+    for (InflightRequest& f : cancel) f.cancel();
+  }
+
+  /// What to start next; marks it started.
+  Actions next_locked() {
+    Actions a;
+    if (finished_) return a;
+    const bool ending = cancelled_ || broken_ || draining_ || stop_reading_ || reads_done_;
+    if (!reading_ && !ending && inflight_.size() + queue_.size() < impl_.opt.max_stream_inflight) {
+      reading_ = true;
+      a.read = true;
+    }
+    if (!writing_ && !queue_.empty() && !cancelled_ && !broken_) {
+      writing_ = true;
+      a.write = &queue_.front();
+    }
+    // End once nothing is running or waiting to be written; a read may still be pending when the
+    // stream is cancelled or drained (it then completes with ok = false).
+    if (ending && !a.read && !writing_ && queue_.empty() && inflight_.empty() &&
+        (!reading_ || cancelled_ || broken_ || draining_)) {
+      finished_ = true;
+      if (cancelled_ || broken_) {
+        a.finish = grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled");
+      } else if (!end_status_.ok()) {
+        a.finish = to_grpc(end_status_);
+      } else if (draining_ && !reads_done_) {
+        a.finish = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "server is shutting down; the requests of this stream that were "
+                                "accepted have been answered, reopen the stream elsewhere");
+      } else {
+        a.finish = grpc::Status::OK;
+      }
+    }
+    return a;
+  }
+
+  void run(Actions& a) {
+    if (a.read) StartRead(&read_buf_);
+    if (a.write != nullptr) StartWrite(a.write);
+    if (a.finish) Finish(std::move(*a.finish));
+  }
+
+  GrpcServer::Impl& impl_;
+  grpc::CallbackServerContext* ctx_;
+  const std::optional<Clock::time_point> deadline_;
+  grpc::ByteBuffer read_buf_;  // only the read path touches it
+  std::uint64_t received_ = 0;
+
+  std::mutex mu_;
+  std::unordered_map<std::uint64_t, InflightRequest> inflight_;
+  std::deque<grpc::ByteBuffer> queue_;  // front() is being written while writing_
+  std::uint64_t next_seq_ = 0;
+  Status end_status_;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool reads_done_ = false;
+  bool stop_reading_ = false;
+  bool draining_ = false;
+  bool cancelled_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+
+  std::mutex ctx_mu_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* new_stream_call(
+    GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx) {
+  return new StreamCall(impl, ctx);
+}
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,218 @@
+// The routing of the HTTP frontend (Session's handling, http_server_impl.hpp): the Open Inference
+// Protocol's endpoints (/v2, health, model metadata and readiness, Triton's repository index,
+// inference) on the API port and /metrics on the metrics port; an inference request is decoded
+// (oip_json.hpp), submitted to its engine, and its completion posted back to the session's strand.
+#include <charconv>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "http_server_impl.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+/// Percent-decodes one path segment ("my%20model" → "my model"); false for a bad escape.
+bool percent_decode(std::string_view in, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out += in[i];
+      continue;
+    }
+    if (i + 2 >= in.size()) return false;
+    unsigned v = 0;
+    auto [p, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, v, 16);
+    if (ec != std::errc() || p != in.data() + i + 3) return false;
+    out += static_cast<char>(v);
+    i += 2;
+  }
+  return true;
+}
+
+std::vector<std::string_view> split_path(std::string_view path) {
+  std::vector<std::string_view> parts;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    while (i < path.size() && path[i] == '/') ++i;
+    const std::size_t j = path.find('/', i);
+    const std::size_t end = j == std::string_view::npos ? path.size() : j;
+    if (end > i) parts.push_back(path.substr(i, end - i));
+    i = end;
+  }
+  return parts;
+}
+
+}  // namespace
+
+// ---- handling --------------------------------------------------------------------------------
+
+void Session::on_request() {
+  clear_deadline();
+  request_read_at_ = Clock::now();
+  request_ = parser_->release();
+  parser_.reset();
+  keep_alive_ = request_.keep_alive();
+  version_ = request_.version();
+  is_infer_ = false;
+  if (metrics_port_) return handle_metrics();
+  handle_api();
+}
+
+void Session::handle_metrics() {
+  std::string_view target = request_.target();
+  target = target.substr(0, target.find('?'));
+  if (target != "/metrics")
+    return respond_error(404, "not found: the metrics port serves /metrics");
+  if (request_.method() != http::verb::get) return respond_method("GET");
+  respond(200, impl_.core.metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+void Session::handle_api() {
+  std::string_view target = request_.target();
+  target = target.substr(0, target.find('?'));
+  const std::vector<std::string_view> p = split_path(target);
+  const http::verb method = request_.method();
+  auto is = [&](std::size_t n, std::initializer_list<std::string_view> fixed) {
+    if (p.size() != n) return false;
+    std::size_t i = 0;
+    for (std::string_view f : fixed) {
+      if (!f.empty() && p[i] != f) return false;
+      ++i;
+    }
+    return true;
+  };
+  auto need = [&](http::verb v) {
+    if (method == v) return true;
+    respond_method(v == http::verb::get ? "GET" : "POST");
+    return false;
+  };
+  if (p.empty() || p[0] != "v2") return not_found(target);
+  if (p.size() == 1) {
+    if (need(http::verb::get)) respond(200, server_metadata_json(impl_.core));
+    return;
+  }
+  if (is(3, {"v2", "health", "live"})) {
+    if (!need(http::verb::get)) return;
+    if (impl_.core.live()) return respond(200, "", "");
+    return respond_error(503, "server is not live");
+  }
+  if (is(3, {"v2", "health", "ready"})) {
+    if (!need(http::verb::get)) return;
+    if (impl_.core.ready()) return respond(200, "", "");
+    return respond_error(503, impl_.core.draining()
+                                  ? "server is shutting down"
+                                  : "server is not ready: a model version failed to load or "
+                                    "cannot serve (POST /v2/repository/index gives each "
+                                    "version's state and reason)");
+  }
+  if (is(3, {"v2", "repository", "index"})) {
+    if (!need(http::verb::post)) return;
+    auto ready_only = parse_index_request(request_.body(), impl_.opt.max_json_depth);
+    if (!ready_only.ok()) return respond_status(ready_only.status());
+    return respond(200, repository_index_json(impl_.core.repository(), *ready_only));
+  }
+  if (p.size() < 3 || p[1] != "models") return not_found(target);
+  // /v2/models/{m}[/versions/{v}][/ready|/infer|/config]
+  std::string model;
+  std::string version;
+  if (!percent_decode(p[2], model)) return respond_error(400, "bad percent-escape in model name");
+  std::size_t next = 3;
+  if (p.size() >= 5 && p[3] == "versions") {
+    if (!percent_decode(p[4], version)) return respond_error(400, "bad percent-escape in version");
+    next = 5;
+  } else if (p.size() == 4 && p[3] == "versions") {
+    return not_found(target);
+  }
+  std::string_view action = next < p.size() ? p[next] : std::string_view();
+  if (next + (action.empty() ? 0 : 1) != p.size()) return not_found(target);
+
+  if (action.empty()) {
+    if (!need(http::verb::get)) return;
+    auto mv = impl_.core.find(model, version);
+    if (!mv.ok()) return respond_status(mv.status());
+    const ServedModel* sm = impl_.core.repository().find(model);
+    return respond(200, model_metadata_json(*sm, **mv, version.empty() ? nullptr : *mv));
+  }
+  if (action == "ready") {
+    if (!need(http::verb::get)) return;
+    auto mv = impl_.core.find(model, version);
+    if (mv.ok()) return respond(200, "", "");
+    // Triton: a known model that is not ready answers 400.
+    const int status =
+        mv.status().code() == StatusCode::unavailable ? 400 : http_status(mv.status().code());
+    return respond_error(status, mv.status().message());
+  }
+  if (action == "infer") {
+    if (!need(http::verb::post)) return;
+    return handle_infer(model, version);
+  }
+  not_found(target);
+}
+
+void Session::handle_infer(const std::string& model, const std::string& version) {
+  is_infer_ = true;
+  auto mv = impl_.core.find(model, version);
+  if (!mv.ok()) return respond_status(mv.status());
+  std::optional<std::size_t> header_length;
+  if (auto it = request_.find("Inference-Header-Content-Length"); it != request_.end()) {
+    const std::string_view v = it->value();
+    std::size_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || p != v.data() + v.size()) {
+      return respond_error(400, "Inference-Header-Content-Length '" + std::string(v) +
+                                    "' is not a non-negative integer");
+    }
+    header_length = n;
+  }
+  auto decoded =
+      decode_infer_request(**mv, request_.body(), header_length, impl_.opt.max_json_depth);
+  // The inputs were copied into tensors: the body can go.
+  request_.body() = std::string();
+  if (!decoded.ok()) return respond_status(decoded.status());
+  decoded_ = std::move(*decoded);
+  auto self = shared_from_this();
+  auto accepted =
+      impl_.core.submit(**mv, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
+        // On the engine's completion executor: hand the result to this session's strand.
+        net::post(self->executor(),
+                  [self, r = std::move(r)]() mutable { self->on_infer_done(std::move(r)); });
+      });
+  if (!accepted.ok()) return respond_status(accepted.status());
+  inflight_ = std::move(*accepted);
+  phase_ = Phase::handling;
+  // Watch the socket meanwhile: a disconnect cancels the request.
+  if (!reading_ && buffer_.size() == 0) read_some();
+}
+
+void Session::on_infer_done(Result<InferResponse> r) {
+  inflight_ = InflightRequest();
+  if (closed_) return;
+  if (client_gone_) return close();
+  if (!r.ok()) return respond_status(r.status());
+  EncodedResponse enc = encode_infer_response(*r, decoded_);
+  Response res{http::status::ok, version_};
+  res.set(http::field::content_type, enc.binary ? "application/octet-stream" : "application/json");
+  if (enc.binary) res.set("Inference-Header-Content-Length", std::to_string(enc.json_size));
+  res.body() = std::move(enc.body);
+  send(std::move(res));
+}
+
+// ---- errors of the routing ----------------------------------------------------------------------
+
+void Session::not_found(std::string_view target) {
+  respond_error(404, "unknown endpoint " + std::string(request_.method_string()) + " " +
+                         std::string(target) + " (docs/serving.md lists the endpoints)");
+}
+
+void Session::respond_method(const char* allowed) {
+  Response res{http::status::method_not_allowed, version_};
+  res.set(http::field::allow, allowed);
+  res.set(http::field::content_type, "application/json");
+  res.body() =
+      error_json(std::string(request_.method_string()) + " is not allowed here (" + allowed + ")");
+  send(std::move(res));
+}
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,189 @@
+// http_server_impl.hpp — what the files of the HTTP frontend share (internal to src/server/http):
+// the Beast types, HttpServer::Impl (the server's state: the core, the options, the io_context
+// and its threads, the listeners, the open sessions) and Session (one connection: its socket on
+// its strand, its buffer, the request being read or answered, its one timer).
+//
+// The frontend's files, one concept each (http_server.hpp has the design):
+//   http_server.cpp    HttpServer: start (the address, the ports), the listeners, drain, stop
+//   http_session.cpp   a connection's life: reading, writing, the deadline timer, closing
+//   http_routes.cpp    what a request asks for: the OIP's endpoints, /metrics, inference
+//
+// Thread safety: a Session is used on its strand only; Impl's set of sessions is under `mu`.
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "http_server.hpp"
+#include "oip_json.hpp"
+#include "status_mapping.hpp"
+
+namespace asyncinfer::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using Response = http::response<http::string_body>;
+// Concrete executor types: the type-erased any_io_executor costs a few percent per request.
+using Strand = net::strand<net::io_context::executor_type>;
+using Socket = net::basic_stream_socket<tcp, Strand>;
+using Timer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, Strand>;
+using Acceptor = net::basic_socket_acceptor<tcp, Strand>;
+
+constexpr std::size_t kReadChunk = 16 * 1024;
+/// How long a connection that is being closed keeps draining what the client still sends, so
+/// that the client reads our answer instead of a reset (nginx's lingering close).
+constexpr std::chrono::milliseconds kLinger{2000};
+
+class Session;
+
+struct HttpServer::Impl {
+  Impl(InferenceServer& s, HttpOptions o);  // http_server.cpp
+
+  InferenceServer& core;
+  HttpOptions opt;
+  ProtocolMetrics& metrics;
+  // Before the io_context: destroying it destroys the handlers that still own sessions, whose
+  // destructors use these.
+  mutable std::mutex mu;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+  std::atomic<std::size_t> connections{0};
+  std::atomic<bool> draining{false};
+  bool stopped = false;
+
+  net::io_context ioc;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+
+  class Listener;  // http_server.cpp
+  std::shared_ptr<Listener> http_listener;
+  std::shared_ptr<Listener> metrics_listener;
+
+  void add(const std::shared_ptr<Session>& s);
+  void remove(Session* s);
+  std::vector<std::shared_ptr<Session>> snapshot() const;
+};
+
+// ---- one connection ----------------------------------------------------------------------------
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  enum class Phase : std::uint8_t { idle, header, body, handling, writing, closing };
+
+  Session(HttpServer::Impl& impl, Socket socket, bool metrics_port, bool reject);
+
+  ~Session();
+
+  /// Runs on the session's strand.
+  void start();
+
+  /// Posted by the server when it starts draining.
+  void on_drain();
+
+  /// Posted by the server when it stops.
+  void on_stop();
+
+  Strand executor() { return socket_.get_executor(); }
+
+ private:
+  // ---- reading ----------------------------------------------------------------------------------
+  void wait_request();
+
+  /// A read that waits for the next bytes: the start of the next request, or — while a request
+  /// is being answered — the client's disconnect.
+  void read_some();
+  void on_read_some(beast::error_code ec, std::size_t n);
+  void read_header();
+  void on_header(beast::error_code ec);
+  void read_body();
+  void on_body(beast::error_code ec);
+  void on_read_error(beast::error_code ec, const char* part);
+
+  // ---- handling (http_routes.cpp) ---------------------------------------------------------------
+  void on_request();
+  void handle_metrics();
+  void handle_api();
+  void handle_infer(const std::string& model, const std::string& version);
+  void on_infer_done(Result<InferResponse> r);
+
+  // ---- writing (not_found and respond_method: http_routes.cpp) ----------------------------------
+  void not_found(std::string_view target);
+  void respond_method(const char* allowed);
+  void respond_status(const Status& s) { respond_error(http_status(s.code()), s.message()); }
+  void respond_error(int status, std::string_view message) { respond(status, error_json(message)); }
+  void respond(int status, std::string body, const char* content_type = "application/json");
+  void send(Response res);
+
+  /// Writes the response a piece at a time; each piece written moves the deadline, so a client
+  /// that reads slowly but steadily gets the whole of a large response, and one that stops
+  /// reading is closed after --idle-timeout without progress.
+  void write_some();
+  void on_write(beast::error_code ec);
+
+  // ---- timers and closing -----------------------------------------------------------------------
+  void set_deadline(std::chrono::milliseconds after);
+
+  /// No deadline while the engine has the request (its own deadline applies).
+  void clear_deadline() { deadline_ = Clock::time_point::max(); }
+
+  void start_timer(Clock::time_point at);
+  void on_timer(beast::error_code ec);
+
+  /// Bytes written to the socket that the kernel has not sent yet (0 when unknown).
+  std::size_t unsent_bytes();
+
+  /// Stops sending, then reads and discards what the client still sends (for up to kLinger)
+  /// before closing, so that it reads the answer rather than a connection reset.
+  void linger();
+  void discard();
+  void close();
+
+  // ---- state (used on the session's strand only) ------------------------------------------------
+  HttpServer::Impl& impl_;
+  Socket socket_;
+  Timer timer_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> request_;
+  std::optional<Response> response_;
+  std::optional<http::response_serializer<http::string_body>> serializer_;
+  DecodedInfer decoded_;
+  InflightRequest inflight_;
+  Clock::time_point request_read_at_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  Clock::time_point timer_at_;
+  bool timer_waiting_ = false;
+  std::size_t unsent_at_last_timeout_ = 0;
+  unsigned version_ = 11;
+  Phase phase_ = Phase::idle;
+  bool metrics_port_;
+  bool reject_;
+  bool counted_ = false;
+  bool keep_alive_ = true;
+  bool reading_ = false;
+  bool timed_out_ = false;
+  bool client_gone_ = false;
+  bool draining_ = false;
+  bool closed_ = false;
+  bool is_infer_ = false;
+};
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,329 @@
+// One HTTP connection (Session, http_server_impl.hpp): the chain of completion handlers that
+// reads a request (header, then body, with their limits and timeouts), writes its response a
+// piece at a time, keeps one moving deadline on one timer, and closes the connection gracefully
+// (lingering so the client reads the answer rather than a reset). What a request asks for is
+// answered in http_routes.cpp.
+#include <sys/ioctl.h>
+
+#include <algorithm>
+#include <string>
+
+#include "http_server_impl.hpp"
+
+namespace asyncinfer::server {
+
+Session::Session(HttpServer::Impl& impl, Socket socket, bool metrics_port, bool reject)
+    : impl_(impl),
+      socket_(std::move(socket)),
+      timer_(socket_.get_executor()),
+      metrics_port_(metrics_port),
+      reject_(reject) {}
+
+Session::~Session() {
+  if (counted_) {
+    impl_.metrics.connection_closed();
+    impl_.connections.fetch_sub(1, std::memory_order_relaxed);
+  }
+  impl_.remove(this);
+}
+
+void Session::start() {
+  beast::error_code ec;
+  socket_.set_option(tcp::no_delay(true), ec);
+  if (reject_) {
+    impl_.metrics.connection_rejected();
+    keep_alive_ = false;
+    respond_error(429, "too many connections: the server holds " +
+                           std::to_string(impl_.opt.max_connections) +
+                           " (its connection limit); retry later");
+    return;
+  }
+  counted_ = !metrics_port_;  // the metrics port is not an API connection
+  if (counted_) impl_.metrics.connection_opened();
+  wait_request();
+}
+
+void Session::on_drain() {
+  draining_ = true;
+  if (phase_ == Phase::idle) close();
+}
+
+void Session::on_stop() {
+  if (inflight_.valid()) inflight_.cancel();
+  close();
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+void Session::wait_request() {
+  phase_ = Phase::idle;
+  if (draining_ || impl_.draining.load(std::memory_order_acquire)) {
+    close();
+    return;
+  }
+  if (buffer_.size() > 0) {
+    read_header();
+    return;
+  }
+  set_deadline(impl_.opt.idle_timeout);
+  if (!reading_) read_some();
+}
+
+void Session::read_some() {
+  reading_ = true;
+  socket_.async_read_some(buffer_.prepare(kReadChunk),
+                          [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                            self->on_read_some(ec, n);
+                          });
+}
+
+void Session::on_read_some(beast::error_code ec, std::size_t n) {
+  reading_ = false;
+  if (closed_) return;
+  if (ec) {
+    if (phase_ == Phase::handling) {
+      // The client went away while its request ran: cancel it in the engine; the response
+      // that comes back is dropped.
+      client_gone_ = true;
+      inflight_.cancel();
+    } else if (phase_ == Phase::writing) {
+      client_gone_ = true;
+    } else {
+      close();
+    }
+    return;
+  }
+  buffer_.commit(n);
+  if (phase_ == Phase::idle) {
+    read_header();
+  } else if (phase_ == Phase::handling && buffer_.size() == 0) {
+    read_some();
+  }
+  // Otherwise a pipelined request waits in the buffer for the current one to be answered.
+}
+
+void Session::read_header() {
+  phase_ = Phase::header;
+  parser_.emplace();
+  parser_->header_limit(static_cast<std::uint32_t>(impl_.opt.max_header_bytes));
+  parser_->body_limit(impl_.opt.max_body_bytes);
+  set_deadline(impl_.opt.header_timeout);
+  http::async_read_header(
+      socket_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+}
+
+void Session::on_header(beast::error_code ec) {
+  if (closed_) return;
+  if (ec) return on_read_error(ec, "header");
+  auto& req = parser_->get();
+  // RFC 9112 §6.3: a request whose final transfer coding is not chunked has no length the
+  // server can trust; read as a zero-length body, its bytes would be taken for the next
+  // request (smuggling). Refuse it and close.
+  if (req.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+    keep_alive_ = false;
+    version_ = req.version();
+    return respond_error(400, "Transfer-Encoding '" +
+                                  std::string(req[http::field::transfer_encoding]) +
+                                  "' is not supported: only chunked may be the final transfer "
+                                  "coding of a request (or give Content-Length)");
+  }
+  if (req.count("Inference-Header-Content-Length") > 1) {
+    keep_alive_ = false;
+    version_ = req.version();
+    return respond_error(400, "Inference-Header-Content-Length is given more than once");
+  }
+  if (parser_->is_done()) return on_request();
+  if (beast::iequals(req[http::field::expect], "100-continue")) {
+    // curl and others wait for this before sending a large body.
+    static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    net::async_write(socket_, net::buffer(kContinue),
+                     [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                       if (self->closed_) return;
+                       if (wec) return self->close();
+                       self->read_body();
+                     });
+    return;
+  }
+  read_body();
+}
+
+void Session::read_body() {
+  phase_ = Phase::body;
+  set_deadline(impl_.opt.body_timeout);
+  http::async_read(
+      socket_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_body(ec); });
+}
+
+void Session::on_body(beast::error_code ec) {
+  if (closed_) return;
+  if (ec) return on_read_error(ec, "body");
+  on_request();
+}
+
+void Session::on_read_error(beast::error_code ec, const char* part) {
+  const bool timed_out = timed_out_;
+  clear_deadline();
+  keep_alive_ = false;
+  if (timed_out) {
+    const auto limit = phase_ == Phase::header ? impl_.opt.header_timeout : impl_.opt.body_timeout;
+    return respond_error(408, std::string("request ") + part + " not received within " +
+                                  std::to_string(limit.count()) + " ms");
+  }
+  if (ec == http::error::body_limit) {
+    return respond_error(413, "request body exceeds the maximum allowed value of " +
+                                  std::to_string(impl_.opt.max_body_bytes) + " bytes");
+  }
+  if (ec == http::error::header_limit) {
+    return respond_error(431, "request header exceeds the maximum allowed value of " +
+                                  std::to_string(impl_.opt.max_header_bytes) + " bytes");
+  }
+  if (ec == http::error::end_of_stream || ec == net::error::eof ||
+      ec == net::error::connection_reset || ec == net::error::operation_aborted ||
+      ec == http::error::partial_message) {
+    return close();  // the client went away
+  }
+  respond_error(400, std::string("malformed HTTP request ") + part + ": " + ec.message());
+}
+
+// ---- writing ---------------------------------------------------------------------------------
+
+void Session::respond(int status, std::string body, const char* content_type) {
+  Response res{static_cast<http::status>(status), version_};
+  if (content_type != nullptr && *content_type != '\0') {
+    res.set(http::field::content_type, content_type);
+  }
+  res.body() = std::move(body);
+  send(std::move(res));
+}
+
+void Session::send(Response res) {
+  phase_ = Phase::writing;
+  const bool keep = keep_alive_ && !draining_ && !impl_.draining.load(std::memory_order_acquire);
+  res.keep_alive(keep);
+  keep_alive_ = keep;
+  res.prepare_payload();
+  const int status = static_cast<int>(res.result_int());
+  if (!metrics_port_) {  // scrapes are not API requests (as for the connection gauges)
+    impl_.metrics.count_request(static_cast<std::size_t>(std::clamp(status / 100, 1, 5) - 1));
+  }
+  response_.emplace(std::move(res));
+  serializer_.emplace(*response_);
+  write_some();
+}
+
+void Session::write_some() {
+  set_deadline(impl_.opt.idle_timeout);
+  http::async_write_some(socket_, *serializer_,
+                         [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                           if (!ec && !self->closed_ && !self->serializer_->is_done()) {
+                             return self->write_some();
+                           }
+                           self->on_write(ec);
+                         });
+}
+
+void Session::on_write(beast::error_code ec) {
+  clear_deadline();
+  serializer_.reset();
+  response_.reset();
+  if (is_infer_ && !ec) {
+    impl_.metrics.observe_infer_us(
+        std::chrono::duration<double, std::micro>(Clock::now() - request_read_at_).count());
+  }
+  if (closed_) return;
+  if (ec || client_gone_) return close();
+  if (!keep_alive_) return linger();
+  wait_request();
+}
+
+// ---- timers and closing ----------------------------------------------------------------------
+
+// One timer per session, and a deadline that moves: setting a later deadline (the common
+// case: header, then write, then idle) does not touch the timer; when it fires early it waits
+// again until the current deadline. So a request costs no timer cancellations.
+
+void Session::set_deadline(std::chrono::milliseconds after) {
+  timed_out_ = false;
+  deadline_ = Clock::now() + after;
+  if (timer_waiting_ && timer_at_ <= deadline_) return;  // it fires first, then waits again
+  start_timer(deadline_);
+}
+
+void Session::start_timer(Clock::time_point at) {
+  timer_at_ = at;
+  timer_waiting_ = true;
+  timer_.expires_at(at);  // a wait still pending ends with operation_aborted
+  timer_.async_wait([self = shared_from_this()](beast::error_code ec) { self->on_timer(ec); });
+}
+
+void Session::on_timer(beast::error_code ec) {
+  if (ec == net::error::operation_aborted) return;  // a newer wait replaced this one
+  timer_waiting_ = false;
+  if (closed_ || deadline_ == Clock::time_point::max()) return;
+  if (Clock::now() < deadline_) return start_timer(deadline_);
+  if (phase_ == Phase::idle || phase_ == Phase::writing || phase_ == Phase::closing) {
+    // A response may sit in the kernel's send queue (megabytes on loopback) while the client
+    // reads it; a write waits for room meanwhile. As long as that queue shrinks between two
+    // timeouts the client is reading, not idle.
+    const std::size_t unsent = unsent_bytes();
+    if (unsent > 0 && unsent != unsent_at_last_timeout_) {
+      unsent_at_last_timeout_ = unsent;
+      return set_deadline(phase_ == Phase::closing ? kLinger : impl_.opt.idle_timeout);
+    }
+  }
+  timed_out_ = true;
+  if (phase_ == Phase::idle) {
+    // Idle after a response: the client may still be reading its tail from the kernel's
+    // buffers, which an abrupt close can discard (a reset); end it the graceful way.
+    linger();
+  } else if (phase_ == Phase::writing || phase_ == Phase::closing) {
+    close();
+  } else {
+    beast::error_code ignored;
+    socket_.cancel(ignored);  // the pending read's handler answers 408
+  }
+}
+
+std::size_t Session::unsent_bytes() {
+  int n = 0;
+  if (::ioctl(socket_.native_handle(), TIOCOUTQ, &n) != 0 || n < 0) return 0;
+  return static_cast<std::size_t>(n);
+}
+
+void Session::linger() {
+  phase_ = Phase::closing;
+  beast::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) return close();
+  set_deadline(kLinger);
+  discard();
+}
+
+void Session::discard() {
+  if (closed_) return;
+  if (reading_) return;  // a read is pending; its end closes or re-enters here
+  reading_ = true;
+  buffer_.clear();
+  socket_.async_read_some(buffer_.prepare(kReadChunk),
+                          [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                            self->reading_ = false;
+                            if (ec || self->closed_) return self->close();
+                            self->discard();
+                          });
+}
+
+void Session::close() {
+  if (closed_) return;
+  closed_ = true;
+  phase_ = Phase::closing;
+  if (inflight_.valid()) inflight_.cancel();
+  beast::error_code ec;
+  clear_deadline();
+  timer_.cancel();  // the pending wait holds this session
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+}
+
+}  // namespace asyncinfer::server

@@ -1,0 +1,41 @@
+// model_config_internal.hpp — what the files that read a config.pbtxt share (internal to
+// src/server): the error of a bad field, and the steps of plan_model() that turn one section of
+// the config into ModelPlan's fields. The protobuf types appear here only declared; the files that
+// use them are built like libprotobuf (src/server/CMakeLists.txt says why).
+//
+// The files (model_config.hpp has the design):
+//   model_config.cpp           TextFormat parsing, plan_model(): the fields refused or ignored,
+//                              platform / backend, version_policy
+//   model_config_sections.cpp  parameters → EngineOptions, input / output → TensorSpecs,
+//                              instance_group → device and workers, dynamic_batching → batching
+//   model_plan.cpp             ModelPlan and VersionPolicy, check_signature, datatype names
+//                              (no protobuf)
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model_config.hpp"
+
+namespace inference {
+class ModelConfig;
+}  // namespace inference
+
+namespace asyncinfer::server {
+
+/// invalid_argument "model '<model>': config.pbtxt: <what>".
+Status bad(std::string_view model, const std::string& what);
+
+// The steps of plan_model(), each over one section of the config (model_config_sections.cpp).
+// Warnings for ignored fields are appended to `warnings`.
+Status apply_parameters(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                        std::vector<std::string>* warnings);
+Status plan_tensors(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                    std::vector<std::string>* warnings);
+Status plan_instances(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                      std::vector<std::string>* warnings);
+Status plan_batching(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                     std::vector<std::string>* warnings);
+
+}  // namespace asyncinfer::server

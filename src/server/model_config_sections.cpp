@@ -1,0 +1,370 @@
+// The sections of a config.pbtxt turned into ModelPlan's fields (steps of plan_model(),
+// model_config_internal.hpp): parameters → asyncinfer's EngineOptions (retries, watchdog,
+// recovery, breaker, ...), input / output → TensorSpecs (the batch dim first), instance_group →
+// the device and the number of workers, dynamic_batching → the batching and queue options.
+#include "model_config.pb.h"
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+
+#include "model_config_internal.hpp"
+
+namespace asyncinfer::server {
+namespace {
+
+Result<DType> dtype_from_config(inference::DataType type) {
+  switch (type) {
+    case inference::TYPE_BOOL:
+      return DType::boolean;
+    case inference::TYPE_UINT8:
+      return DType::u8;
+    case inference::TYPE_UINT16:
+      return DType::u16;
+    case inference::TYPE_UINT32:
+      return DType::u32;
+    case inference::TYPE_UINT64:
+      return DType::u64;
+    case inference::TYPE_INT8:
+      return DType::i8;
+    case inference::TYPE_INT16:
+      return DType::i16;
+    case inference::TYPE_INT32:
+      return DType::i32;
+    case inference::TYPE_INT64:
+      return DType::i64;
+    case inference::TYPE_FP16:
+      return DType::f16;
+    case inference::TYPE_FP32:
+      return DType::f32;
+    case inference::TYPE_FP64:
+      return DType::f64;
+    case inference::TYPE_BF16:
+      return DType::bf16;
+    case inference::TYPE_STRING:
+      return invalid_argument_error(
+          "data_type TYPE_STRING is not supported (numeric tensors only)");
+    default:
+      return invalid_argument_error(
+          "data_type is missing or TYPE_INVALID (TYPE_FP32, TYPE_INT64, "
+          "...)");
+  }
+}
+
+Result<TensorSpec> tensor_spec(std::string_view model, std::string_view what,
+                               const std::string& name, inference::DataType type,
+                               const google::protobuf::RepeatedField<std::int64_t>& dims,
+                               bool batched) {
+  if (name.empty()) return bad(model, std::string(what) + ": a tensor without a name");
+  auto dtype = dtype_from_config(type);
+  if (!dtype.ok()) {
+    return bad(model,
+               std::string(what) + " '" + name + "': " + std::string(dtype.status().message()));
+  }
+  TensorSpec spec;
+  spec.name = name;
+  spec.dtype = *dtype;
+  if (batched) spec.shape.push_back(-1);
+  for (std::int64_t d : dims) {
+    if (d < -1) {
+      return bad(model, std::string(what) + " '" + name + "': dims has " + std::to_string(d) +
+                            "; each dim is >= 0, or -1 for a variable dim");
+    }
+    spec.shape.push_back(d);
+  }
+  return spec;
+}
+
+Result<std::int64_t> parse_int(std::string_view model, std::string_view key,
+                               const std::string& value, std::int64_t lo, std::int64_t hi) {
+  std::int64_t v = 0;
+  const char* end = value.data() + value.size();
+  auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (ec != std::errc() || p != end || v < lo || v > hi) {
+    return bad(model, "parameters \"" + std::string(key) + "\": '" + value +
+                          "' is not an integer in " + std::to_string(lo) + ".." +
+                          std::to_string(hi));
+  }
+  return v;
+}
+
+Result<bool> parse_bool(std::string_view model, std::string_view key, const std::string& value) {
+  if (value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  return bad(model,
+             "parameters \"" + std::string(key) + "\": '" + value + "' is not true or false");
+}
+
+// asyncinfer's own options, given as parameters { key: ... value { string_value: ... } }.
+constexpr std::string_view kKnownParameters[] = {
+    "uri",
+    "device",
+    "retries",
+    "retry_initial_backoff_us",
+    "retry_max_backoff_us",
+    "ordered_delivery",
+    "watchdog_ms",
+    "max_recycle_attempts",
+    "recycle_backoff_ms",
+    "max_inflight_per_worker",
+    "completion_threads",
+    "intra_op_threads",
+    "breaker_failure_threshold",
+    "breaker_cooldown_ms",
+    "admission_control",
+};
+
+std::string known_parameters() {
+  std::string out;
+  for (std::string_view k : kKnownParameters) {
+    if (!out.empty()) out += ", ";
+    out += k;
+  }
+  return out;
+}
+
+}  // namespace
+
+Status apply_parameters(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                        std::vector<std::string>* warnings) {
+  EngineOptions& e = plan.engine;
+  // Sorted, so messages come out in a stable order.
+  std::set<std::string> keys;
+  for (const auto& [k, v] : c.parameters()) keys.insert(k);
+  for (const std::string& key : keys) {
+    const std::string& value = c.parameters().at(key).string_value();
+    if (key == "uri") {
+      plan.builtin_uri = value;
+    } else if (key == "device") {
+      if (value.empty()) return bad(model, "parameters \"device\": empty");
+      plan.device = value;
+    } else if (key == "retries") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 100));
+      e.retry.max_attempts = static_cast<int>(n) + 1;
+    } else if (key == "retry_initial_backoff_us") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 60'000'000));
+      e.retry.initial_backoff = std::chrono::microseconds(n);
+    } else if (key == "retry_max_backoff_us") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 600'000'000));
+      e.retry.max_backoff = std::chrono::microseconds(n);
+    } else if (key == "ordered_delivery") {
+      ASYNCINFER_ASSIGN_OR_RETURN(e.ordered_delivery, parse_bool(model, key, value));
+    } else if (key == "watchdog_ms") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 86'400'000));
+      e.watchdog = std::chrono::milliseconds(n);
+    } else if (key == "max_recycle_attempts") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 1, 1'000'000));
+      e.recovery.max_recycle_attempts = static_cast<int>(n);
+    } else if (key == "recycle_backoff_ms") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 3'600'000));
+      e.recovery.recycle_backoff = std::chrono::milliseconds(n);
+      e.recovery.max_recycle_backoff =
+          std::max(e.recovery.max_recycle_backoff, e.recovery.recycle_backoff);
+    } else if (key == "max_inflight_per_worker") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 1, 1024));
+      e.max_inflight_per_worker = static_cast<int>(n);
+    } else if (key == "completion_threads") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 1, 256));
+      e.completion_threads = static_cast<int>(n);
+    } else if (key == "intra_op_threads") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 1024));
+      e.intra_op_threads = static_cast<int>(n);
+    } else if (key == "breaker_failure_threshold") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 1'000'000));
+      e.breaker.failure_threshold = static_cast<int>(n);
+    } else if (key == "breaker_cooldown_ms") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 86'400'000));
+      e.breaker.cooldown = std::chrono::milliseconds(n);
+    } else if (key == "admission_control") {
+      ASYNCINFER_ASSIGN_OR_RETURN(e.admission_control, parse_bool(model, key, value));
+    } else {
+      // Triton backends read their own keys (e.g. INFERENCE_MODE for PyTorch); asyncinfer has
+      // no use for them, but a misspelt key of ours would land here too, so say so.
+      warnings->push_back(
+          "model '" + std::string(model) + "': parameters \"" + key +
+          "\" is not an asyncinfer option and is ignored (known: " + known_parameters() + ")");
+    }
+  }
+  return Status();
+}
+
+Status plan_tensors(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                    std::vector<std::string>* warnings) {
+  const bool batched = c.max_batch_size() > 0;
+  std::set<std::string> names;
+  for (const inference::ModelInput& in : c.input()) {
+    const std::string field = "input '" + in.name() + "'";
+    if (in.has_reshape()) {
+      return bad(model, field +
+                            ": reshape is not supported (asyncinfer passes tensors to the "
+                            "model as the request gives them)");
+    }
+    if (in.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
+    if (in.allow_ragged_batch()) return bad(model, field + ": allow_ragged_batch is not supported");
+    if (in.optional()) {
+      return bad(model, field + ": optional inputs are not supported (every input is required)");
+    }
+    if (in.format() != inference::ModelInput::FORMAT_NONE) {
+      warnings->push_back("model '" + std::string(model) + "': " + field +
+                          ": format is ignored (asyncinfer does not interpret image layouts)");
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec spec, tensor_spec(model, "input", in.name(),
+                                                             in.data_type(), in.dims(), batched));
+    if (!names.insert(spec.name).second) return bad(model, "input '" + spec.name + "' twice");
+    plan.inputs.push_back(std::move(spec));
+  }
+  names.clear();
+  for (const inference::ModelOutput& out : c.output()) {
+    const std::string field = "output '" + out.name() + "'";
+    if (out.has_reshape()) return bad(model, field + ": reshape is not supported");
+    if (out.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
+    if (!out.label_filename().empty()) {
+      warnings->push_back("model '" + std::string(model) + "': " + field +
+                          ": label_filename is ignored (no classification extension)");
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec spec, tensor_spec(model, "output", out.name(),
+                                                             out.data_type(), out.dims(), batched));
+    if (!names.insert(spec.name).second) return bad(model, "output '" + spec.name + "' twice");
+    plan.outputs.push_back(std::move(spec));
+  }
+  return Status();
+}
+
+Status plan_instances(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                      std::vector<std::string>* warnings) {
+  int workers = 0;
+  std::string device;
+  bool device_auto = c.instance_group().empty();
+  bool first = true;
+  for (const inference::ModelInstanceGroup& g : c.instance_group()) {
+    if (g.count() < 0)
+      return bad(model, "instance_group count " + std::to_string(g.count()) + " < 0");
+    if (g.passive()) return bad(model, "instance_group passive is not supported");
+    if (!g.profile().empty()) {
+      warnings->push_back("model '" + std::string(model) +
+                          "': instance_group profile is ignored (TensorRT only)");
+    }
+    if (g.has_rate_limiter()) {
+      warnings->push_back("model '" + std::string(model) +
+                          "': instance_group rate_limiter is ignored (each model has its own "
+                          "engine and workers)");
+    }
+    if (!g.host_policy().empty()) {
+      warnings->push_back("model '" + std::string(model) +
+                          "': instance_group host_policy is ignored");
+    }
+    std::string d;
+    bool automatic = false;
+    switch (g.kind()) {
+      case inference::ModelInstanceGroup::KIND_CPU:
+        if (!g.gpus().empty()) return bad(model, "instance_group: KIND_CPU with gpus");
+        d = "cpu";
+        break;
+      case inference::ModelInstanceGroup::KIND_GPU:
+      case inference::ModelInstanceGroup::KIND_AUTO:
+        if (g.gpus().size() > 1) {
+          return bad(model, "instance_group gpus lists " + std::to_string(g.gpus().size()) +
+                                " GPUs; asyncinfer runs one engine per model version on one "
+                                "device (list one GPU)");
+        }
+        if (g.kind() == inference::ModelInstanceGroup::KIND_AUTO && g.gpus().empty()) {
+          automatic = true;
+        } else {
+          d = "cuda:" + std::to_string(g.gpus().empty() ? 0 : g.gpus(0));
+        }
+        break;
+      default:
+        return bad(model, "instance_group kind " +
+                              inference::ModelInstanceGroup::Kind_Name(g.kind()) +
+                              " is not supported (KIND_CPU, KIND_GPU or KIND_AUTO)");
+    }
+    if (!first && (d != device || automatic != device_auto)) {
+      return bad(model,
+                 "instance_group: groups on different devices are not supported (one "
+                 "engine per model version on one device)");
+    }
+    first = false;
+    device = d;
+    device_auto = automatic;
+    workers += g.count() == 0 ? 1 : g.count();
+  }
+  plan.engine.workers = std::max(workers, 1);
+  if (plan.device.empty()) {  // parameters "device" wins over instance_group's kind
+    plan.device = device;
+    plan.device_auto = device_auto;
+  }
+  return Status();
+}
+
+Status plan_batching(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
+                     std::vector<std::string>* warnings) {
+  EngineOptions& e = plan.engine;
+  if (c.max_batch_size() < 0) {
+    return bad(model, "max_batch_size " + std::to_string(c.max_batch_size()) +
+                          " < 0 (0 = no batch dim, > 0 = the largest batch)");
+  }
+  plan.max_batch_size = c.max_batch_size();
+  // Without dynamic_batching Triton runs each request on its own; so does asyncinfer.
+  e.batching.max_batch_size = 1;
+  if (!c.has_dynamic_batching()) return Status();
+  const inference::ModelDynamicBatching& b = c.dynamic_batching();
+  if (c.max_batch_size() == 0) {
+    warnings->push_back("model '" + std::string(model) +
+                        "': dynamic_batching is ignored: max_batch_size is 0 (no batch dim)");
+  } else {
+    e.batching.max_batch_size = c.max_batch_size();
+    for (std::int32_t p : b.preferred_batch_size()) {
+      if (p < 1 || p > c.max_batch_size()) {
+        return bad(model, "dynamic_batching preferred_batch_size " + std::to_string(p) +
+                              " is outside 1..max_batch_size (" +
+                              std::to_string(c.max_batch_size()) + ")");
+      }
+      e.batching.preferred_batch_sizes.push_back(p);
+    }
+    if (b.max_queue_delay_microseconds() > 60'000'000) {
+      return bad(model, "dynamic_batching max_queue_delay_microseconds " +
+                            std::to_string(b.max_queue_delay_microseconds()) + " is over 60 s");
+    }
+    e.batching.max_queue_delay =
+        std::chrono::microseconds(static_cast<std::int64_t>(b.max_queue_delay_microseconds()));
+  }
+  e.ordered_delivery = e.ordered_delivery || b.preserve_ordering();
+  if (b.priority_levels() > 0) {
+    if (b.priority_levels() > 1000) {
+      return bad(model, "dynamic_batching priority_levels " + std::to_string(b.priority_levels()) +
+                            " is over 1000");
+    }
+    e.priority_levels = static_cast<int>(b.priority_levels());
+    if (b.default_priority_level() < 1 || b.default_priority_level() > b.priority_levels()) {
+      return bad(model, "dynamic_batching default_priority_level " +
+                            std::to_string(b.default_priority_level()) +
+                            " is outside 1..priority_levels (" +
+                            std::to_string(b.priority_levels()) + ")");
+    }
+    e.default_priority = static_cast<int>(b.default_priority_level());
+  } else if (b.default_priority_level() != 0) {
+    return bad(model, "dynamic_batching default_priority_level needs priority_levels");
+  }
+  if (!b.priority_queue_policy().empty()) {
+    return bad(model,
+               "dynamic_batching priority_queue_policy is not supported (one queue policy "
+               "per model: default_queue_policy)");
+  }
+  if (b.has_default_queue_policy()) {
+    const inference::ModelQueuePolicy& q = b.default_queue_policy();
+    if (q.timeout_action() != inference::ModelQueuePolicy::REJECT) {
+      return bad(model,
+                 "default_queue_policy timeout_action DELAY is not supported (a request "
+                 "past its timeout ends with deadline exceeded: REJECT)");
+    }
+    if (q.default_timeout_microseconds() > 0) {
+      e.default_timeout = std::chrono::microseconds(static_cast<std::int64_t>(
+          std::min<std::uint64_t>(q.default_timeout_microseconds(), 86'400'000'000ULL)));
+    }
+    e.allow_timeout_override = q.allow_timeout_override();
+    if (q.max_queue_size() > 0) e.queue_capacity = q.max_queue_size();
+  }
+  return Status();
+}
+
+}  // namespace asyncinfer::server

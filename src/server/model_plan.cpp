@@ -1,0 +1,141 @@
+// ModelPlan and VersionPolicy (model_config.hpp): which versions a policy serves, the load log's
+// summary, a loaded model's signature checked against the plan, and the OIP's datatype names.
+// No protobuf here.
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "model_config.hpp"
+#include "model_config_internal.hpp"
+
+namespace asyncinfer::server {
+
+Status bad(std::string_view model, const std::string& what) {
+  return invalid_argument_error("model '" + std::string(model) + "': config.pbtxt: " + what);
+}
+std::vector<std::int64_t> VersionPolicy::select(std::vector<std::int64_t> available) const {
+  std::sort(available.begin(), available.end());
+  available.erase(std::unique(available.begin(), available.end()), available.end());
+  std::vector<std::int64_t> out;
+  switch (kind) {
+    case Kind::all:
+      out = available;
+      break;
+    case Kind::latest: {
+      const std::size_t n = std::min<std::size_t>(available.size(), std::max(num_versions, 1u));
+      out.assign(available.end() - static_cast<std::ptrdiff_t>(n), available.end());
+      break;
+    }
+    case Kind::specific:
+      for (std::int64_t v : available) {
+        if (std::find(versions.begin(), versions.end(), v) != versions.end()) out.push_back(v);
+      }
+      break;
+  }
+  return out;
+}
+
+std::string ModelPlan::summary() const {
+  std::string s = "device " + (device_auto ? std::string("auto") : device) + ", " +
+                  std::to_string(engine.workers) + (engine.workers == 1 ? " worker" : " workers");
+  if (engine.batching.max_batch_size > 1) {
+    s += ", dynamic batching max " + std::to_string(engine.batching.max_batch_size) + " delay " +
+         std::to_string(engine.batching.max_queue_delay.count()) + " us";
+  } else {
+    s += ", no dynamic batching";
+  }
+  return s;
+}
+Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
+  const bool batched = plan.max_batch_size > 0;
+  const std::string model = plan.name;
+  if (sig.batched != batched) {
+    return bad(model,
+               "max_batch_size " + std::to_string(plan.max_batch_size) + " says the model " +
+                   (batched ? "has" : "has no") + " batch dim, but the loaded model " +
+                   (sig.batched ? "has one" : "has none") +
+                   (plan.backend == ModelPlan::Backend::builtin
+                        ? " (a built-in model's URI sets it with max_batch=; 0 = no batch dim)"
+                        : ""));
+  }
+  if (batched && sig.max_batch_size > 0 && plan.max_batch_size > sig.max_batch_size) {
+    return bad(model, "max_batch_size " + std::to_string(plan.max_batch_size) +
+                          " is above the model's own limit " + std::to_string(sig.max_batch_size));
+  }
+  auto compare = [&](std::string_view what, const std::vector<TensorSpec>& want,
+                     const std::vector<TensorSpec>& have) -> Status {
+    if (want.empty()) return Status();  // built-in model without a list: its own signature
+    if (want.size() != have.size()) {
+      return bad(model, std::to_string(want.size()) + " " + std::string(what) +
+                            "s listed, the model has " + std::to_string(have.size()));
+    }
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const TensorSpec& w = want[i];
+      const TensorSpec& h = have[i];
+      if (w.name != h.name || w.dtype != h.dtype || w.shape != h.shape) {
+        return bad(model, std::string(what) + " " + std::to_string(i) + " is listed as '" + w.name +
+                              "' " + std::string(oip_datatype(w.dtype)) + shape_to_string(w.shape) +
+                              ", the model has '" + h.name + "' " +
+                              std::string(oip_datatype(h.dtype)) + shape_to_string(h.shape));
+      }
+    }
+    return Status();
+  };
+  ASYNCINFER_RETURN_IF_ERROR(compare("input", plan.inputs, sig.inputs));
+  return compare("output", plan.outputs, sig.outputs);
+}
+
+std::string_view oip_datatype(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32:
+      return "FP32";
+    case DType::f16:
+      return "FP16";
+    case DType::bf16:
+      return "BF16";
+    case DType::f64:
+      return "FP64";
+    case DType::i8:
+      return "INT8";
+    case DType::u8:
+      return "UINT8";
+    case DType::i16:
+      return "INT16";
+    case DType::u16:
+      return "UINT16";
+    case DType::i32:
+      return "INT32";
+    case DType::u32:
+      return "UINT32";
+    case DType::i64:
+      return "INT64";
+    case DType::u64:
+      return "UINT64";
+    case DType::boolean:
+      return "BOOL";
+  }
+  return "?";
+}
+
+Result<DType> dtype_from_oip(std::string_view name) {
+  static constexpr std::pair<std::string_view, DType> kNames[] = {
+      {"FP32", DType::f32},     {"FP16", DType::f16},   {"BF16", DType::bf16},
+      {"FP64", DType::f64},     {"INT8", DType::i8},    {"UINT8", DType::u8},
+      {"INT16", DType::i16},    {"UINT16", DType::u16}, {"INT32", DType::i32},
+      {"UINT32", DType::u32},   {"INT64", DType::i64},  {"UINT64", DType::u64},
+      {"BOOL", DType::boolean},
+  };
+  for (const auto& [n, d] : kNames) {
+    if (n == name) return d;
+  }
+  if (name == "BYTES") {
+    return invalid_argument_error(
+        "datatype BYTES (strings) is not supported by asyncinfer; its "
+        "models take numeric tensors");
+  }
+  return invalid_argument_error("unknown datatype '" + std::string(name) +
+                                "' (expected BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, "
+                                "INT32, INT64, FP16, BF16, FP32 or FP64)");
+}
+
+}  // namespace asyncinfer::server
