@@ -249,7 +249,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// A worker gave up for good. When it was the last one that could serve, everything queued or
   /// waiting to retry fails `unavailable` with `cause`, and later submits are refused with it.
-  void worker_gave_up(Worker& w, const std::string& cause);
+  /// `last_worker`: it was the last live one (live_workers_ already counted it out, under w.mu).
+  void worker_gave_up(Worker& w, bool last_worker, const std::string& cause);
 
   /// A worker's health and why (under w.mu).
   std::pair<WorkerHealth, std::string> health_of(const Worker& w) const;

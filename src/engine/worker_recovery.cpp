@@ -91,6 +91,7 @@ void EngineCore::recycle(Worker& w) {
   const Status s = make_stream_and_instance(w, intra_op_threads_);
   int failures = 0;
   bool gave_up = false;
+  bool last_worker = false;
   std::chrono::milliseconds wait{0};
   {
     std::lock_guard lock(w.mu);
@@ -105,6 +106,9 @@ void EngineCore::recycle(Worker& w) {
       if (failures >= opt_.recovery.max_recycle_attempts) {
         w.gave_up = true;
         gave_up = true;
+        // Under w.mu with gave_up: whoever sees the worker unhealthy (health()) then sees it
+        // gone from live_workers (metrics()) too.
+        last_worker = live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1;
       } else {
         wait = recycle_backoff(failures);
         w.next_recycle = deadline_after(wait);
@@ -114,10 +118,10 @@ void EngineCore::recycle(Worker& w) {
   if (s.ok()) return;
   w.recycle_attempts_failed.fetch_add(1, std::memory_order_relaxed);
   if (gave_up) {
-    worker_gave_up(w, "worker " + std::to_string(w.index) +
-                          " is unhealthy: no model instance after " + std::to_string(failures) +
-                          " attempt" + (failures == 1 ? "" : "s") +
-                          "; last error: " + s.to_string());
+    worker_gave_up(w, last_worker,
+                   "worker " + std::to_string(w.index) + " is unhealthy: no model instance after " +
+                       std::to_string(failures) + " attempt" + (failures == 1 ? "" : "s") +
+                       "; last error: " + s.to_string());
     return;
   }
   recycle_log_.log(LogLevel::warning,
@@ -136,10 +140,10 @@ std::chrono::milliseconds EngineCore::recycle_backoff(int failures) const {
   return std::min(wait, opt_.recovery.max_recycle_backoff);
 }
 
-void EngineCore::worker_gave_up(Worker& w, const std::string& cause) {
+void EngineCore::worker_gave_up(Worker& w, bool last_worker, const std::string& cause) {
   log(LogLevel::error, "engine: " + cause);
   w.cv.notify_all();
-  if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (!last_worker) return;
   const Status st = unavailable_error("no worker of the engine can serve requests: " + cause);
   std::vector<std::shared_ptr<Request>> victims;
   {
