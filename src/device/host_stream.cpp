@@ -62,10 +62,37 @@ bool Marker::wait_until(Clock::time_point deadline) {
   return cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_relaxed); });
 }
 
+void Marker::run_owner() {
+  if (gate_ && !done()) gate_->run_until(*this);
+}
+
+void CallerRunGate::run_until(const Marker& point) {
+  HostStream* stream = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (stream_ == nullptr) return;  // closed: its close() completed or fails the point
+    stream = stream_;
+    ++active_;
+  }
+  stream->run_pending(&point);
+  {
+    std::lock_guard lock(mu_);
+    --active_;
+  }
+  cv_.notify_all();
+}
+
+void CallerRunGate::close() {
+  std::unique_lock lock(mu_);
+  stream_ = nullptr;
+  cv_.wait(lock, [this] { return active_ == 0; });
+}
+
 // ---- HostEvent -------------------------------------------------------------------------------
 
-std::shared_ptr<Marker> HostEvent::begin_record() {
+std::shared_ptr<Marker> HostEvent::begin_record(std::shared_ptr<CallerRunGate> gate) {
   auto m = std::make_shared<Marker>();
+  m->set_gate(std::move(gate));
   std::lock_guard lock(mu_);
   current_ = m;
   return m;
@@ -84,6 +111,7 @@ bool HostEvent::query() {
 Status HostEvent::synchronize() {
   auto m = current();
   if (!m) return Status();
+  m->run_owner();  // a caller-run stream's point: its work runs here
   m->wait_until(Clock::time_point::max());
   return m->status();
 }
@@ -91,6 +119,7 @@ Status HostEvent::synchronize() {
 Status HostEvent::synchronize_for(std::chrono::nanoseconds timeout) {
   auto m = current();
   if (!m) return Status();
+  m->run_owner();  // a caller-run stream's point: its work runs here, whatever the timeout
   if (!m->wait_until(deadline_after(timeout))) {
     return deadline_exceeded_error(
         "event not reached within " +
@@ -129,7 +158,11 @@ HostStream::HostStream(std::shared_ptr<Device> device, const StreamOptions& opti
       executor_(options.host_func_executor != nullptr ? options.host_func_executor
                                                       : &device_->host_func_executor()),
       name_(std::move(thread_name)) {
-  if (!caller_run_) thread_ = std::jthread([this](std::stop_token st) { loop(st); });
+  if (caller_run_) {
+    gate_ = std::make_shared<CallerRunGate>(*this);
+  } else {
+    thread_ = std::jthread([this](std::stop_token st) { loop(st); });
+  }
 }
 
 HostStream::~HostStream() { close(); }
@@ -143,6 +176,7 @@ void HostStream::close() {
   thread_.request_stop();        // wakes the thread and fires the running kernel's stop token
   close_source_.request_stop();  // the same for a run_pending() in progress (caller-run mode)
   if (thread_.joinable()) thread_.join();
+  if (gate_) gate_->close();  // host waits on its events no longer run its work
   if (caller_run_) std::lock_guard wait_for_runner(run_mu_);
   std::deque<Op> rest;
   {
@@ -163,7 +197,7 @@ Status HostStream::push(Op op) {
   return Status();
 }
 
-void HostStream::run_pending() {
+void HostStream::run_pending(const Marker* until) {
   if (!caller_run_) return;
   std::lock_guard runner(run_mu_);
   const std::stop_token stop = close_source_.get_token();
@@ -172,6 +206,7 @@ void HostStream::run_pending() {
     {
       std::lock_guard lock(mu_);
       if (ops_.empty() || stop.stop_requested()) return;  // close() fails what is left
+      if (until != nullptr && until->done()) return;      // the point waited for is reached
       op = std::move(ops_.front());
       ops_.pop_front();
     }
@@ -201,7 +236,7 @@ Status HostStream::record(Event& event) {
     return invalid_argument_error("record: the event belongs to another backend than stream '" +
                                   name_ + "'");
   }
-  return push(Op{RecordOp{e->begin_record()}, Clock::now()});
+  return push(Op{RecordOp{e->begin_record(gate_)}, Clock::now()});
 }
 
 Status HostStream::wait(Event& event) {

@@ -12,7 +12,12 @@
 // in order, on whichever thread calls run_pending() (the engine's worker, right after it enqueued
 // a batch), or synchronize(). Every rule of device.hpp holds except where work runs: "waiting
 // parks only the stream's thread" means the thread running run_pending(). run_pending() calls are
-// serialized (a recursive mutex, so a host function may synchronize its own stream).
+// serialized (a recursive mutex, so a host function may synchronize its own stream). A host wait
+// on an event recorded on such a stream (Event::synchronize / synchronize_for, from any thread)
+// runs the stream's work up to that point too (CallerRunGate), so that a model which waits for
+// its own work on the host from enqueue or create_instance behaves as with a stream thread.
+// Event::query(), Stream::query() and another stream's wait() never run it: a loop polling them
+// waits for the owner's next run_pending().
 //
 // Each record() creates a new Marker; a wait() captures the marker current at enqueue time, so
 // re-recording cannot move an earlier wait (CUDA semantics), and an event can be destroyed while
@@ -43,9 +48,17 @@ bool sleep_until(Clock::time_point deadline, std::stop_token stop);
 /// Busy-waits until `deadline` (a CPU-bound kernel); returns false when `stop` fired first.
 bool spin_until(Clock::time_point deadline, const std::stop_token& stop);
 
+class CallerRunGate;
+
 /// One recorded point of a stream.
 class Marker {
  public:
+  /// A point of a caller-run stream: `gate` lets a host wait run that stream's work up to it
+  /// (run_owner). Set before the marker is published (HostEvent::begin_record).
+  void set_gate(std::shared_ptr<CallerRunGate> gate) noexcept { gate_ = std::move(gate); }
+  /// When the point belongs to a caller-run stream and is not reached yet: runs that stream's
+  /// pending work on the calling thread until it is (or the stream closes). Else nothing.
+  void run_owner();
   /// Marks the point reached; `status` is the stream's pending error at that point; `when` its
   /// completion time (the simulated time on sim).
   void complete(Status status, Clock::time_point when);
@@ -64,6 +77,7 @@ class Marker {
   std::atomic<bool> done_{false};
   Status status_;
   Clock::time_point when_{};
+  std::shared_ptr<CallerRunGate> gate_;
 };
 
 class HostEvent final : public Event {
@@ -79,8 +93,9 @@ class HostEvent final : public Event {
   bool timing_enabled() const noexcept override { return timing_; }
   Result<double> elapsed_us_since(Event& start) override;
 
-  /// For HostStream: a fresh marker that becomes the current point.
-  std::shared_ptr<Marker> begin_record();
+  /// For HostStream: a fresh marker that becomes the current point; `gate`: the recording
+  /// stream's, when it is caller-run (host waits on the event then run its work).
+  std::shared_ptr<Marker> begin_record(std::shared_ptr<CallerRunGate> gate = nullptr);
   /// The current point, or null when never recorded.
   std::shared_ptr<Marker> current() const;
   const std::shared_ptr<std::atomic<int>>& pending_counter() const { return pending_waits_; }
@@ -93,6 +108,23 @@ class HostEvent final : public Event {
   std::shared_ptr<Marker> current_;
   // Shared with pending waits, so a wait that outlives the event can still count down.
   std::shared_ptr<std::atomic<int>> pending_waits_ = std::make_shared<std::atomic<int>>(0);
+};
+
+/// Caller-run mode: what a host wait on an event recorded on the stream (HostEvent::synchronize,
+/// from any thread: the model's enqueue or create_instance, say) uses to run the stream's work up
+/// to that point, since no thread of the stream's own would. Outlives the stream (markers hold
+/// it); close() detaches it, waiting for the runs in progress.
+class CallerRunGate {
+ public:
+  explicit CallerRunGate(HostStream& stream) : stream_(&stream) {}
+  void run_until(const Marker& point);
+  void close();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  HostStream* stream_;  // under mu_; null once the stream closes
+  int active_ = 0;      // under mu_: run_until calls in progress
 };
 
 /// Who runs a HostStream's operations (see the header comment).
@@ -123,7 +155,9 @@ class HostStream : public Stream {
   /// Caller-run mode: runs what is queued, in order, on the calling thread, until the queue is
   /// empty (host functions run on the stream's executor, inline when it is the engine's). Blocks
   /// for as long as that work takes. A no-op for a stream with its own thread.
-  void run_pending();
+  void run_pending() { run_pending(nullptr); }
+  /// The same, stopping as soon as `until` is reached (null: when the queue is empty).
+  void run_pending(const Marker* until);
   bool caller_run() const noexcept { return caller_run_; }
 
  protected:
@@ -189,6 +223,7 @@ class HostStream : public Stream {
   Status pending_error_;           // touched only by the thread running the operations
   std::recursive_mutex run_mu_;    // caller-run mode: one run_pending() at a time
   std::stop_source close_source_;  // caller-run mode: what the stream thread's token is otherwise
+  std::shared_ptr<CallerRunGate> gate_;  // caller-run mode: host waits on its events run its work
   std::jthread thread_;
 };
 

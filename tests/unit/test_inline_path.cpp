@@ -15,6 +15,7 @@
 #include "asyncinfer/engine.hpp"
 #include "device/backend.hpp"
 #include "device/host_stream.hpp"
+#include "test_models.hpp"
 #include "test_support.hpp"
 
 namespace asyncinfer {
@@ -234,6 +235,291 @@ TEST(InlinePath, AWatchdogOrAnotherDeviceKeepsTheStreamThread) {
       EXPECT_TRUE(t.rfind("ai-w", 0) == 0 && t.find("-stream") != std::string::npos)
           << spec << ": " << t;
     }
+  }
+}
+
+// ---- attacks on the inline path (hostile review) -----------------------------------------------
+
+using testing::Decision;
+using testing::ScriptedModel;
+
+Tensor one_row(float v, std::int64_t cols = 1) {
+  auto t = Tensor::empty(DType::f32, {1, cols});
+  EXPECT_TRUE(t.ok());
+  for (std::int64_t i = 0; i < cols; ++i) t->data_as<float>()[i] = v;
+  return *t;
+}
+
+std::unique_ptr<Engine> make_engine(std::shared_ptr<Model> model, EngineOptions o,
+                                    const std::string& spec = "cpu") {
+  auto device = open_device(spec);
+  EXPECT_TRUE(device.ok()) << device.status();
+  if (!device.ok()) return nullptr;
+  auto e = Engine::create(std::move(model), *device, std::move(o));
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+/// A model that works the way a library with host-side control flow does: enqueue runs a kernel,
+/// records an event after it and waits for that event on the host before returning (reading a
+/// result to decide what comes next); create_instance does the same with a warm-up kernel.
+class EventWaitingModel final : public Model,
+                                public std::enable_shared_from_this<EventWaitingModel> {
+ public:
+  explicit EventWaitingModel(bool wait_in_create) : wait_in_create_(wait_in_create) {
+    sig_.batched = true;
+    sig_.max_batch_size = 8;
+    sig_.inputs.push_back({"x", DType::f32, {-1, 1}});
+    sig_.outputs.push_back({"y", DType::f32, {-1, 1}});
+  }
+  const ModelSignature& signature() const noexcept override { return sig_; }
+  const std::string& name() const noexcept override { return name_; }
+  Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
+                                                         const InstanceOptions&) override {
+    ASYNCINFER_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, device.create_event());
+    if (wait_in_create_) {
+      Kernel warm;
+      warm.name = "warm-up";
+      warm.host_fn = [](std::stop_token) { return Status(); };
+      ASYNCINFER_RETURN_IF_ERROR(stream.enqueue(std::move(warm)));
+      ASYNCINFER_RETURN_IF_ERROR(stream.record(*event));
+      ASYNCINFER_RETURN_IF_ERROR(event->synchronize_for(std::chrono::seconds(2)));
+    }
+    return std::unique_ptr<ModelInstance>(std::make_unique<Instance>(std::move(event)));
+  }
+
+ private:
+  class Instance final : public ModelInstance {
+   public:
+    explicit Instance(std::unique_ptr<Event> e) : event_(std::move(e)) {}
+    Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
+      auto out = Tensor::empty(DType::f32, io->host_inputs.at(0).shape());
+      if (!out.ok()) return out.status();
+      io->outputs = {*out};
+      Kernel k;
+      k.name = "copy";
+      k.host_fn = [io](std::stop_token) {
+        std::memcpy(io->outputs[0].data(), io->inputs[0].data(), io->inputs[0].byte_size());
+        return Status();
+      };
+      ASYNCINFER_RETURN_IF_ERROR(stream.enqueue(std::move(k)));
+      ASYNCINFER_RETURN_IF_ERROR(stream.record(*event_));
+      // Host-side control flow: the result is needed before the next step is enqueued.
+      ASYNCINFER_RETURN_IF_ERROR(event_->synchronize_for(std::chrono::seconds(2)));
+      Kernel twice;
+      twice.name = "twice";
+      twice.host_fn = [io](std::stop_token) {
+        auto* y = io->outputs[0].data_as<float>();
+        for (std::int64_t i = 0; i < io->outputs[0].dim(0); ++i) y[i] *= 2;
+        return Status();
+      };
+      return stream.enqueue(std::move(twice));
+    }
+
+   private:
+    std::unique_ptr<Event> event_;
+  };
+
+  bool wait_in_create_;
+  ModelSignature sig_;
+  std::string name_ = "event_waiting";
+};
+
+void expect_event_waits_work(EngineOptions o) {
+  for (const bool in_create : {false, true}) {
+    SCOPED_TRACE(in_create ? "waits in create_instance" : "waits in enqueue");
+    auto e = make_engine(std::make_shared<EventWaitingModel>(in_create), o);
+    ASSERT_TRUE(e);
+    auto f = e->submit({one_row(21)});
+    auto out = get_within(f, 10s);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].data_as<float>()[0], 42.0f);
+    e->shutdown();
+  }
+}
+
+TEST(InlinePathAttack, HostWaitOnAnEventOfTheWorkerStreamWorksWithAStreamThread) {
+  EngineOptions o;
+  o.workers = 1;
+  o.watchdog = 10s;  // the control: the stream has its own thread
+  expect_event_waits_work(o);
+}
+
+TEST(InlinePathAttack, HostWaitOnAnEventOfTheWorkerStreamDoesNotHangTheInlinePath) {
+  EngineOptions o;
+  o.workers = 1;
+  expect_event_waits_work(o);
+}
+
+/// A ScriptedModel whose first call runs until stopped (an hour), the rest at once.
+std::shared_ptr<ScriptedModel> first_call_hangs() {
+  return std::make_shared<ScriptedModel>([](const testing::Call& c) {
+    Decision d;
+    if (c.index == 1) d.delay = std::chrono::hours(1);  // ends only when stopped
+    return d;
+  });
+}
+
+TEST(InlinePathAttack, ShutdownCancelEndsAKernelThatRunsUntilStoppedWithRequestsQueued) {
+  for (const bool ordered : {false, true}) {
+    SCOPED_TRACE(ordered ? "ordered" : "unordered");
+    auto model = first_call_hangs();
+    EngineOptions o;
+    o.workers = 1;
+    o.ordered_delivery = ordered;
+    o.retry.max_attempts = 3;
+    o.breaker.failure_threshold = 1;
+    auto e = make_engine(model, o);
+    ASSERT_TRUE(e);
+    std::vector<Future<Outputs>> fs;
+    fs.push_back(e->submit({one_row(0)}));
+    ASSERT_TRUE(testing::eventually([&] { return model->calls().size() == 1; }, 10s));
+    for (int i = 1; i < 6; ++i) fs.push_back(e->submit({one_row(static_cast<float>(i))}));
+    const auto t0 = Clock::now();
+    e->shutdown(ShutdownMode::cancel);
+    EXPECT_LT(Clock::now() - t0, 5s);
+    for (auto& f : fs) {
+      auto r = get_within(f, 5s);
+      EXPECT_EQ(r.status().code(), StatusCode::aborted) << r.status();
+    }
+    const EngineMetrics m = e->metrics();
+    EXPECT_EQ(m.shut_down, 6u);
+    EXPECT_EQ(m.inflight_requests, 0);
+    ASSERT_EQ(m.workers.size(), 1u);
+    EXPECT_EQ(m.workers[0].stream_batches, 0);
+  }
+}
+
+TEST(InlinePathAttack, ADrainTimeoutEndsAKernelThatRunsUntilStopped) {
+  auto model = first_call_hangs();
+  EngineOptions o;
+  o.workers = 1;
+  auto e = make_engine(model, o);
+  ASSERT_TRUE(e);
+  auto f = e->submit({one_row(0)});
+  ASSERT_TRUE(testing::eventually([&] { return model->calls().size() == 1; }, 10s));
+  auto queued = e->submit({one_row(1)});
+  const auto t0 = Clock::now();
+  e->shutdown(ShutdownMode::drain, 100ms);
+  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_EQ(get_within(f, 5s).status().code(), StatusCode::aborted);
+  EXPECT_EQ(get_within(queued, 5s).status().code(), StatusCode::aborted);
+}
+
+TEST(InlinePathAttack, ADeadlineOrACancelMidKernelFreesTheWorkerForTheNext) {
+  for (const bool by_cancel : {false, true}) {
+    SCOPED_TRACE(by_cancel ? "Future::cancel" : "deadline");
+    auto model = first_call_hangs();
+    EngineOptions o;
+    o.workers = 1;
+    auto e = make_engine(model, o);
+    ASSERT_TRUE(e);
+    RequestOptions ro;
+    if (!by_cancel) ro.timeout = 100ms;
+    auto f = e->submit({one_row(0)}, ro);
+    ASSERT_TRUE(testing::eventually([&] { return model->calls().size() == 1; }, 10s));
+    auto next = e->submit({one_row(7)});
+    if (by_cancel) f.cancel();
+    auto r = get_within(f, 5s);
+    EXPECT_EQ(r.status().code(), by_cancel ? StatusCode::cancelled : StatusCode::deadline_exceeded)
+        << r.status();
+    auto n = get_within(next, 5s);  // the kernel was stopped: the worker is free again
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ((*n)[0].data_as<float>()[0], 7.0f);
+    EXPECT_TRUE(
+        testing::eventually([&] { return e->metrics().workers[0].stream_batches == 0; }, 5s));
+    e->shutdown();
+  }
+}
+
+TEST(InlinePathAttack, AFailedBatchIsSplitAndRetriedFromInsideTheCompletionPoint) {
+  // A batch of several fails internal (not retryable): re-run one by one; the request whose
+  // first value is 3 fails alone; value 5 fails unavailable once and is retried.
+  std::atomic<int> fives{0};
+  auto model = std::make_shared<ScriptedModel>([&fives](const testing::Call& c) {
+    Decision d;
+    if (c.firsts.size() > 1) {
+      d.status = internal_error("a poisoned batch");
+    } else if (c.firsts[0] == 3.0f) {
+      d.status = internal_error("poison");
+    } else if (c.firsts[0] == 5.0f && fives++ == 0) {
+      d.status = unavailable_error("try again");
+    }
+    return d;
+  });
+  EngineOptions o;
+  o.workers = 1;
+  o.batching.max_queue_delay = 50ms;  // the six form one batch
+  o.retry.max_attempts = 2;
+  o.retry.initial_backoff = 1ms;
+  auto e = make_engine(model, o);
+  ASSERT_TRUE(e);
+  std::vector<Future<Outputs>> fs;
+  for (int i = 0; i < 6; ++i) fs.push_back(e->submit({one_row(static_cast<float>(i))}));
+  for (int i = 0; i < 6; ++i) {
+    auto r = get_within(fs[static_cast<std::size_t>(i)], 10s);
+    if (i == 3) {
+      EXPECT_EQ(r.status().code(), StatusCode::internal) << r.status();
+    } else {
+      ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+      EXPECT_EQ((*r)[0].data_as<float>()[0], static_cast<float>(i));
+    }
+  }
+  const EngineMetrics m = e->metrics();
+  EXPECT_GE(m.split_batches, 1u);
+  EXPECT_EQ(m.completed, 5u);
+  EXPECT_EQ(m.failed, 1u);
+  EXPECT_EQ(m.inflight_requests, 0);
+  EXPECT_EQ(m.workers[0].stream_batches, 0);
+  e->shutdown();
+}
+
+TEST(InlinePathAttack, ManySubmittersEveryRequestEndsOnceAndTheGaugesReturnToZero) {
+  struct Shape {
+    int workers, inflight, completion_threads;
+  };
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{2, 4, 2}, Shape{4, 2, 4}}) {
+    SCOPED_TRACE(std::to_string(sh.workers) + " workers, " + std::to_string(sh.inflight) +
+                 " in flight, " + std::to_string(sh.completion_threads) + " completion threads");
+    auto model = std::make_shared<ScriptedModel>([](const testing::Call&) { return Decision{}; });
+    EngineOptions o;
+    o.workers = sh.workers;
+    o.max_inflight_per_worker = sh.inflight;
+    o.completion_threads = sh.completion_threads;
+    auto e = make_engine(model, o);
+    ASSERT_TRUE(e);
+    constexpr int kThreads = 8, kEach = 40;
+    std::vector<std::atomic<int>> seen(kThreads * kEach);
+    std::atomic<int> wrong{0}, ended{0};
+    std::vector<std::thread> submitters;
+    for (int t = 0; t < kThreads; ++t) {
+      submitters.emplace_back([&, t] {
+        for (int i = 0; i < kEach; ++i) {
+          const int id = t * kEach + i;
+          RequestOptions ro;
+          ro.priority = 1 + id % 3;
+          Status s = e->submit(
+              {one_row(static_cast<float>(id))},
+              [&, id](const Result<Outputs>& r) {
+                if (!r.ok() || (*r)[0].data_as<float>()[0] != static_cast<float>(id)) ++wrong;
+                ++seen[static_cast<std::size_t>(id)];
+                ++ended;
+              },
+              ro);
+          if (!s.ok()) ++wrong;
+        }
+      });
+    }
+    for (auto& th : submitters) th.join();
+    ASSERT_TRUE(testing::eventually([&] { return ended.load() == kThreads * kEach; }, 20s));
+    EXPECT_EQ(wrong.load(), 0);
+    for (auto& s : seen) EXPECT_EQ(s.load(), 1);
+    ASSERT_TRUE(testing::eventually([&] { return e->metrics().inflight_requests == 0; }, 5s));
+    const EngineMetrics m = e->metrics();
+    EXPECT_EQ(m.completed, static_cast<std::uint64_t>(kThreads * kEach));
+    EXPECT_EQ(m.queue_depth, 0);
+    for (const auto& w : m.workers) EXPECT_EQ(w.stream_batches, 0) << w.index;
+    e->shutdown();
   }
 }
 
