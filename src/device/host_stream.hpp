@@ -158,7 +158,6 @@ class HostStream : public Stream {
   void run_pending() { run_pending(nullptr); }
   /// The same, stopping as soon as `until` is reached (null: when the queue is empty).
   void run_pending(const Marker* until);
-  bool caller_run() const noexcept { return caller_run_; }
 
  protected:
   /// Runs `kernel` on the stream thread: its occupancy, then its host function (run_host_fn).

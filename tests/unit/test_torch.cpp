@@ -34,6 +34,7 @@
 #endif
 
 #include "asyncinfer/device.hpp"
+#include "asyncinfer/engine.hpp"
 #include "asyncinfer/model.hpp"
 
 #ifndef ASYNCINFER_TEST_MODELS_DIR
@@ -706,6 +707,28 @@ TEST(TorchThreads, IntraOpThreadsArePerInstance) {
   EXPECT_EQ(threads_on(*one->stream).first, 1);
   EXPECT_EQ(threads_on(*two->stream).first, 2);
   EXPECT_EQ(at::get_num_threads(), caller_before);
+}
+
+TEST(TorchThreads, CreatingAnEngineLeavesTheCallersIntraOpThreadsAlone) {
+  // On cpu without a watchdog the engine's streams have no thread (the inline path): the
+  // instance's warm-up forwards run on this thread, which must keep its own setting (a program's
+  // own OpenMP code after Engine::create).
+  require_digits();
+  auto model = load_model(kDigits);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto device = open_device("cpu");
+  ASSERT_TRUE(device.ok()) << device.status();
+  at::set_num_threads(3);  // this test runs in its own process: a value no default gives
+  const int caller_before = at::get_num_threads();
+  EngineOptions o;
+  o.workers = 1;
+  o.intra_op_threads = 1;
+  auto engine = Engine::create(*model, *device, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto out = (*engine)->infer({random_tensor({2, 1, 32, 32}, 2)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(at::get_num_threads(), caller_before);
+  (*engine)->shutdown();
 }
 
 // ---- the documented C++ preprocessing -----------------------------------------------------

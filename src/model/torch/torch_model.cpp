@@ -1,6 +1,6 @@
 // The TorchScript model backend: "torch:<path>" or a path ending in ".pt", run through libtorch.
 //
-// One file of about 940 lines, on purpose: it is the backend's only translation unit that
+// One file of about 970 lines, on purpose: it is the backend's only translation unit that
 // includes libtorch's headers (each one costs tens of seconds to compile on the 2-core machines
 // this project builds on). Its sections, in order: dtypes, signature (sidecar and specs),
 // running (forward, output checks), the instances per device kind, the model and its loader.
@@ -68,6 +68,7 @@
 #include <fstream>
 #include <sstream>
 #include <system_error>
+#include <thread>
 
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
@@ -527,6 +528,17 @@ void set_thread_intra_op_threads(int threads) {
 #endif
 }
 
+/// The calling thread's intra-op thread count (OpenMP: its nthreads ICV), 0 where it is
+/// process-wide (native/TBB backends), so that set_thread_intra_op_threads(it) restores it.
+int thread_intra_op_threads() {
+#if AT_PARALLEL_OPENMP
+  at::internal::lazy_init_num_threads();
+  return at::get_num_threads();
+#else
+  return 0;
+#endif
+}
+
 /// What every instance shares: immutable after load.
 struct TorchDefinition {
   std::string path;
@@ -828,8 +840,15 @@ class TorchModel final : public Model {
       auto outcome = std::make_shared<Status>();
       Kernel k;
       k.name = what + " warm-up";
-      k.host_fn = [runner, outcome, runs = def_->warmup_runs](std::stop_token) -> Status {
+      k.host_fn = [runner, outcome, runs = def_->warmup_runs,
+                   creator = std::this_thread::get_id()](std::stop_token) -> Status {
+        // On the engine's inline path (cpu, no watchdog) the stream has no thread of its own and
+        // this runs on the thread creating the instance (Engine::create's caller), not on the one
+        // that will run the forwards: leave that thread's count as found.
+        const bool on_creator = std::this_thread::get_id() == creator;
+        const int before = on_creator ? thread_intra_op_threads() : 0;
         *outcome = runner->warm_up(runs);
+        if (on_creator) set_thread_intra_op_threads(before);
         return Status();  // reported below, not left pending on the stream
       };
       ASYNCINFER_RETURN_IF_ERROR(stream.enqueue(std::move(k)));
