@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -141,15 +142,36 @@ TEST(CallerRunStream, DestroyingItRunsEveryQueuedHostFunctionOnceWithAborted) {
   EXPECT_EQ(calls, (std::vector<StatusCode>{StatusCode::aborted}));
 }
 
+/// The signature of the test models below: a batched f32 [rows, 1] input, the same output.
+ModelSignature column_signature() {
+  ModelSignature sig;
+  sig.batched = true;
+  sig.max_batch_size = 8;
+  sig.inputs.push_back({"x", DType::f32, {-1, 1}});
+  sig.outputs.push_back({"y", DType::f32, {-1, 1}});
+  return sig;
+}
+
+/// Makes `io`'s output like its input and returns a kernel that copies the input into it, then
+/// runs `then` (on the thread that runs the stream's work).
+Result<Kernel> copy_kernel(const std::shared_ptr<BatchIO>& io, std::string name,
+                           std::function<void()> then = {}) {
+  ASYNCINFER_ASSIGN_OR_RETURN(Tensor out, Tensor::empty(DType::f32, io->host_inputs.at(0).shape()));
+  io->outputs = {out};
+  Kernel k;
+  k.name = std::move(name);
+  k.host_fn = [io, then = std::move(then)](std::stop_token) {
+    std::memcpy(io->outputs[0].data(), io->inputs[0].data(), io->inputs[0].byte_size());
+    if (then) then();
+    return Status();
+  };
+  return k;
+}
+
 /// A batched f32 identity whose kernel records the name of the thread it runs on.
 class ThreadProbeModel final : public Model, public std::enable_shared_from_this<ThreadProbeModel> {
  public:
-  ThreadProbeModel() {
-    sig_.batched = true;
-    sig_.max_batch_size = 8;
-    sig_.inputs.push_back({"x", DType::f32, {-1, 1}});
-    sig_.outputs.push_back({"y", DType::f32, {-1, 1}});
-  }
+  ThreadProbeModel() : sig_(column_signature()) {}
   const ModelSignature& signature() const noexcept override { return sig_; }
   const std::string& name() const noexcept override { return name_; }
   Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
@@ -166,17 +188,10 @@ class ThreadProbeModel final : public Model, public std::enable_shared_from_this
    public:
     explicit Instance(std::shared_ptr<ThreadProbeModel> m) : model_(std::move(m)) {}
     Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
-      auto out = Tensor::empty(DType::f32, io->host_inputs.at(0).shape());
-      if (!out.ok()) return out.status();
-      io->outputs = {*out};
-      Kernel k;
-      k.name = "probe";
-      k.host_fn = [io, m = model_](std::stop_token) {
-        std::memcpy(io->outputs[0].data(), io->inputs[0].data(), io->inputs[0].byte_size());
-        std::lock_guard lock(m->mu_);
-        m->threads_.push_back(this_thread_name());
-        return Status();
-      };
+      ASYNCINFER_ASSIGN_OR_RETURN(Kernel k, copy_kernel(io, "probe", [m = model_] {
+                                    std::lock_guard lock(m->mu_);
+                                    m->threads_.push_back(this_thread_name());
+                                  }));
       return stream.enqueue(std::move(k));
     }
 
@@ -266,12 +281,8 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<Model> model, EngineOptions 
 class EventWaitingModel final : public Model,
                                 public std::enable_shared_from_this<EventWaitingModel> {
  public:
-  explicit EventWaitingModel(bool wait_in_create) : wait_in_create_(wait_in_create) {
-    sig_.batched = true;
-    sig_.max_batch_size = 8;
-    sig_.inputs.push_back({"x", DType::f32, {-1, 1}});
-    sig_.outputs.push_back({"y", DType::f32, {-1, 1}});
-  }
+  explicit EventWaitingModel(bool wait_in_create)
+      : wait_in_create_(wait_in_create), sig_(column_signature()) {}
   const ModelSignature& signature() const noexcept override { return sig_; }
   const std::string& name() const noexcept override { return name_; }
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
@@ -293,15 +304,7 @@ class EventWaitingModel final : public Model,
    public:
     explicit Instance(std::unique_ptr<Event> e) : event_(std::move(e)) {}
     Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
-      auto out = Tensor::empty(DType::f32, io->host_inputs.at(0).shape());
-      if (!out.ok()) return out.status();
-      io->outputs = {*out};
-      Kernel k;
-      k.name = "copy";
-      k.host_fn = [io](std::stop_token) {
-        std::memcpy(io->outputs[0].data(), io->inputs[0].data(), io->inputs[0].byte_size());
-        return Status();
-      };
+      ASYNCINFER_ASSIGN_OR_RETURN(Kernel k, copy_kernel(io, "copy"));
       ASYNCINFER_RETURN_IF_ERROR(stream.enqueue(std::move(k)));
       ASYNCINFER_RETURN_IF_ERROR(stream.record(*event_));
       // Host-side control flow: the result is needed before the next step is enqueued.
