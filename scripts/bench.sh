@@ -90,6 +90,8 @@ for s in "${sections[@]}"; do
     # Half load: half of the best async throughput measured above, open loop.
     run digits $cli bench --model $model --device cpu --mode rate --workers 2 \
       --request-rate 8000 --duration-s 3 --quiet
+    # The floor for that run: the same Poisson load fed to bare libtorch (two threads, no engine).
+    run digits $B/bench/bench_torch_floor $model 8000 3
     run digits $cli run --model $model --images models/data/test \
       --labels models/data/test/labels.csv --compare --window 16 --repeat 4 --quiet
     ;;
