@@ -119,7 +119,9 @@ class BadInput(harness.unittest.TestCase):
     def test_data_wrong_length(self):
         self.bad(400, "\"data\" has 15 elements, shape [1,16] needs 16",
                  self.with_input(data=[1] * 15))
-        self.bad(400, "\"data\" has 17 elements", self.with_input(data=[[1] * 16, [2]]))
+        # The parse stops at the first element past the declared count (issue 23).
+        self.bad(400, "\"data\" has more than 16 elements, shape [1,16] needs 16",
+                 self.with_input(data=[[1] * 16, [2]]))
 
     def test_data_wrong_types(self):
         self.bad(400, "data element 3 is a string; FP32 needs a number",

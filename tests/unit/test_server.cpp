@@ -274,6 +274,59 @@ TEST(ServerCodec, RefusesBeforeAllocating) {
   expect(std::string(200, '['), "nested deeper than 64");
 }
 
+// The SAX reader (issue 23): JSON objects are unordered, so "data" may come first; the parse
+// stops at the first element past the declared count; fields given twice are refused.
+TEST(ServerCodec, ReadsFieldsInAnyOrder) {
+  const ModelVersion m = two_input_model();
+  // "data" before name, datatype and shape: the second pass writes it.
+  const std::string json =
+      R"({"outputs":[{"name":"x"}],"inputs":[{"data":[[4,5,6],[7,8,9]],"shape":[2,3],)"
+      R"("extra":{"deep":[1,[2,{"x":3}]]},"datatype":"FP32","name":"a"},)"
+      R"({"name":"b","datatype":"UINT8","shape":[1,2],"data":[1,2]}],)"
+      R"("parameters":{"binary_data_output":true},"unknown":[[[]]]})";
+  auto d = decode_infer_request(m, json, std::nullopt, 64);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->request.inputs.size(), 2u);
+  EXPECT_EQ(d->request.inputs[0].name, "a");
+  const Tensor& a = d->request.inputs[0].tensor;
+  ASSERT_EQ(a.shape(), (Shape{2, 3}));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(a.data_as<float>()[i], static_cast<float>(4 + i));
+  EXPECT_EQ(d->request.inputs[1].tensor.data_as<std::uint8_t>()[1], 2);
+  // The request's binary_data_output, read after "outputs", still applies to them.
+  ASSERT_EQ(d->output_binary.size(), 1u);
+  EXPECT_TRUE(d->output_binary[0]);
+}
+
+TEST(ServerCodec, StopsAtTheFirstElementPastTheCount) {
+  const ModelVersion m = two_input_model();
+  auto error = [&](const std::string& json) {
+    auto d = decode_infer_request(m, json, std::nullopt, 64);
+    EXPECT_FALSE(d.ok()) << json;
+    return std::string(d.status().message());
+  };
+  // The fifth element is never converted: the fourth already ends the parse.
+  EXPECT_EQ(
+      error(R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[1,2,3,4,"x"]})"),
+      "input 'a': \"data\" has more than 3 elements, shape [1,3] needs 3");
+  // Nor is the rest of the body: it is not even well-formed JSON.
+  EXPECT_EQ(error(R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[1,2,3,4,)"),
+            "input 'a': \"data\" has more than 3 elements, shape [1,3] needs 3");
+  // Deferred data is checked as strictly by the second pass.
+  EXPECT_EQ(error(R"({"inputs":[{"data":[1,2],"name":"a","shape":[1,3],"datatype":"FP32"}]})"),
+            "input 'a': \"data\" has 2 elements, shape [1,3] needs 3");
+  EXPECT_EQ(error(R"({"inputs":[{"data":[1,true,3],"name":"a","shape":[1,3],"datatype":"FP32"}]})"),
+            "input 'a': data element 1 is a boolean; FP32 needs a number");
+  EXPECT_EQ(error(R"({"inputs":[{"name":"a","name":"b"}]})"), "input 'a': \"name\" is given twice");
+  EXPECT_EQ(error(R"({"inputs":[{"name":"a","shape":[1,[3]]}]})"),
+            "input 'a': shape dims must be integers, got an array");
+  EXPECT_EQ(error(R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[1,{},3]}]})"),
+            "input 'a': data element 1 is an object; FP32 needs a number");
+  EXPECT_EQ(error(R"({"parameters":{"p":[1]},"inputs":[]})"),
+            "request: parameter 'p' must be a string, a number or a boolean");
+  EXPECT_EQ(error(R"([1,2])"), "the request body must be a JSON object");
+  EXPECT_EQ(error(R"({"id":"x"})"), "\"inputs\" is missing");
+}
+
 TEST(ServerCodec, EncodesShortestFloatsAndBinaryOutputs) {
   const ModelVersion m = two_input_model();
   DecodedInfer request;
