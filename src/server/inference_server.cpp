@@ -41,14 +41,17 @@ std::string dims_text(std::span<const std::int64_t> shape) {
 }  // namespace
 
 InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, ServerOptions options)
-    : repository_(std::move(repository)), options_(std::move(options)) {}
+    : repository_(std::move(repository)),
+      options_(std::move(options)),
+      memory_(options_.max_inflight_bytes),
+      connections_(options_.connection_fds) {}
 
 InferenceServer::~InferenceServer() {
   if (live()) shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
 }
 
 bool InferenceServer::ready() const {
-  if (draining() || !live()) return false;
+  if (draining() || !live() || !listeners_.all_accepting()) return false;
   bool any = false;
   for (const auto& m : repository_->models()) {
     if (options_.strict_readiness && !m->all_ready()) return false;
@@ -56,6 +59,16 @@ bool InferenceServer::ready() const {
     any = any || (v != nullptr && v->serving());
   }
   return any || repository_->models().empty();
+}
+
+std::string InferenceServer::unready_reason() const {
+  if (draining() || !live()) return "server is shutting down";
+  if (!listeners_.all_accepting()) {
+    return "server is not ready: a listener cannot accept connections (" + listeners_.reasons() +
+           ")";
+  }
+  return "server is not ready: a model version failed to load or cannot serve (POST "
+         "/v2/repository/index gives each version's state and reason)";
 }
 
 void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {

@@ -37,6 +37,7 @@
 
 #include "asyncinfer/detail/unique_function.hpp"
 #include "asyncinfer/engine.hpp"
+#include "limits.hpp"
 #include "model_repository.hpp"
 #include "server_metrics.hpp"
 
@@ -111,6 +112,11 @@ struct ServerOptions {
   std::string version = "0.1.0";
   /// Triton's --strict-readiness: ready only when every model version loaded.
   bool strict_readiness = true;
+  /// --max-inflight-bytes: the MemoryBudget of every frontend (limits.hpp); 0 = no limit.
+  std::size_t max_inflight_bytes = std::size_t{1} << 30;
+  /// Descriptors client connections may take, all frontends together (ConnectionBudget); 0 = no
+  /// limit. The serve command sets it from RLIMIT_NOFILE less a reserve.
+  std::size_t connection_fds = 0;
 };
 
 class InferenceServer {
@@ -128,9 +134,11 @@ class InferenceServer {
 
   /// Live until shutdown() has run.
   bool live() const noexcept { return !stopped_.load(std::memory_order_acquire); }
-  /// Ready when not draining and (strict readiness) every model version is ready, else at least
-  /// one is.
+  /// Ready when not draining, every listener accepts (ListenerHealth), and (strict readiness)
+  /// every model version is ready, else at least one is.
   bool ready() const;
+  /// Why ready() is false, for the readiness endpoints' answers.
+  std::string unready_reason() const;
   /// Readiness turns false at once; requests go on being served (frontends stop accepting).
   void begin_drain() noexcept { draining_.store(true, std::memory_order_release); }
   bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }
@@ -166,6 +174,13 @@ class InferenceServer {
   /// engine refusing it (queue full: resource_exhausted; shut down: unavailable).
   Result<InflightRequest> submit(const ModelVersion& model, InferRequest request, Completion done);
 
+  /// The bytes requests in flight hold, every frontend together (--max-inflight-bytes).
+  MemoryBudget& memory() noexcept { return memory_; }
+  /// The descriptors client connections hold, every frontend together.
+  ConnectionBudget& connection_budget() noexcept { return connections_; }
+  /// Whether each listener accepts; readiness follows it.
+  ListenerHealth& listeners() noexcept { return listeners_; }
+
   /// Frontend metrics by protocol name ("http", "grpc"); created on first use, never freed.
   /// `connections`: whether the frontend counts connections (gRPC's library does not show them).
   ProtocolMetrics& protocol_metrics(std::string_view protocol, ProtocolMetrics::Labels labels,
@@ -178,6 +193,9 @@ class InferenceServer {
   ServerOptions options_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
+  MemoryBudget memory_;
+  ConnectionBudget connections_;
+  ListenerHealth listeners_;
   mutable std::mutex metrics_mu_;
   std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
 };

@@ -31,6 +31,24 @@ bool percent_decode(std::string_view in, std::string& out) {
   return true;
 }
 
+/// A body (or a response) of this size or more is decoded (encoded) on the codec pool rather
+/// than on an I/O thread, so that a large one never holds up the health probes and the other
+/// connections of that thread (issue 23: probes answer within 50 ms under any such load).
+constexpr std::size_t kCodecInlineBytes = 64 * 1024;
+
+/// The path of a request target: an absolute-form target ("http://host:port/v2/...", RFC 9112
+/// §3.2.2, which a server must accept) loses its scheme and authority, any target its query.
+std::string_view target_path(std::string_view target) {
+  if (target.size() > 0 && target[0] != '/') {
+    const std::size_t scheme = target.find("://");
+    if (scheme != std::string_view::npos) {
+      const std::size_t path = target.find('/', scheme + 3);
+      target = path == std::string_view::npos ? std::string_view("/") : target.substr(path);
+    }
+  }
+  return target.substr(0, target.find('?'));
+}
+
 std::vector<std::string_view> split_path(std::string_view path) {
   std::vector<std::string_view> parts;
   std::size_t i = 0;
@@ -55,25 +73,25 @@ void Session::on_request() {
   parser_.reset();
   keep_alive_ = request_.keep_alive();
   version_ = request_.version();
+  method_ = request_.method();
   is_infer_ = false;
-  if (metrics_port_) return handle_metrics();
+  if (kind_ == Kind::metrics) return handle_metrics();
   handle_api();
 }
 
 void Session::handle_metrics() {
-  std::string_view target = request_.target();
-  target = target.substr(0, target.find('?'));
+  const std::string_view target = target_path(request_.target());
   if (target != "/metrics")
     return respond_error(404, "not found: the metrics port serves /metrics");
-  if (request_.method() != http::verb::get) return respond_method("GET");
+  if (method_ != http::verb::get && method_ != http::verb::head) return respond_method("GET");
   respond(200, impl_.core.metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 
 void Session::handle_api() {
-  std::string_view target = request_.target();
-  target = target.substr(0, target.find('?'));
+  const std::string_view target = target_path(request_.target());
   const std::vector<std::string_view> p = split_path(target);
-  const http::verb method = request_.method();
+  // HEAD is answered as GET without the body (RFC 9110 §9.3.2).
+  const http::verb method = method_ == http::verb::head ? http::verb::get : method_;
   auto is = [&](std::size_t n, std::initializer_list<std::string_view> fixed) {
     if (p.size() != n) return false;
     std::size_t i = 0;
@@ -101,11 +119,7 @@ void Session::handle_api() {
   if (is(3, {"v2", "health", "ready"})) {
     if (!need(http::verb::get)) return;
     if (impl_.core.ready()) return respond(200, "", "");
-    return respond_error(503, impl_.core.draining()
-                                  ? "server is shutting down"
-                                  : "server is not ready: a model version failed to load or "
-                                    "cannot serve (POST /v2/repository/index gives each "
-                                    "version's state and reason)");
+    return respond_error(503, impl_.core.unready_reason());
   }
   if (is(3, {"v2", "repository", "index"})) {
     if (!need(http::verb::post)) return;
@@ -166,15 +180,39 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     }
     header_length = n;
   }
-  auto decoded =
-      decode_infer_request(**mv, request_.body(), header_length, impl_.opt.max_json_depth);
-  // The inputs were copied into tensors: the body can go.
-  request_.body() = std::string();
+  const ModelVersion* m = *mv;
+  if (request_.body().size() < kCodecInlineBytes) {
+    auto decoded =
+        decode_infer_request(*m, request_.body(), header_length, impl_.opt.max_json_depth);
+    request_.body() = std::string();  // the inputs were copied into tensors
+    return on_decoded(*m, std::move(decoded));
+  }
+  // A large body is decoded off the I/O threads; meanwhile the socket is watched, so that a
+  // client that goes away is noticed.
+  phase_ = Phase::handling;
+  if (!reading_ && buffer_.size() == 0) read_some();
+  net::post(impl_.codec(), [self = shared_from_this(), m, header_length,
+                            body = std::move(request_.body())]() mutable {
+    auto decoded = decode_infer_request(*m, body, header_length, self->impl_.opt.max_json_depth);
+    body = std::string();
+    net::post(self->executor(), [self, m, decoded = std::move(decoded)]() mutable {
+      self->on_decoded(*m, std::move(decoded));
+    });
+  });
+}
+
+void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded) {
+  if (closed_) return;
+  if (client_gone_) return close();
   if (!decoded.ok()) return respond_status(decoded.status());
   decoded_ = std::move(*decoded);
+  // The body is gone; the request's tensors are what it holds now, until its response.
+  std::size_t bytes = 0;
+  for (const InferInput& in : decoded_.request.inputs) bytes += in.tensor.byte_size();
+  lease_.hold(bytes);
   auto self = shared_from_this();
   auto accepted =
-      impl_.core.submit(**mv, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
+      impl_.core.submit(model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
         // On the engine's completion executor: hand the result to this session's strand.
         net::post(self->executor(),
                   [self, r = std::move(r)]() mutable { self->on_infer_done(std::move(r)); });
@@ -191,7 +229,20 @@ void Session::on_infer_done(Result<InferResponse> r) {
   if (closed_) return;
   if (client_gone_) return close();
   if (!r.ok()) return respond_status(r.status());
-  EncodedResponse enc = encode_infer_response(*r, decoded_);
+  std::size_t bytes = 0;
+  for (const InferOutput& o : r->outputs) bytes += o.tensor.byte_size();
+  if (bytes < kCodecInlineBytes) return send_infer(encode_infer_response(*r, decoded_));
+  net::post(impl_.codec(), [self = shared_from_this(), r = std::move(*r)]() mutable {
+    EncodedResponse enc = encode_infer_response(r, self->decoded_);
+    r = InferResponse();
+    net::post(self->executor(),
+              [self, enc = std::move(enc)]() mutable { self->send_infer(std::move(enc)); });
+  });
+}
+
+void Session::send_infer(EncodedResponse enc) {
+  if (closed_) return;
+  if (client_gone_) return close();
   Response res{http::status::ok, version_};
   res.set(http::field::content_type, enc.binary ? "application/octet-stream" : "application/json");
   if (enc.binary) res.set("Inference-Header-Content-Length", std::to_string(enc.json_size));
@@ -202,7 +253,7 @@ void Session::on_infer_done(Result<InferResponse> r) {
 // ---- errors of the routing ----------------------------------------------------------------------
 
 void Session::not_found(std::string_view target) {
-  respond_error(404, "unknown endpoint " + std::string(request_.method_string()) + " " +
+  respond_error(404, "unknown endpoint " + std::string(http::to_string(method_)) + " " +
                          std::string(target) + " (docs/serving.md lists the endpoints)");
 }
 
@@ -211,7 +262,7 @@ void Session::respond_method(const char* allowed) {
   res.set(http::field::allow, allowed);
   res.set(http::field::content_type, "application/json");
   res.body() =
-      error_json(std::string(request_.method_string()) + " is not allowed here (" + allowed + ")");
+      error_json(std::string(http::to_string(method_)) + " is not allowed here (" + allowed + ")");
   send(std::move(res));
 }
 

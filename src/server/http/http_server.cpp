@@ -2,6 +2,7 @@
 // (one acceptor each, on its strand; the connection limit), the set of open sessions, drain and
 // stop. A connection's life is in http_session.cpp, the routing in http_routes.cpp.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <future>
 #include <string>
@@ -23,17 +24,15 @@ HttpServer::Impl::Impl(InferenceServer& s, HttpOptions o)
     : core(s),
       opt(std::move(o)),
       metrics(s.protocol_metrics("http", status_class_labels())),
-      ioc(opt.threads > 0 ? opt.threads : 1) {}
+      ioc(opt.threads > 0 ? opt.threads : 1),
+      codec_pool(static_cast<std::size_t>(opt.threads > 0 ? opt.threads : 1)) {}
 
 // ---- listeners -------------------------------------------------------------------------------
 
 class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener> {
  public:
   Listener(Impl& impl, bool metrics)
-      : impl_(impl),
-        metrics_(metrics),
-        acceptor_(net::make_strand(impl.ioc)),
-        retry_(acceptor_.get_executor()) {}
+      : impl_(impl), metrics_(metrics), acceptor_(net::make_strand(impl.ioc)) {}
 
   Status open(const tcp::endpoint& endpoint) {
     beast::error_code ec;
@@ -53,6 +52,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   }
 
   int port() const noexcept { return port_; }
+  const char* name() const noexcept { return metrics_ ? "metrics" : "http"; }
 
   void accept() {
     acceptor_.async_accept(net::make_strand(impl_.ioc),
@@ -69,42 +69,149 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     net::post(acceptor_.get_executor(), [self = shared_from_this(), done] {
       beast::error_code ec;
       self->closed_ = true;
-      self->retry_.cancel();
       self->acceptor_.close(ec);
       done->set_value();
     });
     return closed;
   }
 
+  /// A connection of this listener closed: if it was refusing connections for want of room, it
+  /// checks (on its strand) whether there is room again. Any thread.
+  void connection_closed() {
+    if (!full_.load(std::memory_order_acquire)) return;
+    net::post(acceptor_.get_executor(), [self = shared_from_this()] { self->recheck(); });
+  }
+
  private:
+  enum class Refusing : std::uint8_t { none, full, accept_failed };
+
   void on_accept(beast::error_code ec, Socket socket) {
     if (closed_ || !acceptor_.is_open()) return;
-    if (ec) {
-      // Out of file descriptors and the like: try again shortly rather than spin.
-      retry_.expires_after(std::chrono::milliseconds(50));
-      retry_.async_wait([self = shared_from_this()](beast::error_code wec) {
-        if (!wec && !self->closed_) self->accept();
-      });
-      return;
+    if (ec) return on_accept_error(ec);
+    if (refusing_ == Refusing::accept_failed) accepting_again();
+    Session::Kind kind = Session::Kind::api;
+    std::string refused;
+    if (metrics_) {
+      kind = Session::Kind::metrics;
+      if (!impl_.core.connection_budget().try_acquire(1)) refused = no_descriptors();
+    } else if (impl_.connections.fetch_add(1, std::memory_order_relaxed) >=
+               impl_.opt.max_connections) {
+      impl_.connections.fetch_sub(1, std::memory_order_relaxed);
+      refused = "at its connection limit of " + std::to_string(impl_.opt.max_connections) +
+                " (--max-connections)";
+    } else if (!impl_.core.connection_budget().try_acquire(1)) {
+      impl_.connections.fetch_sub(1, std::memory_order_relaxed);
+      refused = no_descriptors();
     }
-    bool over = false;
-    if (!metrics_) {  // the metrics port does not count toward the limit
-      over = impl_.connections.fetch_add(1, std::memory_order_relaxed) >= impl_.opt.max_connections;
-      if (over) impl_.connections.fetch_sub(1, std::memory_order_relaxed);
+    if (!refused.empty()) {
+      refuse(Refusing::full, std::move(refused));
+      // A few refused connections are told why (429) from the descriptors held in reserve;
+      // past that they are closed at once, so refusing never uses up descriptors itself.
+      if (metrics_ ||
+          impl_.rejecting.fetch_add(1, std::memory_order_relaxed) >= kMaxRejecting) {
+        if (!metrics_) impl_.rejecting.fetch_sub(1, std::memory_order_relaxed);
+        beast::error_code ignored;
+        socket.close(ignored);
+        return accept();
+      }
+      kind = Session::Kind::rejected;
+    } else if (refusing_ == Refusing::full) {
+      accepting_again();
     }
-    auto session = std::make_shared<Session>(impl_, std::move(socket), metrics_, over);
+    auto session = std::make_shared<Session>(impl_, std::move(socket), kind);
     impl_.add(session);
     net::dispatch(session->executor(), [session] { session->start(); });
     accept();
   }
 
+  void on_accept_error(beast::error_code ec) {
+    if (!accept_out_of_resources(ec.value())) return accept();  // the client went away first
+    refuse(Refusing::accept_failed, "accept() failed: " + ec.message());
+    // Drain the connection waiting in the backlog with the spare descriptor, so the socket
+    // does not stay readable (a spin); without the spare, wait for a descriptor to come back.
+    if (spare_.shed_one(acceptor_.native_handle())) return accept();
+    impl_.core.connection_budget().on_release([self = shared_from_this()] {
+      net::post(self->acceptor_.get_executor(), [self] {
+        if (!self->closed_) self->accept();
+      });
+    });
+  }
+
+  std::string no_descriptors() const {
+    const ConnectionBudget& b = impl_.core.connection_budget();
+    return "out of file descriptors for connections (client connections hold " +
+           std::to_string(b.used()) + " of the " + std::to_string(b.capacity()) +
+           " the process's limit leaves them; raise it with ulimit -n)";
+  }
+
+  /// The listener cannot take connections: not ready (ListenerHealth), logged once.
+  void refuse(Refusing why, std::string reason) {
+    if (refusing_ == Refusing::none) {
+      std::fprintf(stderr, "asyncinfer serve: %s: refusing connections: %s; not ready until it "
+                           "accepts again\n", name(), reason.c_str());
+    }
+    refusing_ = why;
+    if (why == Refusing::full) {
+      full_.store(true, std::memory_order_release);
+      // Descriptors may come back from the other listeners' connections too.
+      impl_.core.connection_budget().on_release([self = shared_from_this()] {
+        self->connection_closed();
+      });
+    }
+    impl_.core.listeners().set_failing(name(), std::move(reason));
+  }
+
+  void accepting_again() {
+    refusing_ = Refusing::none;
+    full_.store(false, std::memory_order_release);
+    impl_.core.listeners().set_accepting(name());
+    std::fprintf(stderr, "asyncinfer serve: %s: accepting connections again\n", name());
+  }
+
+  /// On the strand: room again for one more connection?
+  void recheck() {
+    if (closed_ || refusing_ != Refusing::full) return;
+    const ConnectionBudget& b = impl_.core.connection_budget();
+    const bool room = b.capacity() == 0 || b.used() < b.capacity();
+    const bool below_limit =
+        metrics_ || impl_.connections.load(std::memory_order_relaxed) < impl_.opt.max_connections;
+    if (room && below_limit) {
+      accepting_again();
+    } else if (!room) {
+      impl_.core.connection_budget().on_release([self = shared_from_this()] {
+        self->connection_closed();
+      });
+    }
+  }
+
+  /// Refused connections answered 429 at once, at most (the rest are closed unanswered).
+  static constexpr std::size_t kMaxRejecting = 16;
+
   Impl& impl_;
   bool metrics_;
   Acceptor acceptor_;
-  Timer retry_;
+  SpareDescriptor spare_;
   int port_ = 0;
   bool closed_ = false;
+  Refusing refusing_ = Refusing::none;  // on the strand
+  std::atomic<bool> full_{false};       // refusing_ == full, for connection_closed()
 };
+
+void HttpServer::Impl::connection_closed(SessionKind kind) {
+  switch (kind) {
+    case Session::Kind::api:
+      connections.fetch_sub(1, std::memory_order_relaxed);
+      core.connection_budget().release(1);
+      if (http_listener) http_listener->connection_closed();
+      break;
+    case Session::Kind::metrics:
+      core.connection_budget().release(1);
+      break;
+    case Session::Kind::rejected:
+      rejecting.fetch_sub(1, std::memory_order_relaxed);
+      break;
+  }
+}
 
 void HttpServer::Impl::add(const std::shared_ptr<Session>& s) {
   std::lock_guard lock(mu);
@@ -223,6 +330,9 @@ void HttpServer::stop() {
   while (open_connections() > 0 && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  // Decodes and encodes still queued are dropped (their sessions are closed); one running ends.
+  im.codec_pool.stop();
+  im.codec_pool.join();
   im.ioc.stop();
   for (std::thread& t : im.threads) t.join();
   im.threads.clear();

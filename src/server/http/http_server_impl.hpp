@@ -14,6 +14,7 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -53,6 +54,10 @@ constexpr std::size_t kReadChunk = 16 * 1024;
 /// that the client reads our answer instead of a reset (nginx's lingering close).
 constexpr std::chrono::milliseconds kLinger{2000};
 
+/// What a connection is for: the API port, the metrics port, or one refused at the connection
+/// limit and answered 429 (from the descriptors held in reserve).
+enum class SessionKind : std::uint8_t { api, metrics, rejected };
+
 class Session;
 
 struct HttpServer::Impl {
@@ -65,18 +70,24 @@ struct HttpServer::Impl {
   // destructors use these.
   mutable std::mutex mu;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
-  std::atomic<std::size_t> connections{0};
+  std::atomic<std::size_t> connections{0};  ///< API connections admitted
+  std::atomic<std::size_t> rejecting{0};    ///< refused connections being answered 429
   std::atomic<bool> draining{false};
   bool stopped = false;
 
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
+  /// Where large bodies are decoded and large responses encoded, off the I/O threads.
+  net::thread_pool codec_pool;
+  net::thread_pool::executor_type codec() { return codec_pool.get_executor(); }
 
   class Listener;  // http_server.cpp
   std::shared_ptr<Listener> http_listener;
   std::shared_ptr<Listener> metrics_listener;
 
+  /// A session of `kind` ended: its connection slot and descriptor come back.
+  void connection_closed(SessionKind kind);  // http_server.cpp
   void add(const std::shared_ptr<Session>& s);
   void remove(Session* s);
   std::vector<std::shared_ptr<Session>> snapshot() const;
@@ -88,7 +99,9 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   enum class Phase : std::uint8_t { idle, header, body, handling, writing, closing };
 
-  Session(HttpServer::Impl& impl, Socket socket, bool metrics_port, bool reject);
+  using Kind = SessionKind;
+
+  Session(HttpServer::Impl& impl, Socket socket, Kind kind);
 
   ~Session();
 
@@ -111,18 +124,26 @@ class Session : public std::enable_shared_from_this<Session> {
   /// is being answered — the client's disconnect.
   void read_some();
   void on_read_some(beast::error_code ec, std::size_t n);
-  void read_header();
-  void on_header(beast::error_code ec);
-  void read_body();
-  void on_body(beast::error_code ec);
-  void on_read_error(beast::error_code ec, const char* part);
+  /// The first bytes of a request are in the buffer: a new parser, the header's deadline.
+  void start_request();
+  /// Feeds the buffer to the parser (our own loop over Beast's put(), so that every byte it
+  /// holds counts against a limit): the header, its checks (on_header), then the body, reading
+  /// more while the request is incomplete; answers the request once it is whole.
+  void parse();
+  enum class HeaderVerdict : std::uint8_t { read_body, wait_continue, answered };
+  /// The header is whole: the framing checks (Transfer-Encoding, Host), the body's lease of the
+  /// memory budget, 100-continue.
+  HeaderVerdict on_header();
+  void on_read_error(beast::error_code ec);
 
   // ---- handling (http_routes.cpp) ---------------------------------------------------------------
   void on_request();
   void handle_metrics();
   void handle_api();
   void handle_infer(const std::string& model, const std::string& version);
+  void on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded);
   void on_infer_done(Result<InferResponse> r);
+  void send_infer(EncodedResponse enc);
 
   // ---- writing (not_found and respond_method: http_routes.cpp) ----------------------------------
   void not_found(std::string_view target);
@@ -167,16 +188,20 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response_serializer<http::string_body>> serializer_;
   DecodedInfer decoded_;
   InflightRequest inflight_;
+  /// The request's share of the server's memory budget: its body while it is read and
+  /// decoded, its tensors while it runs, its response while it is written.
+  MemoryBudget::Lease lease_;
+  std::size_t header_bytes_ = 0;  ///< the current request's header, for the trailers' limit
   Clock::time_point request_read_at_;
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point timer_at_;
   bool timer_waiting_ = false;
   std::size_t unsent_at_last_timeout_ = 0;
   unsigned version_ = 11;
+  /// The current request's method (HEAD is answered without a body); unknown until its header.
+  http::verb method_ = http::verb::unknown;
   Phase phase_ = Phase::idle;
-  bool metrics_port_;
-  bool reject_;
-  bool counted_ = false;
+  const Kind kind_;
   bool keep_alive_ = true;
   bool reading_ = false;
   bool timed_out_ = false;

@@ -6,40 +6,37 @@
 #include <sys/ioctl.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "http_server_impl.hpp"
 
 namespace asyncinfer::server {
 
-Session::Session(HttpServer::Impl& impl, Socket socket, bool metrics_port, bool reject)
-    : impl_(impl),
-      socket_(std::move(socket)),
-      timer_(socket_.get_executor()),
-      metrics_port_(metrics_port),
-      reject_(reject) {}
+Session::Session(HttpServer::Impl& impl, Socket socket, Kind kind)
+    : impl_(impl), socket_(std::move(socket)), timer_(socket_.get_executor()), kind_(kind) {
+  if (kind_ == Kind::api) impl_.metrics.connection_opened();
+}
 
 Session::~Session() {
-  if (counted_) {
-    impl_.metrics.connection_closed();
-    impl_.connections.fetch_sub(1, std::memory_order_relaxed);
-  }
+  if (kind_ == Kind::api) impl_.metrics.connection_closed();
+  impl_.connection_closed(kind_);
   impl_.remove(this);
 }
 
 void Session::start() {
   beast::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
-  if (reject_) {
+  if (kind_ == Kind::rejected) {
     impl_.metrics.connection_rejected();
     keep_alive_ = false;
+    version_ = 11;
     respond_error(429, "too many connections: the server holds " +
                            std::to_string(impl_.opt.max_connections) +
-                           " (its connection limit); retry later");
+                           " (its connection limit), or is out of file descriptors for them; "
+                           "retry later");
     return;
   }
-  counted_ = !metrics_port_;  // the metrics port is not an API connection
-  if (counted_) impl_.metrics.connection_opened();
   wait_request();
 }
 
@@ -62,7 +59,7 @@ void Session::wait_request() {
     return;
   }
   if (buffer_.size() > 0) {
-    read_header();
+    start_request();
     return;
   }
   set_deadline(impl_.opt.idle_timeout);
@@ -88,6 +85,8 @@ void Session::on_read_some(beast::error_code ec, std::size_t n) {
       inflight_.cancel();
     } else if (phase_ == Phase::writing) {
       client_gone_ = true;
+    } else if (phase_ == Phase::header || phase_ == Phase::body) {
+      on_read_error(ec);
     } else {
       close();
     }
@@ -95,75 +94,147 @@ void Session::on_read_some(beast::error_code ec, std::size_t n) {
   }
   buffer_.commit(n);
   if (phase_ == Phase::idle) {
-    read_header();
-  } else if (phase_ == Phase::handling && buffer_.size() == 0) {
-    read_some();
+    start_request();
+  } else if (phase_ == Phase::header || phase_ == Phase::body) {
+    parse();
   }
   // Otherwise a pipelined request waits in the buffer for the current one to be answered.
 }
 
-void Session::read_header() {
+void Session::start_request() {
   phase_ = Phase::header;
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(impl_.opt.max_header_bytes));
   parser_->body_limit(impl_.opt.max_body_bytes);
+  parser_->eager(false);  // stop after the header, so that its size is known
+  header_bytes_ = 0;
+  method_ = http::verb::unknown;
+  lease_ = impl_.core.memory().lease();
   set_deadline(impl_.opt.header_timeout);
-  http::async_read_header(
-      socket_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+  parse();
 }
 
-void Session::on_header(beast::error_code ec) {
-  if (closed_) return;
-  if (ec) return on_read_error(ec, "header");
-  auto& req = parser_->get();
-  // RFC 9112 §6.3: a request whose final transfer coding is not chunked has no length the
-  // server can trust; read as a zero-length body, its bytes would be taken for the next
-  // request (smuggling). Refuse it and close.
-  if (req.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+void Session::parse() {
+  beast::error_code ec;
+  try {
+    while (!parser_->is_done() && buffer_.size() > 0) {
+      const bool had_header = parser_->is_header_done();
+      const std::size_t n = parser_->put(buffer_.data(), ec);
+      buffer_.consume(n);
+      if (!had_header && parser_->is_header_done()) {
+        header_bytes_ = n;
+        switch (on_header()) {
+          case HeaderVerdict::answered:
+            return;
+          case HeaderVerdict::wait_continue:
+            return;  // the 100 Continue's write resumes parsing
+          case HeaderVerdict::read_body:
+            break;
+        }
+        parser_->eager(true);
+        continue;
+      }
+      if (ec) break;
+    }
+  } catch (const std::length_error&) {
+    // Beast keeps a field's name and value in 16-bit offsets; a longer one throws.
+    clear_deadline();
     keep_alive_ = false;
-    version_ = req.version();
-    return respond_error(400, "Transfer-Encoding '" +
-                                  std::string(req[http::field::transfer_encoding]) +
-                                  "' is not supported: only chunked may be the final transfer "
-                                  "coding of a request (or give Content-Length)");
+    return respond_error(431, "a request header or trailer field is longer than 65535 bytes");
+  }
+  if (ec && ec != http::error::need_more) return on_read_error(ec);
+  if (parser_->is_done()) return on_request();
+  if (parser_->is_header_done()) {
+    // Bytes the parser leaves in the buffer after the header are a chunk's size line or the
+    // trailer fields, which it takes only once they are whole: they count against the header's
+    // limit together with the header.
+    const std::size_t room = impl_.opt.max_header_bytes - std::min(header_bytes_,
+                                                                   impl_.opt.max_header_bytes);
+    if (buffer_.size() > room) {
+      clear_deadline();
+      keep_alive_ = false;
+      return respond_error(431, "request header and trailer fields exceed the maximum allowed "
+                                "value of " + std::to_string(impl_.opt.max_header_bytes) +
+                                " bytes together");
+    }
+    // A chunked body grows as it arrives: its bytes count against the server's budget as they
+    // do (a Content-Length body was counted whole by on_header).
+    const std::size_t body = parser_->get().body().size();
+    if (body > lease_.bytes() && !lease_.reserve(body)) {
+      clear_deadline();
+      keep_alive_ = false;
+      return respond_error(503, impl_.core.memory().exhausted_message(body - lease_.bytes()));
+    }
+  }
+  if (!reading_) read_some();
+}
+
+Session::HeaderVerdict Session::on_header() {
+  auto& req = parser_->get();
+  version_ = req.version();
+  auto refuse = [&](int status, std::string message) {
+    clear_deadline();
+    keep_alive_ = false;
+    respond_error(status, message);
+    return HeaderVerdict::answered;
+  };
+  if (req.count(http::field::transfer_encoding) > 0) {
+    const std::string te(req[http::field::transfer_encoding]);
+    // RFC 9112 §6.3: a request whose final transfer coding is not chunked has no length the
+    // server can trust; read as a zero-length body, its bytes would be taken for the next
+    // request (smuggling). Refuse it and close.
+    if (!parser_->chunked()) {
+      return refuse(400, "Transfer-Encoding '" + te +
+                             "' is not supported: only chunked may be the final transfer coding "
+                             "of a request (or give Content-Length)");
+    }
+    // RFC 9112 §6.1: a transfer coding the server does not understand is 501. Only chunked is
+    // decoded here; "gzip, chunked" would hand the gzip bytes on as the body.
+    for (const auto& coding : http::token_list(te)) {
+      if (!beast::iequals(coding, "chunked")) {
+        return refuse(501, "Transfer-Encoding '" + te +
+                               "': the transfer coding '" + std::string(coding) +
+                               "' is not implemented; only chunked is (send Content-Encoding for "
+                               "a compressed body)");
+      }
+    }
+  }
+  // RFC 9112 §3.2: an HTTP/1.1 request without Host, or any with several, is 400.
+  const std::size_t hosts = req.count(http::field::host);
+  if (hosts > 1 || (hosts == 0 && req.version() >= 11)) {
+    return refuse(400, hosts > 1 ? "the request has more than one Host header field"
+                                 : "an HTTP/1.1 request needs a Host header field (RFC 9112 "
+                                   "§3.2)");
   }
   if (req.count("Inference-Header-Content-Length") > 1) {
-    keep_alive_ = false;
-    version_ = req.version();
-    return respond_error(400, "Inference-Header-Content-Length is given more than once");
+    return refuse(400, "Inference-Header-Content-Length is given more than once");
   }
-  if (parser_->is_done()) return on_request();
-  if (beast::iequals(req[http::field::expect], "100-continue")) {
+  if (parser_->is_done()) return HeaderVerdict::read_body;
+  phase_ = Phase::body;
+  set_deadline(impl_.opt.body_timeout);
+  // A body of known length is counted against the server's memory budget before any of it is
+  // read (Beast reserves it whole).
+  if (auto length = parser_->content_length(); length && !lease_.reserve(*length)) {
+    return refuse(503, impl_.core.memory().exhausted_message(*length));
+  }
+  if (beast::iequals(req[http::field::expect], "100-continue") && buffer_.size() == 0) {
     // curl and others wait for this before sending a large body.
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    parser_->eager(true);
     net::async_write(socket_, net::buffer(kContinue),
                      [self = shared_from_this()](beast::error_code wec, std::size_t) {
                        if (self->closed_) return;
                        if (wec) return self->close();
-                       self->read_body();
+                       self->parse();
                      });
-    return;
+    return HeaderVerdict::wait_continue;
   }
-  read_body();
+  return HeaderVerdict::read_body;
 }
 
-void Session::read_body() {
-  phase_ = Phase::body;
-  set_deadline(impl_.opt.body_timeout);
-  http::async_read(
-      socket_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_body(ec); });
-}
-
-void Session::on_body(beast::error_code ec) {
-  if (closed_) return;
-  if (ec) return on_read_error(ec, "body");
-  on_request();
-}
-
-void Session::on_read_error(beast::error_code ec, const char* part) {
+void Session::on_read_error(beast::error_code ec) {
   const bool timed_out = timed_out_;
+  const char* part = phase_ == Phase::header ? "header" : "body";
   clear_deadline();
   keep_alive_ = false;
   if (timed_out) {
@@ -204,10 +275,14 @@ void Session::send(Response res) {
   res.keep_alive(keep);
   keep_alive_ = keep;
   res.prepare_payload();
+  // HEAD: the header GET would send, Content-Length included, and no body.
+  if (method_ == http::verb::head) res.body() = std::string();
   const int status = static_cast<int>(res.result_int());
-  if (!metrics_port_) {  // scrapes are not API requests (as for the connection gauges)
+  if (kind_ == Kind::api) {  // scrapes are not API requests (as for the connection gauges)
     impl_.metrics.count_request(static_cast<std::size_t>(std::clamp(status / 100, 1, 5) - 1));
   }
+  // The response counts against the memory budget while it is written.
+  lease_.hold(res.body().size());
   response_.emplace(std::move(res));
   serializer_.emplace(*response_);
   write_some();
@@ -228,6 +303,7 @@ void Session::on_write(beast::error_code ec) {
   clear_deadline();
   serializer_.reset();
   response_.reset();
+  lease_.release();
   if (is_infer_ && !ec) {
     impl_.metrics.observe_infer_us(
         std::chrono::duration<double, std::micro>(Clock::now() - request_read_at_).count());
@@ -318,6 +394,7 @@ void Session::close() {
   if (closed_) return;
   closed_ = true;
   phase_ = Phase::closing;
+  lease_.release();
   if (inflight_.valid()) inflight_.cancel();
   beast::error_code ec;
   clear_deadline();

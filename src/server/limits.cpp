@@ -1,0 +1,168 @@
+// MemoryBudget, ConnectionBudget and ListenerHealth (limits.hpp).
+#include "limits.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+namespace asyncinfer::server {
+
+// ---- MemoryBudget ------------------------------------------------------------------------------
+
+MemoryBudget::Lease& MemoryBudget::Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    release();
+    budget_ = o.budget_;
+    bytes_ = o.bytes_;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+bool MemoryBudget::Lease::reserve(std::size_t bytes) {
+  if (budget_ == nullptr) return true;
+  if (bytes <= bytes_ || budget_->limit_ == 0) {
+    hold(bytes);
+    return true;
+  }
+  const std::size_t more = bytes - bytes_;
+  std::size_t used = budget_->used_.load(std::memory_order_relaxed);
+  do {
+    if (used + more > budget_->limit_ || used + more < used) return false;
+  } while (!budget_->used_.compare_exchange_weak(used, used + more, std::memory_order_relaxed));
+  bytes_ = bytes;
+  return true;
+}
+
+void MemoryBudget::Lease::hold(std::size_t bytes) {
+  if (budget_ == nullptr || bytes == bytes_) return;
+  if (bytes > bytes_) {
+    budget_->used_.fetch_add(bytes - bytes_, std::memory_order_relaxed);
+  } else {
+    budget_->used_.fetch_sub(bytes_ - bytes, std::memory_order_relaxed);
+  }
+  bytes_ = bytes;
+}
+
+std::string MemoryBudget::exhausted_message(std::size_t asked) const {
+  return "the server is out of memory for requests: " + std::to_string(used()) +
+         " bytes are held by requests in flight and this one needs " + std::to_string(asked) +
+         " more, over the limit of " + std::to_string(limit_) +
+         " bytes (--max-inflight-bytes); retry later";
+}
+
+// ---- ConnectionBudget --------------------------------------------------------------------------
+
+bool ConnectionBudget::try_acquire(std::size_t fds) {
+  std::size_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (capacity_ != 0 && used + fds > capacity_) return false;
+  } while (!used_.compare_exchange_weak(used, used + fds, std::memory_order_relaxed));
+  return true;
+}
+
+void ConnectionBudget::release(std::size_t fds) {
+  used_.fetch_sub(fds, std::memory_order_relaxed);
+  if (!have_waiters_.load(std::memory_order_acquire)) return;
+  std::vector<std::function<void()>> run;
+  {
+    std::lock_guard lock(mu_);
+    run.swap(waiters_);
+    have_waiters_.store(false, std::memory_order_release);
+  }
+  for (auto& f : run) f();
+}
+
+void ConnectionBudget::on_release(std::function<void()> f) {
+  std::lock_guard lock(mu_);
+  waiters_.push_back(std::move(f));
+  have_waiters_.store(true, std::memory_order_release);
+}
+
+// ---- ListenerHealth ----------------------------------------------------------------------------
+
+bool ListenerHealth::set_failing(std::string_view listener, std::string reason) {
+  bool changed = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = reasons_.find(listener);
+    if (it == reasons_.end()) {
+      reasons_.emplace(std::string(listener), std::move(reason));
+      failing_.fetch_add(1, std::memory_order_release);
+      changed = true;
+    } else {
+      it->second = std::move(reason);
+    }
+  }
+  if (changed) notify();
+  return changed;
+}
+
+bool ListenerHealth::set_accepting(std::string_view listener) {
+  if (all_accepting()) return false;  // the common case: no lock
+  bool changed = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = reasons_.find(listener);
+    if (it != reasons_.end()) {
+      reasons_.erase(it);
+      failing_.fetch_sub(1, std::memory_order_release);
+      changed = true;
+    }
+  }
+  if (changed) notify();
+  return changed;
+}
+
+std::string ListenerHealth::reasons() const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  for (const auto& [name, why] : reasons_) {
+    if (!out.empty()) out += "; ";
+    out += name + ": " + why;
+  }
+  return out;
+}
+
+void ListenerHealth::on_change(std::function<void()> f) {
+  std::lock_guard lock(mu_);
+  observers_.push_back(std::move(f));
+}
+
+void ListenerHealth::notify() {
+  std::vector<std::function<void()>> observers;
+  {
+    std::lock_guard lock(mu_);
+    observers = observers_;
+  }
+  for (auto& f : observers) f();
+}
+
+// ---- SpareDescriptor ---------------------------------------------------------------------------
+
+SpareDescriptor::SpareDescriptor() : fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+
+SpareDescriptor::~SpareDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool SpareDescriptor::shed_one(int listen_fd) {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (c >= 0) ::close(c);
+  fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd_ >= 0;
+}
+
+bool accept_out_of_resources(int error_number) {
+  return error_number == EMFILE || error_number == ENFILE || error_number == ENOBUFS ||
+         error_number == ENOMEM;
+}
+
+}  // namespace asyncinfer::server

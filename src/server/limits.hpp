@@ -1,0 +1,160 @@
+// limits.hpp — what bounds the resources of `asyncinfer serve` across its frontends (issue 23):
+// the bytes that requests in flight hold (MemoryBudget, --max-inflight-bytes), the file
+// descriptors that client connections may take (ConnectionBudget: the process's limit less a
+// reserve, so that client connections alone never bring it to EMFILE), and the state of each
+// listener, which readiness reports (ListenerHealth: a port that cannot accept makes the server
+// not ready, with the reason).
+//
+// Each is a few atomics or one mutex, shared by the HTTP and gRPC frontends through the
+// InferenceServer. None of them blocks: a budget that is spent refuses at once, and the caller
+// answers 503 / RESOURCE_EXHAUSTED (memory) or closes the connection (descriptors).
+//
+// Thread safety: every member may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace asyncinfer::server {
+
+/// Bytes held by requests in flight, server-wide: request bodies while they are read and decoded,
+/// the tensors decoded from them while their requests run, and responses while they are written.
+/// Over the limit, new work is refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) while the work already
+/// accepted goes on.
+class MemoryBudget {
+ public:
+  /// `limit_bytes` 0 = no limit (counted all the same).
+  explicit MemoryBudget(std::size_t limit_bytes) : limit_(limit_bytes) {}
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  /// What one request holds of the budget; returned when it is destroyed. Move-only; used by
+  /// one thread at a time.
+  class Lease {
+   public:
+    Lease() = default;
+    explicit Lease(MemoryBudget* budget) : budget_(budget) {}
+    Lease(Lease&& o) noexcept : budget_(o.budget_), bytes_(o.bytes_) { o.bytes_ = 0; }
+    Lease& operator=(Lease&& o) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { release(); }
+
+    /// Makes the lease hold `bytes` (more or fewer than now). Growing is refused, and nothing
+    /// changes, when the budget would pass its limit: false.
+    bool reserve(std::size_t bytes);
+    /// As reserve(), never refused: for bytes that are in memory already (a decoded request, a
+    /// response), which refusing would not free.
+    void hold(std::size_t bytes);
+    void release() { hold(0); }
+    std::size_t bytes() const noexcept { return bytes_; }
+
+   private:
+    MemoryBudget* budget_ = nullptr;
+    std::size_t bytes_ = 0;
+  };
+
+  Lease lease() { return Lease(this); }
+  std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  std::size_t limit() const noexcept { return limit_; }
+  /// The refusal's message: what is held, the limit, the option.
+  std::string exhausted_message(std::size_t asked) const;
+
+ private:
+  const std::size_t limit_;
+  std::atomic<std::size_t> used_{0};
+};
+
+/// File descriptors for client connections, server-wide. The serve command sizes it from the
+/// process's descriptor limit (RLIMIT_NOFILE) less what is open at start and a reserve, so that
+/// accept(), a model load or a shared-memory region still finds a descriptor when every
+/// connection slot is taken. A frontend acquires a connection's descriptors after accept() and
+/// closes the connection at once when they are refused.
+class ConnectionBudget {
+ public:
+  /// `capacity` 0 = no limit.
+  explicit ConnectionBudget(std::size_t capacity) : capacity_(capacity) {}
+  ConnectionBudget(const ConnectionBudget&) = delete;
+  ConnectionBudget& operator=(const ConnectionBudget&) = delete;
+
+  /// Takes `fds` descriptors; false (nothing taken) when that would pass the capacity.
+  bool try_acquire(std::size_t fds);
+  /// Returns them, and runs the callbacks registered by on_release() since the last release.
+  void release(std::size_t fds);
+  /// Runs `f` once, on the thread of the next release() (a listener that stopped accepting for
+  /// want of descriptors resumes when one comes back).
+  void on_release(std::function<void()> f);
+
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+
+ private:
+  const std::size_t capacity_;
+  std::atomic<std::size_t> used_{0};
+  std::atomic<bool> have_waiters_{false};
+  std::mutex mu_;
+  std::vector<std::function<void()>> waiters_;
+};
+
+/// Whether each listener ("http", "grpc", "metrics") can accept connections now. A listener that
+/// cannot — its connection limit reached, or accept() failing (EMFILE) — makes the server not
+/// ready until it accepts again; the reason is the one readiness reports.
+class ListenerHealth {
+ public:
+  ListenerHealth() = default;
+  ListenerHealth(const ListenerHealth&) = delete;
+  ListenerHealth& operator=(const ListenerHealth&) = delete;
+
+  /// `listener` cannot accept: `reason` says why. Returns true when it was accepting until now
+  /// (the caller logs the change once).
+  bool set_failing(std::string_view listener, std::string reason);
+  /// `listener` accepts again; true when it was failing until now.
+  bool set_accepting(std::string_view listener);
+  /// Every listener accepts.
+  bool all_accepting() const noexcept { return failing_.load(std::memory_order_acquire) == 0; }
+  /// "grpc: <reason>; http: <reason>", or empty.
+  std::string reasons() const;
+  /// Runs `f` after every change (the gRPC health service pushes it to its watches). Register
+  /// before the listeners start.
+  void on_change(std::function<void()> f);
+
+ private:
+  void notify();
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::string, std::less<>> reasons_;
+  std::atomic<std::size_t> failing_{0};
+  std::vector<std::function<void()>> observers_;
+};
+
+/// One descriptor held back (open on /dev/null) for the moment accept() fails with EMFILE: closed,
+/// it lets the listener take the connection waiting in its backlog and close it at once, so the
+/// backlog drains (clients get a prompt close, not a hang) and the listener does not spin on a
+/// socket that stays readable (the technique of libev's and nginx's accept loops).
+class SpareDescriptor {
+ public:
+  SpareDescriptor();
+  ~SpareDescriptor();
+  SpareDescriptor(const SpareDescriptor&) = delete;
+  SpareDescriptor& operator=(const SpareDescriptor&) = delete;
+
+  /// Closes the spare, accepts one connection of `listen_fd` and closes it, and opens the spare
+  /// again. False when the spare could not be opened again (descriptors are still exhausted):
+  /// the caller waits for one to come back (ConnectionBudget::on_release) before accepting.
+  bool shed_one(int listen_fd);
+
+ private:
+  int fd_ = -1;
+};
+
+/// Whether an accept() error means the process (or system) is out of a resource, as opposed to
+/// a connection that went away before it was accepted.
+bool accept_out_of_resources(int error_number);
+
+}  // namespace asyncinfer::server
