@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ struct ServeOptions {
   std::size_t max_body_bytes = 64u << 20;
   std::size_t max_header_bytes = 16u << 10;
   std::size_t max_connections = 4096;
+  std::size_t max_inflight_bytes = std::size_t{1} << 30;
+  std::size_t grpc_max_connections = 1024;
+  std::size_t grpc_max_concurrent_streams = 100;
+  std::size_t grpc_max_resets = 1000;
+  std::size_t grpc_memory_bytes = std::size_t{1} << 30;
   bool strict_readiness = true;
 };
 
@@ -59,7 +65,7 @@ std::chrono::milliseconds ms(double s) {
 }
 
 /// Many connections need many descriptors: raise the soft limit to the hard one (as nginx's
-/// worker_rlimit_nofile does), and keep the connection limit below it.
+/// worker_rlimit_nofile does); the connections get what is left of it less a reserve.
 std::size_t raise_fd_limit() {
   rlimit r{};
   if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
@@ -69,6 +75,27 @@ std::size_t raise_fd_limit() {
     getrlimit(RLIMIT_NOFILE, &r);
   }
   return r.rlim_cur == RLIM_INFINITY ? 0 : static_cast<std::size_t>(r.rlim_cur);
+}
+
+/// Descriptors open now.
+std::size_t open_fds() {
+  std::error_code ec;
+  std::size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+/// What client connections may take of the descriptor limit: the limit less what is open now
+/// (the models are loaded) and a reserve for what the server opens later (gRPC's and the engines'
+/// own, accept() itself, model files); 0 = no limit known.
+std::size_t connection_fds(std::size_t limit) {
+  if (limit == 0) return 0;
+  const std::size_t reserve = 64 + limit / 16;
+  const std::size_t used = open_fds();
+  return limit > used + reserve + 16 ? limit - used - reserve : 16;
 }
 
 int run_serve(const ServeOptions& o) {
@@ -86,6 +113,13 @@ int run_serve(const ServeOptions& o) {
   ServerOptions so;
   so.version = ASYNCINFER_VERSION;
   so.strict_readiness = o.strict_readiness;
+  so.max_inflight_bytes = o.max_inflight_bytes;
+  so.connection_fds = connection_fds(fds);
+  if (so.connection_fds > 0) {
+    log_line("connections: " + std::to_string(so.connection_fds) +
+             " file descriptors for client connections (the process may open " +
+             std::to_string(fds) + "; the rest is open or held in reserve)");
+  }
   InferenceServer core(std::move(*repository), so);
 
   HttpOptions ho;
@@ -99,11 +133,6 @@ int run_serve(const ServeOptions& o) {
   ho.body_timeout = ms(o.body_timeout_s);
   ho.idle_timeout = ms(o.idle_timeout_s);
   ho.max_connections = o.max_connections;
-  if (fds > 64 && ho.max_connections > fds - 64) {
-    ho.max_connections = fds - 64;
-    log_line("--max-connections lowered to " + std::to_string(ho.max_connections) +
-             " (the process may open " + std::to_string(fds) + " files)");
-  }
   HttpServer http(core, ho);
   Status s = http.start();
   if (!s.ok()) {
@@ -128,6 +157,10 @@ int run_serve(const ServeOptions& o) {
     go.port = o.grpc_port;
     go.max_message_bytes = o.grpc_max_message_bytes;
     go.max_connection_age = ms(o.grpc_max_connection_age_s);
+    go.max_connections = o.grpc_max_connections;
+    go.max_concurrent_streams = o.grpc_max_concurrent_streams;
+    go.max_resets = o.grpc_max_resets;
+    go.memory_bytes = o.grpc_memory_bytes;
     grpc.emplace(core, go);
     s = grpc->start();
     if (!s.ok()) {
@@ -136,7 +169,8 @@ int run_serve(const ServeOptions& o) {
     }
     log_line("grpc: listening on " + o.host + ":" + std::to_string(grpc->grpc_port()) +
              " (inference.GRPCInferenceService, grpc.health.v1.Health; max message " +
-             std::to_string(go.max_message_bytes) + " bytes)");
+             std::to_string(go.max_message_bytes) + " bytes, " +
+             std::to_string(go.max_concurrent_streams) + " streams per connection)");
     frontends.push_back(&*grpc);
   }
 #else
@@ -214,9 +248,32 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--max-header-bytes", o->max_header_bytes, "Largest request header (431 above)")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{256}, std::size_t{1} << 24));
-  app->add_option("--max-connections", o->max_connections, "Open connections at most (429 above)")
+  app->add_option("--max-connections", o->max_connections,
+                  "Open HTTP connections at most (429 above)")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
+  app->add_option("--max-inflight-bytes", o->max_inflight_bytes,
+                  "Bytes all requests in flight may hold together: bodies, decoded tensors, "
+                  "responses (HTTP 503 / gRPC RESOURCE_EXHAUSTED above; 0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 44));
+  app->add_option("--grpc-max-connections", o->grpc_max_connections,
+                  "Open gRPC connections at most (closed at once above)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
+  app->add_option("--grpc-max-concurrent-streams", o->grpc_max_concurrent_streams,
+                  "HTTP/2 MAX_CONCURRENT_STREAMS: calls one gRPC connection may have open")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  app->add_option("--grpc-max-resets", o->grpc_max_resets,
+                  "Calls a gRPC client may cancel within 10 s before its connection is closed "
+                  "(HTTP/2 rapid reset)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+  app->add_option("--grpc-memory-bytes", o->grpc_memory_bytes,
+                  "Memory gRPC's transports may take (grpc::ResourceQuota; 0 = unbounded)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 44));
   app->add_option("--strict-readiness", o->strict_readiness,
                   "Ready only when every model version loaded and can serve (Triton's default); "
                   "true or false")

@@ -85,20 +85,29 @@ int run_until_signalled(InferenceServer& server, std::span<Frontend* const> fron
       cancelled
           ? std::chrono::steady_clock::now() + std::chrono::milliseconds(200)
           : std::max(deadline, std::chrono::steady_clock::now()) + std::chrono::milliseconds(500);
+  // "2 http connection(s), 1 grpc call(s)": what each frontend still has open.
+  auto still_open = [&] {
+    std::string text;
+    for (Frontend* f : frontends) {
+      const std::size_t n = f->open_connections();
+      if (n == 0) continue;
+      if (!text.empty()) text += ", ";
+      text += std::to_string(n) + " " + f->name() + " " + f->open_unit() + "(s)";
+    }
+    return text;
+  };
   for (;;) {
-    std::size_t open = 0;
-    for (Frontend* f : frontends) open += f->open_connections();
-    if (open == 0) break;
+    const std::string open = still_open();
+    if (open.empty()) break;
     if (std::chrono::steady_clock::now() >= write_deadline) {
-      log("closing " + std::to_string(open) + " connection(s) still open");
+      log("closing what is still open: " + open);
       break;
     }
     const int s = wait_signal(std::chrono::milliseconds(5));
     if (s != 0) {
       // A second (or third) signal while the last responses are written: stop now.
       cancelled = true;
-      log(std::string("received ") + signal_name(s) + " again: closing " + std::to_string(open) +
-          " connection(s) now");
+      log(std::string("received ") + signal_name(s) + " again: closing " + open + " now");
       break;
     }
   }

@@ -40,8 +40,11 @@ class Frontend {
   /// close once their response is written. Returns once the listeners are closed (bounded: at
   /// most about a second if the frontend's threads are stuck); does not wait for connections.
   virtual void stop_accepting() = 0;
-  /// Connections still open.
+  /// What is still open: connections (HTTP) or calls (gRPC, whose library does not show its
+  /// connections to the drain), as open_unit() names them.
   virtual std::size_t open_connections() const = 0;
+  /// "connection", "call": what open_connections() counts, for log lines.
+  virtual std::string open_unit() const { return "connection"; }
   /// Closes every connection and stops the frontend's threads. Blocks until they have ended.
   virtual void stop() = 0;
 };

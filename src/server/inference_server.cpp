@@ -217,6 +217,18 @@ Result<std::int64_t> parameter_int(const ParameterValue& value, std::string_view
   return v;
 }
 
+std::size_t input_bytes(const InferRequest& request) {
+  std::size_t n = 0;
+  for (const InferInput& in : request.inputs) n += in.tensor.byte_size();
+  return n;
+}
+
+std::size_t output_bytes(const InferResponse& response) {
+  std::size_t n = 0;
+  for (const InferOutput& o : response.outputs) n += o.tensor.byte_size();
+  return n;
+}
+
 Result<bool> parameter_bool(const ParameterValue& value, std::string_view name) {
   if (const auto* b = std::get_if<bool>(&value)) return *b;
   return invalid_argument_error("parameter '" + std::string(name) + "' must be true or false");

@@ -200,6 +200,11 @@ class InferenceServer {
   std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
 };
 
+/// The bytes of a request's input tensors, of a response's output tensors (what they hold of
+/// the server's MemoryBudget).
+std::size_t input_bytes(const InferRequest& request);
+std::size_t output_bytes(const InferResponse& response);
+
 /// Reads an integer parameter (JSON numbers arrive as int64 or uint64); invalid_argument
 /// naming it when it is of another type or out of [lo, hi].
 Result<std::int64_t> parameter_int(const ParameterValue& value, std::string_view name,

@@ -15,8 +15,15 @@ namespace {
 class InferCall final : public grpc::ServerUnaryReactor, public Call {
  public:
   InferCall(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response)
-      : Call(2), impl_(impl), ctx_(ctx), response_(response), start_(Clock::now()) {
+      : Call(2),
+        impl_(impl),
+        ctx_(ctx),
+        response_(response),
+        start_(Clock::now()),
+        peer_(ctx->peer()),
+        lease_(impl.core.memory().lease()) {
     impl_.add(this);
+    impl_.acceptor->call_started(peer_);
   }
 
   /// Runs in the method handler; drops the handler's reference at the end.
@@ -27,9 +34,11 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 
   void OnCancel() override {
     bool have = false;
+    const bool by_client = !deadline_passed(ctx_);
     {
       std::lock_guard lock(mu_);
       cancelled_ = true;
+      reset_ = by_client && !finished_;
       have = inflight_.valid();
     }
     // inflight_ is set once, before `have` can be true, and never changed after.
@@ -39,13 +48,16 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   void OnDone() override {
     int code = 0;
     double micros = 0;
+    bool reset = false;
     {
       // gRPC orders Finish before OnDone; the lock makes that visible to ThreadSanitizer too
       // (gRPC's own synchronization is not instrumented).
       std::lock_guard lock(mu_);
       code = code_;
       micros = micros_;
+      reset = reset_;
     }
+    impl_.acceptor->call_ended(peer_, reset);
     impl_.count(code);
     impl_.metrics.observe_infer_us(micros);
     impl_.remove(this);
@@ -57,6 +69,11 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
     grpc::ByteBuffer buffer(request);  // shares the slices
     ParsedInfer parsed = parse_infer_request(buffer, impl_.core, "the request");
     if (!parsed.status.ok()) return finish(parsed.status);
+    // The request's tensors count against the server's memory budget until the call ends.
+    const std::size_t bytes = input_bytes(parsed.request);
+    if (!lease_.reserve(bytes)) {
+      return finish(resource_exhausted_error(impl_.core.memory().exhausted_message(bytes)));
+    }
     parsed.request.deadline = call_deadline(ctx_);
     auto accepted = impl_.core.submit(*parsed.model, std::move(parsed.request),
                                       [this](Result<InferResponse> r) { complete(std::move(r)); });
@@ -74,6 +91,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   void complete(Result<InferResponse> r) {
     if (!r.ok()) return finish(r.status());
     *response_ = encode_infer_response(*r, false);
+    lease_.hold(response_->Length());
     if (Status too_big = check_response_size(*response_, impl_.opt.max_message_bytes);
         !too_big.ok()) {
       response_->Clear();
@@ -88,6 +106,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
       std::lock_guard lock(mu_);
       code_ = grpc_code(s.code());
       micros_ = micros_since(start_);
+      finished_ = true;
     }
     Finish(to_grpc(s));
   }
@@ -96,9 +115,15 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   grpc::CallbackServerContext* ctx_;
   grpc::ByteBuffer* response_;
   Clock::time_point start_;
+  const std::string peer_;  ///< its connection, for the acceptor's reset limit
+  /// Its share of the server's memory budget (the request's tensors, then the response); set
+  /// before the request is submitted and after it completes, never both at once.
+  MemoryBudget::Lease lease_;
   std::mutex mu_;
   InflightRequest inflight_;
   bool cancelled_ = false;
+  bool finished_ = false;  ///< Finish was called
+  bool reset_ = false;     ///< the client cancelled it before it was answered
   int code_ = 0;
   double micros_ = 0;
 };

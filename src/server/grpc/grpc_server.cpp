@@ -81,12 +81,26 @@ Status GrpcServer::start() {
     return invalid_argument_error("--host '" + im.opt.host +
                                   "' is not an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1)");
   }
-  const std::string address = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(im.opt.port);
+  if (im.opt.max_concurrent_streams == 0 ||
+      im.opt.max_concurrent_streams > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    return invalid_argument_error("--grpc-max-concurrent-streams " +
+                                  std::to_string(im.opt.max_concurrent_streams) +
+                                  " is out of range (1 .. 2147483647)");
+  }
+
+  GrpcAcceptorOptions ao;
+  ao.max_connections = im.opt.max_connections;
+  ao.max_concurrent_streams = im.opt.max_concurrent_streams;
+  ao.max_resets = im.opt.max_resets;
+  ao.reset_window = im.opt.reset_window;
+  im.acceptor = std::make_unique<GrpcAcceptor>(im.core, ao);
+  ASYNCINFER_RETURN_IF_ERROR(im.acceptor->listen(host, im.opt.port));
+  im.port = im.acceptor->port();
 
   im.service = make_inference_service(im);
   im.health_service = make_health_service(im);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &im.port);
+  // No listening port of gRPC's own: the acceptor hands each connection over.
   builder.RegisterService(im.service.get());
   builder.RegisterService(im.health_service.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(im.opt.max_message_bytes));
@@ -96,6 +110,15 @@ Status GrpcServer::start() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // channelz (gRPC's introspection service) is not served; its per-call counters cost for nothing.
   builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  // Streams per connection: without it a client may open any number (gRPC's default has none).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(im.opt.max_concurrent_streams));
+  if (im.opt.memory_bytes > 0 || im.opt.max_threads > 0) {
+    grpc::ResourceQuota quota("asyncinfer-grpc");
+    if (im.opt.memory_bytes > 0) quota.Resize(im.opt.memory_bytes);
+    if (im.opt.max_threads > 0) quota.SetMaxThreads(im.opt.max_threads);
+    builder.SetResourceQuota(quota);
+  }
   if (im.opt.max_connection_age.count() > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
                                static_cast<int>(im.opt.max_connection_age.count()));
@@ -103,11 +126,15 @@ Status GrpcServer::start() {
                                static_cast<int>(im.opt.max_connection_age_grace.count()));
   }
   im.server = builder.BuildAndStart();
-  if (!im.server || im.port == 0) {
-    im.server.reset();
-    return unavailable_error("cannot listen on " + address +
-                             " for gRPC (the port is in use, or the address is not local)");
+  if (!im.server) {
+    im.acceptor.reset();
+    return unavailable_error("cannot start the gRPC server (see gRPC's log above)");
   }
+  im.acceptor->start(im.server.get());
+  // A listener that cannot accept turns the health status at once.
+  im.core.listeners().on_change([&im] {
+    if (!im.stopped) im.refresh_health();
+  });
   im.refresh_health();
   im.start_refresher();
   return Status();
@@ -120,6 +147,7 @@ void GrpcServer::stop_accepting() {
   if (!im.server) return;
   im.draining.store(true, std::memory_order_release);
   im.refresh_health();  // NOT_SERVING to every watch
+  im.acceptor->stop_accepting();
   im.start_shutdown();
   for (Call* c : im.snapshot()) {
     c->on_drain();
@@ -156,11 +184,15 @@ void GrpcServer::stop() {
   // close the connections (what Shutdown(deadline) does at its deadline; the deadline is the
   // caller's, who calls stop() at the end of the drain).
   if (!im.wait_shutdown(kStopGrace)) {
+    // Shutting the connections down from our side ends those a client holds without reading
+    // (a zero flow-control window: gRPC's own cancel would wait for its writes).
+    im.acceptor->stop();
     do {
       grpc_server_cancel_all_calls(im.server->c_server());
     } while (!im.wait_shutdown(kStopGrace));
   }
   im.shutdown_thread.join();
+  im.acceptor->stop();
   im.server.reset();
 }
 

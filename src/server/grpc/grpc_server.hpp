@@ -67,6 +67,20 @@ struct GrpcOptions {
   /// them again. 0 = never.
   std::chrono::milliseconds max_connection_age{0};
   std::chrono::milliseconds max_connection_age_grace{30'000};
+  /// Connections at once (--grpc-max-connections); past it a new one is closed at once and the
+  /// server is not ready until one ends (grpc_acceptor.hpp).
+  std::size_t max_connections = 1024;
+  /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls one connection may have open
+  /// (--grpc-max-concurrent-streams); gRPC refuses the streams past it.
+  std::size_t max_concurrent_streams = 100;
+  /// Client cancellations (RST_STREAM) a connection may make within reset_window before it is
+  /// closed (--grpc-max-resets; HTTP/2 rapid reset, CVE-2023-44487).
+  std::size_t max_resets = 1000;
+  std::chrono::milliseconds reset_window{10'000};
+  /// grpc::ResourceQuota: memory gRPC's transports may take for their buffers, and threads
+  /// (--grpc-memory-bytes; 0 = gRPC's default, unbounded).
+  std::size_t memory_bytes = std::size_t{1} << 30;
+  int max_threads = 0;  ///< 0 = gRPC's default
 };
 
 class GrpcServer : public Frontend {
@@ -84,6 +98,7 @@ class GrpcServer : public Frontend {
   int grpc_port() const noexcept;
 
   std::string name() const override { return "grpc"; }
+  std::string open_unit() const override { return "call"; }
   void stop_accepting() override;
   /// Calls in progress (a stream counts as one until it ends).
   std::size_t open_connections() const override;

@@ -8,6 +8,7 @@
 //   grpc_infer_service.cpp  inference.GRPCInferenceService: the unary RPCs, ModelInfer's reactor
 //   grpc_stream_call.cpp    ModelStreamInfer's reactor
 //   grpc_health.cpp         grpc.health.v1.Health: Check, Watch, the refresher
+//   grpc_acceptor.cpp       the port's own accept loop (GrpcAcceptor, grpc_acceptor.hpp)
 //
 // Thread safety: Impl's sets of calls are under `mu`; the health status under `health_mu`.
 #pragma once
@@ -25,6 +26,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "grpc_acceptor.hpp"
 #include "grpc_server.hpp"
 #include "grpc_service.grpc.pb.h"
 #include "health.grpc.pb.h"
@@ -49,6 +51,12 @@ inline std::optional<Clock::time_point> call_deadline(const grpc::CallbackServer
     return std::nullopt;
   }
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
+}
+
+/// Whether a call cancelled now was cancelled by its deadline rather than by the client (a
+/// client's RST_STREAM counts toward the reset limit; its deadline does not).
+inline bool deadline_passed(const grpc::CallbackServerContext* ctx) {
+  return ctx->deadline() <= std::chrono::system_clock::now() + std::chrono::milliseconds(1);
 }
 
 inline double micros_since(Clock::time_point t) {
@@ -98,6 +106,8 @@ struct GrpcServer::Impl {
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Service> health_service;
   std::unique_ptr<grpc::Server> server;
+  /// The port's accept loop (grpc_acceptor.hpp); gRPC has no listening port of its own.
+  std::unique_ptr<GrpcAcceptor> acceptor;
   int port = 0;
 
   mutable std::mutex mu;

@@ -25,8 +25,14 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
                          public Call {
  public:
   StreamCall(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx)
-      : Call(1), impl_(impl), ctx_(ctx), deadline_(call_deadline(ctx)) {
+      : Call(1),
+        impl_(impl),
+        ctx_(ctx),
+        deadline_(call_deadline(ctx)),
+        peer_(ctx->peer()),
+        queued_lease_(impl.core.memory().lease()) {
     impl_.add(this);
+    impl_.acceptor->call_started(peer_);
     Actions a;
     {
       std::lock_guard lock(mu_);
@@ -87,6 +93,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::lock_guard lock(mu_);
       writing_ = false;
+      queued_lease_.hold(queued_lease_.bytes() - queue_.front().Length());
       queue_.pop_front();
       if (!ok) {
         // The client is gone: nothing more can be written.
@@ -100,8 +107,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnCancel() override {
+    const bool by_client = !deadline_passed(ctx_);
     {
       std::lock_guard lock(mu_);
+      reset_ = by_client && !finished_;
       cancelled_ = true;
       drop_queued_locked();
     }
@@ -119,11 +128,14 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       std::lock_guard lock(ctx_mu_);
       done_ = true;
     }
+    bool reset = false;
     {
       // Everything before Finish happened under mu_: taking it orders the destructor after it
       // for ThreadSanitizer as well (gRPC's own synchronization is not instrumented).
       std::lock_guard lock(mu_);
+      reset = reset_;
     }
+    impl_.acceptor->call_ended(peer_, reset);
     impl_.remove(this);
     release();
   }
@@ -161,13 +173,18 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (!message.status.ok()) return fail(message.status);
     const ModelVersion& mv = *message.model;
     message.request.deadline = deadline_;
+    // The request's tensors count against the server's memory budget while it runs.
+    MemoryBudget::Lease lease = impl_.core.memory().lease();
+    if (const std::size_t bytes = input_bytes(message.request); !lease.reserve(bytes)) {
+      return fail(resource_exhausted_error(impl_.core.memory().exhausted_message(bytes)));
+    }
     std::uint64_t seq = 0;
     {
       // The gate: once the request is in inflight_ the stream cannot finish until it completes.
       std::lock_guard lock(mu_);
       if (finished_ || cancelled_ || broken_) return;
       seq = next_seq_++;
-      inflight_.emplace(seq, InflightRequest());
+      inflight_.emplace(seq, Running{InflightRequest(), std::move(lease)});
     }
     const ModelVersion* mvp = &mv;
     auto accepted = impl_.core.submit(
@@ -190,7 +207,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
         if (cancelled_ || broken_) {
           cancel_now = std::move(*accepted);
         } else {
-          it->second = std::move(*accepted);
+          it->second.request = std::move(*accepted);
         }
       }
     }
@@ -221,7 +238,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::lock_guard lock(mu_);
       inflight_.erase(seq);
-      if (!cancelled_ && !broken_) queue_.push_back(std::move(out));
+      if (!cancelled_ && !broken_) push_locked(std::move(out));
       a = next_locked();
     }
     run(a);
@@ -229,7 +246,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   void enqueue(grpc::ByteBuffer out) {
     std::lock_guard lock(mu_);
-    if (!cancelled_ && !broken_ && !finished_) queue_.push_back(std::move(out));
+    if (!cancelled_ && !broken_ && !finished_) push_locked(std::move(out));
     // The caller (OnReadDone) computes the next actions.
   }
 
@@ -240,14 +257,27 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     } else {
       queue_.clear();
     }
+    count_queued_locked();
+  }
+
+  /// Responses waiting to be written count against the server's memory budget (a client that
+  /// reads slowly holds them).
+  void push_locked(grpc::ByteBuffer out) {
+    queued_lease_.hold(queued_lease_.bytes() + out.Length());
+    queue_.push_back(std::move(out));
+  }
+  void count_queued_locked() {
+    std::size_t bytes = 0;
+    for (const grpc::ByteBuffer& b : queue_) bytes += b.Length();
+    queued_lease_.hold(bytes);
   }
 
   void cancel_inflight() {
     std::vector<InflightRequest> cancel;
     {
       std::lock_guard lock(mu_);
-      for (auto& [seq, f] : inflight_) {
-        if (f.valid()) cancel.push_back(std::move(f));
+      for (auto& [seq, running] : inflight_) {
+        if (running.request.valid()) cancel.push_back(std::move(running.request));
       }
     }
     for (InflightRequest& f : cancel) f.cancel();
@@ -295,11 +325,18 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   GrpcServer::Impl& impl_;
   grpc::CallbackServerContext* ctx_;
   const std::optional<Clock::time_point> deadline_;
+  const std::string peer_;     ///< its connection, for the acceptor's reset limit
   grpc::ByteBuffer read_buf_;  // only the read path touches it
   std::uint64_t received_ = 0;
 
   std::mutex mu_;
-  std::unordered_map<std::uint64_t, InflightRequest> inflight_;
+  /// A request of the stream in the engine, and its share of the server's memory budget.
+  struct Running {
+    InflightRequest request;
+    MemoryBudget::Lease lease;
+  };
+  std::unordered_map<std::uint64_t, Running> inflight_;
+  MemoryBudget::Lease queued_lease_;    ///< the responses in queue_
   std::deque<grpc::ByteBuffer> queue_;  // front() is being written while writing_
   std::uint64_t next_seq_ = 0;
   Status end_status_;
@@ -311,6 +348,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   bool cancelled_ = false;
   bool broken_ = false;
   bool finished_ = false;
+  bool reset_ = false;  ///< the client cancelled the stream before it ended
 
   std::mutex ctx_mu_;
   bool done_ = false;

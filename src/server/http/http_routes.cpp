@@ -207,12 +207,10 @@ void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded
   if (!decoded.ok()) return respond_status(decoded.status());
   decoded_ = std::move(*decoded);
   // The body is gone; the request's tensors are what it holds now, until its response.
-  std::size_t bytes = 0;
-  for (const InferInput& in : decoded_.request.inputs) bytes += in.tensor.byte_size();
-  lease_.hold(bytes);
+  lease_.hold(input_bytes(decoded_.request));
   auto self = shared_from_this();
-  auto accepted =
-      impl_.core.submit(model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
+  auto accepted = impl_.core.submit(
+      model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
         // On the engine's completion executor: hand the result to this session's strand.
         net::post(self->executor(),
                   [self, r = std::move(r)]() mutable { self->on_infer_done(std::move(r)); });
@@ -229,9 +227,7 @@ void Session::on_infer_done(Result<InferResponse> r) {
   if (closed_) return;
   if (client_gone_) return close();
   if (!r.ok()) return respond_status(r.status());
-  std::size_t bytes = 0;
-  for (const InferOutput& o : r->outputs) bytes += o.tensor.byte_size();
-  if (bytes < kCodecInlineBytes) return send_infer(encode_infer_response(*r, decoded_));
+  if (output_bytes(*r) < kCodecInlineBytes) return send_infer(encode_infer_response(*r, decoded_));
   net::post(impl_.codec(), [self = shared_from_this(), r = std::move(*r)]() mutable {
     EncodedResponse enc = encode_infer_response(r, self->decoded_);
     r = InferResponse();

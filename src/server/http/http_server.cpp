@@ -107,8 +107,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
       refuse(Refusing::full, std::move(refused));
       // A few refused connections are told why (429) from the descriptors held in reserve;
       // past that they are closed at once, so refusing never uses up descriptors itself.
-      if (metrics_ ||
-          impl_.rejecting.fetch_add(1, std::memory_order_relaxed) >= kMaxRejecting) {
+      if (metrics_ || impl_.rejecting.fetch_add(1, std::memory_order_relaxed) >= kMaxRejecting) {
         if (!metrics_) impl_.rejecting.fetch_sub(1, std::memory_order_relaxed);
         beast::error_code ignored;
         socket.close(ignored);
@@ -147,16 +146,17 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   /// The listener cannot take connections: not ready (ListenerHealth), logged once.
   void refuse(Refusing why, std::string reason) {
     if (refusing_ == Refusing::none) {
-      std::fprintf(stderr, "asyncinfer serve: %s: refusing connections: %s; not ready until it "
-                           "accepts again\n", name(), reason.c_str());
+      std::fprintf(stderr,
+                   "asyncinfer serve: %s: refusing connections: %s; not ready until it "
+                   "accepts again\n",
+                   name(), reason.c_str());
     }
     refusing_ = why;
     if (why == Refusing::full) {
       full_.store(true, std::memory_order_release);
       // Descriptors may come back from the other listeners' connections too.
-      impl_.core.connection_budget().on_release([self = shared_from_this()] {
-        self->connection_closed();
-      });
+      impl_.core.connection_budget().on_release(
+          [self = shared_from_this()] { self->connection_closed(); });
     }
     impl_.core.listeners().set_failing(name(), std::move(reason));
   }
@@ -178,9 +178,8 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     if (room && below_limit) {
       accepting_again();
     } else if (!room) {
-      impl_.core.connection_budget().on_release([self = shared_from_this()] {
-        self->connection_closed();
-      });
+      impl_.core.connection_budget().on_release(
+          [self = shared_from_this()] { self->connection_closed(); });
     }
   }
 

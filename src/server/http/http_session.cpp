@@ -148,14 +148,15 @@ void Session::parse() {
     // Bytes the parser leaves in the buffer after the header are a chunk's size line or the
     // trailer fields, which it takes only once they are whole: they count against the header's
     // limit together with the header.
-    const std::size_t room = impl_.opt.max_header_bytes - std::min(header_bytes_,
-                                                                   impl_.opt.max_header_bytes);
+    const std::size_t room =
+        impl_.opt.max_header_bytes - std::min(header_bytes_, impl_.opt.max_header_bytes);
     if (buffer_.size() > room) {
       clear_deadline();
       keep_alive_ = false;
-      return respond_error(431, "request header and trailer fields exceed the maximum allowed "
-                                "value of " + std::to_string(impl_.opt.max_header_bytes) +
-                                " bytes together");
+      return respond_error(431,
+                           "request header and trailer fields exceed the maximum allowed "
+                           "value of " +
+                               std::to_string(impl_.opt.max_header_bytes) + " bytes together");
     }
     // A chunked body grows as it arrives: its bytes count against the server's budget as they
     // do (a Content-Length body was counted whole by on_header).
@@ -192,8 +193,8 @@ Session::HeaderVerdict Session::on_header() {
     // decoded here; "gzip, chunked" would hand the gzip bytes on as the body.
     for (const auto& coding : http::token_list(te)) {
       if (!beast::iequals(coding, "chunked")) {
-        return refuse(501, "Transfer-Encoding '" + te +
-                               "': the transfer coding '" + std::string(coding) +
+        return refuse(501, "Transfer-Encoding '" + te + "': the transfer coding '" +
+                               std::string(coding) +
                                "' is not implemented; only chunked is (send Content-Encoding for "
                                "a compressed body)");
       }
