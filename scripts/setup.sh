@@ -3,8 +3,8 @@
 # CLI11, nlohmann_json, stb, gperftools' tcmalloc for the programs, libtorch, and PyTorch +
 # scikit-learn for the demo model; for
 # `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, gRPC C++ with its code generators, and
-# curl, requests, prometheus_client, grpcio, PyYAML, h2load, wrk and nginx (with its stream module)
-# for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
+# curl, requests, prometheus_client, grpcio, PyYAML, h2 (raw HTTP/2 frames for the hostile-client
+# tests), h2load, wrk and nginx (with its stream module) for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
 # pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests). Idempotent:
 # skips apt entirely when everything is already there. Needs root (or sudo).
 set -euo pipefail
@@ -20,7 +20,7 @@ packages=(
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
-  libnginx-mod-stream
+  libnginx-mod-stream python3-h2
 )
 
 missing=()

@@ -9,6 +9,7 @@ Every test module runs as `python3 <module> --cli <asyncinfer binary> [--digits 
 import argparse
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -45,8 +46,9 @@ def parse_args():
 class Server:
     """One `asyncinfer serve` process. Use as a context manager."""
 
-    def __init__(self, repository, *extra, wait_ready=True, timeout=60):
+    def __init__(self, repository, *extra, wait_ready=True, timeout=60, nofile=None):
         self.repository = repository
+        self.nofile = nofile  # the server's RLIMIT_NOFILE (soft and hard), or inherited
         self.extra = list(extra)
         self.wait_ready = wait_ready
         self.timeout = timeout
@@ -63,8 +65,11 @@ class Server:
                "--http-port", "0", "--metrics-port", "0", "--host", "127.0.0.1"] + self.extra
         if "--grpc-port" not in self.extra:
             cmd += ["--grpc-port", "0"]  # never Triton's 8001: tests run side by side
+        def limits():
+            if self.nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, preexec_fn=limits if self.nofile else None)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         deadline = time.monotonic() + self.timeout
@@ -218,6 +223,16 @@ def raw_request(port, data, timeout=10, read=True):
         return b"".join(chunks)
     finally:
         s.close()
+
+
+def rss_mb(pid):
+    """(resident, peak resident) memory of a process, in MiB (/proc/PID/status)."""
+    vals = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                vals[line.split(":")[0]] = int(line.split()[1]) / 1024.0
+    return vals["VmRSS"], vals["VmHWM"]
 
 
 def http_status(raw):

@@ -232,6 +232,48 @@ class BadInput(harness.unittest.TestCase):
         self.assertEqual(raw.count(b"HTTP/1.1 "), 1, raw)
         self.check_sentinel()
 
+    def test_transfer_coding_before_chunked(self):
+        # RFC 9112 §6.1: a transfer coding the server does not implement is 501 (gzip would
+        # otherwise reach the decoder as the body).
+        raw = raw_request(self.server.http_port,
+                          b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+                          b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+        self.assertEqual(http_status(raw), 501, raw)
+        self.assertIn(b"the transfer coding 'gzip' is not implemented", raw)
+        self.check_sentinel()
+
+    def test_host_header(self):
+        # RFC 9112 §3.2: HTTP/1.1 needs exactly one Host; HTTP/1.0 may leave it out.
+        raw = raw_request(self.server.http_port, b"GET /v2/health/ready HTTP/1.1\r\n\r\n")
+        self.assertEqual(http_status(raw), 400, raw)
+        self.assertIn(b"needs a Host header field", raw)
+        raw = raw_request(self.server.http_port,
+                          b"GET /v2/health/ready HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+        self.assertEqual(http_status(raw), 400, raw)
+        self.assertIn(b"more than one Host", raw)
+        raw = raw_request(self.server.http_port, b"GET /v2/health/ready HTTP/1.0\r\n\r\n")
+        self.assertEqual(http_status(raw), 200, raw)
+        self.check_sentinel()
+
+    def test_absolute_form_target_and_head(self):
+        # RFC 9112 §3.2.2: a server accepts the absolute form (what a proxy sends).
+        raw = raw_request(self.server.http_port,
+                          b"GET http://127.0.0.1:%d/v2/models/identity?x=1 HTTP/1.1\r\nHost: x\r\n"
+                          b"Connection: close\r\n\r\n" % self.server.http_port)
+        self.assertEqual(http_status(raw), 200, raw)
+        self.assertIn(b'"name":"identity"', raw)
+        # HEAD: GET's status and Content-Length, no body (RFC 9110 §9.3.2).
+        get = requests.get(self.url + "/v2/models/identity", timeout=10)
+        raw = raw_request(self.server.http_port, b"HEAD /v2/models/identity HTTP/1.1\r\n"
+                          b"Host: x\r\nConnection: close\r\n\r\n")
+        self.assertEqual(http_status(raw), 200, raw)
+        self.assertIn(b"Content-Length: %d\r\n" % len(get.content), raw)
+        self.assertTrue(raw.endswith(b"\r\n\r\n"), raw)
+        raw = raw_request(self.server.http_port, b"HEAD /v2/models/identity/infer HTTP/1.1\r\n"
+                          b"Host: x\r\nConnection: close\r\n\r\n")
+        self.assertEqual(http_status(raw), 405, raw)
+        self.check_sentinel()
+
     def test_inference_header_content_length_twice(self):
         body = json.dumps(GOOD).encode()
         raw = raw_request(self.server.http_port,

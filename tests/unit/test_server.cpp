@@ -3,9 +3,14 @@
 // The end-to-end tests over real sockets are tests/server/*.py.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 
+#include <thread>
+#include <vector>
+
 #include "http/oip_json.hpp"
+#include "limits.hpp"
 #include "model_config.hpp"
 #include "status_mapping.hpp"
 
@@ -346,6 +351,81 @@ TEST(ServerCodec, EncodesShortestFloatsAndBinaryOutputs) {
       R"({"name":"x","datatype":"FP32","shape":[1,3],"data":[0.1,-2,1e-30]},)"
       R"({"name":"y","datatype":"FP16","shape":[1,2],"parameters":{"binary_data_size":4}}]})");
   EXPECT_EQ(enc.body.size(), enc.json_size + 4);
+}
+
+// ---- limits (issue 23)
+// ---------------------------------------------------------------------------
+
+TEST(ServerLimits, MemoryBudgetRefusesPastItsLimitAndReturnsOnRelease) {
+  MemoryBudget budget(1000);
+  auto a = budget.lease();
+  EXPECT_TRUE(a.reserve(600));
+  auto b = budget.lease();
+  EXPECT_FALSE(b.reserve(500));  // 600 + 500 > 1000: nothing taken
+  EXPECT_EQ(b.bytes(), 0u);
+  EXPECT_EQ(budget.used(), 600u);
+  EXPECT_TRUE(b.reserve(400));
+  b.hold(700);  // bytes already in memory are counted, never refused
+  EXPECT_EQ(budget.used(), 1300u);
+  EXPECT_FALSE(a.reserve(601));
+  EXPECT_TRUE(a.reserve(100));  // shrinking always succeeds
+  {
+    auto moved = std::move(b);
+    EXPECT_EQ(moved.bytes(), 700u);
+  }  // released when the lease that holds it goes
+  EXPECT_EQ(budget.used(), 100u);
+  a.release();
+  EXPECT_EQ(budget.used(), 0u);
+  EXPECT_NE(budget.exhausted_message(5).find("--max-inflight-bytes"), std::string::npos);
+}
+
+TEST(ServerLimits, MemoryBudgetUnderContentionNeverPassesItsLimit) {
+  MemoryBudget budget(64);
+  std::atomic<bool> over{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20000; ++i) {
+        auto l = budget.lease();
+        if (l.reserve(16) && budget.used() > 64) over = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(over.load());
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+TEST(ServerLimits, ConnectionBudgetWakesWaitersOnRelease) {
+  ConnectionBudget budget(3);
+  EXPECT_TRUE(budget.try_acquire(2));
+  EXPECT_FALSE(budget.try_acquire(2));
+  int woken = 0;
+  budget.on_release([&] { ++woken; });
+  budget.release(2);
+  EXPECT_EQ(woken, 1);
+  budget.release(0);
+  EXPECT_EQ(woken, 1);  // once
+  EXPECT_TRUE(budget.try_acquire(3));
+  ConnectionBudget unlimited(0);
+  EXPECT_TRUE(unlimited.try_acquire(1u << 20));
+}
+
+TEST(ServerLimits, ListenerHealthNamesEachFailingListener) {
+  ListenerHealth health;
+  int changes = 0;
+  health.on_change([&] { ++changes; });
+  EXPECT_TRUE(health.all_accepting());
+  EXPECT_TRUE(health.set_failing("grpc", "at its connection limit"));
+  EXPECT_FALSE(health.set_failing("grpc", "still at it"));  // not a change
+  EXPECT_TRUE(health.set_failing("http", "accept() failed: Too many open files"));
+  EXPECT_FALSE(health.all_accepting());
+  EXPECT_EQ(health.reasons(), "grpc: still at it; http: accept() failed: Too many open files");
+  EXPECT_TRUE(health.set_accepting("grpc"));
+  EXPECT_FALSE(health.set_accepting("grpc"));
+  EXPECT_TRUE(health.set_accepting("http"));
+  EXPECT_TRUE(health.all_accepting());
+  EXPECT_EQ(changes, 4);
 }
 
 }  // namespace

@@ -1,0 +1,430 @@
+"""Hostile clients (issue 23): each attack that once knocked `asyncinfer serve` over, reproduced on
+loopback and bounded in time, with what the server must do instead.
+
+- File descriptors: connections past the process's limit on either port (and accept() failing
+  with EMFILE) make the server not ready, with the reason, on HTTP, gRPC ServerReady and
+  grpc.health.v1; once they close both ports serve again within a second.
+- Memory: trailers count against --max-header-bytes (431, never a dropped connection); a JSON body
+  with far more numbers than its shape stops at the first one too many, so four 64 MB bodies cost
+  their own bytes and no more, while health probes keep answering within 50 ms; requests in
+  flight share --max-inflight-bytes (503 / RESOURCE_EXHAUSTED past it).
+- HTTP/2: SETTINGS carry MAX_CONCURRENT_STREAMS; a client that opens 100,000 streams on a
+  zero-window connection is cut off; SIGTERM ends within the drain timeout + 1 s however many
+  streams are stuck; rapid reset (CVE-2023-44487) leaves memory flat and other clients served.
+
+The probes that measure latency run in processes of their own (probes.py), so that the attacker's
+Python in this process does not slow them down."""
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import requests
+
+import harness
+from harness import EXAMPLE_REPOSITORY, Repository, Server, builtin_config, http_status, rss_mb
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INFER = "/v2/models/identity/infer"
+GOOD_BODY = json.dumps({"inputs": [{"name": "input0", "shape": [1, 16], "datatype": "FP32",
+                                    "data": list(range(16))}]}).encode()
+
+
+def raise_own_fd_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def start_probe(kind, port, seconds):
+    args = [sys.executable, os.path.join(HERE, "probes.py"), kind, str(port), str(seconds)]
+    if kind == "grpc":
+        args.append(harness.ARGS.grpc_stubs)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+
+
+def probe_result(proc, timeout=60):
+    out, _ = proc.communicate(timeout=timeout)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def get(sock, path):
+    """One GET on a keep-alive connection: (status, body)."""
+    sock.sendall(("GET %s HTTP/1.1\r\nHost: t\r\n\r\n" % path).encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(65536)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return http_status(reply), body
+
+
+def hold_connections(port, n):
+    """Opens n TCP connections (those the server closes at once included)."""
+    socks = []
+    for _ in range(n):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            break
+    return socks
+
+
+def grpc_infer(target, timeout=2):
+    import grpc_client
+    ch = grpc_client.channel(target)
+    try:
+        r = grpc_client.stub(ch).ModelInfer(
+            grpc_client.infer_request("identity", [("input0", "FP32", [1, 16], [2.0] * 16)]),
+            timeout=timeout)
+        return grpc_client.unpack("FP32", grpc_client.output(r, "output0")[2]) == [2.0] * 16
+    finally:
+        ch.close()
+
+
+def serves_again_within(check, seconds):
+    """Retries `check` until it is true; the seconds it took, or None past `seconds`."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        try:
+            if check():
+                return time.monotonic() - start
+        except (OSError, grpc.RpcError, requests.RequestException):
+            pass
+        time.sleep(0.02)
+    return None
+
+
+class FileDescriptors(harness.unittest.TestCase):
+    """The server under `ulimit -n 400`, and 450 connections to one port."""
+
+    NOFILE = 400
+
+    @classmethod
+    def setUpClass(cls):
+        raise_own_fd_limit()
+
+    def flood(self, port_name):
+        import grpc_client
+        with Server(EXAMPLE_REPOSITORY, nofile=self.NOFILE) as server:
+            port = server.http_port if port_name == "http" else server.grpc_port
+            probe = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+            ch = grpc_client.channel(server.grpc_target)
+            stub, health = grpc_client.stub(ch), grpc_client.health_stub(ch)
+            self.assertTrue(stub.ServerReady(grpc_client.pb.ServerReadyRequest(), timeout=5).ready)
+            self.assertEqual(get(probe, "/v2/health/ready")[0], 200)
+
+            socks = hold_connections(port, 450)
+            try:
+                server.wait_line(r"%s: refusing connections" % port_name)
+                # While the port cannot take more, every readiness answer says so.
+                status, body = get(probe, "/v2/health/ready")
+                self.assertEqual(status, 503, body)
+                self.assertIn(port_name + ": ", json.loads(body)["error"])
+                self.assertFalse(
+                    stub.ServerReady(grpc_client.pb.ServerReadyRequest(), timeout=5).ready)
+                check = health.Check(grpc_client.health_pb2.HealthCheckRequest(service=""),
+                                     timeout=5)
+                self.assertEqual(check.status,
+                                 grpc_client.health_pb2.HealthCheckResponse.NOT_SERVING)
+                time.sleep(2)
+            finally:
+                for s in socks:
+                    s.close()
+            # Both ports serve again within a second, on new connections.
+            took = serves_again_within(lambda: grpc_infer(server.grpc_target), 1.0)
+            self.assertIsNotNone(took, "gRPC does not serve 1 s after the connections closed:\n"
+                                 + server.log())
+            took = serves_again_within(
+                lambda: requests.post(server.url + INFER, data=GOOD_BODY, timeout=1)
+                .status_code == 200, 1.0)
+            self.assertIsNotNone(took, "HTTP does not serve 1 s after the connections closed")
+            self.assertIsNotNone(serves_again_within(
+                lambda: requests.get(server.url + "/v2/health/ready", timeout=1).status_code
+                == 200, 1.0))
+            server.wait_line(r"%s: accepting connections again" % port_name)
+            probe.close()
+            ch.close()
+
+    def test_grpc_port_past_the_descriptor_limit(self):
+        self.flood("grpc")
+
+    def test_http_port_past_the_descriptor_limit(self):
+        self.flood("http")
+
+    def test_accept_failing_with_emfile(self):
+        # The limit lowered under a running server: accept() itself fails (EMFILE), which no
+        # connection budget can prevent; the listener drains its backlog instead of spinning or
+        # dying, says so, and recovers.
+        with Server(EXAMPLE_REPOSITORY) as server:
+            probe = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+            open_now = len(os.listdir("/proc/%d/fd" % server.proc.pid))
+            hard = resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE)[1]
+            resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (open_now + 20, hard))
+            try:
+                socks = hold_connections(server.grpc_port, 60) + \
+                    hold_connections(server.http_port, 60)
+                server.wait_line(r"accept\(\) failed: Too many open files")
+                status, body = get(probe, "/v2/health/ready")
+                self.assertEqual(status, 503, body)
+                self.assertIn("accept() failed", json.loads(body)["error"])
+                for s in socks:
+                    s.close()
+            finally:
+                resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (hard, hard))
+            self.assertIsNotNone(serves_again_within(lambda: grpc_infer(server.grpc_target), 1.0),
+                                 server.log())
+            self.assertIsNotNone(serves_again_within(
+                lambda: requests.post(server.url + INFER, data=GOOD_BODY, timeout=1)
+                .status_code == 200, 1.0))
+            self.assertIsNotNone(serves_again_within(
+                lambda: get(probe, "/v2/health/ready")[0] == 200, 1.0), server.log())
+            probe.close()
+
+
+class MemoryBounds(harness.unittest.TestCase):
+    def test_trailers_count_against_the_header_limit(self):
+        with Server(EXAMPLE_REPOSITORY) as server:
+            rss0, _ = rss_mb(server.proc.pid)
+            head = (b"POST %s HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n"
+                    % (INFER.encode(), len(GOOD_BODY))) + GOOD_BODY + b"\r\n0\r\n"
+            # 64 MB of trailer fields, sent while the answer is read.
+            s = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+            s.sendall(head)
+            line = b"X-Trailer: " + b"t" * 1000 + b"\r\n"
+
+            def send():
+                try:
+                    for _ in range((64 << 20) // (len(line) * 64)):
+                        s.sendall(line * 64)
+                except OSError:
+                    pass  # the server answered and closed
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            answer = s.recv(4096)
+            sender.join(30)
+            s.close()
+            self.assertEqual(http_status(answer), 431, answer)
+            self.assertIn(b"header and trailer fields exceed", answer)
+            rss1, _ = rss_mb(server.proc.pid)
+            self.assertLess(rss1 - rss0, 32, "trailers grew the server by %.0f MB" % (rss1 - rss0))
+
+            # One trailer field of 100 KB: an answer, not a dropped connection.
+            raw = harness.raw_request(server.http_port, head + b"X-Big: " + b"b" * 100_000 +
+                                      b"\r\n\r\n")
+            self.assertEqual(http_status(raw), 431, raw[:200])
+            # A field past Beast's 64 KiB per field, with a header limit that would allow it.
+        with Server(EXAMPLE_REPOSITORY, "--max-header-bytes", "1048576") as server:
+            raw = harness.raw_request(server.http_port, head + b"X-Big: " + b"b" * 100_000 +
+                                      b"\r\n\r\n")
+            self.assertEqual(http_status(raw), 431, raw[:200])
+            self.assertIn(b"longer than 65535 bytes", raw)
+            self.assertEqual(requests.post(server.url + INFER, data=GOOD_BODY,
+                                           timeout=10).status_code, 200)
+
+    def test_json_with_too_many_numbers(self):
+        # A body of 32M numbers for a [1,16] input, four at once: each answered 400 at the
+        # seventeenth number, the server's peak memory growing by at most 1.5x the bodies, and
+        # the health probes answered within 50 ms throughout.
+        with Server(EXAMPLE_REPOSITORY) as server:
+            self.assertEqual(requests.post(server.url + INFER, data=GOOD_BODY,
+                                           timeout=10).status_code, 200)
+            n = (64 << 20) // 2 - 64
+            body = (b'{"inputs":[{"name":"input0","shape":[1,16],"datatype":"FP32","data":[' +
+                    b"1," * (n - 1) + b"1]}]}")
+            request = (b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n"
+                       % (INFER.encode(), len(body))) + body
+            rss0, _ = rss_mb(server.proc.pid)
+            probe = start_probe("health", server.http_port, 4)
+            time.sleep(0.3)
+            answers = [None] * 4
+
+            def send(i):
+                answers[i] = harness.raw_request(server.http_port, request, timeout=30)
+
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            _, peak = rss_mb(server.proc.pid)
+            health = probe_result(probe)
+            for a in answers:
+                self.assertEqual(http_status(a), 400, a[:200] if a else a)
+                self.assertIn(b'has more than 16 elements', a)
+            growth = peak - rss0
+            budget = 1.5 * 4 * len(body) / (1 << 20)
+            print("4 x %.0f MB JSON bodies: peak RSS +%.0f MB (at most %.0f); health probes %s"
+                  % (len(body) / 1e6, growth, budget, health))
+            self.assertLessEqual(growth, budget)
+            self.assertEqual(health["failures"], 0, health)
+            self.assertLess(health["max_ms"], 50, health)
+
+    def test_large_bodies_are_decoded_off_the_io_threads(self):
+        # Legitimate large JSON requests and responses (300,000 numbers each way) are decoded
+        # and encoded off the I/O threads: answered exactly, with the probes unhurt.
+        repo = Repository()
+        try:
+            repo.add("wide", builtin_config("wide", "builtin:identity?shape=300000&max_batch=4",
+                                            [("input0", "TYPE_FP32", [300000])],
+                                            [("output0", "TYPE_FP32", [300000])], max_batch_size=4))
+            with Server(repo.path) as server:
+                data = [float(i % 1000) / 8 for i in range(300000)]
+                body = json.dumps({"inputs": [{"name": "input0", "shape": [1, 300000],
+                                               "datatype": "FP32", "data": data}]})
+                probe = start_probe("health", server.http_port, 3)
+                time.sleep(0.3)
+                results = [None] * 4
+
+                def send(i):
+                    results[i] = requests.post(server.url + "/v2/models/wide/infer", data=body,
+                                               timeout=60)
+
+                threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+                health = probe_result(probe)
+                for r in results:
+                    self.assertEqual(r.status_code, 200, r.text[:300])
+                    self.assertEqual(r.json()["outputs"][0]["data"], data)
+                self.assertEqual(health["failures"], 0, health)
+                self.assertLess(health["max_ms"], 50, health)
+        finally:
+            repo.cleanup()
+
+    def test_inflight_bytes_budget(self):
+        repo = Repository()
+        try:
+            repo.add("wide", builtin_config("wide", "builtin:identity?shape=300000&max_batch=4",
+                                            [("input0", "TYPE_FP32", [300000])],
+                                            [("output0", "TYPE_FP32", [300000])], max_batch_size=4))
+            with open(os.path.join(EXAMPLE_REPOSITORY, "identity", "config.pbtxt")) as f:
+                repo.add("identity", f.read(), versions=(1, 2))
+            with Server(repo.path, "--max-inflight-bytes", "1000000") as server:
+                # A body of known length past the budget: refused before it is read.
+                raw = harness.raw_request(server.http_port, (
+                    b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000"
+                    b"\r\n\r\n") + b" " * 1000)
+                self.assertEqual(http_status(raw), 503, raw[:300])
+                self.assertIn(b"--max-inflight-bytes", raw)
+                # A chunked body, counted as it grows.
+                chunk = b" " * 500_000
+                raw = harness.raw_request(server.http_port, (
+                    b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: "
+                    b"chunked\r\n\r\n") + (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * 3)
+                self.assertEqual(http_status(raw), 503, raw[:300])
+                # gRPC: the decoded tensors (1.2 MB) are over it.
+                import grpc_client
+                ch = grpc_client.channel(server.grpc_target)
+                with self.assertRaises(grpc.RpcError) as e:
+                    grpc_client.stub(ch).ModelInfer(grpc_client.infer_request(
+                        "wide", [("input0", "FP32", [1, 300000], [0.5] * 300000)]), timeout=10)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertIn("--max-inflight-bytes", e.exception.details())
+                ch.close()
+                # Everyone else is served, and nothing stays held.
+                self.assertEqual(requests.post(server.url + INFER, data=GOOD_BODY,
+                                               timeout=10).status_code, 200)
+                self.assertTrue(grpc_infer(server.grpc_target))
+        finally:
+            repo.cleanup()
+
+
+class Http2Abuse(harness.unittest.TestCase):
+    def test_settings_limit_streams_per_connection(self):
+        import h2_attack
+        with Server(EXAMPLE_REPOSITORY) as server:
+            conn = h2_attack.Connection(server.grpc_port)
+            self.assertTrue(conn.server_settings.wait(5))
+            self.assertEqual(conn.server_max_streams, 100)
+            conn.close()
+
+    def test_100000_streams_on_a_zero_window_connection(self):
+        import h2_attack
+        with Server(EXAMPLE_REPOSITORY) as server:
+            rss0, _ = rss_mb(server.proc.pid)
+            for ack in (True, False):
+                # With its SETTINGS acknowledged gRPC refuses a stream past the limit by itself;
+                # a client that never acknowledges them is cut off by the frontend, once its
+                # calls in progress pass twice the limit.
+                conn = h2_attack.Connection(server.grpc_port, window=0, ack=ack,
+                                            ignore_stream_limit=True)
+                if ack:
+                    self.assertTrue(conn.server_settings.wait(5))
+                message = h2_attack.identity_message()
+                sent = 0
+                try:
+                    for i in range(100_000):
+                        conn.open_call(message)
+                        sent += 1
+                        if i % 100 == 99:
+                            conn.send_pending()
+                            if conn.closed.is_set():
+                                break
+                except OSError:
+                    pass
+                self.assertTrue(conn.closed.wait(10), "the connection was not closed")
+                self.assertLess(sent, 2000, "sent %d streams before the server closed" % sent)
+                conn.close()
+                self.assertTrue(grpc_infer(server.grpc_target))
+            rss1, _ = rss_mb(server.proc.pid)
+            self.assertLess(rss1 - rss0, 64, "grew by %.0f MB" % (rss1 - rss0))
+            server.wait_line(r"grpc: closing connection \d+: calls in progress passed")
+
+    def test_sigterm_with_streams_stuck_on_zero_windows(self):
+        import h2_attack
+        with Server(EXAMPLE_REPOSITORY, "--drain-timeout", "2") as server:
+            conns = []
+            for _ in range(3):
+                conn, sent = h2_attack.open_streams(server.grpc_port, 100, window=0,
+                                                    ignore_stream_limit=False)
+                self.assertEqual(sent, 100)
+                conns.append(conn)
+            time.sleep(0.5)
+            self.assertFalse(any(c.closed.is_set() for c in conns))
+            start = time.monotonic()
+            server.signal(signal.SIGTERM)
+            self.assertEqual(server.wait(10), 0)
+            took = time.monotonic() - start
+            self.assertLess(took, 3.0, "exit %.2f s after SIGTERM, drain timeout 2 s:\n%s"
+                            % (took, server.log()))
+            for c in conns:
+                c.close()
+
+    def test_rapid_reset(self):
+        import h2_attack
+        with Server(EXAMPLE_REPOSITORY) as server:
+            before = probe_result(start_probe("grpc", server.grpc_port, 2))
+            rss0, _ = rss_mb(server.proc.pid)
+            during = start_probe("grpc", server.grpc_port, 10)
+            calls, connections = h2_attack.rapid_reset(server.grpc_port, 10)
+            during = probe_result(during)
+            rss1, peak = rss_mb(server.proc.pid)
+            print("rapid reset: %d calls reset on %d connections in 10 s; server RSS %+.0f MB "
+                  "(peak %+.0f); another client before: %s, during: %s"
+                  % (calls, connections, rss1 - rss0, peak - rss0, before, during))
+            self.assertGreater(calls, 10_000)
+            self.assertLess(peak - rss0, 128)
+            self.assertEqual(during["failures"], 0, during)
+            self.assertGreater(during["n"], 100, during)
+            # Served throughout, not starved (the attacker shares the machine's two cores).
+            self.assertLess(during["p99_ms"], 100, during)
+            server.wait_line(r"grpc: closing connection \d+: ")
+
+
+if __name__ == "__main__":
+    harness.main()
