@@ -37,7 +37,8 @@ std::string errno_text(int e) { return std::strerror(e); }
 }  // namespace
 
 struct GrpcAcceptor::Impl {
-  Impl(InferenceServer& c, GrpcAcceptorOptions o) : core(c), opt(o) {}
+  Impl(InferenceServer& c, ProtocolMetrics& m, GrpcAcceptorOptions o)
+      : core(c), metrics(m), opt(o) {}
 
   /// One connection handed to gRPC.
   struct Connection {
@@ -52,6 +53,7 @@ struct GrpcAcceptor::Impl {
   enum class Refusing : std::uint8_t { none, full, accept_failed };
 
   InferenceServer& core;
+  ProtocolMetrics& metrics;
   const GrpcAcceptorOptions opt;
   int listen_fd = -1;
   int epoll_fd = -1;
@@ -195,6 +197,7 @@ struct GrpcAcceptor::Impl {
     }
     if (!refused.empty()) {
       ::close(fd);
+      metrics.connection_rejected();
       return refuse(Refusing::full, std::move(refused));
     }
     const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -222,6 +225,7 @@ struct GrpcAcceptor::Impl {
     ev.data.u64 = id;
     epoll_ctl(epoll_fd, EPOLL_CTL_ADD, dup, &ev);
     if (refusing != Refusing::none) accepting_again();
+    metrics.connection_opened();
     grpc::AddInsecureChannelFromFd(server, fd);
   }
 
@@ -241,6 +245,7 @@ struct GrpcAcceptor::Impl {
     by_peer.erase("fd:" + std::to_string(it->second.fd));
     connections.erase(it);
     core.connection_budget().release(kFdsPerConnection);
+    metrics.connection_closed();
     return true;
   }
 
@@ -298,8 +303,9 @@ struct GrpcAcceptor::Impl {
   }
 };
 
-GrpcAcceptor::GrpcAcceptor(InferenceServer& core, GrpcAcceptorOptions options)
-    : impl_(std::make_unique<Impl>(core, options)) {}
+GrpcAcceptor::GrpcAcceptor(InferenceServer& core, ProtocolMetrics& metrics,
+                           GrpcAcceptorOptions options)
+    : impl_(std::make_unique<Impl>(core, metrics, options)) {}
 
 GrpcAcceptor::~GrpcAcceptor() {
   stop();
@@ -394,6 +400,7 @@ void GrpcAcceptor::stop() {
     ::shutdown(c.dup, SHUT_RDWR);
     ::close(c.dup);
     im.core.connection_budget().release(kFdsPerConnection);
+    im.metrics.connection_closed();
   }
   im.connections.clear();
   im.by_peer.clear();

@@ -55,7 +55,8 @@ struct GrpcAcceptorOptions {
 
 class GrpcAcceptor {
  public:
-  GrpcAcceptor(InferenceServer& core, GrpcAcceptorOptions options);
+  /// `metrics`: the gRPC frontend's, whose connection gauge and counters this loop keeps.
+  GrpcAcceptor(InferenceServer& core, ProtocolMetrics& metrics, GrpcAcceptorOptions options);
   ~GrpcAcceptor();
   GrpcAcceptor(const GrpcAcceptor&) = delete;
   GrpcAcceptor& operator=(const GrpcAcceptor&) = delete;

@@ -31,7 +31,7 @@ const ProtocolMetrics::Labels& code_labels() {
 }  // namespace
 
 GrpcServer::Impl::Impl(InferenceServer& s, GrpcOptions o)
-    : core(s), opt(std::move(o)), metrics(s.protocol_metrics("grpc", code_labels(), false)) {}
+    : core(s), opt(std::move(o)), metrics(s.protocol_metrics("grpc", code_labels())) {}
 
 void GrpcServer::Impl::start_shutdown() {
   std::lock_guard lock(mu);
@@ -93,7 +93,7 @@ Status GrpcServer::start() {
   ao.max_concurrent_streams = im.opt.max_concurrent_streams;
   ao.max_resets = im.opt.max_resets;
   ao.reset_window = im.opt.reset_window;
-  im.acceptor = std::make_unique<GrpcAcceptor>(im.core, ao);
+  im.acceptor = std::make_unique<GrpcAcceptor>(im.core, im.metrics, ao);
   ASYNCINFER_RETURN_IF_ERROR(im.acceptor->listen(host, im.opt.port));
   im.port = im.acceptor->port();
 
