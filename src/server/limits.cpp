@@ -66,20 +66,36 @@ bool ConnectionBudget::try_acquire(std::size_t fds) {
 
 void ConnectionBudget::release(std::size_t fds) {
   used_.fetch_sub(fds, std::memory_order_relaxed);
-  if (!have_waiters_.load(std::memory_order_acquire)) return;
-  std::vector<std::function<void()>> run;
-  {
-    std::lock_guard lock(mu_);
-    run.swap(waiters_);
-    have_waiters_.store(false, std::memory_order_release);
+  if (armed_.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard lock(mu_);
+  for (auto& [id, sub] : subscribers_) {
+    if (!sub.armed) continue;
+    sub.armed = false;
+    armed_.fetch_sub(1, std::memory_order_relaxed);
+    sub.f();
   }
-  for (auto& f : run) f();
 }
 
-void ConnectionBudget::on_release(std::function<void()> f) {
+std::size_t ConnectionBudget::subscribe(std::function<void()> f) {
   std::lock_guard lock(mu_);
-  waiters_.push_back(std::move(f));
-  have_waiters_.store(true, std::memory_order_release);
+  subscribers_.emplace(next_id_, Subscriber{std::move(f), false});
+  return next_id_++;
+}
+
+void ConnectionBudget::arm(std::size_t id) {
+  std::lock_guard lock(mu_);
+  auto it = subscribers_.find(id);
+  if (it == subscribers_.end() || it->second.armed) return;
+  it->second.armed = true;
+  armed_.fetch_add(1, std::memory_order_release);
+}
+
+void ConnectionBudget::unsubscribe(std::size_t id) {
+  std::lock_guard lock(mu_);
+  auto it = subscribers_.find(id);
+  if (it == subscribers_.end()) return;
+  if (it->second.armed) armed_.fetch_sub(1, std::memory_order_relaxed);
+  subscribers_.erase(it);
 }
 
 // ---- ListenerHealth ----------------------------------------------------------------------------
@@ -127,18 +143,20 @@ std::string ListenerHealth::reasons() const {
   return out;
 }
 
-void ListenerHealth::on_change(std::function<void()> f) {
-  std::lock_guard lock(mu_);
-  observers_.push_back(std::move(f));
+std::size_t ListenerHealth::on_change(std::function<void()> f) {
+  std::lock_guard lock(notify_mu_);
+  observers_.emplace(next_observer_, std::move(f));
+  return next_observer_++;
+}
+
+void ListenerHealth::remove_observer(std::size_t id) {
+  std::lock_guard lock(notify_mu_);
+  observers_.erase(id);
 }
 
 void ListenerHealth::notify() {
-  std::vector<std::function<void()>> observers;
-  {
-    std::lock_guard lock(mu_);
-    observers = observers_;
-  }
-  for (auto& f : observers) f();
+  std::lock_guard lock(notify_mu_);
+  for (auto& [id, f] : observers_) f();
 }
 
 // ---- SpareDescriptor ---------------------------------------------------------------------------

@@ -85,21 +85,35 @@ class ConnectionBudget {
 
   /// Takes `fds` descriptors; false (nothing taken) when that would pass the capacity.
   bool try_acquire(std::size_t fds);
-  /// Returns them, and runs the callbacks registered by on_release() since the last release.
+  /// Returns them, and calls the subscribers that armed themselves since the last release.
   void release(std::size_t fds);
-  /// Runs `f` once, on the thread of the next release() (a listener that stopped accepting for
-  /// want of descriptors resumes when one comes back).
-  void on_release(std::function<void()> f);
+
+  /// A listener that may wait for descriptors subscribes once: `f` is what to call, on the
+  /// thread of a release(), once per arm() (a listener that stopped accepting for want of
+  /// descriptors resumes when one comes back). `f` runs under the budget's lock: it must be
+  /// short and must not call back into the budget. Returns its id.
+  std::size_t subscribe(std::function<void()> f);
+  /// Asks for one call of the subscriber's `f` at the next release(); arming twice calls once.
+  void arm(std::size_t id);
+  /// Ends the subscription; after it returns `f` is not running and never runs again.
+  void unsubscribe(std::size_t id);
 
   std::size_t capacity() const noexcept { return capacity_; }
   std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
 
  private:
+  struct Subscriber {
+    std::function<void()> f;
+    bool armed = false;
+  };
+
   const std::size_t capacity_;
   std::atomic<std::size_t> used_{0};
-  std::atomic<bool> have_waiters_{false};
+  std::atomic<std::size_t> armed_{0};  ///< subscribers armed: release() looks only when > 0
+  /// Held while subscribers are called, so that unsubscribe() waits for a call in progress.
   std::mutex mu_;
-  std::vector<std::function<void()>> waiters_;
+  std::map<std::size_t, Subscriber> subscribers_;
+  std::size_t next_id_ = 0;
 };
 
 /// Whether each listener ("http", "grpc", "metrics") can accept connections now. A listener that
@@ -120,9 +134,11 @@ class ListenerHealth {
   bool all_accepting() const noexcept { return failing_.load(std::memory_order_acquire) == 0; }
   /// "grpc: <reason>; http: <reason>", or empty.
   std::string reasons() const;
-  /// Runs `f` after every change (the gRPC health service pushes it to its watches). Register
-  /// before the listeners start.
-  void on_change(std::function<void()> f);
+  /// Runs `f` after every change, on the thread that made it (the gRPC health service pushes
+  /// it to its watches). Returns an id for remove_observer().
+  std::size_t on_change(std::function<void()> f);
+  /// After it returns, the observer runs no more (a call in progress has ended).
+  void remove_observer(std::size_t id);
 
  private:
   void notify();
@@ -130,7 +146,10 @@ class ListenerHealth {
   mutable std::mutex mu_;
   std::map<std::string, std::string, std::less<>> reasons_;
   std::atomic<std::size_t> failing_{0};
-  std::vector<std::function<void()>> observers_;
+  /// Held while observers run, so that remove_observer() waits for them.
+  std::mutex notify_mu_;
+  std::map<std::size_t, std::function<void()>> observers_;  // under notify_mu_
+  std::size_t next_observer_ = 0;
 };
 
 /// One descriptor held back (open on /dev/null) for the moment accept() fails with EMFILE: closed,
@@ -146,7 +165,7 @@ class SpareDescriptor {
 
   /// Closes the spare, accepts one connection of `listen_fd` and closes it, and opens the spare
   /// again. False when the spare could not be opened again (descriptors are still exhausted):
-  /// the caller waits for one to come back (ConnectionBudget::on_release) before accepting.
+  /// the caller waits for one to come back (ConnectionBudget::arm) before accepting.
   bool shed_one(int listen_fd);
 
  private:

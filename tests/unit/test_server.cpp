@@ -396,16 +396,24 @@ TEST(ServerLimits, MemoryBudgetUnderContentionNeverPassesItsLimit) {
   EXPECT_EQ(budget.used(), 0u);
 }
 
-TEST(ServerLimits, ConnectionBudgetWakesWaitersOnRelease) {
+TEST(ServerLimits, ConnectionBudgetWakesArmedSubscribersOnRelease) {
   ConnectionBudget budget(3);
   EXPECT_TRUE(budget.try_acquire(2));
   EXPECT_FALSE(budget.try_acquire(2));
   int woken = 0;
-  budget.on_release([&] { ++woken; });
+  const std::size_t id = budget.subscribe([&] { ++woken; });
+  budget.release(0);
+  EXPECT_EQ(woken, 0);  // not armed
+  budget.arm(id);
+  budget.arm(id);
   budget.release(2);
   EXPECT_EQ(woken, 1);
   budget.release(0);
-  EXPECT_EQ(woken, 1);  // once
+  EXPECT_EQ(woken, 1);  // once per arm
+  budget.arm(id);
+  budget.unsubscribe(id);
+  budget.release(0);
+  EXPECT_EQ(woken, 1);  // never after unsubscribe
   EXPECT_TRUE(budget.try_acquire(3));
   ConnectionBudget unlimited(0);
   EXPECT_TRUE(unlimited.try_acquire(1u << 20));

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -77,6 +78,8 @@ struct GrpcAcceptor::Impl {
   // The loop's own.
   Refusing refusing = Refusing::none;
   bool paused = false;  ///< the listening socket is off the epoll set until a descriptor frees
+  std::size_t subscription = 0;  ///< to the ConnectionBudget: wakes the loop
+  bool subscribed = false;
 
   // ---- the loop ---------------------------------------------------------------------------------
 
@@ -172,7 +175,7 @@ struct GrpcAcceptor::Impl {
     ev.events = 0;
     ev.data.u64 = kListenId;
     epoll_ctl(epoll_fd, EPOLL_CTL_MOD, listen_fd, &ev);
-    core.connection_budget().on_release([this] { wake(); });
+    wait_for_release();
   }
 
   void admit(int fd) {
@@ -258,9 +261,12 @@ struct GrpcAcceptor::Impl {
                    reason.c_str());
     }
     refusing = why;
-    if (why == Refusing::full) core.connection_budget().on_release([this] { wake(); });
+    if (why == Refusing::full) wait_for_release();
     core.listeners().set_failing("grpc", std::move(reason));
   }
+
+  /// Wakes the loop when a descriptor comes back.
+  void wait_for_release() { core.connection_budget().arm(subscription); }
 
   void accepting_again() {
     refusing = Refusing::none;
@@ -280,7 +286,7 @@ struct GrpcAcceptor::Impl {
     if (room && open < opt.max_connections) {
       accepting_again();
     } else if (!room) {
-      core.connection_budget().on_release([this] { wake(); });
+      wait_for_release();
     }
   }
 
@@ -373,6 +379,9 @@ int GrpcAcceptor::port() const noexcept { return impl_->port; }
 
 void GrpcAcceptor::start(grpc::Server* server) {
   impl_->server = server;
+  impl_->subscription =
+      impl_->core.connection_budget().subscribe([im = impl_.get()] { im->wake(); });
+  impl_->subscribed = true;
   impl_->thread = std::thread([this] { impl_->run(); });
 }
 
@@ -387,6 +396,10 @@ void GrpcAcceptor::stop_accepting() {
 
 void GrpcAcceptor::stop() {
   Impl& im = *impl_;
+  if (im.subscribed) {
+    im.core.connection_budget().unsubscribe(im.subscription);
+    im.subscribed = false;
+  }
   if (im.thread.joinable()) {
     {
       std::lock_guard lock(im.mu);

@@ -132,9 +132,7 @@ Status GrpcServer::start() {
   }
   im.acceptor->start(im.server.get());
   // A listener that cannot accept turns the health status at once.
-  im.core.listeners().on_change([&im] {
-    if (!im.stopped) im.refresh_health();
-  });
+  im.health_observer = im.core.listeners().on_change([&im] { im.refresh_health(); });
   im.refresh_health();
   im.start_refresher();
   return Status();
@@ -164,6 +162,7 @@ void GrpcServer::stop() {
   Impl& im = *impl_;
   if (im.stopped || !im.server) return;
   im.stopped = true;
+  im.core.listeners().remove_observer(im.health_observer);
   // Engine callbacks finish our reactors: every engine ends (and answers) before the server.
   if (im.core.live()) im.core.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
   im.draining.store(true, std::memory_order_release);

@@ -126,6 +126,7 @@ struct GrpcServer::Impl {
   // the readiness every kHealthRefresh until stop.
   std::mutex health_mu;
   int health = hpb::HealthCheckResponse::UNKNOWN;
+  std::size_t health_observer = 0;  ///< ListenerHealth's observer: pushes changes to the watches
   std::mutex refresh_mu;
   std::condition_variable refresh_cv;
   bool refresh_stop = false;

@@ -64,6 +64,8 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   /// Closes the acceptor on its strand; the future is ready once it is closed (or, should the
   /// io_context have stopped, at once: the promise is then broken).
   std::future<void> close() {
+    // From now on nothing is posted to the strand from outside (the io_context may be going).
+    if (open_.exchange(false)) impl_.core.connection_budget().unsubscribe(subscription_);
     auto done = std::make_shared<std::promise<void>>();
     std::future<void> closed = done->get_future();
     net::post(acceptor_.get_executor(), [self = shared_from_this(), done] {
@@ -78,8 +80,19 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   /// A connection of this listener closed: if it was refusing connections for want of room, it
   /// checks (on its strand) whether there is room again. Any thread.
   void connection_closed() {
-    if (!full_.load(std::memory_order_acquire)) return;
+    if (!full_.load(std::memory_order_acquire) || !open_.load(std::memory_order_acquire)) return;
     net::post(acceptor_.get_executor(), [self = shared_from_this()] { self->recheck(); });
+  }
+
+  /// Subscribes to the descriptor budget (once the listener is shared: after make_shared).
+  void subscribe() {
+    std::weak_ptr<Listener> weak = weak_from_this();
+    subscription_ = impl_.core.connection_budget().subscribe([weak] {
+      if (auto self = weak.lock()) {
+        net::post(self->acceptor_.get_executor(), [self] { self->on_budget_release(); });
+      }
+    });
+    open_.store(true, std::memory_order_release);
   }
 
  private:
@@ -129,11 +142,18 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     // Drain the connection waiting in the backlog with the spare descriptor, so the socket
     // does not stay readable (a spin); without the spare, wait for a descriptor to come back.
     if (spare_.shed_one(acceptor_.native_handle())) return accept();
-    impl_.core.connection_budget().on_release([self = shared_from_this()] {
-      net::post(self->acceptor_.get_executor(), [self] {
-        if (!self->closed_) self->accept();
-      });
-    });
+    paused_ = true;
+    impl_.core.connection_budget().arm(subscription_);
+  }
+
+  /// On the strand: descriptors came back (a subscription armed by a pause or a refusal).
+  void on_budget_release() {
+    if (closed_) return;
+    if (paused_) {
+      paused_ = false;
+      accept();
+    }
+    recheck();
   }
 
   std::string no_descriptors() const {
@@ -154,12 +174,13 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     refusing_ = why;
     if (why == Refusing::full) {
       full_.store(true, std::memory_order_release);
-      // Descriptors may come back from the other listeners' connections too.
-      impl_.core.connection_budget().on_release(
-          [self = shared_from_this()] { self->connection_closed(); });
+      wait_for_release();
     }
     impl_.core.listeners().set_failing(name(), std::move(reason));
   }
+
+  /// Descriptors may come back from the other listeners' connections too: recheck then.
+  void wait_for_release() { impl_.core.connection_budget().arm(subscription_); }
 
   void accepting_again() {
     refusing_ = Refusing::none;
@@ -178,8 +199,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     if (room && below_limit) {
       accepting_again();
     } else if (!room) {
-      impl_.core.connection_budget().on_release(
-          [self = shared_from_this()] { self->connection_closed(); });
+      wait_for_release();
     }
   }
 
@@ -193,6 +213,9 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   int port_ = 0;
   bool closed_ = false;
   Refusing refusing_ = Refusing::none;  // on the strand
+  bool paused_ = false;                 // on the strand: accept() waits for a descriptor
+  std::size_t subscription_ = 0;        // to the ConnectionBudget
+  std::atomic<bool> open_{false};       // subscribed, not closed
   std::atomic<bool> full_{false};       // refusing_ == full, for connection_closed()
 };
 
@@ -269,8 +292,12 @@ Status HttpServer::start() {
     ASYNCINFER_RETURN_IF_ERROR(
         im.metrics_listener->open({address, static_cast<unsigned short>(im.opt.metrics_port)}));
   }
+  im.http_listener->subscribe();
   im.http_listener->accept();
-  if (im.metrics_listener) im.metrics_listener->accept();
+  if (im.metrics_listener) {
+    im.metrics_listener->subscribe();
+    im.metrics_listener->accept();
+  }
   im.work.emplace(net::make_work_guard(im.ioc));
   for (int i = 0; i < im.opt.threads; ++i) {
     im.threads.emplace_back([&im] {
