@@ -51,7 +51,9 @@ InferenceServer::~InferenceServer() {
 }
 
 bool InferenceServer::ready() const {
-  if (draining() || !live() || !listeners_.all_accepting()) return false;
+  if (draining() || !live()) return false;
+  if (listeners_.recheck_descriptors()) connections_.release(0);  // wake a paused listener
+  if (!listeners_.all_accepting()) return false;
   bool any = false;
   for (const auto& m : repository_->models()) {
     if (options_.strict_readiness && !m->all_ready()) return false;

@@ -194,8 +194,10 @@ class InferenceServer {
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
   MemoryBudget memory_;
-  ConnectionBudget connections_;
-  ListenerHealth listeners_;
+  // Mutable: readiness, a const question, re-examines a failure for want of descriptors and
+  // wakes a listener that waits for one (ListenerHealth::recheck_descriptors).
+  mutable ConnectionBudget connections_;
+  mutable ListenerHealth listeners_;
   mutable std::mutex metrics_mu_;
   std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
 };

@@ -1,11 +1,14 @@
 // MemoryBudget, ConnectionBudget and ListenerHealth (limits.hpp).
 #include "limits.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <utility>
 
 namespace asyncinfer::server {
@@ -100,20 +103,61 @@ void ConnectionBudget::unsubscribe(std::size_t id) {
 
 // ---- ListenerHealth ----------------------------------------------------------------------------
 
-bool ListenerHealth::set_failing(std::string_view listener, std::string reason) {
+namespace {
+
+/// The soft RLIMIT_NOFILE less the descriptors open now (/proc/self/fd); large when unlimited.
+std::size_t free_descriptors() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 0;  // not even one descriptor for the listing
+  std::size_t open = 0;
+  while (const dirent* e = ::readdir(d)) open += e->d_name[0] != '.' ? 1 : 0;
+  ::closedir(d);
+  return r.rlim_cur > open ? static_cast<std::size_t>(r.rlim_cur) - open : 0;
+}
+
+}  // namespace
+
+bool descriptors_recovered() { return free_descriptors() >= kFreeToRecover; }
+
+bool ListenerHealth::set_failing(std::string_view listener, std::string reason, bool descriptors) {
   bool changed = false;
   {
     std::lock_guard lock(mu_);
     auto it = reasons_.find(listener);
     if (it == reasons_.end()) {
-      reasons_.emplace(std::string(listener), std::move(reason));
+      reasons_.emplace(std::string(listener), Failure{std::move(reason), descriptors});
       failing_.fetch_add(1, std::memory_order_release);
       changed = true;
     } else {
-      it->second = std::move(reason);
+      it->second = Failure{std::move(reason), descriptors};
     }
   }
   if (changed) notify();
+  return changed;
+}
+
+bool ListenerHealth::recheck_descriptors() {
+  if (all_accepting()) return false;  // the common case: no lock
+  bool changed = false;
+  {
+    std::lock_guard lock(mu_);
+    bool any = false;
+    for (const auto& [name, f] : reasons_) any = any || f.descriptors;
+    if (!any || !descriptors_recovered()) return false;
+    for (auto it = reasons_.begin(); it != reasons_.end();) {
+      if (it->second.descriptors) {
+        it = reasons_.erase(it);
+        failing_.fetch_sub(1, std::memory_order_release);
+        changed = true;
+      } else {
+        ++it;
+      }
+    }
+  }
+  // No notify(): this runs inside readiness queries, which the observers make themselves (the
+  // gRPC health service, under its own lock); they see the change on their next look.
   return changed;
 }
 
@@ -138,7 +182,7 @@ std::string ListenerHealth::reasons() const {
   std::string out;
   for (const auto& [name, why] : reasons_) {
     if (!out.empty()) out += "; ";
-    out += name + ": " + why;
+    out += name + ": " + why.reason;
   }
   return out;
 }

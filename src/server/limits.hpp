@@ -125,9 +125,17 @@ class ListenerHealth {
   ListenerHealth(const ListenerHealth&) = delete;
   ListenerHealth& operator=(const ListenerHealth&) = delete;
 
-  /// `listener` cannot accept: `reason` says why. Returns true when it was accepting until now
-  /// (the caller logs the change once).
-  bool set_failing(std::string_view listener, std::string reason);
+  /// `listener` cannot accept: `reason` says why; `descriptors`: because accept() failed for want
+  /// of file descriptors (or memory), which recheck_descriptors() re-examines. Returns true when
+  /// it was accepting until now (the caller logs the change once).
+  bool set_failing(std::string_view listener, std::string reason, bool descriptors = false);
+  /// Re-examines the failures for want of descriptors: when enough are free again (16; the
+  /// process's limit was raised, or something else closed its files), those listeners count as
+  /// accepting again — without it, a failure that ended with no connection to prove it would
+  /// keep the server unready for good. True when any changed. Readiness calls it when it is
+  /// asked for; /proc/self/fd is counted only while such a failure stands. It does not run the
+  /// observers (they ask for readiness themselves, and may do so from inside their callback).
+  bool recheck_descriptors();
   /// `listener` accepts again; true when it was failing until now.
   bool set_accepting(std::string_view listener);
   /// Every listener accepts.
@@ -143,8 +151,13 @@ class ListenerHealth {
  private:
   void notify();
 
+  struct Failure {
+    std::string reason;
+    bool descriptors = false;
+  };
+
   mutable std::mutex mu_;
-  std::map<std::string, std::string, std::less<>> reasons_;
+  std::map<std::string, Failure, std::less<>> reasons_;
   std::atomic<std::size_t> failing_{0};
   /// Held while observers run, so that remove_observer() waits for them.
   std::mutex notify_mu_;
@@ -175,5 +188,13 @@ class SpareDescriptor {
 /// Whether an accept() error means the process (or system) is out of a resource, as opposed to
 /// a connection that went away before it was accepted.
 bool accept_out_of_resources(int error_number);
+
+/// Descriptors a failure for want of them needs free again before a listener counts as able to
+/// accept: one accept that succeeds, or one free descriptor, is no proof at the edge of the limit
+/// (the spare descriptor's trick frees one by itself).
+constexpr std::size_t kFreeToRecover = 16;
+/// At least kFreeToRecover descriptors are free under the soft RLIMIT_NOFILE (counts
+/// /proc/self/fd: for a listener that is failing, not for every accept).
+bool descriptors_recovered();
 
 }  // namespace asyncinfer::server

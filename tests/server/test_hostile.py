@@ -193,6 +193,43 @@ class FileDescriptors(harness.unittest.TestCase):
             probe.close()
 
 
+    def test_readiness_recovers_without_a_connection_to_the_failed_port(self):
+        # accept() on the gRPC port fails once (EMFILE), then the limit is raised again: the
+        # HTTP port, asked alone, reports ready again without any gRPC connection to prove it
+        # (found by a hostile review: it stayed 503 for good, and a deadlock hid behind it).
+        with Server(EXAMPLE_REPOSITORY) as server:
+            probe = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+            open_now = len(os.listdir("/proc/%d/fd" % server.proc.pid))
+            hard = resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE)[1]
+            resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (open_now, hard))
+            try:
+                socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5).close()
+                server.wait_line(r"grpc: refusing connections: .*Too many open files")
+            finally:
+                resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (hard, hard))
+            self.assertIsNotNone(serves_again_within(
+                lambda: get(probe, "/v2/health/ready")[0] == 200, 1.0), server.log())
+            self.assertTrue(grpc_infer(server.grpc_target))
+            probe.close()
+
+    def test_silent_grpc_connections_are_closed(self):
+        # Connections that never send the HTTP/2 preface hold no slot past --idle-timeout.
+        with Server(EXAMPLE_REPOSITORY, "--grpc-max-connections", "5", "--idle-timeout",
+                    "1") as server:
+            silent = hold_connections(server.grpc_port, 6)  # the sixth is refused
+            server.wait_line(r"grpc: refusing connections: at its connection limit of 5")
+            start = time.monotonic()
+            for s in silent:
+                s.settimeout(5)
+                while s.recv(65536):
+                    pass  # the server's SETTINGS and GOAWAY, then its close
+            self.assertLess(time.monotonic() - start, 4)
+            self.assertIsNotNone(serves_again_within(lambda: grpc_infer(server.grpc_target), 2.0),
+                                 server.log())
+            for s in silent:
+                s.close()
+
+
 class MemoryBounds(harness.unittest.TestCase):
     def test_trailers_count_against_the_header_limit(self):
         with Server(EXAMPLE_REPOSITORY) as server:

@@ -227,7 +227,10 @@ struct GrpcAcceptor::Impl {
     ev.events = 0;
     ev.data.u64 = id;
     epoll_ctl(epoll_fd, EPOLL_CTL_ADD, dup, &ev);
-    if (refusing != Refusing::none) accepting_again();
+    if (refusing == Refusing::full ||
+        (refusing == Refusing::accept_failed && descriptors_recovered())) {
+      accepting_again();
+    }
     metrics.connection_opened();
     grpc::AddInsecureChannelFromFd(server, fd);
   }
@@ -262,7 +265,7 @@ struct GrpcAcceptor::Impl {
     }
     refusing = why;
     if (why == Refusing::full) wait_for_release();
-    core.listeners().set_failing("grpc", std::move(reason));
+    core.listeners().set_failing("grpc", std::move(reason), why == Refusing::accept_failed);
   }
 
   /// Wakes the loop when a descriptor comes back.

@@ -119,6 +119,12 @@ Status GrpcServer::start() {
     if (im.opt.max_threads > 0) quota.SetMaxThreads(im.opt.max_threads);
     builder.SetResourceQuota(quota);
   }
+  if (im.opt.max_connection_idle.count() > 0) {
+    // A connection with no call in progress for this long gets GOAWAY and is closed: one that
+    // never sends anything (not even the HTTP/2 preface) holds no slot for ever.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(im.opt.max_connection_idle.count()));
+  }
   if (im.opt.max_connection_age.count() > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
                                static_cast<int>(im.opt.max_connection_age.count()));

@@ -65,6 +65,10 @@ struct GrpcOptions {
   /// GRPC_ARG_MAX_CONNECTION_AGE_MS: a connection older than this gets GOAWAY (its calls go on for
   /// max_connection_age_grace), so clients reconnect and a connection-level (L4) balancer spreads
   /// them again. 0 = never.
+  /// GRPC_ARG_MAX_CONNECTION_IDLE_MS: a connection with no call in progress for this long gets
+  /// GOAWAY and is closed (clients reconnect on their next call); 0 = never. The serve command
+  /// passes --idle-timeout, as for HTTP.
+  std::chrono::milliseconds max_connection_idle{0};
   std::chrono::milliseconds max_connection_age{0};
   std::chrono::milliseconds max_connection_age_grace{30'000};
   /// Connections at once (--grpc-max-connections); past it a new one is closed at once and the

@@ -101,7 +101,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   void on_accept(beast::error_code ec, Socket socket) {
     if (closed_ || !acceptor_.is_open()) return;
     if (ec) return on_accept_error(ec);
-    if (refusing_ == Refusing::accept_failed) accepting_again();
+    if (refusing_ == Refusing::accept_failed && descriptors_recovered()) accepting_again();
     Session::Kind kind = Session::Kind::api;
     std::string refused;
     if (metrics_) {
@@ -176,7 +176,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
       full_.store(true, std::memory_order_release);
       wait_for_release();
     }
-    impl_.core.listeners().set_failing(name(), std::move(reason));
+    impl_.core.listeners().set_failing(name(), std::move(reason), why == Refusing::accept_failed);
   }
 
   /// Descriptors may come back from the other listeners' connections too: recheck then.
