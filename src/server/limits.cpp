@@ -211,15 +211,15 @@ SpareDescriptor::~SpareDescriptor() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool SpareDescriptor::shed_one(int listen_fd) {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+SpareDescriptor::Shed SpareDescriptor::shed_one(int listen_fd) {
+  if (fd_ < 0) fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // lost at an earlier shed
+  if (fd_ < 0) return Shed::no_spare;
+  ::close(fd_);
   const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (c >= 0) ::close(c);
   fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  return fd_ >= 0;
+  if (c < 0) return Shed::none_waiting;
+  return fd_ >= 0 ? Shed::shed : Shed::no_spare;
 }
 
 bool accept_out_of_resources(int error_number) {

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -176,10 +177,15 @@ class SpareDescriptor {
   SpareDescriptor(const SpareDescriptor&) = delete;
   SpareDescriptor& operator=(const SpareDescriptor&) = delete;
 
-  /// Closes the spare, accepts one connection of `listen_fd` and closes it, and opens the spare
-  /// again. False when the spare could not be opened again (descriptors are still exhausted):
-  /// the caller waits for one to come back (ConnectionBudget::arm) before accepting.
-  bool shed_one(int listen_fd);
+  enum class Shed : std::uint8_t {
+    shed,          ///< a waiting connection was taken and closed: accept again
+    none_waiting,  ///< no connection was waiting (Linux's accept() fails with EMFILE before it
+                   ///< looks at the backlog): wait until the socket is readable, then accept
+    no_spare,      ///< no spare descriptor could be had: wait for descriptors to come back
+  };
+  /// Closes the spare (opening it first if it was lost), accepts one connection of `listen_fd`
+  /// and closes it, and opens the spare again.
+  Shed shed_one(int listen_fd);
 
  private:
   int fd_ = -1;

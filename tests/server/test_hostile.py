@@ -93,6 +93,13 @@ def grpc_infer(target, timeout=2):
         ch.close()
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process (/proc/PID/stat)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def serves_again_within(check, seconds):
     """Retries `check` until it is true; the seconds it took, or None past `seconds`."""
     start = time.monotonic()
@@ -192,6 +199,39 @@ class FileDescriptors(harness.unittest.TestCase):
                 lambda: get(probe, "/v2/health/ready")[0] == 200, 1.0), server.log())
             probe.close()
 
+
+    def test_no_spin_at_the_exact_limit(self):
+        # At exactly its limit Linux's accept() fails with EMFILE whether or not a connection
+        # waits: the listeners must wait for the socket, not spin (found by a hostile review).
+        with Server(EXAMPLE_REPOSITORY) as server:
+            pid = server.proc.pid
+            open_now = len(os.listdir("/proc/%d/fd" % pid))
+            hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (open_now, hard))
+            try:
+                for port in (server.grpc_port, server.http_port, server.metrics_port):
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                time.sleep(0.5)
+                cpu0 = cpu_seconds(pid)
+                time.sleep(1.0)
+                used = cpu_seconds(pid) - cpu0
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
+            self.assertLess(used, 0.3, "the server used %.2f CPU-s in 1 s at its limit" % used)
+            self.assertIsNotNone(serves_again_within(lambda: grpc_infer(server.grpc_target), 2.0),
+                                 server.log())
+            self.assertIsNotNone(serves_again_within(
+                lambda: requests.get(server.url + "/v2/health/ready", timeout=1).status_code
+                == 200, 2.0), server.log())
+
+    def test_connect_close_churn_does_not_fill_the_slots(self):
+        # One client that connects and closes in a loop, never holding two at once: its closed
+        # connections must not pile up in the count (found by a hostile review).
+        with Server(EXAMPLE_REPOSITORY, "--grpc-max-connections", "50") as server:
+            for _ in range(2000):
+                socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5).close()
+            self.assertTrue(grpc_infer(server.grpc_target))
+            self.assertNotIn("grpc: refusing connections", server.log())
 
     def test_readiness_recovers_without_a_connection_to_the_failed_port(self):
         # accept() on the gRPC port fails once (EMFILE), then the limit is raised again: the
@@ -352,10 +392,22 @@ class MemoryBounds(harness.unittest.TestCase):
             with open(os.path.join(EXAMPLE_REPOSITORY, "identity", "config.pbtxt")) as f:
                 repo.add("identity", f.read(), versions=(1, 2))
             with Server(repo.path, "--max-inflight-bytes", "1000000") as server:
-                # A body of known length past the budget: refused before it is read.
+                # Headers that announce bodies they never send hold nothing of the budget: it
+                # counts the bytes that arrive (found by a hostile review).
+                idle = [socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+                        for _ in range(4)]
+                for c in idle:
+                    c.sendall(b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: t\r\n"
+                              b"Content-Length: 900000\r\n\r\n")
+                time.sleep(0.3)
+                self.assertEqual(requests.post(server.url + INFER, data=GOOD_BODY,
+                                               timeout=10).status_code, 200)
+                for c in idle:
+                    c.close()
+                # A body past the budget: refused as its bytes arrive.
                 raw = harness.raw_request(server.http_port, (
                     b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000"
-                    b"\r\n\r\n") + b" " * 1000)
+                    b"\r\n\r\n") + b" " * 1_500_000)
                 self.assertEqual(http_status(raw), 503, raw[:300])
                 self.assertIn(b"--max-inflight-bytes", raw)
                 # A chunked body, counted as it grows.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 
 #include <thread>
 #include <vector>
@@ -330,6 +331,23 @@ TEST(ServerCodec, StopsAtTheFirstElementPastTheCount) {
             "request: parameter 'p' must be a string, a number or a boolean");
   EXPECT_EQ(error(R"([1,2])"), "the request body must be a JSON object");
   EXPECT_EQ(error(R"({"id":"x"})"), "\"inputs\" is missing");
+  // Past what rounds to FLT_MAX.
+  EXPECT_EQ(
+      error(R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[0,0,3.5e38]}]})"),
+      "input 'a': data element 2 is the number 3.5e38; out of range for FP32");
+}
+
+TEST(ServerCodec, AcceptsItsOwnShortestFltMax) {
+  // The encoder writes FLT_MAX as 3.4028235e+38, which reads back as a double just above it; it
+  // must decode again (found by a hostile review).
+  const ModelVersion m = two_input_model();
+  auto d = decode_infer_request(
+      m,
+      R"({"inputs":[{"name":"a","shape":[1,3],"datatype":"FP32","data":[3.4028235e+38,-3.4028235e38,1]}],"outputs":[{"name":"x"}]})",
+      std::nullopt, 64);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->request.inputs[0].tensor.data_as<float>()[0], std::numeric_limits<float>::max());
+  EXPECT_EQ(d->request.inputs[0].tensor.data_as<float>()[1], -std::numeric_limits<float>::max());
 }
 
 TEST(ServerCodec, EncodesShortestFloatsAndBinaryOutputs) {

@@ -86,7 +86,13 @@ struct GrpcAcceptor::Impl {
   void run() {
     epoll_event events[64];
     for (;;) {
-      const int n = epoll_wait(epoll_fd, events, 64, -1);
+      // Paused for want of any descriptor, it also tries again every 250 ms: descriptors may come
+      // back from outside the server (a raised limit), which nothing announces.
+      const int n = epoll_wait(epoll_fd, events, 64, paused ? 250 : -1);
+      if (n == 0 && paused) {
+        resume();
+        continue;
+      }
       if (n < 0) {
         if (errno == EINTR) continue;
         std::fprintf(stderr, "asyncinfer serve: grpc: epoll_wait failed: %s\n",
@@ -101,8 +107,10 @@ struct GrpcAcceptor::Impl {
           std::uint64_t count = 0;
           [[maybe_unused]] ssize_t r = ::read(wake_fd, &count, sizeof count);
           if (!on_wake()) return;
-        } else {
+        } else if (events[i].events & (EPOLLHUP | EPOLLERR)) {
           end(id);
+        } else {
+          client_closed(id);
         }
       }
     }
@@ -125,14 +133,7 @@ struct GrpcAcceptor::Impl {
       close_listening_socket();
       return true;
     }
-    if (paused && listen_fd >= 0) {  // a descriptor came back: accept again
-      paused = false;
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = kListenId;
-      epoll_ctl(epoll_fd, EPOLL_CTL_MOD, listen_fd, &ev);
-      accept_all();
-    }
+    if (paused) resume();  // a descriptor came back: accept again
     if (refusing == Refusing::full) recheck();
     return true;
   }
@@ -162,11 +163,28 @@ struct GrpcAcceptor::Impl {
       if (!accept_out_of_resources(e)) continue;  // the client went away first, and the like
       refuse(Refusing::accept_failed, "accept() failed: " + errno_text(e));
       // Drain the pending connection with the spare descriptor, so the socket does not stay
-      // readable; without the spare, wait for a descriptor to come back.
-      if (spare.shed_one(listen_fd)) continue;
-      pause();
-      return;
+      // readable; when none was waiting (Linux fails accept() with EMFILE before it looks), the
+      // socket's next readiness brings the next; without the spare, wait for descriptors.
+      switch (spare.shed_one(listen_fd)) {
+        case SpareDescriptor::Shed::shed:
+          continue;
+        case SpareDescriptor::Shed::none_waiting:
+          return;
+        case SpareDescriptor::Shed::no_spare:
+          pause();
+          return;
+      }
     }
+  }
+
+  void resume() {
+    paused = false;
+    if (listen_fd < 0) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenId;
+    epoll_ctl(epoll_fd, EPOLL_CTL_MOD, listen_fd, &ev);
+    accept_all();
   }
 
   void pause() {
@@ -222,9 +240,11 @@ struct GrpcAcceptor::Impl {
       c.window_start = Clock::now();
       by_peer[peer] = id;
     }
-    // No events asked for: EPOLLHUP and EPOLLERR are always reported, and they are the ends.
+    // EPOLLHUP and EPOLLERR (always reported) are the ends; EPOLLRDHUP is the client's FIN, which
+    // no HTTP/2 client sends while it still wants answers: the connection is shut down at once
+    // rather than left for gRPC to notice (connect/close churn filled the slots otherwise).
     epoll_event ev{};
-    ev.events = 0;
+    ev.events = EPOLLRDHUP;
     ev.data.u64 = id;
     epoll_ctl(epoll_fd, EPOLL_CTL_ADD, dup, &ev);
     if (refusing == Refusing::full ||
@@ -233,6 +253,15 @@ struct GrpcAcceptor::Impl {
     }
     metrics.connection_opened();
     grpc::AddInsecureChannelFromFd(server, fd);
+  }
+
+  /// The client closed its side: shut the connection down (its hang-up follows).
+  void client_closed(std::uint64_t id) {
+    std::lock_guard lock(mu);
+    auto it = connections.find(id);
+    if (it == connections.end() || it->second.closing) return;
+    it->second.closing = true;
+    ::shutdown(it->second.dup, SHUT_RDWR);
   }
 
   /// The connection `id` ended (its duplicate hung up): its descriptors come back.

@@ -71,7 +71,9 @@ void Session::on_request() {
   request_read_at_ = Clock::now();
   request_ = parser_->release();
   parser_.reset();
-  keep_alive_ = request_.keep_alive();
+  // HTTP/1.0 with chunked framing closes after its answer (on_header).
+  keep_alive_ = request_.keep_alive() &&
+                !(request_.version() < 11 && request_.count(http::field::transfer_encoding) > 0);
   version_ = request_.version();
   method_ = request_.method();
   is_infer_ = false;

@@ -32,7 +32,10 @@ HttpServer::Impl::Impl(InferenceServer& s, HttpOptions o)
 class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener> {
  public:
   Listener(Impl& impl, bool metrics)
-      : impl_(impl), metrics_(metrics), acceptor_(net::make_strand(impl.ioc)) {}
+      : impl_(impl),
+        metrics_(metrics),
+        acceptor_(net::make_strand(impl.ioc)),
+        retry_(acceptor_.get_executor()) {}
 
   Status open(const tcp::endpoint& endpoint) {
     beast::error_code ec;
@@ -71,6 +74,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     net::post(acceptor_.get_executor(), [self = shared_from_this(), done] {
       beast::error_code ec;
       self->closed_ = true;
+      self->retry_.cancel();
       self->acceptor_.close(ec);
       done->set_value();
     });
@@ -140,10 +144,29 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     if (!accept_out_of_resources(ec.value())) return accept();  // the client went away first
     refuse(Refusing::accept_failed, "accept() failed: " + ec.message());
     // Drain the connection waiting in the backlog with the spare descriptor, so the socket
-    // does not stay readable (a spin); without the spare, wait for a descriptor to come back.
-    if (spare_.shed_one(acceptor_.native_handle())) return accept();
+    // does not stay readable (a spin); when none was waiting, wait until one is; without the
+    // spare, wait for a descriptor to come back.
+    switch (spare_.shed_one(acceptor_.native_handle())) {
+      case SpareDescriptor::Shed::shed:
+        return accept();
+      case SpareDescriptor::Shed::none_waiting:
+        acceptor_.async_wait(net::socket_base::wait_read,
+                             [self = shared_from_this()](beast::error_code wec) {
+                               if (!wec && !self->closed_) self->accept();
+                             });
+        return;
+      case SpareDescriptor::Shed::no_spare:
+        break;
+    }
     paused_ = true;
     impl_.core.connection_budget().arm(subscription_);
+    // Descriptors may also come back from outside the server (a raised limit, files closed
+    // elsewhere), which nothing announces: while paused, the listener also tries again every
+    // 250 ms (readiness queries recheck too, limits.hpp).
+    retry_.expires_after(kPausedRetry);
+    retry_.async_wait([self = shared_from_this()](beast::error_code wec) {
+      if (!wec) self->on_budget_release();
+    });
   }
 
   /// On the strand: descriptors came back (a subscription armed by a pause or a refusal).
@@ -206,9 +229,13 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   /// Refused connections answered 429 at once, at most (the rest are closed unanswered).
   static constexpr std::size_t kMaxRejecting = 16;
 
+  /// How often a listener paused for want of any descriptor tries again.
+  static constexpr std::chrono::milliseconds kPausedRetry{250};
+
   Impl& impl_;
   bool metrics_;
   Acceptor acceptor_;
+  Timer retry_;  ///< while paused
   SpareDescriptor spare_;
   int port_ = 0;
   bool closed_ = false;

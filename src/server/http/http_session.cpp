@@ -158,8 +158,8 @@ void Session::parse() {
                            "value of " +
                                std::to_string(impl_.opt.max_header_bytes) + " bytes together");
     }
-    // A chunked body grows as it arrives: its bytes count against the server's budget as they
-    // do (a Content-Length body was counted whole by on_header).
+    // The body counts against the server's memory budget as its bytes arrive (not from its
+    // Content-Length: a header alone must not hold the budget for the body timeout).
     const std::size_t body = parser_->get().body().size();
     if (body > lease_.bytes() && !lease_.reserve(body)) {
       clear_deadline();
@@ -191,6 +191,8 @@ Session::HeaderVerdict Session::on_header() {
     }
     // RFC 9112 §6.1: a transfer coding the server does not understand is 501. Only chunked is
     // decoded here; "gzip, chunked" would hand the gzip bytes on as the body.
+    // RFC 9112 §6.1: chunked framing in HTTP/1.0 may be faulty; answer, then close.
+    if (req.version() < 11) keep_alive_ = false;
     for (const auto& coding : http::token_list(te)) {
       if (!beast::iequals(coding, "chunked")) {
         return refuse(501, "Transfer-Encoding '" + te + "': the transfer coding '" +
@@ -213,11 +215,6 @@ Session::HeaderVerdict Session::on_header() {
   if (parser_->is_done()) return HeaderVerdict::read_body;
   phase_ = Phase::body;
   set_deadline(impl_.opt.body_timeout);
-  // A body of known length is counted against the server's memory budget before any of it is
-  // read (Beast reserves it whole).
-  if (auto length = parser_->content_length(); length && !lease_.reserve(*length)) {
-    return refuse(503, impl_.core.memory().exhausted_message(*length));
-  }
   if (beast::iequals(req[http::field::expect], "100-continue") && buffer_.size() == 0) {
     // curl and others wait for this before sending a large body.
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";

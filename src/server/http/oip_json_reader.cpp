@@ -70,11 +70,17 @@ Status convert(const Scalar& s, T* out, std::string_view datatype) {
     } else if (s.type == Type::unsigned_integer) {
       *out = static_cast<T>(s.u);
     } else if (s.type == Type::floating) {
-      if (std::is_same_v<T, float> &&
-          std::fabs(s.d) > static_cast<double>(std::numeric_limits<float>::max())) {
-        return invalid_argument_error("out of range for FP32");
+      if constexpr (std::is_same_v<T, float>) {
+        // Out of range only past what rounds to ±FLT_MAX (FLT_MAX plus half its ulp, 2^103):
+        // the shortest text of FLT_MAX, 3.4028235e+38, reads back as a double just above it.
+        constexpr double kFltMax = static_cast<double>(std::numeric_limits<float>::max());
+        constexpr double kRoundsToMax = kFltMax + 0x1p103;
+        if (std::fabs(s.d) >= kRoundsToMax) return invalid_argument_error("out of range for FP32");
+        constexpr float kMax = std::numeric_limits<float>::max();
+        *out = s.d > kFltMax ? kMax : s.d < -kFltMax ? -kMax : static_cast<float>(s.d);
+      } else {
+        *out = static_cast<T>(s.d);
       }
-      *out = static_cast<T>(s.d);
     } else {
       return invalid_argument_error(std::string(datatype) + " needs a number");
     }
