@@ -71,7 +71,7 @@ void Session::on_request() {
   request_read_at_ = Clock::now();
   request_ = parser_->release();
   parser_.reset();
-  // HTTP/1.0 with chunked framing closes after its answer (on_header).
+  // RFC 9112 §6.1: chunked framing in HTTP/1.0 may be faulty: answer, then close.
   keep_alive_ = request_.keep_alive() &&
                 !(request_.version() < 11 && request_.count(http::field::transfer_encoding) > 0);
   version_ = request_.version();

@@ -123,14 +123,8 @@ void Session::parse() {
       buffer_.consume(n);
       if (!had_header && parser_->is_header_done()) {
         header_bytes_ = n;
-        switch (on_header()) {
-          case HeaderVerdict::answered:
-            return;
-          case HeaderVerdict::wait_continue:
-            return;  // the 100 Continue's write resumes parsing
-          case HeaderVerdict::read_body:
-            break;
-        }
+        // Answered, or waiting for the 100 Continue's write, which resumes parsing.
+        if (on_header() != HeaderVerdict::read_body) return;
         parser_->eager(true);
         continue;
       }
@@ -190,9 +184,8 @@ Session::HeaderVerdict Session::on_header() {
                              "of a request (or give Content-Length)");
     }
     // RFC 9112 §6.1: a transfer coding the server does not understand is 501. Only chunked is
-    // decoded here; "gzip, chunked" would hand the gzip bytes on as the body.
-    // RFC 9112 §6.1: chunked framing in HTTP/1.0 may be faulty; answer, then close.
-    if (req.version() < 11) keep_alive_ = false;
+    // decoded here; "gzip, chunked" would hand the gzip bytes on as the body. (HTTP/1.0 with
+    // chunked framing closes after its answer: on_request.)
     for (const auto& coding : http::token_list(te)) {
       if (!beast::iequals(coding, "chunked")) {
         return refuse(501, "Transfer-Encoding '" + te + "': the transfer coding '" +
