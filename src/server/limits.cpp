@@ -79,6 +79,12 @@ void ConnectionBudget::release(std::size_t fds) {
   }
 }
 
+std::string ConnectionBudget::exhausted_message() const {
+  return "out of file descriptors for connections (client connections hold " +
+         std::to_string(used()) + " of the " + std::to_string(capacity_) +
+         " the process's limit leaves them; raise it with ulimit -n)";
+}
+
 std::size_t ConnectionBudget::subscribe(std::function<void()> f) {
   std::lock_guard lock(mu_);
   subscribers_.emplace(next_id_, Subscriber{std::move(f), false});

@@ -101,6 +101,8 @@ class ConnectionBudget {
 
   std::size_t capacity() const noexcept { return capacity_; }
   std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  /// A refusal's reason: what is held of what, and how to raise it.
+  std::string exhausted_message() const;
 
  private:
   struct Subscriber {

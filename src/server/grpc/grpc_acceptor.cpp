@@ -211,10 +211,7 @@ struct GrpcAcceptor::Impl {
       refused = "at its connection limit of " + std::to_string(opt.max_connections) +
                 " (--grpc-max-connections)";
     } else if (!core.connection_budget().try_acquire(kFdsPerConnection)) {
-      const ConnectionBudget& b = core.connection_budget();
-      refused = "out of file descriptors for connections (client connections hold " +
-                std::to_string(b.used()) + " of the " + std::to_string(b.capacity()) +
-                " the process's limit leaves them; raise it with ulimit -n)";
+      refused = core.connection_budget().exhausted_message();
     }
     if (!refused.empty()) {
       ::close(fd);

@@ -179,12 +179,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     recheck();
   }
 
-  std::string no_descriptors() const {
-    const ConnectionBudget& b = impl_.core.connection_budget();
-    return "out of file descriptors for connections (client connections hold " +
-           std::to_string(b.used()) + " of the " + std::to_string(b.capacity()) +
-           " the process's limit leaves them; raise it with ulimit -n)";
-  }
+  std::string no_descriptors() const { return impl_.core.connection_budget().exhausted_message(); }
 
   /// The listener cannot take connections: not ready (ListenerHealth), logged once.
   void refuse(Refusing why, std::string reason) {
