@@ -5,8 +5,12 @@
 # `asyncinfer serve`: Boost.Beast, protobuf, prometheus-cpp, gRPC C++ with its code generators, and
 # curl, requests, prometheus_client, grpcio, PyYAML, h2 (raw HTTP/2 frames for the hostile-client
 # tests), h2load, wrk and nginx (with its stream module) for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
-# pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests). Idempotent:
-# skips apt entirely when everything is already there. Needs root (or sudo).
+# pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests); zlib for HTTP
+# compression. Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
+# every version pinned) in its own virtual environment, .venv/tritonclient, made from Debian's
+# interpreter without its packages (tritonclient's grpcio and protobuf are newer than Debian's,
+# which the build and the other tests use). Idempotent: skips apt when every package is there, and
+# pip when the environment already holds the pinned set. Needs root (or sudo) for apt.
 set -euo pipefail
 
 packages=(
@@ -20,8 +24,25 @@ packages=(
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
-  libnginx-mod-stream python3-h2
+  libnginx-mod-stream python3-h2 zlib1g-dev
 )
+
+# Triton's client in .venv/tritonclient (tests/server/test_tritonclient.py runs on it).
+tritonclient_venv() {
+  local root venv req
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  venv="$root/.venv/tritonclient"
+  req="$root/scripts/requirements-tritonclient.txt"
+  if [ -x "$venv/bin/python" ] && cmp -s "$req" "$venv/requirements.txt"; then
+    echo "setup: $venv has the pinned tritonclient"
+    return
+  fi
+  echo "setup: making $venv (tritonclient from PyPI)"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$req"
+  cp "$req" "$venv/requirements.txt"
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -29,6 +50,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} Debian packages present"
+  tritonclient_venv
   exit 0
 fi
 
@@ -40,3 +62,4 @@ fi
 echo "setup: installing ${missing[*]}"
 $SUDO apt-get update -q
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+tritonclient_venv

@@ -23,6 +23,7 @@
 // construction, so ModelVersion pointers stay valid until the server is destroyed.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -106,6 +107,11 @@ class InflightRequest {
  private:
   Future<Outputs> future_;
 };
+
+/// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
+/// ServerMetadata list, exactly.
+inline constexpr std::array<std::string_view, 2> kServerExtensions = {"model_configuration",
+                                                                      "binary_tensor_data"};
 
 struct ServerOptions {
   std::string name = "asyncinfer";

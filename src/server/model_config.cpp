@@ -222,7 +222,9 @@ Result<ModelPlan> plan_model_config(std::string_view text, std::string_view sour
                                     std::string_view dir_name, std::vector<std::string>* warnings) {
   ASYNCINFER_ASSIGN_OR_RETURN(inference::ModelConfig config,
                               parse_model_config(text, source, warnings));
-  return plan_model(config, dir_name, warnings);
+  ASYNCINFER_ASSIGN_OR_RETURN(ModelPlan plan, plan_model(config, dir_name, warnings));
+  plan.config_binary = config.SerializeAsString();
+  return plan;
 }
 
 }  // namespace asyncinfer::server

@@ -63,6 +63,8 @@ struct ModelPlan {
   std::vector<TensorSpec> outputs;
   EngineOptions engine;
   VersionPolicy versions;
+  /// The config.pbtxt as parsed (a serialized inference.ModelConfig), for applied_model_config.
+  std::string config_binary;
   /// "device cpu, 2 workers, dynamic batching max 8 delay 100 us" for the load log line.
   std::string summary() const;
 };
@@ -76,6 +78,22 @@ struct ModelPlan {
 /// are built like libprotobuf).
 Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
                                     std::string_view dir_name, std::vector<std::string>* warnings);
+
+/// The configuration a loaded version runs with, as Triton's model-configuration extension shows
+/// it: `json` is the protobuf JSON mapping of model_config.proto's ModelConfig with the proto
+/// field names, every scalar printed and the 64-bit integers as numbers (GET .../config);
+/// `binary` the same message serialized (gRPC ModelConfig).
+struct AppliedConfig {
+  std::string json;
+  std::string binary;
+};
+
+/// The parsed config with the defaults Triton's core fills in (name, backend, version_policy,
+/// instance_group named "<model>_<i>" with the kind of `device` — "cpu", "cuda:N", or another
+/// spec, shown as KIND_MODEL —, inputs and outputs from `signature` when the config lists none,
+/// model_transaction_policy, response_cache). internal_error only if libprotobuf fails.
+Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSignature& signature,
+                                           std::string_view device);
 
 /// Checks a loaded model's signature against the plan's inputs/outputs and max_batch_size
 /// (names, dtypes, dims). invalid_argument names the first difference.

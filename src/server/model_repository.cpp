@@ -192,6 +192,10 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
             last = engine.status();
             continue;
           }
+          ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
+                                      applied_model_config(*plan, mv->signature, spec));
+          mv->config_json = std::move(applied.json);
+          mv->config_binary = std::move(applied.binary);
           mv->engine = std::move(*engine);
           mv->device = (*device)->name();
           return Status();

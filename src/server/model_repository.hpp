@@ -54,6 +54,10 @@ struct ModelVersion {
   /// The config's max_batch_size (0 = no batch dim): the largest dim 0 a request may have.
   std::int64_t max_batch_size = 0;
   std::unique_ptr<Engine> engine;  ///< null unless ready
+  /// The configuration it runs with (applied_model_config): Triton's JSON form and the
+  /// serialized inference.ModelConfig. Set when ready.
+  std::string config_json;
+  std::string config_binary;
 
   /// Loaded (the engine was made).
   bool ready() const noexcept { return state == ModelState::ready; }

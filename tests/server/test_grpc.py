@@ -289,8 +289,8 @@ class Conformance(RpcCase):
                              .models), len(r.models))
 
     def test_unimplemented_triton_rpc(self):
-        # Triton's ModelConfig is not served: UNIMPLEMENTED, as any server without it answers.
-        call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelConfig")
+        # Triton's ModelStatistics is not served: UNIMPLEMENTED, as any server without it answers.
+        call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics")
         self.assert_code(grpc.StatusCode.UNIMPLEMENTED, "", call, b"\x0a\x08identity")
 
     def test_infer_raw_id_versions(self):

@@ -235,12 +235,18 @@ class FileDescriptors(harness.unittest.TestCase):
 
     def test_connect_close_churn_does_not_fill_the_slots(self):
         # One client that connects and closes in a loop, never holding two at once: its closed
-        # connections must not pile up in the count (found by a hostile review).
+        # connections must not pile up in the count (found by a hostile review). A connection
+        # still counts until gRPC has closed it, so a busy machine may reach the cap for a
+        # moment; the count must come back down, not stay up.
         with Server(EXAMPLE_REPOSITORY, "--grpc-max-connections", "50") as server:
             for _ in range(2000):
                 socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5).close()
-            self.assertTrue(grpc_infer(server.grpc_target))
-            self.assertNotIn("grpc: refusing connections", server.log())
+            self.assertIsNotNone(serves_again_within(lambda: grpc_infer(server.grpc_target), 2.0),
+                                 server.log())
+            log = server.log()
+            self.assertLess(log.count("grpc: refusing connections"), 200, log)
+            self.assertEqual(log.count("grpc: refusing connections"),
+                             log.count("grpc: accepting connections again"), log)
 
     def test_readiness_recovers_without_a_connection_to_the_failed_port(self):
         # accept() on the gRPC port fails once (EMFILE), then the limit is raised again: the

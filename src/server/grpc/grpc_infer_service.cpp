@@ -137,15 +137,17 @@ using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
         pb::GRPCInferenceService::WithCallbackMethod_ModelReady<
             pb::GRPCInferenceService::WithCallbackMethod_ServerMetadata<
                 pb::GRPCInferenceService::WithCallbackMethod_ModelMetadata<
-                    pb::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-                        pb::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
-                            pb::GRPCInferenceService::WithCallbackMethod_RepositoryIndex<
-                                pb::GRPCInferenceService::Service>>>>>>>>;
+                    pb::GRPCInferenceService::WithCallbackMethod_ModelConfig<
+                        pb::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                            pb::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
+                                pb::GRPCInferenceService::WithCallbackMethod_RepositoryIndex<
+                                    pb::GRPCInferenceService::Service>>>>>>>>>;
 
 class GrpcServer::Impl::Service final : public ServiceBase {
  public:
   explicit Service(Impl& impl) : impl_(impl) {}
 
+  using ServiceBase::ModelConfig;
   using ServiceBase::ModelInfer;
   using ServiceBase::ModelMetadata;
   using ServiceBase::ModelReady;
@@ -195,6 +197,14 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     const ServedModel* sm = impl_.core.repository().find(in->name());
     model_metadata(*sm, **mv, in->version().empty() ? nullptr : *mv, out);
     return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* ctx,
+                                        const pb::ModelConfigRequest* in,
+                                        pb::ModelConfigResponse* out) override {
+    auto mv = impl_.core.find(in->name(), in->version());
+    if (!mv.ok()) return done(ctx, mv.status());
+    return done(ctx, model_config(**mv, out));
   }
 
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,

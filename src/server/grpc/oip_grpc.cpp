@@ -388,7 +388,7 @@ void server_metadata(const InferenceServer& server, inference::ServerMetadataRes
   out->set_name(server.options().name);
   out->set_version(server.options().version);
   // The server's extensions, as GET /v2 lists them (Triton lists the same set on both endpoints).
-  out->add_extensions("binary_tensor_data");
+  for (std::string_view e : kServerExtensions) out->add_extensions(std::string(e));
 }
 
 void model_metadata(const ServedModel& model, const ModelVersion& shown,
@@ -409,6 +409,14 @@ void model_metadata(const ServedModel& model, const ModelVersion& shown,
   };
   for (const TensorSpec& s : shown.signature.inputs) add(s, out->add_inputs());
   for (const TensorSpec& s : shown.signature.outputs) add(s, out->add_outputs());
+}
+
+Status model_config(const ModelVersion& version, inference::ModelConfigResponse* out) {
+  if (!out->mutable_config()->ParseFromString(version.config_binary)) {
+    return internal_error("model '" + version.model_name + "' version " + version.version_text +
+                          ": its applied configuration does not parse");
+  }
+  return Status();
 }
 
 void repository_index(const ModelRepository& repository, bool ready_only,

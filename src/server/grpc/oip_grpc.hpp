@@ -67,6 +67,9 @@ void server_metadata(const InferenceServer& server, inference::ServerMetadataRes
 /// `version` null = the model with every ready version listed; else that version only.
 void model_metadata(const ServedModel& model, const ModelVersion& shown,
                     const ModelVersion* version, inference::ModelMetadataResponse* out);
+/// The version's applied configuration (ModelVersion::config_binary); internal_error if it does
+/// not parse.
+Status model_config(const ModelVersion& version, inference::ModelConfigResponse* out);
 void repository_index(const ModelRepository& repository, bool ready_only,
                       inference::RepositoryIndexResponse* out);
 

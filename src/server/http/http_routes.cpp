@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "http_compression.hpp"
 #include "http_server_impl.hpp"
 
 namespace asyncinfer::server {
@@ -160,6 +161,12 @@ void Session::handle_api() {
         mv.status().code() == StatusCode::unavailable ? 400 : http_status(mv.status().code());
     return respond_error(status, mv.status().message());
   }
+  if (action == "config") {
+    if (!need(http::verb::get)) return;
+    auto mv = impl_.core.find(model, version);
+    if (!mv.ok()) return respond_status(mv.status());
+    return respond(200, (*mv)->config_json);
+  }
   if (action == "infer") {
     if (!need(http::verb::post)) return;
     return handle_infer(model, version);
@@ -171,6 +178,23 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   is_infer_ = true;
   auto mv = impl_.core.find(model, version);
   if (!mv.ok()) return respond_status(mv.status());
+  ContentCoding coding = ContentCoding::identity;
+  if (auto it = request_.find(http::field::content_encoding); it != request_.end()) {
+    const std::optional<ContentCoding> c = request_coding(it->value());
+    if (!c) {
+      Response res{http::status::not_implemented, version_};
+      res.set(http::field::accept_encoding, "gzip, deflate");
+      res.set(http::field::content_type, "application/json");
+      res.body() = error_json("Content-Encoding '" + std::string(it->value()) +
+                              "' is not supported (gzip, deflate or identity)");
+      return send(std::move(res));
+    }
+    coding = *c;
+  }
+  response_coding_ = ContentCoding::identity;
+  if (auto it = request_.find(http::field::accept_encoding); it != request_.end()) {
+    response_coding_ = response_coding(it->value());
+  }
   std::optional<std::size_t> header_length;
   if (auto it = request_.find("Inference-Header-Content-Length"); it != request_.end()) {
     const std::string_view v = it->value();
@@ -183,7 +207,7 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     header_length = n;
   }
   const ModelVersion* m = *mv;
-  if (request_.body().size() < kCodecInlineBytes) {
+  if (coding == ContentCoding::identity && request_.body().size() < kCodecInlineBytes) {
     auto decoded =
         decode_infer_request(*m, request_.body(), header_length, impl_.opt.max_json_depth);
     request_.body() = std::string();  // the inputs were copied into tensors
@@ -193,9 +217,24 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   // client that goes away is noticed.
   phase_ = Phase::handling;
   if (!reading_ && buffer_.size() == 0) read_some();
-  net::post(impl_.codec(), [self = shared_from_this(), m, header_length,
+  // A compressed body is inflated there too, however small: it may inflate to the body limit.
+  // The inflated copy is not counted against the memory budget; the codec pool's threads bound
+  // how many exist at once, each at most --max-body-bytes.
+  net::post(impl_.codec(), [self = shared_from_this(), m, header_length, coding,
                             body = std::move(request_.body())]() mutable {
-    auto decoded = decode_infer_request(*m, body, header_length, self->impl_.opt.max_json_depth);
+    Result<DecodedInfer> decoded = internal_error("unset");
+    if (coding == ContentCoding::identity) {
+      decoded = decode_infer_request(*m, body, header_length, self->impl_.opt.max_json_depth);
+    } else {
+      Result<std::string> inflated = inflate_body(body, coding, self->impl_.opt.max_body_bytes);
+      body = std::string();
+      if (inflated.ok()) {
+        decoded =
+            decode_infer_request(*m, *inflated, header_length, self->impl_.opt.max_json_depth);
+      } else {
+        decoded = inflated.status();
+      }
+    }
     body = std::string();
     net::post(self->executor(), [self, m, decoded = std::move(decoded)]() mutable {
       self->on_decoded(*m, std::move(decoded));
@@ -206,7 +245,14 @@ void Session::handle_infer(const std::string& model, const std::string& version)
 void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded) {
   if (closed_) return;
   if (client_gone_) return close();
-  if (!decoded.ok()) return respond_status(decoded.status());
+  if (!decoded.ok()) {
+    // Only inflating a body passes the body limit here (inflate_body): Triton's 413.
+    if (decoded.status().code() == StatusCode::resource_exhausted) {
+      keep_alive_ = false;
+      return respond_error(413, decoded.status().message());
+    }
+    return respond_status(decoded.status());
+  }
   decoded_ = std::move(*decoded);
   // The body is gone; the request's tensors are what it holds now, until its response.
   lease_.hold(input_bytes(decoded_.request));
@@ -229,10 +275,16 @@ void Session::on_infer_done(Result<InferResponse> r) {
   if (closed_) return;
   if (client_gone_) return close();
   if (!r.ok()) return respond_status(r.status());
-  if (output_bytes(*r) < kCodecInlineBytes) return send_infer(encode_infer_response(*r, decoded_));
-  net::post(impl_.codec(), [self = shared_from_this(), r = std::move(*r)]() mutable {
+  const ContentCoding coding = response_coding_;
+  if (output_bytes(*r) < kCodecInlineBytes) {
+    EncodedResponse enc = encode_infer_response(*r, decoded_);
+    if (coding != ContentCoding::identity) enc.body = deflate_body(enc.body, coding);
+    return send_infer(std::move(enc));
+  }
+  net::post(impl_.codec(), [self = shared_from_this(), coding, r = std::move(*r)]() mutable {
     EncodedResponse enc = encode_infer_response(r, self->decoded_);
     r = InferResponse();
+    if (coding != ContentCoding::identity) enc.body = deflate_body(enc.body, coding);
     net::post(self->executor(),
               [self, enc = std::move(enc)]() mutable { self->send_infer(std::move(enc)); });
   });
@@ -243,7 +295,12 @@ void Session::send_infer(EncodedResponse enc) {
   if (client_gone_) return close();
   Response res{http::status::ok, version_};
   res.set(http::field::content_type, enc.binary ? "application/octet-stream" : "application/json");
+  // Of the JSON before compression, as Triton sends it.
   if (enc.binary) res.set("Inference-Header-Content-Length", std::to_string(enc.json_size));
+  if (response_coding_ != ContentCoding::identity) {
+    res.set(http::field::content_encoding, to_string(response_coding_));
+  }
+  res.set(http::field::vary, "Accept-Encoding");
   res.body() = std::move(enc.body);
   send(std::move(res));
 }

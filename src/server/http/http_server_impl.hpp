@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "http_compression.hpp"
 #include "http_server.hpp"
 #include "oip_json.hpp"
 #include "status_mapping.hpp"
@@ -209,6 +210,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool draining_ = false;
   bool closed_ = false;
   bool is_infer_ = false;
+  /// The coding of the current /infer response, from the request's Accept-Encoding.
+  ContentCoding response_coding_ = ContentCoding::identity;
 };
 
 }  // namespace asyncinfer::server

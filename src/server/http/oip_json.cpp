@@ -51,7 +51,7 @@ std::string error_json(std::string_view message) { return "{\"error\":" + quote(
 std::string server_metadata_json(const InferenceServer& server) {
   json j = {{"name", server.options().name},
             {"version", server.options().version},
-            {"extensions", json::array({"binary_tensor_data"})}};
+            {"extensions", kServerExtensions}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -1,0 +1,251 @@
+"""`asyncinfer serve` through Triton's own Python client (`tritonclient[http,grpc]` from PyPI,
+pinned in scripts/requirements-tritonclient.txt, run from .venv/tritonclient): no client code of
+ours. Covers the extensions the server lists (issue 24): model configuration (HTTP and gRPC;
+sync and aio) and HTTP compression (request and response, gzip and deflate; sync, gevent async
+and aio), gRPC transport compression, and what bad compressed bodies get.
+"""
+
+import asyncio
+import gzip
+import http.client
+import json
+import os
+import zlib
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
+
+import harness
+from harness import EXAMPLE_REPOSITORY, Server
+
+X = np.arange(32, dtype=np.float32).reshape(2, 16)
+
+
+def http_input(x, binary):
+    i = httpclient.InferInput("input0", list(x.shape), "FP32")
+    i.set_data_from_numpy(x, binary_data=binary)
+    return i
+
+
+def grpc_input(x):
+    i = grpcclient.InferInput("input0", list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    return i
+
+
+def raw_post(port, path, body, headers):
+    """(status, headers dict with lower-case names, body) of one POST."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("POST", path, body=body, headers=headers)
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def infer_body():
+    return json.dumps({"inputs": [{"name": "input0", "datatype": "FP32", "shape": [2, 16],
+                                   "data": X.flatten().tolist()}]}).encode()
+
+
+class TritonClient(harness.unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(EXAMPLE_REPOSITORY).start()
+        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port)
+        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.http.close()
+        cls.grpc.close()
+        cls.server.stop()
+
+    # ---- extensions ------------------------------------------------------------------------------
+
+    def test_extensions_list_what_is_served(self):
+        expected = ["model_configuration", "binary_tensor_data"]
+        self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
+        self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
+
+    # ---- model configuration ---------------------------------------------------------------------
+
+    def check_identity_config(self, c):
+        self.assertEqual(c["name"], "identity")
+        self.assertEqual(c["platform"], "asyncinfer_builtin")
+        self.assertEqual(c["backend"], "builtin")
+        self.assertEqual(c["max_batch_size"], 8)
+        self.assertEqual(c["input"][0]["name"], "input0")
+        self.assertEqual(c["input"][0]["data_type"], "TYPE_FP32")
+        self.assertEqual(c["output"][0]["name"], "output0")
+        self.assertEqual(c["instance_group"][0]["kind"], "KIND_CPU")
+        self.assertEqual(c["instance_group"][0]["count"], 1)
+        self.assertEqual(c["instance_group"][0]["name"], "identity_0")
+        # (The gRPC client's own JSON printer leaves defaults out: .get.)
+        self.assertFalse(c["model_transaction_policy"].get("decoupled", False))
+        self.assertFalse(c["response_cache"].get("enable", False))
+        self.assertIn("all", c["version_policy"])
+        self.assertIn("dynamic_batching", c)
+
+    def test_http_model_config(self):
+        c = self.http.get_model_config("identity")
+        self.check_identity_config(c)
+        # Triton prints the 64-bit fields as JSON numbers, not as proto3's strings.
+        self.assertEqual(c["input"][0]["dims"], [16])
+        # Every scalar is printed: perf_analyzer reads response_cache.enable unguarded.
+        self.assertIs(c["response_cache"]["enable"], False)
+        self.assertIs(c["model_transaction_policy"]["decoupled"], False)
+        self.assertEqual(c["dynamic_batching"]["max_queue_delay_microseconds"], 0)
+        self.check_identity_config(self.http.get_model_config("identity", "1"))
+        slow = self.http.get_model_config("slow", "1")
+        self.assertEqual(slow["instance_group"][0]["kind"], "KIND_MODEL")  # the sim device
+        self.assertEqual(slow["parameters"]["device"]["string_value"], "sim")
+        self.assertEqual(slow["version_policy"], {"latest": {"num_versions": 1}})
+
+    def test_grpc_model_config(self):
+        r = self.grpc.get_model_config("identity")
+        self.assertEqual(r.config.name, "identity")
+        self.assertEqual(list(r.config.input[0].dims), [16])
+        self.assertEqual(r.config.max_batch_size, 8)
+        c = self.grpc.get_model_config("identity", "2", as_json=True)["config"]
+        self.check_identity_config(c)
+
+    def test_model_config_errors(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.get_model_config("nope")
+        self.assertEqual(e.exception.status(), "404")
+        self.assertIn("unknown model 'nope'", e.exception.message())
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.get_model_config("identity", "7")
+        self.assertEqual(e.exception.status(), "404")
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.get_model_config("nope")
+        self.assertEqual(e.exception.status(), "StatusCode.NOT_FOUND")
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.get_model_config("identity", "x")
+        self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+
+    def test_aio_model_config(self):
+        async def run():
+            h = httpaio.InferenceServerClient("127.0.0.1:%d" % self.server.http_port)
+            g = grpcaio.InferenceServerClient(self.server.grpc_target)
+            try:
+                self.check_identity_config(await h.get_model_config("identity"))
+                r = await g.get_model_config("identity", as_json=True)
+                self.check_identity_config(r["config"])
+            finally:
+                await h.close()
+                await g.close()
+        asyncio.run(asyncio.wait_for(run(), 30))
+
+    # ---- compression -----------------------------------------------------------------------------
+
+    def test_http_compression_every_combination(self):
+        for request in (None, "gzip", "deflate"):
+            for response in (None, "gzip", "deflate"):
+                for binary in (True, False):
+                    r = self.http.infer(
+                        "identity", [http_input(X, binary)],
+                        outputs=[httpclient.InferRequestedOutput("output0", binary_data=binary)],
+                        request_compression_algorithm=request,
+                        response_compression_algorithm=response)
+                    np.testing.assert_array_equal(r.as_numpy("output0"), X)
+
+    def test_http_async_infer_compressed(self):
+        futures = [self.http.async_infer("identity", [http_input(X + k, True)],
+                                         request_compression_algorithm="gzip",
+                                         response_compression_algorithm="deflate")
+                   for k in range(8)]
+        for k, f in enumerate(futures):
+            np.testing.assert_array_equal(f.get_result(timeout=30).as_numpy("output0"), X + k)
+
+    def test_aio_infer_compressed(self):
+        async def run():
+            h = httpaio.InferenceServerClient("127.0.0.1:%d" % self.server.http_port)
+            try:
+                rs = await asyncio.gather(*[
+                    h.infer("identity", [http_input(X * k, True)],
+                            request_compression_algorithm="deflate",
+                            response_compression_algorithm="gzip") for k in range(8)])
+                for k, r in enumerate(rs):
+                    np.testing.assert_array_equal(r.as_numpy("output0"), X * k)
+            finally:
+                await h.close()
+        asyncio.run(asyncio.wait_for(run(), 30))
+
+    def test_response_coding_follows_accept_encoding(self):
+        port = self.server.http_port
+        path = "/v2/models/identity/infer"
+        for accept, coding in (("gzip", "gzip"), ("deflate", "deflate"),
+                               ("gzip;q=0.5, deflate", "deflate"), ("identity", None),
+                               ("br", None), ("*", "gzip"), ("", None)):
+            status, headers, body = raw_post(port, path, infer_body(),
+                                             {"Accept-Encoding": accept})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(headers.get("content-encoding"), coding, accept)
+            if coding == "gzip":
+                body = gzip.decompress(body)
+            elif coding == "deflate":
+                body = zlib.decompress(body)
+            out = json.loads(body)["outputs"][0]["data"]
+            self.assertEqual(out, X.flatten().tolist())
+
+    def test_bad_compressed_bodies(self):
+        port = self.server.http_port
+        path = "/v2/models/identity/infer"
+        status, headers, body = raw_post(port, path, infer_body(), {"Content-Encoding": "br"})
+        self.assertEqual(status, 501, body)
+        self.assertEqual(headers.get("accept-encoding"), "gzip, deflate")
+        self.assertIn("Content-Encoding 'br' is not supported", json.loads(body)["error"])
+        # Not gzip at all, and gzip cut short.
+        status, _, body = raw_post(port, path, infer_body(), {"Content-Encoding": "gzip"})
+        self.assertEqual(status, 400, body)
+        self.assertIn("not valid gzip data", json.loads(body)["error"])
+        status, _, body = raw_post(port, path, gzip.compress(infer_body())[:-12],
+                                   {"Content-Encoding": "gzip"})
+        self.assertEqual(status, 400, body)
+        self.assertIn("ends early", json.loads(body)["error"])
+        # The server goes on serving.
+        r = self.http.infer("identity", [http_input(X, True)])
+        np.testing.assert_array_equal(r.as_numpy("output0"), X)
+
+    def test_zip_bomb(self):
+        # 512 MB of zeros in about 500 KB, against a body limit of 16 MB: the limit is on the
+        # inflated size, and inflating stops there (the server's memory grows by about the
+        # limit, not by the bomb).
+        bomb = zlib.compress(bytes(512 << 20), 9)
+        with Server(EXAMPLE_REPOSITORY, "--max-body-bytes", str(16 << 20)) as server:
+            rss0 = self.rss_mb(server)
+            status, _, body = raw_post(server.http_port, "/v2/models/identity/infer", bomb,
+                                       {"Content-Encoding": "deflate"})
+            self.assertEqual(status, 413, body)
+            self.assertIn("maximum allowed value of 16777216 bytes once inflated",
+                          json.loads(body)["error"])
+            grown = self.rss_mb(server) - rss0
+            self.assertLess(grown, 100, "the server's RSS grew by %.0f MB" % grown)
+            status, _, body = raw_post(server.http_port, "/v2/models/identity/infer",
+                                       gzip.compress(infer_body()), {"Content-Encoding": "gzip"})
+            self.assertEqual(status, 200, body)
+
+    @staticmethod
+    def rss_mb(server):
+        with open("/proc/%d/status" % server.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0
+
+    def test_grpc_compression(self):
+        for algorithm in ("gzip", "deflate"):
+            r = self.grpc.infer("identity", [grpc_input(X)], compression_algorithm=algorithm)
+            np.testing.assert_array_equal(r.as_numpy("output0"), X)
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    harness.unittest.main(verbosity=2)
