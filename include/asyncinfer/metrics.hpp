@@ -81,6 +81,46 @@ struct WorkerMetrics {
   std::int64_t abandoned_instances = 0;
 };
 
+/// A cumulative duration: how many, and their total in nanoseconds (Triton's StatisticDuration).
+struct DurationStat {
+  std::uint64_t count = 0;
+  std::uint64_t ns = 0;
+};
+
+/// The executions of one batch size (Triton's InferBatchStatistics): each duration's count is
+/// the number of executions of `batch_size` rows.
+struct BatchSizeStats {
+  std::int64_t batch_size = 0;
+  DurationStat compute_input;
+  DurationStat compute_infer;
+  DurationStat compute_output;
+};
+
+/// Triton's model statistics (extension_statistics.md), cumulative since the engine started.
+/// Per request: `success` (submit to completion) and `fail` (submit to the error) for every
+/// request; `queue` and the three compute parts for the successful ones only, as Triton counts
+/// them. The compute parts of a request are those of the batch it ran in:
+///   compute_input   dispatch → the batch's inputs gathered (rows concatenated) and their copies
+///                   to the device enqueued;
+///   compute_infer   → the batch's completion point on the stream (the model's work; on devices
+///                   with their own memory, the copies of the outputs back are in it too: the
+///                   stream gives one completion point per batch);
+///   compute_output  → the outputs checked, split per request and handed to their requests.
+/// `inference_count` counts the rows (batch elements) of successful requests,
+/// `execution_count` the batch executions that completed.
+struct InferenceStats {
+  std::uint64_t inference_count = 0;
+  std::uint64_t execution_count = 0;
+  std::int64_t last_inference_ms = 0;  ///< ms since the Unix epoch of the last completion; 0 = none
+  DurationStat success;
+  DurationStat fail;
+  DurationStat queue;
+  DurationStat compute_input;
+  DurationStat compute_infer;
+  DurationStat compute_output;
+  std::vector<BatchSizeStats> batch_stats;  ///< ascending batch_size; sizes that ran only
+};
+
 /// A snapshot of an engine's metrics.
 struct EngineMetrics {
   std::string model;
@@ -128,6 +168,8 @@ struct EngineMetrics {
   HistogramSnapshot compute_us;  ///< batch enqueue on the stream → its completion point
   HistogramSnapshot request_us;  ///< submit → terminal state (end to end)
   HistogramSnapshot batch_size;
+  /// Triton's statistics (the server's /v2/models/.../stats and ModelStatistics).
+  InferenceStats stats;
 
   /// Prometheus text exposition format (version 0.0.4).
   std::string to_prometheus(std::string_view prefix = "asyncinfer") const;

@@ -56,6 +56,7 @@
 #include "engine/request_queue.hpp"
 #include "engine/result_store.hpp"
 #include "engine/retry_scheduler.hpp"
+#include "engine/statistics.hpp"
 #include "engine/worker.hpp"
 
 namespace asyncinfer {
@@ -345,6 +346,18 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Histogram compute_us_;
   Histogram request_us_;
   Histogram batch_size_{Histogram::batch_size_bounds()};
+  // Triton's statistics (InferenceStats): success and fail per request in finish(); the rest
+  // added once per completed batch, in complete().
+  alignas(64) detail::DurationCounter stat_success_;
+  detail::DurationCounter stat_fail_;
+  alignas(64) detail::DurationCounter stat_queue_;
+  detail::DurationCounter stat_input_;
+  detail::DurationCounter stat_infer_;
+  detail::DurationCounter stat_output_;
+  std::atomic<std::uint64_t> inference_count_{0};
+  std::atomic<std::uint64_t> execution_count_{0};
+  std::atomic<std::int64_t> last_inference_ms_{0};
+  detail::BatchStatsTable batch_stats_;
 
   std::mutex shutdown_mu_;
 };

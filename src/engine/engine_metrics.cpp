@@ -73,6 +73,16 @@ EngineMetrics EngineCore::metrics() const {
   m.compute_us = compute_us_.snapshot();
   m.request_us = request_us_.snapshot();
   m.batch_size = batch_size_.snapshot();
+  m.stats.inference_count = inference_count_.load(std::memory_order_relaxed);
+  m.stats.execution_count = execution_count_.load(std::memory_order_relaxed);
+  m.stats.last_inference_ms = last_inference_ms_.load(std::memory_order_relaxed);
+  m.stats.success = stat_success_.load();
+  m.stats.fail = stat_fail_.load();
+  m.stats.queue = stat_queue_.load();
+  m.stats.compute_input = stat_input_.load();
+  m.stats.compute_infer = stat_infer_.load();
+  m.stats.compute_output = stat_output_.load();
+  m.stats.batch_stats = batch_stats_.snapshot();
   return m;
 }
 

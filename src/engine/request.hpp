@@ -125,6 +125,9 @@ struct Request {
 
   Clock::time_point submitted{};
   Clock::time_point enqueued{};  ///< this attempt's entry into the queue
+  /// Time spent queued, every attempt together (Triton's queue statistic). Written by the
+  /// worker that dispatches it, read when it completes in that batch.
+  std::uint64_t queue_ns = 0;
   Clock::time_point deadline = Clock::time_point::max();
 
   std::atomic<Stage> stage{Stage::submitting};
@@ -188,6 +191,8 @@ struct Batch {
   std::atomic<bool> done{false};  ///< completion point handled (vs the watchdog)
   /// Counted in its worker's batches on the stream (launched, completion point not yet run).
   std::atomic<bool> on_stream{false};
+  Clock::time_point dispatched{};    ///< taken from the queue (Triton's compute_input starts)
+  Clock::time_point inputs_ready{};  ///< inputs gathered, copies enqueued (compute_infer starts)
   Clock::time_point compute_start{};
   TimerId watchdog;
   std::mutex watchdog_mu;

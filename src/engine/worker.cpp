@@ -195,15 +195,19 @@ void EngineCore::launch(Worker& w, const std::shared_ptr<Batch>& batch) {
     w.running.push_back(batch);
   }
   const Clock::time_point now = Clock::now();
+  batch->dispatched = now;
   for (const auto& r : batch->requests) {
     ++r->attempts;
     queue_us_.observe(detail::us_between(r->enqueued, now));
+    r->queue_ns += static_cast<std::uint64_t>(std::max<std::int64_t>(
+        0, std::chrono::duration_cast<std::chrono::nanoseconds>(now - r->enqueued).count()));
   }
   attempts_.fetch_add(batch->requests.size(), std::memory_order_relaxed);
   auto io = std::make_shared<BatchIO>();
   batch->io = io;
   io->stop = batch->stop.get_token();
   Status s = assemble(w, *batch, *io);
+  batch->inputs_ready = Clock::now();
   if (s.ok() && batch->requests.empty()) {  // every request failed in assembly
     end_without_running(w, batch, Status());
     return;
@@ -417,8 +421,10 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
   admission_.observe(compute_us, batch->requests.size());  // for admission control
   const bool split = sig_.batched && batch->requests.size() > 1;
   std::int64_t offset = 0;
-  for (const auto& r : batch->requests) {
-    Outputs mine;
+  std::vector<Outputs> split_outputs(batch->requests.size());
+  for (std::size_t k = 0; k < batch->requests.size(); ++k) {
+    const auto& r = batch->requests[k];
+    Outputs& mine = split_outputs[k];
     if (split) {
       mine.reserve(outs.size());
       for (const Tensor& o : outs) mine.push_back(*o.slice(offset, offset + r->rows));
@@ -426,10 +432,43 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
       mine = outs;
     }
     offset += r->rows;
-    if (!try_resolve(r, Stage::completed, std::move(mine), now)) {
+  }
+  // compute_output ends here, and with it each request's time (its success duration).
+  const Clock::time_point split_done = Clock::now();
+  std::uint64_t succeeded = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t queue_ns = 0;
+  for (std::size_t k = 0; k < batch->requests.size(); ++k) {
+    const auto& r = batch->requests[k];
+    const std::uint64_t queued = r->queue_ns;  // read before the request is handed over
+    if (try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
+      ++succeeded;
+      rows += static_cast<std::uint64_t>(sig_.batched ? r->rows : 1);
+      queue_ns += queued;
+    } else {
       late_completions_.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  // Triton's statistics: each successful request is charged its batch's compute parts.
+  auto ns = [](Clock::time_point a, Clock::time_point b) {
+    const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(0, d));
+  };
+  const std::uint64_t input_ns = ns(batch->dispatched, batch->inputs_ready);
+  const std::uint64_t infer_ns = ns(batch->inputs_ready, now);
+  const std::uint64_t output_ns = ns(now, split_done);
+  execution_count_.fetch_add(1, std::memory_order_relaxed);
+  batch_stats_.add(sig_.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
+  last_inference_ms_.store(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count(),
+                           std::memory_order_relaxed);
+  if (succeeded == 0) return;
+  inference_count_.fetch_add(rows, std::memory_order_relaxed);
+  stat_queue_.add(succeeded, queue_ns);
+  stat_input_.add(succeeded, succeeded * input_ns);
+  stat_infer_.add(succeeded, succeeded * infer_ns);
+  stat_output_.add(succeeded, succeeded * output_ns);
 }
 
 Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const {

@@ -79,6 +79,37 @@ void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
   stopped_.store(true, std::memory_order_release);
 }
 
+Result<std::vector<const ModelVersion*>> InferenceServer::stats_versions(
+    std::string_view model, std::string_view version) const {
+  std::vector<const ModelVersion*> out;
+  auto loaded = [&](const ServedModel& m) {
+    for (const auto& v : m.versions) {
+      if (v->engine) out.push_back(v.get());
+    }
+  };
+  if (model.empty()) {
+    if (!version.empty()) {
+      return invalid_argument_error("a statistics request with a version needs a model name");
+    }
+    for (const auto& m : repository_->models()) loaded(*m);
+    return out;
+  }
+  if (version.empty()) {
+    const ServedModel* m = repository_->find(model);
+    if (m == nullptr) return invalid_argument_error("unknown model '" + std::string(model) + "'");
+    loaded(*m);
+    if (out.empty()) {
+      return invalid_argument_error("model '" + m->name + "' has no loaded version" +
+                                    (m->reason.empty() ? std::string() : ": " + m->reason));
+    }
+    return out;
+  }
+  auto v = find(model, version);
+  if (!v.ok()) return invalid_argument_error(v.status().message());
+  out.push_back(*v);
+  return out;
+}
+
 Result<const ModelVersion*> InferenceServer::find(std::string_view model,
                                                   std::string_view version) const {
   const ServedModel* m = repository_->find(model);

@@ -110,8 +110,8 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 2> kServerExtensions = {"model_configuration",
-                                                                      "binary_tensor_data"};
+inline constexpr std::array<std::string_view, 3> kServerExtensions = {
+    "model_configuration", "binary_tensor_data", "statistics"};
 
 struct ServerOptions {
   std::string name = "asyncinfer";
@@ -157,6 +157,14 @@ class InferenceServer {
   /// one that failed to load (with the reason); invalid_argument for a version that is not a
   /// positive integer.
   Result<const ModelVersion*> find(std::string_view model, std::string_view version) const;
+
+  /// The versions a statistics request covers (Triton's statistics extension): `model` empty =
+  /// every loaded version of every model; `version` empty = every loaded version of `model`.
+  /// invalid_argument (Triton's 400 / INVALID_ARGUMENT) naming what is wrong for an unknown
+  /// model, a model with no loaded version, or a version that is unknown, malformed or not
+  /// loaded.
+  Result<std::vector<const ModelVersion*>> stats_versions(std::string_view model,
+                                                          std::string_view version) const;
 
   /// Checks input `name` of OIP `datatype` and `shape` against the model without allocating:
   /// the name exists, the datatype is the model's (BYTES is refused), the shape has the model's

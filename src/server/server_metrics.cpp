@@ -191,6 +191,25 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
           MetricType::Histogram, histogram(l, m.request_us));
       add(p + "inference_batch_size", "Rows per executed batch", MetricType::Histogram,
           histogram(l, m.batch_size));
+      // Triton's statistics (GET .../stats, ModelStatistics), from the same snapshot's counters.
+      counter("inference_count", "Rows (batch elements) of successful requests",
+              m.stats.inference_count);
+      counter("inference_execution_count", "Batch executions that completed",
+              m.stats.execution_count);
+      for (auto [name, d] : {std::pair{"success", &m.stats.success}, std::pair{"fail", &m.stats.fail},
+                             std::pair{"queue", &m.stats.queue},
+                             std::pair{"compute_input", &m.stats.compute_input},
+                             std::pair{"compute_infer", &m.stats.compute_infer},
+                             std::pair{"compute_output", &m.stats.compute_output}}) {
+        std::vector<ClientMetric::Label> ls = l;
+        ls.push_back({"statistic", name});
+        add(p + "inference_statistics_count",
+            "Requests counted in each of Triton's statistics (GET /v2/models/{m}/stats)",
+            MetricType::Counter, sample(ls, static_cast<double>(d->count), MetricType::Counter));
+        add(p + "inference_statistics_ns",
+            "Total nanoseconds of each of Triton's statistics (GET /v2/models/{m}/stats)",
+            MetricType::Counter, sample(ls, static_cast<double>(d->ns), MetricType::Counter));
+      }
     }
   }
   for (auto& [name, f] : families) out.push_back(std::move(f));

@@ -289,8 +289,9 @@ class Conformance(RpcCase):
                              .models), len(r.models))
 
     def test_unimplemented_triton_rpc(self):
-        # Triton's ModelStatistics is not served: UNIMPLEMENTED, as any server without it answers.
-        call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics")
+        # Triton's RepositoryModelLoad is not served: UNIMPLEMENTED, as any server without it
+        # answers.
+        call = self.channel.unary_unary("/inference.GRPCInferenceService/RepositoryModelLoad")
         self.assert_code(grpc.StatusCode.UNIMPLEMENTED, "", call, b"\x0a\x08identity")
 
     def test_infer_raw_id_versions(self):

@@ -1,7 +1,7 @@
 """`asyncinfer serve` through Triton's own Python client (`tritonclient[http,grpc]` from PyPI,
 pinned in scripts/requirements-tritonclient.txt, run from .venv/tritonclient): no client code of
-ours. Covers the extensions the server lists (issue 24): model configuration (HTTP and gRPC;
-sync and aio) and HTTP compression (request and response, gzip and deflate; sync, gevent async
+ours. Covers the extensions the server lists (issue 24): model configuration and statistics (HTTP
+and gRPC; sync and aio; the statistics against /metrics) and HTTP compression (request and response, gzip and deflate; sync, gevent async
 and aio), gRPC transport compression, and what bad compressed bodies get.
 """
 
@@ -9,7 +9,9 @@ import asyncio
 import gzip
 import http.client
 import json
-import os
+import re
+import time
+import urllib.request
 import zlib
 
 import numpy as np
@@ -69,7 +71,7 @@ class TritonClient(harness.unittest.TestCase):
     # ---- extensions ------------------------------------------------------------------------------
 
     def test_extensions_list_what_is_served(self):
-        expected = ["model_configuration", "binary_tensor_data"]
+        expected = ["model_configuration", "binary_tensor_data", "statistics"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
 
@@ -142,6 +144,119 @@ class TritonClient(harness.unittest.TestCase):
                 await h.close()
                 await g.close()
         asyncio.run(asyncio.wait_for(run(), 30))
+
+    # ---- statistics ------------------------------------------------------------------------------
+
+    def test_statistics(self):
+        # A server of its own: its counters start at zero.
+        with Server(EXAMPLE_REPOSITORY) as server:
+            h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port)
+            g = grpcclient.InferenceServerClient(server.grpc_target)
+            start_ms = time.time() * 1000
+            for k in range(10):
+                h.infer("identity", [http_input(X + k, True)])  # version 2, 2 rows each
+            for k in range(3):
+                h.infer("identity", [http_input(X, True)], model_version="1")
+            # The slow model: each row's value is its time on the device (µs). Three of 20 ms,
+            # then one that times out (10 ms deadline, 200 ms of work).
+            def slow(cost):
+                i = httpclient.InferInput("input0", [1, 1], "FP32")
+                i.set_data_from_numpy(np.array([[cost]], dtype=np.float32))
+                return i
+            for _ in range(3):
+                h.infer("slow", [slow(20000)])
+            with self.assertRaises(InferenceServerException):
+                h.infer("slow", [slow(200000)], timeout=10000)
+            time.sleep(0.4)  # its batch runs to its end (a late completion)
+
+            s = h.get_inference_statistics("identity", "2")["model_stats"]
+            self.assertEqual(len(s), 1)
+            s = s[0]
+            self.assertEqual((s["name"], s["version"]), ("identity", "2"))
+            self.assertEqual(s["inference_count"], 20)  # rows, not requests
+            self.assertEqual(s["execution_count"], 10)
+            self.assertGreaterEqual(s["last_inference"], start_ms - 1000)
+            self.assertLessEqual(s["last_inference"], time.time() * 1000 + 1000)
+            st = s["inference_stats"]
+            for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+                self.assertEqual(st[key]["count"], 10, key)
+                self.assertGreater(st[key]["ns"], 0, key)
+            self.assertEqual(st["fail"], {"count": 0, "ns": 0})
+            self.assertEqual(st["cache_hit"], {"count": 0, "ns": 0})
+            self.assertEqual(st["cache_miss"], {"count": 0, "ns": 0})
+            # The parts of a request are within its time in the server.
+            parts = sum(st[k]["ns"] for k in ("queue", "compute_input", "compute_infer",
+                                              "compute_output"))
+            self.assertLessEqual(parts, st["success"]["ns"])
+            self.assertEqual(s["batch_stats"][0]["batch_size"], 2)
+            self.assertEqual(sum(b["compute_infer"]["count"] for b in s["batch_stats"]), 10)
+
+            slow_stats = h.get_inference_statistics("slow")["model_stats"][0]["inference_stats"]
+            self.assertEqual(slow_stats["success"]["count"], 3)
+            self.assertEqual(slow_stats["fail"]["count"], 1)
+            # compute_infer is the model's time: at least the 20 ms each of the three asked for.
+            self.assertGreaterEqual(slow_stats["compute_infer"]["ns"], 3 * 20_000_000)
+            self.assertLess(slow_stats["compute_input"]["ns"], 3 * 5_000_000)
+
+            everything = h.get_inference_statistics()["model_stats"]
+            self.assertEqual(sorted((m["name"], m["version"]) for m in everything),
+                             [("identity", "1"), ("identity", "2"), ("slow", "1")])
+            both = h.get_inference_statistics("identity")["model_stats"]
+            self.assertEqual({m["version"]: m["inference_count"] for m in both},
+                             {"1": 6, "2": 20})
+
+            # gRPC: the same numbers, as Triton's messages.
+            r = g.get_inference_statistics("identity", "2")
+            m = r.model_stats[0]
+            self.assertEqual((m.name, m.version, m.inference_count, m.execution_count),
+                             ("identity", "2", 20, 10))
+            self.assertEqual(m.inference_stats.success.count, 10)
+            self.assertEqual(m.inference_stats.success.ns, st["success"]["ns"])
+            self.assertEqual(len(g.get_inference_statistics().model_stats), 3)
+            j = g.get_inference_statistics("slow", as_json=True)
+            self.assertEqual(j["model_stats"][0]["inference_stats"]["fail"]["count"], "1")
+
+            # /metrics agrees (the server is idle: nothing changes between the two reads).
+            text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+            for statistic in ("success", "queue", "compute_input", "compute_infer",
+                              "compute_output", "fail"):
+                for what in ("count", "ns"):
+                    pattern = (r'asyncinfer_inference_statistics_%s\{model="identity",'
+                               r'version="2",statistic="%s"\} (\S+)' % (what, statistic))
+                    found = re.search(pattern, text)
+                    self.assertIsNotNone(found, pattern)
+                    self.assertEqual(int(float(found.group(1))), st[statistic][what], pattern)
+            found = re.search(r'asyncinfer_inference_count\{model="identity",version="2"\} (\S+)',
+                              text)
+            self.assertEqual(int(float(found.group(1))), 20)
+
+            # Errors: Triton's 400 / INVALID_ARGUMENT.
+            with self.assertRaises(InferenceServerException) as e:
+                h.get_inference_statistics("nope")
+            self.assertEqual(e.exception.status(), "400")
+            self.assertIn("unknown model 'nope'", e.exception.message())
+            with self.assertRaises(InferenceServerException) as e:
+                h.get_inference_statistics("identity", "9")
+            self.assertEqual(e.exception.status(), "400")
+            with self.assertRaises(InferenceServerException) as e:
+                g.get_inference_statistics("nope")
+            self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+
+            async def aio():
+                ha = httpaio.InferenceServerClient("127.0.0.1:%d" % server.http_port)
+                ga = grpcaio.InferenceServerClient(server.grpc_target)
+                try:
+                    a = await ha.get_inference_statistics("identity", "1")
+                    b = await ga.get_inference_statistics("identity", "1", as_json=True)
+                    return a["model_stats"][0], b["model_stats"][0]
+                finally:
+                    await ha.close()
+                    await ga.close()
+            a, b = asyncio.run(asyncio.wait_for(aio(), 30))
+            self.assertEqual(a["inference_count"], 6)
+            self.assertEqual(b["inference_count"], "6")  # the gRPC client prints uint64 as text
+            h.close()
+            g.close()
 
     # ---- compression -----------------------------------------------------------------------------
 

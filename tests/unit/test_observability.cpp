@@ -328,5 +328,70 @@ TEST(Gauges, PrometheusFamiliesAreContiguous) {
       << "a metric family appears in two groups";
 }
 
+// ---- Triton's statistics (EngineMetrics::stats, issue 24) --------------------------------------
+
+TEST(Statistics, CountsAndTimesAsTritonDefinesThem) {
+  EngineOptions o;
+  o.workers = 1;
+  o.max_inflight_per_worker = 1;
+  o.batching.max_batch_size = 1;
+  // 20 ms per batch on the simulated device.
+  auto engine = make_engine("builtin:fixed_cost?base_us=20000", "sim", o);
+  ASSERT_TRUE(engine);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(get_within(engine->submit(one(1)), 5s).ok());
+  RequestOptions quick;
+  quick.timeout = 5ms;
+  EXPECT_EQ(get_within(engine->submit(one(1), quick), 5s).status().code(),
+            StatusCode::deadline_exceeded);
+  // Its batch is cut short (the model is cancellable): a failure, and no execution.
+  ASSERT_TRUE(eventually([&] {
+    const EngineMetrics m = engine->metrics();
+    return m.inflight_requests == 0 && m.workers[0].stream_batches == 0;
+  }));
+  const InferenceStats s = engine->metrics().stats;
+  EXPECT_EQ(s.execution_count, 3u);
+  EXPECT_EQ(s.inference_count, 3u);
+  EXPECT_EQ(s.success.count, 3u);
+  EXPECT_EQ(s.fail.count, 1u);
+  EXPECT_GE(s.fail.ns, 5'000'000u);
+  for (const DurationStat* d : {&s.queue, &s.compute_input, &s.compute_infer, &s.compute_output}) {
+    EXPECT_EQ(d->count, 3u) << "the successful requests only";
+  }
+  EXPECT_GE(s.compute_infer.ns, 3 * 20'000'000u) << "the model's 20 ms each";
+  EXPECT_LT(s.compute_input.ns + s.compute_output.ns, 3 * 5'000'000u);
+  EXPECT_LE(s.queue.ns + s.compute_input.ns + s.compute_infer.ns + s.compute_output.ns,
+            s.success.ns)
+      << "the parts of a request fit in its time";
+  ASSERT_EQ(s.batch_stats.size(), 1u);
+  EXPECT_EQ(s.batch_stats[0].batch_size, 1);
+  EXPECT_EQ(s.batch_stats[0].compute_infer.count, 3u);
+  EXPECT_GT(s.last_inference_ms, 0);
+}
+
+TEST(Statistics, BatchedRequestsAreChargedTheirBatchAndCountTheirRows) {
+  EngineOptions o;
+  o.workers = 1;
+  o.max_inflight_per_worker = 1;
+  o.batching.max_batch_size = 8;
+  auto engine = make_engine("builtin:fixed_cost?base_us=30000&max_batch=8", "sim", o);
+  ASSERT_TRUE(engine);
+  // The first runs alone; the next three, queued behind it, run as one batch of 3 rows.
+  std::vector<Future<Outputs>> fs;
+  fs.push_back(engine->submit(one(1)));
+  ASSERT_TRUE(eventually([&] { return engine->metrics().queue_depth == 0; }));
+  for (int i = 0; i < 3; ++i) fs.push_back(engine->submit(one(1)));
+  for (auto& f : fs) ASSERT_TRUE(get_within(f, 5s).ok());
+  const InferenceStats s = engine->metrics().stats;
+  EXPECT_EQ(s.inference_count, 4u);
+  EXPECT_EQ(s.execution_count, 2u);
+  ASSERT_EQ(s.batch_stats.size(), 2u);
+  EXPECT_EQ(s.batch_stats[0].batch_size, 1);
+  EXPECT_EQ(s.batch_stats[1].batch_size, 3);
+  EXPECT_EQ(s.compute_infer.count, 4u);
+  // Each of the three is charged the whole batch's time.
+  EXPECT_GE(s.compute_infer.ns, 4 * 30'000'000u);
+  EXPECT_EQ(s.batch_stats[1].compute_infer.count, 1u);
+}
+
 }  // namespace
 }  // namespace asyncinfer

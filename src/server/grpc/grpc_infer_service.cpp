@@ -138,10 +138,11 @@ using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
             pb::GRPCInferenceService::WithCallbackMethod_ServerMetadata<
                 pb::GRPCInferenceService::WithCallbackMethod_ModelMetadata<
                     pb::GRPCInferenceService::WithCallbackMethod_ModelConfig<
-                        pb::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-                            pb::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
-                                pb::GRPCInferenceService::WithCallbackMethod_RepositoryIndex<
-                                    pb::GRPCInferenceService::Service>>>>>>>>>;
+                        pb::GRPCInferenceService::WithCallbackMethod_ModelStatistics<
+                            pb::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                                pb::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
+                                    pb::GRPCInferenceService::WithCallbackMethod_RepositoryIndex<
+                                        pb::GRPCInferenceService::Service>>>>>>>>>>;
 
 class GrpcServer::Impl::Service final : public ServiceBase {
  public:
@@ -151,6 +152,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::ModelInfer;
   using ServiceBase::ModelMetadata;
   using ServiceBase::ModelReady;
+  using ServiceBase::ModelStatistics;
   using ServiceBase::ModelStreamInfer;
   using ServiceBase::RepositoryIndex;
   using ServiceBase::ServerLive;
@@ -205,6 +207,15 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     auto mv = impl_.core.find(in->name(), in->version());
     if (!mv.ok()) return done(ctx, mv.status());
     return done(ctx, model_config(**mv, out));
+  }
+
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* ctx,
+                                            const pb::ModelStatisticsRequest* in,
+                                            pb::ModelStatisticsResponse* out) override {
+    auto versions = impl_.core.stats_versions(in->name(), in->version());
+    if (!versions.ok()) return done(ctx, versions.status());
+    model_statistics(*versions, out);
+    return done(ctx, Status());
   }
 
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,

@@ -419,6 +419,39 @@ Status model_config(const ModelVersion& version, inference::ModelConfigResponse*
   return Status();
 }
 
+void model_statistics(const std::vector<const ModelVersion*>& versions,
+                      inference::ModelStatisticsResponse* out) {
+  auto set = [](inference::StatisticDuration* d, const DurationStat& s) {
+    d->set_count(s.count);
+    d->set_ns(s.ns);
+  };
+  for (const ModelVersion* v : versions) {
+    const InferenceStats s = v->engine->metrics().stats;
+    inference::ModelStatistics* m = out->add_model_stats();
+    m->set_name(v->model_name);
+    m->set_version(v->version_text);
+    m->set_last_inference(static_cast<std::uint64_t>(s.last_inference_ms));
+    m->set_inference_count(s.inference_count);
+    m->set_execution_count(s.execution_count);
+    inference::InferStatistics* i = m->mutable_inference_stats();
+    set(i->mutable_success(), s.success);
+    set(i->mutable_fail(), s.fail);
+    set(i->mutable_queue(), s.queue);
+    set(i->mutable_compute_input(), s.compute_input);
+    set(i->mutable_compute_infer(), s.compute_infer);
+    set(i->mutable_compute_output(), s.compute_output);
+    i->mutable_cache_hit();
+    i->mutable_cache_miss();
+    for (const BatchSizeStats& b : s.batch_stats) {
+      inference::InferBatchStatistics* e = m->add_batch_stats();
+      e->set_batch_size(static_cast<std::uint64_t>(b.batch_size));
+      set(e->mutable_compute_input(), b.compute_input);
+      set(e->mutable_compute_infer(), b.compute_infer);
+      set(e->mutable_compute_output(), b.compute_output);
+    }
+  }
+}
+
 void repository_index(const ModelRepository& repository, bool ready_only,
                       inference::RepositoryIndexResponse* out) {
   for (const auto& m : repository.models()) {

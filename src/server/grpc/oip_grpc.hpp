@@ -70,6 +70,10 @@ void model_metadata(const ServedModel& model, const ModelVersion& shown,
 /// The version's applied configuration (ModelVersion::config_binary); internal_error if it does
 /// not parse.
 Status model_config(const ModelVersion& version, inference::ModelConfigResponse* out);
+/// Triton's statistics of each version (from its engine's InferenceStats), as
+/// model_statistics_json has them.
+void model_statistics(const std::vector<const ModelVersion*>& versions,
+                      inference::ModelStatisticsResponse* out);
 void repository_index(const ModelRepository& repository, bool ready_only,
                       inference::RepositoryIndexResponse* out);
 

@@ -131,6 +131,12 @@ void Session::handle_api() {
     return respond(200, repository_index_json(impl_.core.repository(), *ready_only));
   }
   if (p.size() < 3 || p[1] != "models") return not_found(target);
+  if (p.size() == 3 && p[2] == "stats") {  // every model's (Triton: as for a model "stats")
+    if (!need(http::verb::get)) return;
+    auto versions = impl_.core.stats_versions("", "");
+    if (!versions.ok()) return respond_status(versions.status());
+    return respond(200, model_statistics_json(*versions));
+  }
   // /v2/models/{m}[/versions/{v}][/ready|/infer|/config]
   std::string model;
   std::string version;
@@ -160,6 +166,12 @@ void Session::handle_api() {
     const int status =
         mv.status().code() == StatusCode::unavailable ? 400 : http_status(mv.status().code());
     return respond_error(status, mv.status().message());
+  }
+  if (action == "stats") {
+    if (!need(http::verb::get)) return;
+    auto versions = impl_.core.stats_versions(model, version);
+    if (!versions.ok()) return respond_status(versions.status());
+    return respond(200, model_statistics_json(*versions));
   }
   if (action == "config") {
     if (!need(http::verb::get)) return;

@@ -99,6 +99,40 @@ std::string repository_index_json(const ModelRepository& repository, bool ready_
   return list.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+std::string model_statistics_json(const std::vector<const ModelVersion*>& versions) {
+  auto duration = [](const DurationStat& d) { return json{{"count", d.count}, {"ns", d.ns}}; };
+  const json zero = {{"count", 0}, {"ns", 0}};
+  json list = json::array();
+  for (const ModelVersion* v : versions) {
+    const InferenceStats s = v->engine->metrics().stats;
+    json batches = json::array();
+    for (const BatchSizeStats& b : s.batch_stats) {
+      batches.push_back({{"batch_size", b.batch_size},
+                         {"compute_input", duration(b.compute_input)},
+                         {"compute_infer", duration(b.compute_infer)},
+                         {"compute_output", duration(b.compute_output)}});
+    }
+    list.push_back({{"name", v->model_name},
+                    {"version", v->version_text},
+                    {"last_inference", s.last_inference_ms},
+                    {"inference_count", s.inference_count},
+                    {"execution_count", s.execution_count},
+                    {"inference_stats",
+                     {{"success", duration(s.success)},
+                      {"fail", duration(s.fail)},
+                      {"queue", duration(s.queue)},
+                      {"compute_input", duration(s.compute_input)},
+                      {"compute_infer", duration(s.compute_infer)},
+                      {"compute_output", duration(s.compute_output)},
+                      {"cache_hit", zero},
+                      {"cache_miss", zero}}},
+                    {"response_stats", json::object()},
+                    {"batch_stats", batches},
+                    {"memory_usage", json::array()}});
+  }
+  return json{{"model_stats", list}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 Result<bool> parse_index_request(std::string_view body, int max_depth) {
   if (body.empty()) return false;
   ASYNCINFER_ASSIGN_OR_RETURN(json j, parse_json(body, max_depth));

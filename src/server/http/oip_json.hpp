@@ -62,6 +62,12 @@ std::string model_metadata_json(const ServedModel& model, const ModelVersion& sh
 /// POST /v2/repository/index (Triton's repository extension): every model and version with its
 /// state; `ready_only` keeps the ready ones.
 std::string repository_index_json(const ModelRepository& repository, bool ready_only);
+/// Triton's statistics body: {"model_stats": [{name, version, last_inference, inference_count,
+/// execution_count, inference_stats {success, fail, queue, compute_input, compute_infer,
+/// compute_output, cache_hit, cache_miss: {count, ns}}, response_stats {}, batch_stats
+/// [{batch_size, compute_input, compute_infer, compute_output}], memory_usage []}]}, one entry
+/// per version, from each engine's InferenceStats.
+std::string model_statistics_json(const std::vector<const ModelVersion*>& versions);
 /// Parses the optional body of /v2/repository/index ({"ready": bool}); invalid_argument else.
 Result<bool> parse_index_request(std::string_view body, int max_depth);
 
