@@ -31,7 +31,6 @@ constexpr std::string_view kSkippedMessages[] = {
     "inference.ModelEnsembling",
     "inference.BatchInput",
     "inference.BatchOutput",
-    "inference.ModelWarmup",
     "inference.ModelOperations",
     "inference.ModelRepositoryAgents",
     "inference.ModelResponseCache",
@@ -136,8 +135,6 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     }
   };
   ignore(c.has_optimization(), "optimization", "framework-specific tuning");
-  ignore(!c.model_warmup().empty(), "model_warmup",
-         "the torch backend warms each instance up by itself");
   ignore(!c.metric_tags().empty(), "metric_tags", "metrics carry the labels model and version");
   ignore(c.has_response_cache(), "response_cache", "no response cache");
   ignore(c.has_model_metrics(), "model_metrics", "fixed histogram buckets");
@@ -195,6 +192,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                "dims)");
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));
+  ASYNCINFER_RETURN_IF_ERROR(plan_warmup(c, model, plan));
 
   if (c.has_version_policy()) {
     const inference::ModelVersionPolicy& v = c.version_policy();

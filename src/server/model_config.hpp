@@ -9,10 +9,10 @@
 //     instance_group (kind, count, gpus), dynamic_batching (preferred_batch_size,
 //     max_queue_delay_microseconds, preserve_ordering, priority_levels, default_priority_level,
 //     default_queue_policy: default_timeout_microseconds, allow_timeout_override,
-//     max_queue_size), version_policy, default_model_filename, parameters;
+//     max_queue_size), version_policy, default_model_filename, parameters, model_warmup;
 //   - would change behaviour but is not supported (sequence_batching, ensemble_scheduling,
 //     input.reshape, decoupled transactions, an unknown field, ...): an error naming the field;
-//   - ignorable (optimization, model_warmup, metric_tags, response_cache, label_filename, ...):
+//   - ignorable (optimization, metric_tags, response_cache, label_filename, ...):
 //     a warning naming the field.
 // docs/serving.md lists every field and what becomes of it.
 //
@@ -40,6 +40,24 @@ struct VersionPolicy {
   std::vector<std::int64_t> select(std::vector<std::int64_t> available) const;
 };
 
+/// One model_warmup entry (Triton's ModelWarmup): `count` runs of one request of `batch_size` rows
+/// (no batch dim when the model has none) whose inputs hold zeros, random values, or the bytes of
+/// <model>/warmup/<input_data_file>.
+struct WarmupSample {
+  struct Input {
+    enum class Data : std::uint8_t { zero, random, file };
+    std::string name;
+    DType dtype = DType::f32;
+    Shape dims;  ///< without the batch dim
+    Data data = Data::zero;
+    std::string file;  ///< Data::file: the file's name in the model's warmup folder
+  };
+  std::string name;
+  std::int64_t batch_size = 1;
+  std::uint32_t count = 1;
+  std::vector<Input> inputs;
+};
+
 /// Everything needed to load and serve one model's versions.
 struct ModelPlan {
   enum class Backend : std::uint8_t { torch, builtin };
@@ -63,6 +81,8 @@ struct ModelPlan {
   std::vector<TensorSpec> outputs;
   EngineOptions engine;
   VersionPolicy versions;
+  /// model_warmup: run on each version before it turns ready (model_repository.cpp).
+  std::vector<WarmupSample> warmup;
   /// The config.pbtxt as parsed (a serialized inference.ModelConfig), for applied_model_config.
   std::string config_binary;
   /// "device cpu, 2 workers, dynamic batching max 8 delay 100 us" for the load log line.

@@ -35,6 +35,9 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
                     std::vector<std::string>* warnings);
 Status plan_instances(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
                       std::vector<std::string>* warnings);
+/// model_warmup → WarmupSample: names, data types, dims, one data source each, batch_size within
+/// max_batch_size.
+Status plan_warmup(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan);
 Status plan_batching(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
                      std::vector<std::string>* warnings);
 

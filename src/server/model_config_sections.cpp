@@ -367,4 +367,64 @@ Status plan_batching(const inference::ModelConfig& c, std::string_view model, Mo
   return Status();
 }
 
+Status plan_warmup(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan) {
+  for (const inference::ModelWarmup& w : c.model_warmup()) {
+    const std::string what = "model_warmup '" + w.name() + "'";
+    if (w.name().empty()) return bad(model, "a model_warmup entry needs a name");
+    WarmupSample sample;
+    sample.name = w.name();
+    sample.count = std::max(w.count(), 1u);  // Triton: 0 = once
+    if (c.max_batch_size() > 0) {
+      if (w.batch_size() < 1 || w.batch_size() > static_cast<std::uint32_t>(c.max_batch_size())) {
+        return bad(model, what + ": batch_size " + std::to_string(w.batch_size()) +
+                              " is outside 1..max_batch_size (" +
+                              std::to_string(c.max_batch_size()) + ")");
+      }
+      sample.batch_size = w.batch_size();
+    } else if (w.batch_size() > 1) {
+      return bad(model, what + ": batch_size " + std::to_string(w.batch_size()) +
+                            " for a model without a batch dim (max_batch_size 0)");
+    }
+    if (w.inputs().empty()) return bad(model, what + " lists no inputs");
+    for (const auto& [name, in] : w.inputs()) {
+      WarmupSample::Input input;
+      input.name = name;
+      auto dtype = dtype_from_config(in.data_type());
+      if (!dtype.ok()) return bad(model, what + " input '" + name + "': " +
+                                             std::string(dtype.status().message()));
+      input.dtype = *dtype;
+      for (std::int64_t d : in.dims()) {
+        if (d < 0) {
+          return bad(model, what + " input '" + name + "': dims " + std::to_string(d) +
+                                " (warm-up dims are fixed sizes, >= 0)");
+        }
+        input.dims.push_back(d);
+      }
+      switch (in.input_data_type_case()) {
+        case inference::ModelWarmup::Input::kZeroData:
+          input.data = WarmupSample::Input::Data::zero;
+          break;
+        case inference::ModelWarmup::Input::kRandomData:
+          input.data = WarmupSample::Input::Data::random;
+          break;
+        case inference::ModelWarmup::Input::kInputDataFile:
+          input.data = WarmupSample::Input::Data::file;
+          input.file = in.input_data_file();
+          if (input.file.empty() || input.file.find('/') != std::string::npos ||
+              input.file == "." || input.file == "..") {
+            return bad(model, what + " input '" + name + "': input_data_file '" + input.file +
+                                  "' must name a file in the model's warmup folder");
+          }
+          break;
+        default:
+          return bad(model, what + " input '" + name +
+                                "' needs zero_data, random_data or input_data_file");
+      }
+      sample.inputs.push_back(std::move(input));
+    }
+    plan.warmup.push_back(std::move(sample));
+  }
+  return Status();
+}
+
 }  // namespace asyncinfer::server

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -10,6 +12,114 @@
 
 namespace asyncinfer::server {
 namespace fs = std::filesystem;
+
+namespace {
+
+/// One warm-up input's tensor: zeros, random values (finite, |x| < 1 for the float types), or
+/// the bytes of <model>/warmup/<file>, which must be exactly the tensor's size.
+Result<Tensor> warmup_tensor(const WarmupSample::Input& in, Shape shape, const fs::path& dir,
+                             std::mt19937_64& rng) {
+  ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(in.dtype, shape));
+  auto* bytes = static_cast<unsigned char*>(t.data());
+  switch (in.data) {
+    case WarmupSample::Input::Data::zero:
+      break;
+    case WarmupSample::Input::Data::random: {
+      std::uniform_real_distribution<double> unit(0.0, 1.0);
+      const std::size_t n = t.numel();
+      if (in.dtype == DType::f32) {
+        for (std::size_t i = 0; i < n; ++i) t.data_as<float>()[i] = static_cast<float>(unit(rng));
+      } else if (in.dtype == DType::f64) {
+        for (std::size_t i = 0; i < n; ++i) t.data_as<double>()[i] = unit(rng);
+      } else if (in.dtype == DType::boolean) {
+        for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(rng() & 1u);
+      } else {
+        for (std::size_t i = 0; i < t.byte_size(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+        if (in.dtype == DType::f16 || in.dtype == DType::bf16) {
+          // Clear the exponent's top bit(s): finite values below 1 in magnitude.
+          const std::uint16_t mask = in.dtype == DType::f16 ? 0xBBFF : 0xBF7F;
+          auto* h = static_cast<std::uint16_t*>(t.data());
+          for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<std::uint16_t>(h[i] & mask);
+        }
+      }
+      break;
+    }
+    case WarmupSample::Input::Data::file: {
+      const fs::path file = dir / "warmup" / in.file;
+      std::ifstream f(file, std::ios::binary);
+      if (!f) return not_found_error("input_data_file " + file.string() + " cannot be read");
+      std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      if (data.size() != t.byte_size()) {
+        return invalid_argument_error(
+            "input_data_file " + file.string() + " has " + std::to_string(data.size()) +
+            " bytes; input '" + in.name + "' " + std::string(to_string(in.dtype)) +
+            shape_to_string(shape) + " needs " + std::to_string(t.byte_size()));
+      }
+      std::memcpy(bytes, data.data(), data.size());
+      break;
+    }
+  }
+  return t;
+}
+
+/// Runs the plan's model_warmup on `engine` before its version turns ready (Triton's rule): each
+/// sample `count` times, submitted at once, and waits for them (at most 5 minutes a sample).
+/// The error names the sample and what failed.
+Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& sig,
+                  const fs::path& dir, const std::function<void(const std::string&)>& log,
+                  const std::string& head) {
+  std::mt19937_64 rng(0x5eed);
+  for (const WarmupSample& w : plan.warmup) {
+    const std::string what = "model_warmup '" + w.name + "'";
+    Status s = [&]() -> Status {
+      for (const WarmupSample::Input& in : w.inputs) {
+        const bool known = std::any_of(sig.inputs.begin(), sig.inputs.end(),
+                                       [&](const TensorSpec& t) { return t.name == in.name; });
+        if (!known) return invalid_argument_error("the model has no input '" + in.name + "'");
+      }
+      Inputs inputs;
+      for (const TensorSpec& spec : sig.inputs) {
+        auto it = std::find_if(w.inputs.begin(), w.inputs.end(),
+                               [&](const WarmupSample::Input& in) { return in.name == spec.name; });
+        if (it == w.inputs.end()) {
+          return invalid_argument_error("no data for the model's input '" + spec.name + "'");
+        }
+        if (it->dtype != spec.dtype) {
+          return invalid_argument_error("input '" + spec.name + "' is " +
+                                        std::string(to_string(it->dtype)) + ", the model's is " +
+                                        std::string(to_string(spec.dtype)));
+        }
+        Shape shape;
+        if (sig.batched) shape.push_back(w.batch_size);
+        shape.insert(shape.end(), it->dims.begin(), it->dims.end());
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, warmup_tensor(*it, std::move(shape), dir, rng));
+        inputs.push_back(std::move(t));
+      }
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<Future<Outputs>> runs;
+      for (std::uint32_t i = 0; i < w.count; ++i) runs.push_back(engine.submit(inputs));
+      for (Future<Outputs>& f : runs) {
+        if (!f.wait_for(std::chrono::minutes(5))) {
+          return deadline_exceeded_error("a run did not finish within 5 minutes");
+        }
+        Result<Outputs> r = f.get();
+        if (!r.ok()) return r.status();
+      }
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+      log(head + what + ": " + std::to_string(w.count) + (w.count == 1 ? " run" : " runs") +
+          " in " + std::to_string(ms) + " ms");
+      return Status();
+    }();
+    if (!s.ok()) {
+      return Status(s.code(), what + " failed: " + std::string(s.message()));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
 
 std::string_view to_string(ModelState state) noexcept {
   return state == ModelState::ready ? "READY" : "UNAVAILABLE";
@@ -192,6 +302,10 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
             last = engine.status();
             continue;
           }
+          // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
+          // UNAVAILABLE with the reason (and its engine is shut down here).
+          ASYNCINFER_RETURN_IF_ERROR(
+              run_warmup(**engine, *plan, mv->signature, dir, log, head));
           ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
                                       applied_model_config(*plan, mv->signature, spec));
           mv->config_json = std::move(applied.json);

@@ -72,11 +72,12 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
                 self.server.wait_line(pattern, timeout=1)
 
     def test_ignorable_fields_are_warnings(self):
-        for field in ("optimization is ignored", "model_warmup is ignored",
-                      "metric_tags is ignored", 'parameters "INFERENCE_MODE" is not an asyncinfer '
+        for field in ("optimization is ignored", "metric_tags is ignored", 'parameters "INFERENCE_MODE" is not an asyncinfer '
                                                 "option"):
             self.server.wait_line("model 'ignorable': warning: .*" + field, timeout=1)
         self.server.wait_line("model 'ignorable' version 1: READY", timeout=1)
+        # model_warmup is honoured now (issue 24), before the version turns ready.
+        self.server.wait_line("model 'ignorable' version 1: model_warmup 'w': 1 run in", timeout=1)
 
     def test_the_others_serve(self):
         url = self.server.url
@@ -105,6 +106,79 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
     def test_without_strict_readiness(self):
         with Server(self.repo.path, "--strict-readiness", "false") as server:
             self.assertEqual(requests.get(server.url + "/v2/health/ready").status_code, 200)
+
+
+def warmup(name, data, batch_size=2, count=1, dims="16", dtype="TYPE_FP32"):
+    return ('model_warmup [ { name: "%s" batch_size: %d count: %d inputs { key: "input0" value: '
+            '{ data_type: %s dims: [ %s ] %s } } } ]\n' % (name, batch_size, count, dtype, dims,
+                                                          data))
+
+
+class Warmup(harness.unittest.TestCase):
+    """Triton's model_warmup: runs before the version turns ready; a failure leaves it
+    UNAVAILABLE with the reason, and the others serve."""
+
+    def test_warmup_runs_before_ready_and_failures_say_why(self):
+        repo = Repository()
+        try:
+            repo.add("zeros", identity_config("zeros", warmup("z", "zero_data: true", count=3)))
+            repo.add("random", identity_config("random", warmup("r", "random_data: true")))
+            os.makedirs(os.path.join(repo.path, "fromfile", "warmup"))
+            repo.add("fromfile", identity_config("fromfile",
+                                                 warmup("f", 'input_data_file: "raw"', 1)))
+            with open(os.path.join(repo.path, "fromfile", "warmup", "raw"), "wb") as f:
+                f.write(struct.pack("<16f", *range(16)))
+            os.makedirs(os.path.join(repo.path, "short", "warmup"))
+            repo.add("short", identity_config("short", warmup("s", 'input_data_file: "raw"', 1)))
+            with open(os.path.join(repo.path, "short", "warmup", "raw"), "wb") as f:
+                f.write(b"\0" * 10)
+            repo.add("missing", identity_config("missing", warmup("m", 'input_data_file: "nope"')))
+            repo.add("wrong_type", identity_config(
+                "wrong_type", warmup("t", "zero_data: true", dtype="TYPE_INT32")))
+            repo.add("wrong_dims", identity_config("wrong_dims", warmup("d", "zero_data: true",
+                                                                         dims="15")))
+            repo.add("too_big", identity_config("too_big", warmup("b", "zero_data: true",
+                                                                   batch_size=9)))
+            repo.add("no_data", identity_config("no_data", warmup("n", "")))
+            repo.add("typo", identity_config("typo", warmup("y", "zero_dta: true")))
+            with Server(repo.path) as server:
+                for model, runs in (("zeros", "3 runs"), ("random", "1 run"),
+                                    ("fromfile", "1 run")):
+                    line = server.wait_line("model '%s' version 1: model_warmup" % model, 1)
+                    self.assertIn(runs + " in", line)
+                    # The warm-up comes first: its line precedes READY in the log.
+                    log = server.log()
+                    self.assertLess(log.index(line), log.index(
+                        "model '%s' version 1: READY" % model))
+                expect = {
+                    "short": "model_warmup 's' failed: input_data_file .*raw has 10 bytes; "
+                             r"input 'input0' f32\[1,16\] needs 64",
+                    "missing": "model_warmup 'm' failed: input_data_file .*nope cannot be read",
+                    "wrong_type": "model_warmup 't' failed: input 'input0' is i32, the model's "
+                                  "is f32",
+                    "wrong_dims": "model_warmup 'd' failed: .*",
+                    "too_big": r"model_warmup 'b': batch_size 9 is outside 1..max_batch_size "
+                               r"\(8\)",
+                    "no_data": "model_warmup 'n' input 'input0' needs zero_data, random_data or "
+                               "input_data_file",
+                    "typo": r'has no field named \"zero_dta\"',
+                }
+                index = requests.post(server.url + "/v2/repository/index", timeout=10).json()
+                states = {e["name"]: (e["state"], e.get("reason", "")) for e in index}
+                for model, pattern in expect.items():
+                    with self.subTest(model=model):
+                        self.assertEqual(states[model][0], "UNAVAILABLE")
+                        self.assertRegex(states[model][1], pattern)
+                        server.wait_line("model '%s'.*UNAVAILABLE: .*%s" % (model, pattern), 1)
+                for model in ("zeros", "random", "fromfile"):
+                    self.assertEqual(states[model][0], "READY")
+                    body = json.dumps({"inputs": [{"name": "input0", "shape": [1, 16],
+                                                   "datatype": "FP32", "data": [1] * 16}]})
+                    r = requests.post(server.url + "/v2/models/%s/infer" % model, data=body,
+                                      timeout=10)
+                    self.assertEqual(r.status_code, 200, r.text)
+        finally:
+            repo.cleanup()
 
 
 class LostDevice(harness.unittest.TestCase):
