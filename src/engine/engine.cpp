@@ -112,6 +112,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   // When the request enters the queue, unless its submit waits for room (accept()): a moment
   // from now, so the clock is read again only when a copy took time.
   r->enqueued = copied ? Clock::now() : now;
+  r->waiting_since = r->enqueued;
   r->inputs = std::move(inputs);
   r->shape_key = detail::compute_shape_key(r->inputs, sig_.batched);
   return r;
@@ -184,6 +185,7 @@ Status EngineCore::accept(const std::shared_ptr<Request>& r) {
   r->seq = next_seq_++;
   if (opt_.ordered_delivery) r->order_seq = order_.assign(r->sequence_key);
   r->enqueued = now;
+  r->waiting_since = now;
   detail::transition(*r, Stage::submitting, Stage::queued, lock);
   inflight_requests_.fetch_add(1, std::memory_order_relaxed);
   submitted_.fetch_add(1, std::memory_order_relaxed);

@@ -201,7 +201,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void batch_finished();
   void notify_progress();
   /// Ends the batch's requests with their rows of the outputs; `now` is the completion point.
-  void complete(const std::shared_ptr<Batch>& batch, double compute_us, Clock::time_point now);
+  /// `previous`: when the batch before it on its worker reached its completion point.
+  void complete(const std::shared_ptr<Batch>& batch, double compute_us, Clock::time_point now,
+                Clock::time_point previous);
   Status check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const;
   void batch_failed(const std::shared_ptr<Batch>& batch, const Status& st);
 

@@ -125,6 +125,9 @@ struct Request {
 
   Clock::time_point submitted{};
   Clock::time_point enqueued{};  ///< this attempt's entry into the queue
+  /// Since when this attempt has waited to run: set with `enqueued`, and again when a failed or
+  /// stale batch puts it back (requeue keeps `enqueued`, which the batcher's ageing uses).
+  Clock::time_point waiting_since{};
   /// Time spent queued, every attempt together (Triton's queue statistic). Written by the
   /// worker that dispatches it, read when it completes in that batch.
   std::uint64_t queue_ns = 0;

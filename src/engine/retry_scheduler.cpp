@@ -106,6 +106,7 @@ void EngineCore::requeue_after_backoff(const std::shared_ptr<Request>& r) {
       std::shared_ptr<Request> ref = retry_.unpark(r.get());
       if (!detail::transition(*r, Stage::retry_wait, Stage::queued, lock)) return;
       r->enqueued = Clock::now();
+      r->waiting_since = r->enqueued;
       queue_.push_back(ref);  // retries do not count against queue_capacity
       lock.unlock();
       qcv_.notify_one();

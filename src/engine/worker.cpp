@@ -200,7 +200,7 @@ void EngineCore::launch(Worker& w, const std::shared_ptr<Batch>& batch) {
     ++r->attempts;
     queue_us_.observe(detail::us_between(r->enqueued, now));
     r->queue_ns += static_cast<std::uint64_t>(std::max<std::int64_t>(
-        0, std::chrono::duration_cast<std::chrono::nanoseconds>(now - r->enqueued).count()));
+        0, std::chrono::duration_cast<std::chrono::nanoseconds>(now - r->waiting_since).count()));
   }
   attempts_.fetch_add(batch->requests.size(), std::memory_order_relaxed);
   auto io = std::make_shared<BatchIO>();
@@ -371,9 +371,12 @@ void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
     breaker_failure(w, st.code());
   }
   const bool stale = release_slot(w, *batch);
+  const Clock::time_point previous(std::chrono::nanoseconds(w.last_completion_ns.exchange(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+      std::memory_order_relaxed)));
   CallbackBatch callbacks(*this);
   if (st.ok()) {
-    complete(batch, compute, now);
+    complete(batch, compute, now, previous);
   } else if (stale && st.code() == StatusCode::aborted) {
     requeue_all(batch);  // its stream was replaced under it: run it again on the new one
   } else {
@@ -411,7 +414,7 @@ void EngineCore::notify_progress() {
 }
 
 void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us,
-                          Clock::time_point now) {
+                          Clock::time_point now, Clock::time_point previous) {
   const std::vector<Tensor>& outs = unified_ ? batch->io->outputs : batch->host_outputs;
   Status check = check_outputs(outs, batch->rows);
   if (!check.ok()) {
@@ -435,27 +438,19 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
   }
   // compute_output ends here, and with it each request's time (its success duration).
   const Clock::time_point split_done = Clock::now();
-  std::uint64_t succeeded = 0;
-  std::uint64_t rows = 0;
-  std::uint64_t queue_ns = 0;
-  for (std::size_t k = 0; k < batch->requests.size(); ++k) {
-    const auto& r = batch->requests[k];
-    const std::uint64_t queued = r->queue_ns;  // read before the request is handed over
-    if (try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
-      ++succeeded;
-      rows += static_cast<std::uint64_t>(sig_.batched ? r->rows : 1);
-      queue_ns += queued;
-    } else {
-      late_completions_.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  // Triton's statistics: each successful request is charged its batch's compute parts.
+
+  // Triton's statistics, added before any request is handed over (a caller that has its result
+  // sees them): each request still running is charged its batch's compute parts. compute_infer
+  // starts when the batch's inputs were ready or the batch before it on the stream ended,
+  // whichever is later; the wait between is queue time.
   auto ns = [](Clock::time_point a, Clock::time_point b) {
     const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
     return static_cast<std::uint64_t>(std::max<std::int64_t>(0, d));
   };
+  const Clock::time_point infer_start = std::max(batch->inputs_ready, previous);
   const std::uint64_t input_ns = ns(batch->dispatched, batch->inputs_ready);
-  const std::uint64_t infer_ns = ns(batch->inputs_ready, now);
+  const std::uint64_t stream_wait_ns = ns(batch->inputs_ready, infer_start);
+  const std::uint64_t infer_ns = ns(infer_start, now);
   const std::uint64_t output_ns = ns(now, split_done);
   execution_count_.fetch_add(1, std::memory_order_relaxed);
   batch_stats_.add(sig_.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
@@ -463,12 +458,49 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
                                std::chrono::system_clock::now().time_since_epoch())
                                .count(),
                            std::memory_order_relaxed);
-  if (succeeded == 0) return;
-  inference_count_.fetch_add(rows, std::memory_order_relaxed);
-  stat_queue_.add(succeeded, queue_ns);
-  stat_input_.add(succeeded, succeeded * input_ns);
-  stat_infer_.add(succeeded, succeeded * infer_ns);
-  stat_output_.add(succeeded, succeeded * output_ns);
+  std::vector<std::uint64_t> counted(batch->requests.size(), 0);  // queue ns, +1 when counted
+  std::uint64_t n = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t queue_ns = 0;
+  for (std::size_t k = 0; k < batch->requests.size(); ++k) {
+    const Request& r = *batch->requests[k];
+    if (r.stage.load(std::memory_order_acquire) != Stage::running) continue;
+    counted[k] = r.queue_ns + stream_wait_ns + 1;
+    ++n;
+    rows += static_cast<std::uint64_t>(sig_.batched ? r.rows : 1);
+    queue_ns += counted[k] - 1;
+  }
+  auto charge = [&](std::uint64_t requests, std::uint64_t request_rows, std::uint64_t queued,
+                    bool add) {
+    if (requests == 0) return;
+    auto apply = [add](std::atomic<std::uint64_t>& a, std::uint64_t v) {
+      if (add) {
+        a.fetch_add(v, std::memory_order_relaxed);
+      } else {
+        a.fetch_sub(v, std::memory_order_relaxed);
+      }
+    };
+    apply(inference_count_, request_rows);
+    apply(stat_queue_.count, requests);
+    apply(stat_queue_.ns, queued);
+    for (auto [c, each] : {std::pair{&stat_input_, input_ns}, std::pair{&stat_infer_, infer_ns},
+                           std::pair{&stat_output_, output_ns}}) {
+      apply(c->count, requests);
+      apply(c->ns, requests * each);
+    }
+  };
+  charge(n, rows, queue_ns, true);
+
+  for (std::size_t k = 0; k < batch->requests.size(); ++k) {
+    const auto& r = batch->requests[k];
+    if (!try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
+      late_completions_.fetch_add(1, std::memory_order_relaxed);
+      // It ended (deadline, cancel) between the count and here: not a success after all.
+      if (counted[k] != 0) {
+        charge(1, static_cast<std::uint64_t>(sig_.batched ? r->rows : 1), counted[k] - 1, false);
+      }
+    }
+  }
 }
 
 Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const {
@@ -535,6 +567,7 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
       r->solo = r->solo || solo;
       --r->attempts;
       r->batch.reset();
+      r->waiting_since = Clock::now();
       queue_.push_front(r);
     }
   }

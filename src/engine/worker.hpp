@@ -71,6 +71,10 @@ struct Worker {
   int consecutive_failures = 0;                 // under mu
   Clock::time_point open_until{};               // under mu
   std::atomic<std::uint64_t> batches{0};
+  /// When its last batch reached its completion point (steady clock, ns since its epoch): a batch
+  /// launched while the one before ran waited for it on the stream, which Triton's statistics
+  /// count as queue time, not compute (EngineCore::complete).
+  std::atomic<std::int64_t> last_completion_ns{0};
   std::atomic<std::uint64_t> failed_batches{0};
   std::atomic<std::uint64_t> recycles{0};
   std::atomic<std::uint64_t> recycle_attempts_failed{0};

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+
 #include "model_config_internal.hpp"
 
 namespace asyncinfer::server {
@@ -142,10 +144,14 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
     ++index;
     if (g.count() == 0) g.set_count(1);
     g.clear_gpus();
-    if (device.rfind("cuda:", 0) == 0) {
+    if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
       g.set_kind(inference::ModelInstanceGroup::KIND_GPU);
-      g.add_gpus(std::stoi(std::string(device.substr(5))));
-    } else if (device == "cpu") {
+      int ordinal = 0;
+      if (device.size() > 5) {
+        std::from_chars(device.data() + 5, device.data() + device.size(), ordinal);
+      }
+      g.add_gpus(ordinal);
+    } else if (device == "cpu" || device.rfind("cpu:", 0) == 0) {
       g.set_kind(inference::ModelInstanceGroup::KIND_CPU);
     } else {
       g.set_kind(inference::ModelInstanceGroup::KIND_MODEL);

@@ -306,8 +306,9 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
           // UNAVAILABLE with the reason (and its engine is shut down here).
           ASYNCINFER_RETURN_IF_ERROR(
               run_warmup(**engine, *plan, mv->signature, dir, log, head));
-          ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
-                                      applied_model_config(*plan, mv->signature, spec));
+          ASYNCINFER_ASSIGN_OR_RETURN(
+              AppliedConfig applied,
+              applied_model_config(*plan, mv->signature, (*device)->name()));
           mv->config_json = std::move(applied.json);
           mv->config_binary = std::move(applied.binary);
           mv->engine = std::move(*engine);

@@ -192,10 +192,11 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
       add(p + "inference_batch_size", "Rows per executed batch", MetricType::Histogram,
           histogram(l, m.batch_size));
       // Triton's statistics (GET .../stats, ModelStatistics), from the same snapshot's counters.
-      counter("inference_count", "Rows (batch elements) of successful requests",
+      counter("inference_statistics_inferences",
+              "Triton's inference_count: rows (batch elements) of successful requests",
               m.stats.inference_count);
-      counter("inference_execution_count", "Batch executions that completed",
-              m.stats.execution_count);
+      counter("inference_statistics_executions",
+              "Triton's execution_count: batch executions that completed", m.stats.execution_count);
       for (auto [name, d] : {std::pair{"success", &m.stats.success}, std::pair{"fail", &m.stats.fail},
                              std::pair{"queue", &m.stats.queue},
                              std::pair{"compute_input", &m.stats.compute_input},
@@ -203,10 +204,10 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
                              std::pair{"compute_output", &m.stats.compute_output}}) {
         std::vector<ClientMetric::Label> ls = l;
         ls.push_back({"statistic", name});
-        add(p + "inference_statistics_count",
+        add(p + "inference_statistics_requests",
             "Requests counted in each of Triton's statistics (GET /v2/models/{m}/stats)",
             MetricType::Counter, sample(ls, static_cast<double>(d->count), MetricType::Counter));
-        add(p + "inference_statistics_ns",
+        add(p + "inference_statistics_duration_ns",
             "Total nanoseconds of each of Triton's statistics (GET /v2/models/{m}/stats)",
             MetricType::Counter, sample(ls, static_cast<double>(d->ns), MetricType::Counter));
       }

@@ -220,15 +220,18 @@ class TritonClient(harness.unittest.TestCase):
             text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
             for statistic in ("success", "queue", "compute_input", "compute_infer",
                               "compute_output", "fail"):
-                for what in ("count", "ns"):
+                for family, what in (("requests", "count"), ("duration_ns", "ns")):
                     pattern = (r'asyncinfer_inference_statistics_%s\{model="identity",'
-                               r'version="2",statistic="%s"\} (\S+)' % (what, statistic))
+                               r'version="2",statistic="%s"\} (\S+)' % (family, statistic))
                     found = re.search(pattern, text)
                     self.assertIsNotNone(found, pattern)
                     self.assertEqual(int(float(found.group(1))), st[statistic][what], pattern)
-            found = re.search(r'asyncinfer_inference_count\{model="identity",version="2"\} (\S+)',
-                              text)
+            found = re.search(r'asyncinfer_inference_statistics_inferences\{model="identity",'
+                              r'version="2"\} (\S+)', text)
             self.assertEqual(int(float(found.group(1))), 20)
+            found = re.search(r'asyncinfer_inference_statistics_executions\{model="identity",'
+                              r'version="2"\} (\S+)', text)
+            self.assertEqual(int(float(found.group(1))), 10)
 
             # Errors: Triton's 400 / INVALID_ARGUMENT.
             with self.assertRaises(InferenceServerException) as e:
@@ -325,6 +328,31 @@ class TritonClient(harness.unittest.TestCase):
                                    {"Content-Encoding": "gzip"})
         self.assertEqual(status, 400, body)
         self.assertIn("ends early", json.loads(body)["error"])
+        # After a zlib stream nothing may follow; a gzip body may hold several members (RFC 1952
+        # §2.2), read one after another (found by a review: the second was dropped).
+        status, _, body = raw_post(port, path, zlib.compress(infer_body()) + b"GARBAGE",
+                                   {"Content-Encoding": "deflate"})
+        self.assertEqual(status, 400, body)
+        self.assertIn("data follows the end of the deflate stream", json.loads(body)["error"])
+        whole = infer_body()
+        status, _, body = raw_post(port, path, gzip.compress(whole[:40]) + gzip.compress(whole[40:]),
+                                   {"Content-Encoding": "gzip"})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["outputs"][0]["data"], X.flatten().tolist())
+        # Two Content-Encoding lines: two codings one after another, not supported.
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            c.putrequest("POST", path)
+            c.putheader("Content-Encoding", "gzip")
+            c.putheader("Content-Encoding", "gzip")
+            data = gzip.compress(gzip.compress(whole))
+            c.putheader("Content-Length", str(len(data)))
+            c.endheaders(data)
+            r = c.getresponse()
+            self.assertEqual(r.status, 501)
+            self.assertIn("several header lines", json.loads(r.read())["error"])
+        finally:
+            c.close()
         # The server goes on serving.
         r = self.http.infer("identity", [http_input(X, True)])
         np.testing.assert_array_equal(r.as_numpy("output0"), X)
@@ -346,6 +374,41 @@ class TritonClient(harness.unittest.TestCase):
             status, _, body = raw_post(server.http_port, "/v2/models/identity/infer",
                                        gzip.compress(infer_body()), {"Content-Encoding": "gzip"})
             self.assertEqual(status, 200, body)
+
+    def test_inflated_tensors_count_against_the_memory_budget(self):
+        # 1.2 MB of FP32 tensors from a 2 KB gzip body, against a 1 MB budget: refused (found by
+        # a review: the inflated body's tensors were held without asking the budget).
+        repo = harness.Repository()
+        try:
+            repo.add("wide", harness.builtin_config(
+                "wide", "builtin:identity?shape=300000&max_batch=1",
+                [("input0", "TYPE_FP32", [300000])], [("output0", "TYPE_FP32", [300000])],
+                max_batch_size=1))
+            repo.add("mid", harness.builtin_config(
+                "mid", "builtin:identity?shape=4000&max_batch=1",
+                [("input0", "TYPE_FP32", [4000])], [("output0", "TYPE_FP32", [4000])],
+                max_batch_size=1))
+            with Server(repo.path, "--max-inflight-bytes", "1000000") as server:
+                # 16 KB of tensors, ~50 KB of JSON: compressed on the codec pool, same values.
+                client = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port)
+                x = np.random.default_rng(1).random((1, 4000), dtype=np.float32) * 1e6
+                for response in ("gzip", "deflate"):
+                    r = client.infer("mid", [http_input(x, False)],
+                                     outputs=[httpclient.InferRequestedOutput(
+                                         "output0", binary_data=False)],
+                                     response_compression_algorithm=response)
+                    np.testing.assert_array_equal(r.as_numpy("output0"), x)
+                client.close()
+                body = gzip.compress(json.dumps({"inputs": [{
+                    "name": "input0", "datatype": "FP32", "shape": [1, 300000],
+                    "data": [0] * 300000}]}).encode())
+                self.assertLess(len(body), 10000)
+                status, _, answer = raw_post(server.http_port, "/v2/models/wide/infer", body,
+                                             {"Content-Encoding": "gzip"})
+                self.assertEqual(status, 503, answer)
+                self.assertIn("--max-inflight-bytes", json.loads(answer)["error"])
+        finally:
+            repo.cleanup()
 
     @staticmethod
     def rss_mb(server):

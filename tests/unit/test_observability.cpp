@@ -393,5 +393,28 @@ TEST(Statistics, BatchedRequestsAreChargedTheirBatchAndCountTheirRows) {
   EXPECT_EQ(s.batch_stats[1].compute_infer.count, 1u);
 }
 
+TEST(Statistics, WaitingBehindTheBatchBeforeOnTheStreamIsQueueTime) {
+  // Two batches in flight on one worker: the second is launched while the first runs (30 ms)
+  // and waits for it on the stream. Its compute_infer is its own 30 ms; the wait is queue time
+  // (found by a review: it was counted as compute).
+  EngineOptions o;
+  o.workers = 1;
+  o.max_inflight_per_worker = 2;
+  o.batching.max_batch_size = 1;
+  auto engine = make_engine("builtin:fixed_cost?base_us=30000", "sim", o);
+  ASSERT_TRUE(engine);
+  auto a = engine->submit(one(1));
+  auto b = engine->submit(one(2));
+  ASSERT_TRUE(get_within(a, 5s).ok());
+  ASSERT_TRUE(get_within(b, 5s).ok());
+  const InferenceStats s = engine->metrics().stats;
+  EXPECT_EQ(s.compute_infer.count, 2u);
+  EXPECT_GE(s.compute_infer.ns, 2 * 30'000'000u);
+  EXPECT_LT(s.compute_infer.ns, 2 * 45'000'000u) << "the wait is not compute";
+  EXPECT_GE(s.queue.ns, 25'000'000u) << "the second waited ~30 ms for the first";
+  EXPECT_LE(s.queue.ns + s.compute_input.ns + s.compute_infer.ns + s.compute_output.ns,
+            s.success.ns);
+}
+
 }  // namespace
 }  // namespace asyncinfer

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <limits>
 #include <vector>
 
 namespace asyncinfer::server {
@@ -100,6 +101,13 @@ ContentCoding response_coding(std::string_view accept_encoding) {
   return ContentCoding::identity;
 }
 
+namespace {
+
+/// zlib counts in uInt (32 bits): bodies and buffers past 4 GiB are fed in pieces.
+constexpr std::size_t kZlibChunk = std::numeric_limits<uInt>::max();
+
+}  // namespace
+
 Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
                                  std::size_t max_bytes) {
   z_stream z{};
@@ -107,23 +115,51 @@ Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
     return internal_error("zlib: inflateInit2 failed");
   }
   std::string out;
-  out.resize(std::min<std::size_t>(std::max<std::size_t>(in.size() * 4, 4096), max_bytes + 1));
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  z.avail_in = static_cast<uInt>(in.size());
+  // One byte past the limit tells "too large" from "exactly the limit".
+  const std::size_t cap = max_bytes == std::numeric_limits<std::size_t>::max() ? max_bytes
+                                                                                : max_bytes + 1;
+  out.resize(std::min<std::size_t>(std::max<std::size_t>(in.size() * 4, 4096), cap));
+  const auto* next_in = reinterpret_cast<const Bytef*>(in.data());
+  std::size_t in_left = in.size();
   std::size_t produced = 0;
   int rc = Z_OK;
+  bool ended = false;
+  std::string trailing;
   while (true) {
     if (produced == out.size()) {
-      if (out.size() > max_bytes) break;  // one byte past the limit: too large
-      out.resize(std::min(out.size() * 2, max_bytes + 1));
+      if (out.size() >= cap) break;  // past the limit
+      out.resize(std::min(out.size() * 2, cap));
     }
-    z.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
-    z.avail_out = static_cast<uInt>(out.size() - produced);
+    if (z.avail_in == 0 && in_left > 0) {
+      const std::size_t n = std::min(in_left, kZlibChunk);
+      z.next_in = const_cast<Bytef*>(next_in);
+      z.avail_in = static_cast<uInt>(n);
+      next_in += n;
+      in_left -= n;
+    }
+    auto* out_at = reinterpret_cast<Bytef*>(out.data() + produced);
+    z.next_out = out_at;
+    z.avail_out = static_cast<uInt>(std::min(out.size() - produced, kZlibChunk));
     rc = inflate(&z, Z_NO_FLUSH);
-    produced = out.size() - z.avail_out;
-    if (rc == Z_STREAM_END) break;
-    if (rc != Z_OK && !(rc == Z_BUF_ERROR && z.avail_out == 0)) break;
-    if (rc == Z_OK && z.avail_in == 0 && z.avail_out > 0) {
+    produced += static_cast<std::size_t>(z.next_out - out_at);
+    if (rc == Z_STREAM_END) {
+      const bool more = z.avail_in > 0 || in_left > 0;
+      if (!more) {
+        ended = true;
+        break;
+      }
+      // RFC 1952 §2.2: a gzip file may hold several members, read one after another (as
+      // `gzip -d` does). After a zlib stream nothing may follow.
+      if (coding != ContentCoding::gzip) {
+        trailing = "data follows the end of the deflate stream";
+        break;
+      }
+      if (inflateReset(&z) != Z_OK) break;
+      continue;
+    }
+    if (rc == Z_BUF_ERROR && z.avail_out == 0) continue;  // more room needed
+    if (rc != Z_OK) break;
+    if (z.avail_in == 0 && in_left == 0 && z.avail_out > 0) {
       rc = Z_BUF_ERROR;  // all input used, no end of stream: the body ends early
       break;
     }
@@ -135,11 +171,13 @@ Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
         "request body exceeds the maximum allowed value of " + std::to_string(max_bytes) +
         " bytes once inflated (Content-Encoding: " + std::string(to_string(coding)) + ")");
   }
-  if (rc != Z_STREAM_END) {
-    return invalid_argument_error(
-        "request body is not valid " + std::string(to_string(coding)) + " data (" +
-        (error.empty() ? std::string(rc == Z_BUF_ERROR ? "it ends early" : "zlib error") : error) +
-        "), as its Content-Encoding says");
+  if (!ended) {
+    std::string why = !trailing.empty()        ? trailing
+                      : !error.empty()         ? error
+                      : rc == Z_BUF_ERROR      ? std::string("it ends early")
+                                               : std::string("zlib error");
+    return invalid_argument_error("request body is not valid " + std::string(to_string(coding)) +
+                                  " data (" + why + "), as its Content-Encoding says");
   }
   out.resize(produced);
   return out;
@@ -147,17 +185,35 @@ Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
 
 std::string deflate_body(std::string_view in, ContentCoding coding) {
   z_stream z{};
-  // memLevel 8 is zlib's default (deflateInit's).
-  deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, window_bits(coding), 8, Z_DEFAULT_STRATEGY);
+  // memLevel 8 is zlib's default (deflateInit's). Level 1: these are answers on the request's
+  // path, where speed matters more than the last percent of size.
+  ASYNCINFER_CHECK(deflateInit2(&z, Z_BEST_SPEED, Z_DEFLATED, window_bits(coding), 8,
+                                Z_DEFAULT_STRATEGY) == Z_OK);
   std::string out;
-  out.resize(deflateBound(&z, static_cast<uLong>(in.size())));
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  z.avail_in = static_cast<uInt>(in.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  deflate(&z, Z_FINISH);  // deflateBound leaves room for all of it: Z_STREAM_END
-  out.resize(out.size() - z.avail_out);
+  out.resize(std::max<std::size_t>(in.size() / 2, 256));
+  const auto* next_in = reinterpret_cast<const Bytef*>(in.data());
+  std::size_t in_left = in.size();
+  std::size_t produced = 0;
+  while (true) {
+    if (produced == out.size()) out.resize(out.size() * 2);
+    if (z.avail_in == 0 && in_left > 0) {
+      const std::size_t n = std::min(in_left, kZlibChunk);
+      z.next_in = const_cast<Bytef*>(next_in);
+      z.avail_in = static_cast<uInt>(n);
+      next_in += n;
+      in_left -= n;
+    }
+    auto* out_at = reinterpret_cast<Bytef*>(out.data() + produced);
+    z.next_out = out_at;
+    z.avail_out = static_cast<uInt>(std::min(out.size() - produced, kZlibChunk));
+    const int rc = deflate(&z, in_left == 0 ? Z_FINISH : Z_NO_FLUSH);
+    produced += static_cast<std::size_t>(z.next_out - out_at);
+    if (rc == Z_STREAM_END) break;
+    // Z_OK or Z_BUF_ERROR: more output room or more input; anything else is a broken invariant.
+    ASYNCINFER_CHECK(rc == Z_OK || rc == Z_BUF_ERROR);
+  }
   deflateEnd(&z);
+  out.resize(produced);
   return out;
 }
 

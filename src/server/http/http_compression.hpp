@@ -39,7 +39,7 @@ ContentCoding response_coding(std::string_view accept_encoding);
 /// early.
 Result<std::string> inflate_body(std::string_view in, ContentCoding coding, std::size_t max_bytes);
 
-/// `in` compressed in `coding` (not identity) at zlib's default level.
+/// `in` compressed in `coding` (not identity), at zlib's fastest level (1).
 std::string deflate_body(std::string_view in, ContentCoding coding);
 
 }  // namespace asyncinfer::server

@@ -36,6 +36,9 @@ bool percent_decode(std::string_view in, std::string& out) {
 /// than on an I/O thread, so that a large one never holds up the health probes and the other
 /// connections of that thread (issue 23: probes answer within 50 ms under any such load).
 constexpr std::size_t kCodecInlineBytes = 64 * 1024;
+/// A response body of this size or more is compressed on the codec pool (zlib's fastest level
+/// takes roughly 50 µs per 16 KiB here).
+constexpr std::size_t kCompressInlineBytes = 16 * 1024;
 
 /// The path of a request target: an absolute-form target ("http://host:port/v2/...", RFC 9112
 /// §3.2.2, which a server must accept) loses its scheme and authority, any target its query.
@@ -192,13 +195,19 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   if (!mv.ok()) return respond_status(mv.status());
   ContentCoding coding = ContentCoding::identity;
   if (auto it = request_.find(http::field::content_encoding); it != request_.end()) {
-    const std::optional<ContentCoding> c = request_coding(it->value());
+    // Several Content-Encoding lines mean codings applied one after another: not supported.
+    const std::optional<ContentCoding> c =
+        request_.count(http::field::content_encoding) == 1 ? request_coding(it->value())
+                                                           : std::nullopt;
     if (!c) {
       Response res{http::status::not_implemented, version_};
       res.set(http::field::accept_encoding, "gzip, deflate");
       res.set(http::field::content_type, "application/json");
-      res.body() = error_json("Content-Encoding '" + std::string(it->value()) +
-                              "' is not supported (gzip, deflate or identity)");
+      res.body() = error_json("Content-Encoding '" + std::string(it->value()) + "'" +
+                              (request_.count(http::field::content_encoding) > 1
+                                   ? " in several header lines"
+                                   : "") +
+                              " is not supported (one of gzip, deflate or identity)");
       return send(std::move(res));
     }
     coding = *c;
@@ -230,11 +239,13 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   phase_ = Phase::handling;
   if (!reading_ && buffer_.size() == 0) read_some();
   // A compressed body is inflated there too, however small: it may inflate to the body limit.
-  // The inflated copy is not counted against the memory budget; the codec pool's threads bound
-  // how many exist at once, each at most --max-body-bytes.
+  // The inflated copy (at most --max-body-bytes) is not counted against the memory budget; the
+  // codec pool's threads bound how many exist at once. The tensors decoded from it are
+  // (on_decoded).
   net::post(impl_.codec(), [self = shared_from_this(), m, header_length, coding,
                             body = std::move(request_.body())]() mutable {
     Result<DecodedInfer> decoded = internal_error("unset");
+    bool too_large = false;
     if (coding == ContentCoding::identity) {
       decoded = decode_infer_request(*m, body, header_length, self->impl_.opt.max_json_depth);
     } else {
@@ -244,30 +255,38 @@ void Session::handle_infer(const std::string& model, const std::string& version)
         decoded =
             decode_infer_request(*m, *inflated, header_length, self->impl_.opt.max_json_depth);
       } else {
+        too_large = inflated.status().code() == StatusCode::resource_exhausted;
         decoded = inflated.status();
       }
     }
     body = std::string();
-    net::post(self->executor(), [self, m, decoded = std::move(decoded)]() mutable {
-      self->on_decoded(*m, std::move(decoded));
-    });
+    const bool inflated = coding != ContentCoding::identity;
+    net::post(self->executor(),
+              [self, m, too_large, inflated, decoded = std::move(decoded)]() mutable {
+                self->on_decoded(*m, std::move(decoded), too_large, inflated);
+              });
   });
 }
 
-void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded) {
+void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded,
+                         bool body_too_large, bool inflated) {
   if (closed_) return;
   if (client_gone_) return close();
   if (!decoded.ok()) {
-    // Only inflating a body passes the body limit here (inflate_body): Triton's 413.
-    if (decoded.status().code() == StatusCode::resource_exhausted) {
+    if (body_too_large) {  // Triton's 413: the inflated body passed --max-body-bytes
       keep_alive_ = false;
       return respond_error(413, decoded.status().message());
     }
     return respond_status(decoded.status());
   }
   decoded_ = std::move(*decoded);
-  // The body is gone; the request's tensors are what it holds now, until its response.
-  lease_.hold(input_bytes(decoded_.request));
+  // The body is gone; the request's tensors are what it holds now, until its response. A body
+  // read whole was counted as it arrived; an inflated one only now, where the budget may refuse.
+  const std::size_t tensors = input_bytes(decoded_.request);
+  if (inflated && tensors > lease_.bytes() && !lease_.reserve(tensors)) {
+    return respond_error(503, impl_.core.memory().exhausted_message(tensors - lease_.bytes()));
+  }
+  lease_.hold(tensors);
   auto self = shared_from_this();
   auto accepted = impl_.core.submit(
       model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
@@ -290,8 +309,18 @@ void Session::on_infer_done(Result<InferResponse> r) {
   const ContentCoding coding = response_coding_;
   if (output_bytes(*r) < kCodecInlineBytes) {
     EncodedResponse enc = encode_infer_response(*r, decoded_);
-    if (coding != ContentCoding::identity) enc.body = deflate_body(enc.body, coding);
-    return send_infer(std::move(enc));
+    if (coding == ContentCoding::identity) return send_infer(std::move(enc));
+    // JSON text may be several times its tensors' size: compress a large one off the I/O thread.
+    if (enc.body.size() < kCompressInlineBytes) {
+      enc.body = deflate_body(enc.body, coding);
+      return send_infer(std::move(enc));
+    }
+    net::post(impl_.codec(), [self = shared_from_this(), coding, enc = std::move(enc)]() mutable {
+      enc.body = deflate_body(enc.body, coding);
+      net::post(self->executor(),
+                [self, enc = std::move(enc)]() mutable { self->send_infer(std::move(enc)); });
+    });
+    return;
   }
   net::post(impl_.codec(), [self = shared_from_this(), coding, r = std::move(*r)]() mutable {
     EncodedResponse enc = encode_infer_response(r, self->decoded_);

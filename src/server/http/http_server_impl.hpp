@@ -142,7 +142,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_metrics();
   void handle_api();
   void handle_infer(const std::string& model, const std::string& version);
-  void on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded);
+  /// `body_too_large`: inflating the body passed --max-body-bytes (413); `inflated`: the body
+  /// was compressed, so its tensors are counted against the memory budget only now.
+  void on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded,
+                  bool body_too_large = false, bool inflated = false);
   void on_infer_done(Result<InferResponse> r);
   void send_infer(EncodedResponse enc);
 
