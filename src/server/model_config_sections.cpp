@@ -390,8 +390,8 @@ Status plan_warmup(const inference::ModelConfig& c, std::string_view model, Mode
       WarmupSample::Input input;
       input.name = name;
       auto dtype = dtype_from_config(in.data_type());
-      if (!dtype.ok()) return bad(model, what + " input '" + name + "': " +
-                                             std::string(dtype.status().message()));
+      if (!dtype.ok())
+        return bad(model, what + " input '" + name + "': " + std::string(dtype.status().message()));
       input.dtype = *dtype;
       for (std::int64_t d : in.dims()) {
         if (d < 0) {

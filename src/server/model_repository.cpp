@@ -34,7 +34,8 @@ Result<Tensor> warmup_tensor(const WarmupSample::Input& in, Shape shape, const f
       } else if (in.dtype == DType::boolean) {
         for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(rng() & 1u);
       } else {
-        for (std::size_t i = 0; i < t.byte_size(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+        for (std::size_t i = 0; i < t.byte_size(); ++i)
+          bytes[i] = static_cast<unsigned char>(rng());
         if (in.dtype == DType::f16 || in.dtype == DType::bf16) {
           // Clear the exponent's top bit(s): finite values below 1 in magnitude.
           const std::uint16_t mask = in.dtype == DType::f16 ? 0xBBFF : 0xBF7F;
@@ -304,11 +305,9 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
           }
           // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
           // UNAVAILABLE with the reason (and its engine is shut down here).
-          ASYNCINFER_RETURN_IF_ERROR(
-              run_warmup(**engine, *plan, mv->signature, dir, log, head));
+          ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
           ASYNCINFER_ASSIGN_OR_RETURN(
-              AppliedConfig applied,
-              applied_model_config(*plan, mv->signature, (*device)->name()));
+              AppliedConfig applied, applied_model_config(*plan, mv->signature, (*device)->name()));
           mv->config_json = std::move(applied.json);
           mv->config_binary = std::move(applied.binary);
           mv->engine = std::move(*engine);

@@ -197,11 +197,11 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
               m.stats.inference_count);
       counter("inference_statistics_executions",
               "Triton's execution_count: batch executions that completed", m.stats.execution_count);
-      for (auto [name, d] : {std::pair{"success", &m.stats.success}, std::pair{"fail", &m.stats.fail},
-                             std::pair{"queue", &m.stats.queue},
-                             std::pair{"compute_input", &m.stats.compute_input},
-                             std::pair{"compute_infer", &m.stats.compute_infer},
-                             std::pair{"compute_output", &m.stats.compute_output}}) {
+      for (auto [name, d] :
+           {std::pair{"success", &m.stats.success}, std::pair{"fail", &m.stats.fail},
+            std::pair{"queue", &m.stats.queue}, std::pair{"compute_input", &m.stats.compute_input},
+            std::pair{"compute_infer", &m.stats.compute_infer},
+            std::pair{"compute_output", &m.stats.compute_output}}) {
         std::vector<ClientMetric::Label> ls = l;
         ls.push_back({"statistic", name});
         add(p + "inference_statistics_requests",

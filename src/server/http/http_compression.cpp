@@ -19,8 +19,7 @@ std::string_view trim(std::string_view s) {
 }
 
 bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
            return std::tolower(static_cast<unsigned char>(x)) ==
                   std::tolower(static_cast<unsigned char>(y));
          });
@@ -78,8 +77,7 @@ ContentCoding response_coding(std::string_view accept_encoding) {
         comma == std::string_view::npos ? std::string_view() : accept_encoding.substr(comma + 1);
     const std::size_t semi = element.find(';');
     const std::string_view name = trim(element.substr(0, semi));
-    const double q =
-        semi == std::string_view::npos ? 1.0 : quality(element.substr(semi + 1));
+    const double q = semi == std::string_view::npos ? 1.0 : quality(element.substr(semi + 1));
     if (q < 0) continue;  // a malformed element is ignored
     if (iequals(name, "identity")) {
       named[0] = q;
@@ -106,18 +104,37 @@ namespace {
 /// zlib counts in uInt (32 bits): bodies and buffers past 4 GiB are fed in pieces.
 constexpr std::size_t kZlibChunk = std::numeric_limits<uInt>::max();
 
+/// Gives zlib the next piece of the input (`next`, `left` bytes not yet given) once it has used
+/// the last one.
+void feed(z_stream& z, const Bytef*& next, std::size_t& left) {
+  if (z.avail_in != 0 || left == 0) return;
+  const std::size_t n = std::min(left, kZlibChunk);
+  z.next_in = const_cast<Bytef*>(next);
+  z.avail_in = static_cast<uInt>(n);
+  next += n;
+  left -= n;
+}
+
+/// Points zlib's output at `out` past its first `produced` bytes; returns where it starts, so
+/// that the bytes written are `z.next_out - start`.
+Bytef* room(z_stream& z, std::string& out, std::size_t produced) {
+  auto* start = reinterpret_cast<Bytef*>(out.data() + produced);
+  z.next_out = start;
+  z.avail_out = static_cast<uInt>(std::min(out.size() - produced, kZlibChunk));
+  return start;
+}
+
 }  // namespace
 
-Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
-                                 std::size_t max_bytes) {
+Result<std::string> inflate_body(std::string_view in, ContentCoding coding, std::size_t max_bytes) {
   z_stream z{};
   if (inflateInit2(&z, window_bits(coding)) != Z_OK) {
     return internal_error("zlib: inflateInit2 failed");
   }
   std::string out;
   // One byte past the limit tells "too large" from "exactly the limit".
-  const std::size_t cap = max_bytes == std::numeric_limits<std::size_t>::max() ? max_bytes
-                                                                                : max_bytes + 1;
+  const std::size_t cap =
+      max_bytes == std::numeric_limits<std::size_t>::max() ? max_bytes : max_bytes + 1;
   out.resize(std::min<std::size_t>(std::max<std::size_t>(in.size() * 4, 4096), cap));
   const auto* next_in = reinterpret_cast<const Bytef*>(in.data());
   std::size_t in_left = in.size();
@@ -130,16 +147,8 @@ Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
       if (out.size() >= cap) break;  // past the limit
       out.resize(std::min(out.size() * 2, cap));
     }
-    if (z.avail_in == 0 && in_left > 0) {
-      const std::size_t n = std::min(in_left, kZlibChunk);
-      z.next_in = const_cast<Bytef*>(next_in);
-      z.avail_in = static_cast<uInt>(n);
-      next_in += n;
-      in_left -= n;
-    }
-    auto* out_at = reinterpret_cast<Bytef*>(out.data() + produced);
-    z.next_out = out_at;
-    z.avail_out = static_cast<uInt>(std::min(out.size() - produced, kZlibChunk));
+    feed(z, next_in, in_left);
+    Bytef* const out_at = room(z, out, produced);
     rc = inflate(&z, Z_NO_FLUSH);
     produced += static_cast<std::size_t>(z.next_out - out_at);
     if (rc == Z_STREAM_END) {
@@ -172,10 +181,10 @@ Result<std::string> inflate_body(std::string_view in, ContentCoding coding,
         " bytes once inflated (Content-Encoding: " + std::string(to_string(coding)) + ")");
   }
   if (!ended) {
-    std::string why = !trailing.empty()        ? trailing
-                      : !error.empty()         ? error
-                      : rc == Z_BUF_ERROR      ? std::string("it ends early")
-                                               : std::string("zlib error");
+    std::string why = !trailing.empty()   ? trailing
+                      : !error.empty()    ? error
+                      : rc == Z_BUF_ERROR ? std::string("it ends early")
+                                          : std::string("zlib error");
     return invalid_argument_error("request body is not valid " + std::string(to_string(coding)) +
                                   " data (" + why + "), as its Content-Encoding says");
   }
@@ -196,16 +205,8 @@ std::string deflate_body(std::string_view in, ContentCoding coding) {
   std::size_t produced = 0;
   while (true) {
     if (produced == out.size()) out.resize(out.size() * 2);
-    if (z.avail_in == 0 && in_left > 0) {
-      const std::size_t n = std::min(in_left, kZlibChunk);
-      z.next_in = const_cast<Bytef*>(next_in);
-      z.avail_in = static_cast<uInt>(n);
-      next_in += n;
-      in_left -= n;
-    }
-    auto* out_at = reinterpret_cast<Bytef*>(out.data() + produced);
-    z.next_out = out_at;
-    z.avail_out = static_cast<uInt>(std::min(out.size() - produced, kZlibChunk));
+    feed(z, next_in, in_left);
+    Bytef* const out_at = room(z, out, produced);
     const int rc = deflate(&z, in_left == 0 ? Z_FINISH : Z_NO_FLUSH);
     produced += static_cast<std::size_t>(z.next_out - out_at);
     if (rc == Z_STREAM_END) break;

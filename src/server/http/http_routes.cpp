@@ -196,18 +196,17 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   ContentCoding coding = ContentCoding::identity;
   if (auto it = request_.find(http::field::content_encoding); it != request_.end()) {
     // Several Content-Encoding lines mean codings applied one after another: not supported.
-    const std::optional<ContentCoding> c =
-        request_.count(http::field::content_encoding) == 1 ? request_coding(it->value())
-                                                           : std::nullopt;
+    const std::optional<ContentCoding> c = request_.count(http::field::content_encoding) == 1
+                                               ? request_coding(it->value())
+                                               : std::nullopt;
     if (!c) {
       Response res{http::status::not_implemented, version_};
       res.set(http::field::accept_encoding, "gzip, deflate");
       res.set(http::field::content_type, "application/json");
-      res.body() = error_json("Content-Encoding '" + std::string(it->value()) + "'" +
-                              (request_.count(http::field::content_encoding) > 1
-                                   ? " in several header lines"
-                                   : "") +
-                              " is not supported (one of gzip, deflate or identity)");
+      res.body() = error_json(
+          "Content-Encoding '" + std::string(it->value()) + "'" +
+          (request_.count(http::field::content_encoding) > 1 ? " in several header lines" : "") +
+          " is not supported (one of gzip, deflate or identity)");
       return send(std::move(res));
     }
     coding = *c;
