@@ -373,10 +373,8 @@ void EngineCore::finish(const std::shared_ptr<Request>& r, Stage to, Result<Outp
   timer_.cancel(deadline);
   if (now == Clock::time_point{}) now = Clock::now();
   request_us_.observe(detail::us_between(r->submitted, now));
-  const auto took =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now - r->submitted).count();
   (to == Stage::completed ? stat_success_ : stat_fail_)
-      .add(1, static_cast<std::uint64_t>(std::max<std::int64_t>(0, took)));
+      .add(1, detail::ns_between(r->submitted, now));
   outcomes_.count(detail::outcome_of(to));
   if (!result.ok()) {
     std::lock_guard lock(reasons_mu_);

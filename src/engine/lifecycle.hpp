@@ -71,6 +71,12 @@ inline double us_between(Clock::time_point a, Clock::time_point b) noexcept {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+/// Nanoseconds from `a` to `b`, 0 when b is earlier (the durations of Triton's statistics).
+inline std::uint64_t ns_between(Clock::time_point a, Clock::time_point b) noexcept {
+  const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+  return d > 0 ? static_cast<std::uint64_t>(d) : 0;
+}
+
 /// Microseconds from `t` to now.
 inline double elapsed_us_since(Clock::time_point t) noexcept { return us_between(t, Clock::now()); }
 

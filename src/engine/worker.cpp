@@ -199,8 +199,7 @@ void EngineCore::launch(Worker& w, const std::shared_ptr<Batch>& batch) {
   for (const auto& r : batch->requests) {
     ++r->attempts;
     queue_us_.observe(detail::us_between(r->enqueued, now));
-    r->queue_ns += static_cast<std::uint64_t>(std::max<std::int64_t>(
-        0, std::chrono::duration_cast<std::chrono::nanoseconds>(now - r->waiting_since).count()));
+    r->queue_ns += detail::ns_between(r->waiting_since, now);
   }
   attempts_.fetch_add(batch->requests.size(), std::memory_order_relaxed);
   auto io = std::make_shared<BatchIO>();
@@ -443,10 +442,7 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
   // sees them): each request still running is charged its batch's compute parts. compute_infer
   // starts when the batch's inputs were ready or the batch before it on the stream ended,
   // whichever is later; the wait between is queue time.
-  auto ns = [](Clock::time_point a, Clock::time_point b) {
-    const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
-    return static_cast<std::uint64_t>(std::max<std::int64_t>(0, d));
-  };
+  const auto ns = detail::ns_between;
   const Clock::time_point infer_start = std::max(batch->inputs_ready, previous);
   const std::uint64_t input_ns = ns(batch->dispatched, batch->inputs_ready);
   const std::uint64_t stream_wait_ns = ns(batch->inputs_ready, infer_start);
