@@ -52,6 +52,7 @@ struct ServeOptions {
   std::size_t grpc_max_resets = 1000;
   std::size_t grpc_memory_bytes = std::size_t{1} << 30;
   bool strict_readiness = true;
+  std::vector<std::string> cache_config;
 };
 
 void log_line(const std::string& line) {
@@ -115,6 +116,24 @@ int run_serve(const ServeOptions& o) {
   so.strict_readiness = o.strict_readiness;
   so.max_inflight_bytes = o.max_inflight_bytes;
   so.connection_fds = connection_fds(fds);
+  auto cache_bytes = parse_cache_config(o.cache_config);
+  if (!cache_bytes.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n", cache_bytes.status().to_string().c_str());
+    return kExitUsage;
+  }
+  so.response_cache_bytes = *cache_bytes;
+  for (const auto& m : (*repository)->models()) {
+    for (const auto& v : m->versions) {
+      if (v->response_cache && so.response_cache_bytes == 0) {
+        log_line("model '" + m->name + "' version " + v->version_text +
+                 ": response_cache is enabled but the server has no cache (--cache-config "
+                 "local,size=BYTES); its responses are computed every time");
+      }
+    }
+  }
+  if (so.response_cache_bytes > 0) {
+    log_line("response cache: " + std::to_string(so.response_cache_bytes) + " bytes (local)");
+  }
   if (so.connection_fds > 0) {
     log_line("connections: " + std::to_string(so.connection_fds) +
              " file descriptors for client connections (the process may open " +
@@ -249,6 +268,9 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--max-header-bytes", o->max_header_bytes, "Largest request header (431 above)")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{256}, std::size_t{1} << 24));
+  app->add_option("--cache-config", o->cache_config,
+                  "Triton's response cache: local,size=BYTES (an LRU by bytes, for the models "
+                  "whose config has response_cache { enable: true })");
   app->add_option("--max-connections", o->max_connections,
                   "Open HTTP connections at most (429 above)")
       ->capture_default_str()

@@ -118,6 +118,9 @@ struct InferenceStats {
   DurationStat compute_input;
   DurationStat compute_infer;
   DurationStat compute_output;
+  /// A server's response cache (Triton's cache_hit / cache_miss); an engine leaves them zero.
+  DurationStat cache_hit;
+  DurationStat cache_miss;
   std::vector<BatchSizeStats> batch_stats;  ///< ascending batch_size; sizes that ran only
 };
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <mutex>
+#include <tuple>
 
 #include "model_config.hpp"
 
@@ -44,7 +46,11 @@ InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, Se
     : repository_(std::move(repository)),
       options_(std::move(options)),
       memory_(options_.max_inflight_bytes),
-      connections_(options_.connection_fds) {}
+      connections_(options_.connection_fds) {
+  if (options_.response_cache_bytes > 0) {
+    cache_ = std::make_unique<ResponseCache>(options_.response_cache_bytes);
+  }
+}
 
 InferenceServer::~InferenceServer() {
   if (live()) shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
@@ -324,35 +330,226 @@ Result<InflightRequest> InferenceServer::submit(const ModelVersion& model, Infer
   options.tag = request.id;
   if (request.deadline) options.deadline = *request.deadline;
 
+  if (cache_ && model.response_cache) {
+    return submit_cached(model, std::move(inputs), options, std::move(request.id),
+                         std::move(selected), std::move(done));
+  }
+  return run(model, std::move(inputs), options, std::move(request.id), std::move(selected),
+             std::move(done));
+}
+
+namespace {
+
+/// The response to a request from the model's outputs: those `selected` (in the order asked),
+/// or all of them.
+InferResponse make_response(const ModelVersion& model, std::string id,
+                            const std::vector<std::size_t>& selected, const Outputs& outs) {
+  InferResponse response;
+  response.model = &model;
+  response.id = std::move(id);
+  if (selected.empty()) {
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      response.outputs.push_back({&model.signature.outputs[i], outs[i], -1});
+    }
+  } else {
+    for (std::size_t k = 0; k < selected.size(); ++k) {
+      response.outputs.push_back(
+          {&model.signature.outputs[selected[k]], outs[selected[k]], static_cast<int>(k)});
+    }
+  }
+  return response;
+}
+
+std::uint64_t ns_since(Clock::time_point start) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+}
+
+}  // namespace
+
+Result<InflightRequest> InferenceServer::run(const ModelVersion& model, Inputs inputs,
+                                             const RequestOptions& options, std::string id,
+                                             std::vector<std::size_t> selected, Completion done,
+                                             Finished finished) {
   Future<Outputs> future = model.engine->submit(std::move(inputs), options);
   if (future.is_ready()) {
     // Refused at submit (the engine completes such a future at once).
     Result<Outputs> r = future.get();
-    if (!r.ok()) return r.status();
+    if (!r.ok()) {
+      if (finished) finished(r);
+      return r.status();
+    }
   }
-  future.on_complete([&model, id = std::move(request.id), selected = std::move(selected),
-                      done = std::move(done)](const Result<Outputs>& r) mutable {
+  future.on_complete([&model, id = std::move(id), selected = std::move(selected),
+                      done = std::move(done),
+                      finished = std::move(finished)](const Result<Outputs>& r) mutable {
+    if (finished) finished(r);
     if (!r.ok()) {
       done(r.status());
       return;
     }
-    InferResponse response;
-    response.model = &model;
-    response.id = std::move(id);
-    const Outputs& outs = *r;
-    if (selected.empty()) {
-      for (std::size_t i = 0; i < outs.size(); ++i) {
-        response.outputs.push_back({&model.signature.outputs[i], outs[i], -1});
-      }
-    } else {
-      for (std::size_t k = 0; k < selected.size(); ++k) {
-        response.outputs.push_back(
-            {&model.signature.outputs[selected[k]], outs[selected[k]], static_cast<int>(k)});
-      }
-    }
-    done(std::move(response));
+    done(make_response(model, std::move(id), selected, *r));
   });
   return InflightRequest(std::move(future));
+}
+
+/// A request waiting for an identical one in flight (ResponseCache's follower): answered with
+/// the leader's outputs, or, when the leader failed, run on the engine itself.
+class InferenceServer::CacheFollower final : public InflightRequest::Handle {
+ public:
+  CacheFollower(InferenceServer& server, const ModelVersion& model, Inputs inputs,
+                RequestOptions options, std::string id, std::vector<std::size_t> selected,
+                Completion done, CacheKey key, Clock::time_point start)
+      : server_(server),
+        model_(model),
+        inputs_(std::move(inputs)),
+        options_(std::move(options)),
+        id_(std::move(id)),
+        selected_(std::move(selected)),
+        done_(std::move(done)),
+        key_(std::move(key)),
+        start_(start) {}
+
+  /// Not a follower after all (a hit, or the leader): hands the request back.
+  std::pair<Inputs, Completion> take_back() {
+    std::lock_guard lock(mu_);
+    ended_ = true;
+    return {std::move(inputs_), std::move(done_)};
+  }
+
+  void set_ticket(std::uint64_t ticket) {
+    std::lock_guard lock(mu_);
+    ticket_ = ticket;
+  }
+
+  /// The leader's result (called once by the cache, unless withdrawn first).
+  void on_leader(const Result<Outputs>& r) {
+    Completion done;
+    bool cancelled = false;
+    {
+      std::lock_guard lock(mu_);
+      if (ended_) return;
+      cancelled = cancelled_;
+      if (r.ok() || cancelled) {
+        ended_ = true;
+        done = std::move(done_);
+      }
+    }
+    if (done) {
+      if (cancelled) return done(cancelled_error("the request was cancelled"));
+      model_.cache_counters.hits.fetch_add(1, std::memory_order_relaxed);
+      model_.cache_counters.hit_ns.fetch_add(ns_since(start_), std::memory_order_relaxed);
+      return done(make_response(model_, std::move(id_), selected_, *r));
+    }
+    // The leader failed: its failure (its deadline, its cancellation) is not this request's.
+    model_.cache_counters.misses.fetch_add(1, std::memory_order_relaxed);
+    model_.cache_counters.miss_ns.fetch_add(ns_since(start_), std::memory_order_relaxed);
+    auto shared = std::make_shared<Completion>();
+    {
+      std::lock_guard lock(mu_);
+      *shared = std::move(done_);
+    }
+    auto accepted =
+        server_.run(model_, std::move(inputs_), options_, std::move(id_), std::move(selected_),
+                    [shared](Result<InferResponse> out) { (*shared)(std::move(out)); }, {});
+    if (!accepted.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        ended_ = true;
+      }
+      return (*shared)(accepted.status());  // run() destroyed its completion uncalled
+    }
+    std::lock_guard lock(mu_);
+    ended_ = true;
+    own_ = std::move(*accepted);
+    if (cancelled_) own_.cancel();  // its completion posts; it does not call back in here
+  }
+
+  void cancel() override {
+    Completion done;
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+      if (own_.valid()) {
+        own_.cancel();
+      } else if (!ended_ && server_.cache_->withdraw(key_, ticket_)) {
+        ended_ = true;
+        done = std::move(done_);
+      }
+    }
+    if (done) done(cancelled_error("the request was cancelled"));
+  }
+
+ private:
+  InferenceServer& server_;
+  const ModelVersion& model_;
+  Inputs inputs_;
+  RequestOptions options_;
+  std::string id_;
+  std::vector<std::size_t> selected_;
+  Completion done_;
+  const CacheKey key_;
+  const Clock::time_point start_;
+  std::mutex mu_;
+  std::uint64_t ticket_ = 0;
+  bool ended_ = false;  ///< answered, handed back, or running on its own (own_)
+  bool cancelled_ = false;
+  InflightRequest own_;  ///< its own run after the leader failed
+};
+
+Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model, Inputs inputs,
+                                                       const RequestOptions& options,
+                                                       std::string id,
+                                                       std::vector<std::size_t> selected,
+                                                       Completion done) {
+  const Clock::time_point start = Clock::now();
+  for (const Tensor& t : inputs) {
+    if (!t.is_host_accessible()) {  // not hashable here: computed as without a cache
+      return run(model, std::move(inputs), options, std::move(id), std::move(selected),
+                 std::move(done));
+    }
+  }
+  CacheKey key = response_cache_key(model.model_name, model.version, inputs);
+  // A request with a deadline of its own is not made to wait on another's pace.
+  const bool join = !options.timeout && !options.deadline;
+  // A follower must be complete before the cache can call it: made first, taken back if the
+  // request turns out to be a hit or a leader.
+  std::shared_ptr<CacheFollower> follower;
+  ResponseCache::Waiter waiter;
+  if (join) {
+    follower = std::make_shared<CacheFollower>(*this, model, std::move(inputs), options, id,
+                                               selected, std::move(done), key, start);
+    waiter = [follower](const Result<Outputs>& r) { follower->on_leader(r); };
+  }
+  ResponseCache::Lookup found = cache_->lookup(key, join, waiter);
+  if (follower && found.role != ResponseCache::Role::follower) {
+    std::tie(inputs, done) = follower->take_back();
+  }
+  CacheCounters& counters = model.cache_counters;
+  switch (found.role) {
+    case ResponseCache::Role::hit: {
+      InferResponse response = make_response(model, std::move(id), selected, found.outputs);
+      counters.hits.fetch_add(1, std::memory_order_relaxed);
+      counters.hit_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
+      done(std::move(response));
+      return InflightRequest();
+    }
+    case ResponseCache::Role::follower:
+      follower->set_ticket(found.ticket);
+      return InflightRequest(std::move(follower));
+    case ResponseCache::Role::leader:
+    case ResponseCache::Role::alone:
+      break;
+  }
+  const bool led = found.role == ResponseCache::Role::leader;
+  const std::uint64_t lookup_ns = ns_since(start);
+  return run(model, std::move(inputs), options, std::move(id), std::move(selected), std::move(done),
+             [this, &counters, key = std::move(key), led, lookup_ns](const Result<Outputs>& r) {
+               const Clock::time_point t = Clock::now();
+               cache_->finish(key, led, r);
+               counters.misses.fetch_add(1, std::memory_order_relaxed);
+               counters.miss_ns.fetch_add(lookup_ns + ns_since(t), std::memory_order_relaxed);
+             });
 }
 
 ProtocolMetrics& InferenceServer::protocol_metrics(std::string_view protocol,
@@ -379,6 +576,31 @@ std::string InferenceServer::metrics_text() const {
   ready.metric.emplace_back();
   ready.metric.back().gauge.value = this->ready() ? 1 : 0;
   families.push_back(std::move(ready));
+  if (cache_) {
+    auto one = [&](const char* name, const char* help, prometheus::MetricType type, double v) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      f.metric.emplace_back();
+      if (type == prometheus::MetricType::Counter) {
+        f.metric.back().counter.value = v;
+      } else {
+        f.metric.back().gauge.value = v;
+      }
+      families.push_back(std::move(f));
+    };
+    using prometheus::MetricType;
+    one("asyncinfer_response_cache_bytes", "Bytes the response cache's entries take",
+        MetricType::Gauge, static_cast<double>(cache_->bytes()));
+    one("asyncinfer_response_cache_capacity_bytes", "The response cache's size (--cache-config)",
+        MetricType::Gauge, static_cast<double>(cache_->capacity()));
+    one("asyncinfer_response_cache_entries", "Responses in the response cache", MetricType::Gauge,
+        static_cast<double>(cache_->entries()));
+    one("asyncinfer_response_cache_evictions_total",
+        "Entries removed to make room (least recently used first)", MetricType::Counter,
+        static_cast<double>(cache_->evictions()));
+  }
   collect_engine_metrics(*repository_, families);
   {
     std::lock_guard lock(metrics_mu_);

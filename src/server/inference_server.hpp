@@ -40,6 +40,7 @@
 #include "asyncinfer/engine.hpp"
 #include "limits.hpp"
 #include "model_repository.hpp"
+#include "response_cache.hpp"
 #include "server_metrics.hpp"
 
 namespace asyncinfer::server {
@@ -93,19 +94,31 @@ struct InputSlot {
   std::size_t byte_size = 0;
 };
 
-/// An accepted request: cancel() ends it in the engine (a client that went away).
+/// An accepted request: cancel() ends it in the engine (a client that went away). Empty (not
+/// valid) for one answered before submit() returned (a response-cache hit).
 class InflightRequest {
  public:
+  /// A request that waits elsewhere than in an engine (a response-cache follower).
+  class Handle {
+   public:
+    virtual ~Handle() = default;
+    /// As InflightRequest::cancel().
+    virtual void cancel() = 0;
+  };
+
   InflightRequest() = default;
   explicit InflightRequest(Future<Outputs> future) : future_(std::move(future)) {}
+  explicit InflightRequest(std::shared_ptr<Handle> handle) : handle_(std::move(handle)) {}
   /// Resolves the request as cancelled where it has not ended yet. Thread-safe; idempotent.
   void cancel() {
     if (future_.valid()) future_.cancel();
+    if (handle_) handle_->cancel();
   }
-  bool valid() const noexcept { return future_.valid(); }
+  bool valid() const noexcept { return future_.valid() || handle_ != nullptr; }
 
  private:
   Future<Outputs> future_;
+  std::shared_ptr<Handle> handle_;
 };
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
@@ -123,6 +136,9 @@ struct ServerOptions {
   /// Descriptors client connections may take, all frontends together (ConnectionBudget); 0 = no
   /// limit. The serve command sets it from RLIMIT_NOFILE less a reserve.
   std::size_t connection_fds = 0;
+  /// Triton's --cache-config local,size=BYTES: the response cache's size (response_cache.hpp)
+  /// for the models whose config enables it; 0 = no cache.
+  std::size_t response_cache_bytes = 0;
 };
 
 class InferenceServer {
@@ -183,11 +199,16 @@ class InferenceServer {
 
   /// Submits `request` to the model's engine. On success the request is accepted: `done` runs
   /// exactly once, on the engine's completion executor, with the outputs (only those requested,
-  /// in the order asked) or the error. An error returned here means nothing was submitted and
+  /// in the order asked) or the error. For a model with response_cache (and a server with a
+  /// cache), a hit runs `done` on the calling thread before submit() returns (an empty
+  /// InflightRequest), and a request that waits for an identical one runs it on that one's
+  /// completion executor. An error returned here means nothing was submitted and
   /// `done` is destroyed without being called: bad input (invalid_argument naming it), the
   /// engine refusing it (queue full: resource_exhausted; shut down: unavailable).
   Result<InflightRequest> submit(const ModelVersion& model, InferRequest request, Completion done);
 
+  /// The response cache; null without --cache-config.
+  const ResponseCache* response_cache() const noexcept { return cache_.get(); }
   /// The bytes requests in flight hold, every frontend together (--max-inflight-bytes).
   MemoryBudget& memory() noexcept { return memory_; }
   /// The descriptors client connections hold, every frontend together.
@@ -203,8 +224,25 @@ class InferenceServer {
   std::string metrics_text() const;
 
  private:
+  class CacheFollower;
+  /// Called with the engine's result before `done` (the response cache's bookkeeping).
+  using Finished = detail::UniqueFunction<void(const Result<Outputs>&)>;
+
+  /// Submits checked inputs to the model's engine; `finished` (if any) runs before `done`, also
+  /// on a refusal at submit (then `done` is destroyed uncalled and the error returned).
+  Result<InflightRequest> run(const ModelVersion& model, Inputs inputs,
+                              const RequestOptions& options, std::string id,
+                              std::vector<std::size_t> selected, Completion done,
+                              Finished finished = {});
+  /// submit() for a model with response_cache enabled: a hit answers at once; a miss runs (or
+  /// follows an identical request in flight) and fills the cache.
+  Result<InflightRequest> submit_cached(const ModelVersion& model, Inputs inputs,
+                                        const RequestOptions& options, std::string id,
+                                        std::vector<std::size_t> selected, Completion done);
+
   std::unique_ptr<ModelRepository> repository_;
   ServerOptions options_;
+  std::unique_ptr<ResponseCache> cache_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
   MemoryBudget memory_;

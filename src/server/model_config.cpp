@@ -136,7 +136,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   };
   ignore(c.has_optimization(), "optimization", "framework-specific tuning");
   ignore(!c.metric_tags().empty(), "metric_tags", "metrics carry the labels model and version");
-  ignore(c.has_response_cache(), "response_cache", "no response cache");
+  plan.response_cache = c.response_cache().enable();
   ignore(c.has_model_metrics(), "model_metrics", "fixed histogram buckets");
   ignore(c.has_model_operations(), "model_operations", "no custom operation libraries");
   ignore(!c.cc_model_filenames().empty(), "cc_model_filenames", "default_model_filename is used");

@@ -83,6 +83,8 @@ struct ModelPlan {
   VersionPolicy versions;
   /// model_warmup: run on each version before it turns ready (model_repository.cpp).
   std::vector<WarmupSample> warmup;
+  /// response_cache { enable: true }: its responses go in the server's cache (--cache-config).
+  bool response_cache = false;
   /// The config.pbtxt as parsed (a serialized inference.ModelConfig), for applied_model_config.
   std::string config_binary;
   /// "device cpu, 2 workers, dynamic batching max 8 delay 100 us" for the load log line.

@@ -149,6 +149,16 @@ std::string ModelVersion::unready_reason() const {
   return h.ready ? std::string() : std::move(h.reason);
 }
 
+InferenceStats ModelVersion::statistics(InferenceStats s) const {
+  const CacheCounters& c = cache_counters;
+  s.cache_hit = {c.hits.load(std::memory_order_relaxed), c.hit_ns.load(std::memory_order_relaxed)};
+  s.cache_miss = {c.misses.load(std::memory_order_relaxed),
+                  c.miss_ns.load(std::memory_order_relaxed)};
+  s.success.count += s.cache_hit.count;
+  s.success.ns += s.cache_hit.ns;
+  return s;
+}
+
 bool ServedModel::all_ready() const {
   if (!reason.empty() || versions.empty()) return false;
   return std::all_of(versions.begin(), versions.end(), [](const auto& v) { return v->serving(); });
@@ -310,6 +320,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
               AppliedConfig applied, applied_model_config(*plan, mv->signature, (*device)->name()));
           mv->config_json = std::move(applied.json);
           mv->config_binary = std::move(applied.binary);
+          mv->response_cache = plan->response_cache;
           mv->engine = std::move(*engine);
           mv->device = (*device)->name();
           return Status();

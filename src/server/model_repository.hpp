@@ -31,6 +31,7 @@
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/status.hpp"
+#include "response_cache.hpp"
 
 namespace asyncinfer::server {
 
@@ -58,6 +59,10 @@ struct ModelVersion {
   /// serialized inference.ModelConfig. Set when ready.
   std::string config_json;
   std::string config_binary;
+  /// response_cache { enable: true } in its config: answered from the server's cache, if any.
+  bool response_cache = false;
+  /// Its response-cache hits and misses (InferenceServer::version_stats).
+  mutable CacheCounters cache_counters;
 
   /// Loaded (the engine was made).
   bool ready() const noexcept { return state == ModelState::ready; }
@@ -67,6 +72,12 @@ struct ModelVersion {
   bool serving() const;
   /// Why it cannot serve: the load error, or the engine's health reason; "" when serving.
   std::string unready_reason() const;
+  /// Triton's statistics of a loaded version: `engine` (its engine's, EngineMetrics::stats) with
+  /// the response cache's hits and misses, the hits counted among the successes as Triton counts
+  /// them (not as inferences or executions). What GET .../stats, gRPC ModelStatistics and
+  /// /metrics report. Thread-safe.
+  InferenceStats statistics(InferenceStats engine) const;
+  InferenceStats statistics() const { return statistics(engine->metrics().stats); }
 };
 
 /// A model folder of the repository.

@@ -136,7 +136,8 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
       add(p + "model_ready", "1 when the model version is loaded and serving", MetricType::Gauge,
           sample(l, v->serving() ? 1 : 0, MetricType::Gauge));
       if (!v->engine) continue;
-      const EngineMetrics m = v->engine->metrics();
+      EngineMetrics m = v->engine->metrics();
+      m.stats = v->statistics(std::move(m.stats));
       auto counter = [&](const char* name, const char* help, std::uint64_t value) {
         add(p + name, help, MetricType::Counter,
             sample(l, static_cast<double>(value), MetricType::Counter));
@@ -201,7 +202,9 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
            {std::pair{"success", &m.stats.success}, std::pair{"fail", &m.stats.fail},
             std::pair{"queue", &m.stats.queue}, std::pair{"compute_input", &m.stats.compute_input},
             std::pair{"compute_infer", &m.stats.compute_infer},
-            std::pair{"compute_output", &m.stats.compute_output}}) {
+            std::pair{"compute_output", &m.stats.compute_output},
+            std::pair{"cache_hit", &m.stats.cache_hit},
+            std::pair{"cache_miss", &m.stats.cache_miss}}) {
         std::vector<ClientMetric::Label> ls = l;
         ls.push_back({"statistic", name});
         add(p + "inference_statistics_requests",

@@ -130,7 +130,10 @@ class FileDescriptors(harness.unittest.TestCase):
 
     def flood(self, port_name):
         import grpc_client
-        with Server(EXAMPLE_REPOSITORY, nofile=self.NOFILE) as server:
+        # The held connections send nothing: no timeout may close them meanwhile (a slow machine
+        # can take seconds to open 450), or the port would rightly accept again mid-test.
+        with Server(EXAMPLE_REPOSITORY, "--header-timeout", "600", "--idle-timeout", "600",
+                    nofile=self.NOFILE) as server:
             port = server.http_port if port_name == "http" else server.grpc_port
             probe = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
             ch = grpc_client.channel(server.grpc_target)
@@ -138,12 +141,15 @@ class FileDescriptors(harness.unittest.TestCase):
             self.assertTrue(stub.ServerReady(grpc_client.pb.ServerReadyRequest(), timeout=5).ready)
             self.assertEqual(get(probe, "/v2/health/ready")[0], 200)
 
+            start = time.monotonic()
             socks = hold_connections(port, 450)
+            opened = time.monotonic() - start
             try:
                 server.wait_line(r"%s: refusing connections" % port_name)
                 # While the port cannot take more, every readiness answer says so.
                 status, body = get(probe, "/v2/health/ready")
-                self.assertEqual(status, 503, body)
+                self.assertEqual(status, 503, "%r (%.1f s to open the connections)\n%s"
+                                 % (body, opened, server.log()))
                 self.assertIn(port_name + ": ", json.loads(body)["error"])
                 self.assertFalse(
                     stub.ServerReady(grpc_client.pb.ServerReadyRequest(), timeout=5).ready)

@@ -2,14 +2,20 @@
 pinned in scripts/requirements-tritonclient.txt, run from .venv/tritonclient): no client code of
 ours. Covers the extensions the server lists (issue 24): model configuration and statistics (HTTP
 and gRPC; sync and aio; the statistics against /metrics) and HTTP compression (request and response, gzip and deflate; sync, gevent async
-and aio), gRPC transport compression, and what bad compressed bodies get.
+and aio), gRPC transport compression, what bad compressed bodies get, and the response cache
+(hits byte-identical to computed answers, LRU eviction by bytes, identical requests in flight
+computed once, the statistics and /metrics).
 """
 
 import asyncio
 import gzip
 import http.client
 import json
+import os
 import re
+import socket
+import subprocess
+import threading
 import time
 import urllib.request
 import zlib
@@ -22,7 +28,7 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 import harness
-from harness import EXAMPLE_REPOSITORY, Server
+from harness import ARGS, EXAMPLE_REPOSITORY, Repository, Server
 
 X = np.arange(32, dtype=np.float32).reshape(2, 16)
 
@@ -422,6 +428,220 @@ class TritonClient(harness.unittest.TestCase):
         for algorithm in ("gzip", "deflate"):
             r = self.grpc.infer("identity", [grpc_input(X)], compression_algorithm=algorithm)
             np.testing.assert_array_equal(r.as_numpy("output0"), X)
+
+
+def example_config(name, extra="", rename=True):
+    with open(os.path.join(EXAMPLE_REPOSITORY, name, "config.pbtxt")) as f:
+        text = f.read()
+    if rename:
+        text = text.replace('name: "%s"' % name, 'name: "%s_cached"' % name)
+    return text + extra
+
+
+def metric(text, name, **labels):
+    """The value of one sample of a Prometheus text page; None when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            got = {}
+        elif line.startswith(name + "{"):
+            got = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name):line.index("}") + 1]))
+        else:
+            continue
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+class ResponseCache(harness.unittest.TestCase):
+    """Triton's response cache: --cache-config local,size=BYTES and response_cache { enable }."""
+
+    CACHE_BYTES = 8192  # a few entries of [2,16] FP32: the LRU evicts
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        cls.repo.add("identity_cached", example_config("identity",
+                                                       "response_cache { enable: true }\n"),
+                     versions=(1, 2))
+        cls.repo.add("slow_cached", example_config("slow", "response_cache { enable: true }\n"))
+        cls.repo.add("identity", example_config("identity", rename=False))
+        cls.server = Server(cls.repo.path, "--cache-config",
+                            "local,size=%d" % cls.CACHE_BYTES).start()
+        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
+                                                    concurrency=16)
+        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.http.close()
+        cls.grpc.close()
+        cls.server.stop()
+        cls.repo.cleanup()
+
+    def stats(self, model):
+        return self.http.get_inference_statistics(model, "1")["model_stats"][0]
+
+    def cache_counts(self, model):
+        st = self.stats(model)["inference_stats"]
+        return st["cache_hit"]["count"], st["cache_miss"]["count"]
+
+    def test_a_hit_is_byte_identical_to_the_computed_answer(self):
+        x = np.full((2, 16), 7.25, dtype=np.float32)
+        for binary in (False, True):
+            i = httpclient.InferInput("input0", [2, 16], "FP32")
+            i.set_data_from_numpy(x + binary, binary_data=binary)
+            body, json_size = httpclient.InferenceServerClient.generate_request_body(
+                [i], outputs=[httpclient.InferRequestedOutput("output0", binary_data=binary)],
+                request_id="same")
+            headers = {"Content-Type": "application/octet-stream"}
+            if json_size is not None:
+                headers["Inference-Header-Content-Length"] = str(json_size)
+            path = "/v2/models/identity_cached/versions/1/infer"
+            hits0, misses0 = self.cache_counts("identity_cached")
+            computed = raw_post(self.server.http_port, path, body, headers)
+            cached = raw_post(self.server.http_port, path, body, headers)
+            self.assertEqual(computed[0], 200, computed[2])
+            self.assertEqual(cached[2], computed[2])  # byte for byte
+            self.assertEqual(self.cache_counts("identity_cached"), (hits0 + 1, misses0 + 1))
+            # The same input through gRPC hits the same entry (the key is the tensors', not the
+            # protocol's) and decodes to the same values.
+            g = grpcclient.InferInput("input0", [2, 16], "FP32")
+            g.set_data_from_numpy(x + binary)
+            r = self.grpc.infer("identity_cached", [g], model_version="1")
+            np.testing.assert_array_equal(r.as_numpy("output0"), x + binary)
+            self.assertEqual(self.cache_counts("identity_cached"), (hits0 + 2, misses0 + 1))
+
+    def test_statistics_and_metrics_count_hits_and_misses(self):
+        x = np.full((1, 16), -3.5, dtype=np.float32)
+        before = self.stats("identity_cached")
+        for _ in range(5):
+            self.http.infer("identity_cached", [http_input(x, True)], model_version="1")
+        after = self.stats("identity_cached")
+        st0, st1 = before["inference_stats"], after["inference_stats"]
+        self.assertEqual(st1["cache_miss"]["count"] - st0["cache_miss"]["count"], 1)
+        self.assertEqual(st1["cache_hit"]["count"] - st0["cache_hit"]["count"], 4)
+        self.assertGreater(st1["cache_hit"]["ns"], st0["cache_hit"]["ns"])
+        # Triton's accounting: a hit is a success, not an inference or an execution.
+        self.assertEqual(st1["success"]["count"] - st0["success"]["count"], 5)
+        self.assertEqual(after["inference_count"] - before["inference_count"], 1)
+        self.assertEqual(after["execution_count"] - before["execution_count"], 1)
+        g = self.grpc.get_inference_statistics("identity_cached", "1").model_stats[0]
+        self.assertEqual(g.inference_stats.cache_hit.count, st1["cache_hit"]["count"])
+        self.assertEqual(g.inference_stats.cache_miss.count, st1["cache_miss"]["count"])
+        page = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
+        for statistic in ("cache_hit", "cache_miss"):
+            self.assertEqual(metric(page, "asyncinfer_inference_statistics_requests",
+                                    model="identity_cached", version="1", statistic=statistic),
+                             st1[statistic]["count"], statistic)
+        # A model without response_cache never looks.
+        self.http.infer("identity", [http_input(x, True)], model_version="1")
+        self.http.infer("identity", [http_input(x, True)], model_version="1")
+        self.assertEqual(self.cache_counts("identity"), (0, 0))
+        config = self.http.get_model_config("identity_cached")
+        self.assertEqual(config["response_cache"], {"enable": True})
+        self.assertEqual(self.http.get_model_config("identity")["response_cache"],
+                         {"enable": False})
+
+    def test_least_recently_used_entries_make_room(self):
+        def infer(k):
+            x = np.full((2, 16), 1000.0 + k, dtype=np.float32)
+            r = self.http.infer("identity_cached", [http_input(x, True)], model_version="2")
+            np.testing.assert_array_equal(r.as_numpy("output0"), x)
+        # Entries of 2x16 FP32 take a few hundred bytes: 64 distinct inputs overflow 8 KiB.
+        hits0, misses0 = self.cache_counts_v2()
+        for k in range(64):
+            infer(k)
+        infer(63)  # the most recent: still there
+        self.assertEqual(self.cache_counts_v2(), (hits0 + 1, misses0 + 64))
+        infer(0)  # the oldest: evicted
+        self.assertEqual(self.cache_counts_v2(), (hits0 + 1, misses0 + 65))
+        page = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
+        self.assertGreater(metric(page, "asyncinfer_response_cache_evictions_total"), 0)
+        self.assertLessEqual(metric(page, "asyncinfer_response_cache_bytes"), self.CACHE_BYTES)
+
+    def cache_counts_v2(self):
+        st = self.http.get_inference_statistics("identity_cached", "2")["model_stats"][0]
+        return st["inference_stats"]["cache_hit"]["count"], \
+            st["inference_stats"]["cache_miss"]["count"]
+
+    def test_identical_requests_in_flight_compute_once(self):
+        # slow_cached: each row's value is its time on the device (µs); 16 identical requests of
+        # 300 ms each arrive together: one runs, the others wait for its answer.
+        x = np.array([[300000.0 + 1]], dtype=np.float32)
+        before = self.stats("slow_cached")
+        results, errors = [], []
+
+        def one():
+            try:
+                i = httpclient.InferInput("input0", [1, 1], "FP32")
+                i.set_data_from_numpy(x)
+                with httpclient.InferenceServerClient(
+                        "127.0.0.1:%d" % self.server.http_port) as c:
+                    results.append(c.infer("slow_cached", [i]).as_numpy("output0"))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+        threads = [threading.Thread(target=one) for _ in range(16)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        took = time.monotonic() - start
+        self.assertEqual(errors, [])
+        self.assertEqual(len(results), 16)
+        for r in results:
+            np.testing.assert_array_equal(r, results[0])
+        after = self.stats("slow_cached")
+        self.assertEqual(after["execution_count"] - before["execution_count"], 1)
+        st0, st1 = before["inference_stats"], after["inference_stats"]
+        self.assertEqual(st1["cache_miss"]["count"] - st0["cache_miss"]["count"], 1)
+        self.assertEqual(st1["cache_hit"]["count"] - st0["cache_hit"]["count"], 15)
+        self.assertLess(took, 16 * 0.3)  # not one after another
+
+    def test_a_cancelled_leader_leaves_its_followers_to_compute(self):
+        x = np.array([[400000.0 + 2]], dtype=np.float32)
+        body = json.dumps({"inputs": [{"name": "input0", "datatype": "FP32", "shape": [1, 1],
+                                       "data": [float(x[0][0])]}]}).encode()
+        leader = socket.create_connection(("127.0.0.1", self.server.http_port), timeout=10)
+        leader.sendall(b"POST /v2/models/slow_cached/infer HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.1)  # it leads
+        before = self.stats("slow_cached")
+        out = {}
+
+        def follower():
+            i = httpclient.InferInput("input0", [1, 1], "FP32")
+            i.set_data_from_numpy(x)
+            with httpclient.InferenceServerClient("127.0.0.1:%d" % self.server.http_port,
+                                                  network_timeout=30) as c:
+                out["r"] = c.infer("slow_cached", [i]).as_numpy("output0")
+        t = threading.Thread(target=follower)
+        t.start()
+        time.sleep(0.1)  # it follows
+        leader.close()   # the leader's client goes away: its request is cancelled
+        t.join(30)
+        self.assertIn("r", out, "the follower got no answer")
+        after = self.stats("slow_cached")
+        # The follower ran the model itself (its own execution), and its answer is the model's
+        # for its input (fixed_cost answers each row's time). Misses: the leader's (counted
+        # when it ended) and the follower's own.
+        self.assertGreaterEqual(after["execution_count"] - before["execution_count"], 1)
+        self.assertEqual(after["inference_stats"]["cache_miss"]["count"]
+                         - before["inference_stats"]["cache_miss"]["count"], 2)
+        self.assertGreater(out["r"][0][0], 0)
+
+    def test_bad_cache_config_is_refused(self):
+        for value, expected in (("redis,host=x", "cache 'redis' is not built in"),
+                                ("local,size=0", "size must be a positive number of bytes"),
+                                ("local,size=12k", "size must be a positive number of bytes"),
+                                ("local,bytes=10", "the local cache takes size=BYTES"),
+                                ("local", "expected local,size=BYTES")):
+            p = subprocess.run([ARGS.cli, "serve", "--model-repository", self.repo.path,
+                                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "-1",
+                                "--cache-config", value], capture_output=True, text=True,
+                               timeout=60)
+            self.assertNotEqual(p.returncode, 0, value)
+            self.assertIn(expected, p.stderr, value)
 
 
 if __name__ == "__main__":

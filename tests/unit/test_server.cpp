@@ -13,6 +13,7 @@
 #include "http/oip_json.hpp"
 #include "limits.hpp"
 #include "model_config.hpp"
+#include "response_cache.hpp"
 #include "status_mapping.hpp"
 
 namespace asyncinfer::server {
@@ -122,7 +123,9 @@ response_cache { enable: true }
   for (const auto& w : warnings) all += w + "\n";
   EXPECT_NE(all.find("optimization is ignored"), std::string::npos) << all;
   EXPECT_NE(all.find("metric_tags is ignored"), std::string::npos) << all;
-  EXPECT_NE(all.find("response_cache is ignored"), std::string::npos) << all;
+  // response_cache is served (response_cache.hpp), not ignored.
+  EXPECT_EQ(all.find("response_cache"), std::string::npos) << all;
+  EXPECT_TRUE(p->response_cache);
 }
 
 TEST(ServerConfig, BehaviourChangingFieldsAreErrors) {
@@ -373,6 +376,106 @@ TEST(ServerCodec, EncodesShortestFloatsAndBinaryOutputs) {
 
 // ---- limits (issue 23)
 // ---------------------------------------------------------------------------
+
+// ---- the response cache -------------------------------------------------------------------
+
+std::vector<Tensor> one_output(float v, std::size_t n = 16) {
+  return {*Tensor::from_values<float>({static_cast<std::int64_t>(n)}, std::vector<float>(n, v))};
+}
+
+CacheKey key_of(float v) {
+  std::vector<Tensor> in = one_output(v);
+  return response_cache_key("m", 1, in);
+}
+
+TEST(ResponseCache, KeysFollowModelVersionDtypeShapeAndBytes) {
+  std::vector<Tensor> a = one_output(1), b = one_output(1), c = one_output(2);
+  EXPECT_EQ(response_cache_key("m", 1, a), response_cache_key("m", 1, b));
+  EXPECT_NE(response_cache_key("m", 1, a), response_cache_key("m", 1, c));
+  EXPECT_NE(response_cache_key("m", 1, a), response_cache_key("m", 2, a));
+  EXPECT_NE(response_cache_key("m", 1, a), response_cache_key("n", 1, a));
+  std::vector<Tensor> reshaped = {*a[0].reshape({2, 8})};
+  EXPECT_NE(response_cache_key("m", 1, a), response_cache_key("m", 1, reshaped));
+}
+
+TEST(ResponseCache, HitsCopiesAndEvictsTheLeastRecentlyUsed) {
+  ResponseCache::Waiter none;
+  // Room for about three entries of 64 bytes and their bookkeeping.
+  ResponseCache cache(3 * 400);
+  for (float v : {1.f, 2.f, 3.f}) {
+    auto l = cache.lookup(key_of(v), false, none);
+    EXPECT_EQ(l.role, ResponseCache::Role::alone);
+    std::vector<Tensor> out = one_output(v * 10);
+    cache.finish(key_of(v), false, out);
+    out[0].data_as<float>()[0] = -1;  // the entry is a copy: a reused buffer does not change it
+  }
+  EXPECT_EQ(cache.entries(), 3u);
+  auto hit = cache.lookup(key_of(1), false, none);  // 1 becomes the most recent
+  ASSERT_EQ(hit.role, ResponseCache::Role::hit);
+  EXPECT_EQ(hit.outputs[0].data_as<float>()[0], 10.f);
+  cache.finish(key_of(4), false, one_output(40));  // evicts 2, the least recent
+  EXPECT_EQ(cache.lookup(key_of(2), false, none).role, ResponseCache::Role::alone);
+  EXPECT_EQ(cache.lookup(key_of(1), false, none).role, ResponseCache::Role::hit);
+  EXPECT_EQ(cache.evictions(), 1u);
+  EXPECT_LE(cache.bytes(), cache.capacity());
+  // An entry larger than the cache is not kept, and evicts nothing.
+  cache.finish(key_of(5), false, one_output(5, 4096));
+  EXPECT_EQ(cache.lookup(key_of(5), false, none).role, ResponseCache::Role::alone);
+  EXPECT_EQ(cache.evictions(), 1u);
+  // A failure is not kept.
+  cache.finish(key_of(6), false, Result<std::vector<Tensor>>(unavailable_error("x")));
+  EXPECT_EQ(cache.lookup(key_of(6), false, none).role, ResponseCache::Role::alone);
+}
+
+TEST(ResponseCache, FollowersGetTheLeadersResultOnceAndMayWithdraw) {
+  ResponseCache cache(1 << 20);
+  ResponseCache::Waiter none;
+  const CacheKey k = key_of(7);
+  ASSERT_EQ(cache.lookup(k, true, none).role, ResponseCache::Role::leader);
+  std::vector<int> called(3, 0);
+  std::vector<std::uint64_t> tickets;
+  for (int i = 0; i < 3; ++i) {
+    ResponseCache::Waiter w = [&called, i](const Result<std::vector<Tensor>>& r) {
+      EXPECT_TRUE(r.ok());
+      ++called[i];
+    };
+    auto l = cache.lookup(k, true, w);
+    ASSERT_EQ(l.role, ResponseCache::Role::follower);
+    tickets.push_back(l.ticket);
+  }
+  EXPECT_TRUE(cache.withdraw(k, tickets[1]));
+  EXPECT_FALSE(cache.withdraw(k, tickets[1]));
+  cache.finish(k, true, one_output(70));
+  EXPECT_EQ(called, (std::vector<int>{1, 0, 1}));
+  EXPECT_FALSE(cache.withdraw(k, tickets[0]));  // called already
+  EXPECT_EQ(cache.lookup(k, true, none).role, ResponseCache::Role::hit);
+  // A failed leader's followers hear the failure (and run on their own, inference_server.cpp);
+  // the next request leads a new flight.
+  const CacheKey f = key_of(8);
+  ASSERT_EQ(cache.lookup(f, true, none).role, ResponseCache::Role::leader);
+  bool failed = false;
+  ResponseCache::Waiter w = [&failed](const Result<std::vector<Tensor>>& r) { failed = !r.ok(); };
+  ASSERT_EQ(cache.lookup(f, true, w).role, ResponseCache::Role::follower);
+  cache.finish(f, true, Result<std::vector<Tensor>>(cancelled_error("gone")));
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(cache.lookup(f, true, none).role, ResponseCache::Role::leader);
+}
+
+TEST(ResponseCache, CacheConfigIsTritons) {
+  std::vector<std::string> v = {"local,size=1048576"};
+  EXPECT_EQ(*parse_cache_config(v), 1048576u);
+  v = {"local,size=10", "local,size=20"};  // later ones win
+  EXPECT_EQ(*parse_cache_config(v), 20u);
+  EXPECT_EQ(*parse_cache_config({}), 0u);
+  for (const char* bad : {"redis,host=localhost", "local", "local,size=", "local,size=-1",
+                          "local,size=1e6", "local,count=3"}) {
+    std::vector<std::string> b = {bad};
+    auto r = parse_cache_config(b);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::invalid_argument) << bad;
+    EXPECT_NE(r.status().message().find(bad), std::string_view::npos) << r.status();
+  }
+}
 
 TEST(ServerLimits, MemoryBudgetRefusesPastItsLimitAndReturnsOnRelease) {
   MemoryBudget budget(1000);

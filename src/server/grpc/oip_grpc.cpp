@@ -426,7 +426,7 @@ void model_statistics(const std::vector<const ModelVersion*>& versions,
     d->set_ns(s.ns);
   };
   for (const ModelVersion* v : versions) {
-    const InferenceStats s = v->engine->metrics().stats;
+    const InferenceStats s = v->statistics();
     inference::ModelStatistics* m = out->add_model_stats();
     m->set_name(v->model_name);
     m->set_version(v->version_text);
@@ -440,8 +440,8 @@ void model_statistics(const std::vector<const ModelVersion*>& versions,
     set(i->mutable_compute_input(), s.compute_input);
     set(i->mutable_compute_infer(), s.compute_infer);
     set(i->mutable_compute_output(), s.compute_output);
-    i->mutable_cache_hit();
-    i->mutable_cache_miss();
+    set(i->mutable_cache_hit(), s.cache_hit);
+    set(i->mutable_cache_miss(), s.cache_miss);
     for (const BatchSizeStats& b : s.batch_stats) {
       inference::InferBatchStatistics* e = m->add_batch_stats();
       e->set_batch_size(static_cast<std::uint64_t>(b.batch_size));

@@ -101,10 +101,9 @@ std::string repository_index_json(const ModelRepository& repository, bool ready_
 
 std::string model_statistics_json(const std::vector<const ModelVersion*>& versions) {
   auto duration = [](const DurationStat& d) { return json{{"count", d.count}, {"ns", d.ns}}; };
-  const json zero = {{"count", 0}, {"ns", 0}};
   json list = json::array();
   for (const ModelVersion* v : versions) {
-    const InferenceStats s = v->engine->metrics().stats;
+    const InferenceStats s = v->statistics();
     json batches = json::array();
     for (const BatchSizeStats& b : s.batch_stats) {
       batches.push_back({{"batch_size", b.batch_size},
@@ -124,8 +123,8 @@ std::string model_statistics_json(const std::vector<const ModelVersion*>& versio
                       {"compute_input", duration(s.compute_input)},
                       {"compute_infer", duration(s.compute_infer)},
                       {"compute_output", duration(s.compute_output)},
-                      {"cache_hit", zero},
-                      {"cache_miss", zero}}},
+                      {"cache_hit", duration(s.cache_hit)},
+                      {"cache_miss", duration(s.cache_miss)}}},
                     {"response_stats", json::object()},
                     {"batch_stats", batches},
                     {"memory_usage", json::array()}});
