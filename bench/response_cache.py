@@ -156,8 +156,9 @@ def main():
     p.add_argument("--entries", type=int, default=100, help="cache size in 1x16 FP32 entries")
     args = p.parse_args()
     repo = make_repository()
-    # An entry of one 1x16 FP32 output takes about 330 bytes (response_cache.cpp entry_bytes).
-    server = Server(args.cli, repo, args.entries * 330)
+    # An entry of one 1x16 FP32 input and output takes about 760 bytes (response_cache.cpp
+    # entry_bytes: the key with the input's bytes, twice, the output, the bookkeeping).
+    server = Server(args.cli, repo, args.entries * 760)
     try:
         print("server-side latency, one connection, binary 1x16 FP32, %g s each:" % args.seconds)
         for model in ("identity", "identity_cached"):

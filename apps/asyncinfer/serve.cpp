@@ -104,6 +104,12 @@ int run_serve(const ServeOptions& o) {
   // Before any thread exists (the engines start theirs while loading).
   block_shutdown_signals();
   const std::size_t fds = raise_fd_limit();
+  // Options checked before the models load (a load may take minutes).
+  auto cache_bytes = parse_cache_config(o.cache_config);
+  if (!cache_bytes.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n", cache_bytes.status().to_string().c_str());
+    return kExitUsage;
+  }
 
   auto repository = ModelRepository::load(o.repository, log_line);
   if (!repository.ok()) {
@@ -116,11 +122,6 @@ int run_serve(const ServeOptions& o) {
   so.strict_readiness = o.strict_readiness;
   so.max_inflight_bytes = o.max_inflight_bytes;
   so.connection_fds = connection_fds(fds);
-  auto cache_bytes = parse_cache_config(o.cache_config);
-  if (!cache_bytes.ok()) {
-    std::fprintf(stderr, "asyncinfer serve: error: %s\n", cache_bytes.status().to_string().c_str());
-    return kExitUsage;
-  }
   so.response_cache_bytes = *cache_bytes;
   for (const auto& m : (*repository)->models()) {
     for (const auto& v : m->versions) {

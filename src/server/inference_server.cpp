@@ -383,23 +383,25 @@ Result<InflightRequest> InferenceServer::run(const ModelVersion& model, Inputs i
   future.on_complete([&model, id = std::move(id), selected = std::move(selected),
                       done = std::move(done),
                       finished = std::move(finished)](const Result<Outputs>& r) mutable {
-    if (finished) finished(r);
+    // This request's answer first; then the cache's bookkeeping (and its followers).
     if (!r.ok()) {
       done(r.status());
-      return;
+    } else {
+      done(make_response(model, std::move(id), selected, *r));
     }
-    done(make_response(model, std::move(id), selected, *r));
+    if (finished) finished(r);
   });
   return InflightRequest(std::move(future));
 }
 
 /// A request waiting for an identical one in flight (ResponseCache's follower): answered with
-/// the leader's outputs, or, when the leader failed, run on the engine itself.
+/// the leader's outputs, or, when the leader failed, run on the engine itself (and its answer
+/// cached).
 class InferenceServer::CacheFollower final : public InflightRequest::Handle {
  public:
   CacheFollower(InferenceServer& server, const ModelVersion& model, Inputs inputs,
                 RequestOptions options, std::string id, std::vector<std::size_t> selected,
-                Completion done, CacheKey key, Clock::time_point start)
+                Completion done, std::shared_ptr<const CacheKey> key, Clock::time_point start)
       : server_(server),
         model_(model),
         inputs_(std::move(inputs)),
@@ -417,41 +419,58 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
     return {std::move(inputs_), std::move(done_)};
   }
 
-  void set_ticket(std::uint64_t ticket) {
+  /// Once it follows: its ticket, and what its lookup took (its cache_hit time if it hits).
+  void followed(std::uint64_t ticket, std::uint64_t lookup_ns) {
     std::lock_guard lock(mu_);
     ticket_ = ticket;
+    lookup_ns_ = lookup_ns;
   }
 
-  /// The leader's result (called once by the cache, unless withdrawn first).
+  /// The leader's result (called once, unless withdrawn first).
   void on_leader(const Result<Outputs>& r) {
     Completion done;
     bool cancelled = false;
+    std::uint64_t lookup_ns = 0;
     {
       std::lock_guard lock(mu_);
       if (ended_) return;
       cancelled = cancelled_;
+      lookup_ns = lookup_ns_;
       if (r.ok() || cancelled) {
         ended_ = true;
         done = std::move(done_);
       }
     }
+    CacheCounters& counters = model_.cache_counters;
     if (done) {
       if (cancelled) return done(cancelled_error("the request was cancelled"));
-      model_.cache_counters.hits.fetch_add(1, std::memory_order_relaxed);
-      model_.cache_counters.hit_ns.fetch_add(ns_since(start_), std::memory_order_relaxed);
+      // A hit; its time is its lookup's (the wait for the leader is the leader's compute).
+      counters.hits.fetch_add(1, std::memory_order_relaxed);
+      counters.hit_ns.fetch_add(lookup_ns, std::memory_order_relaxed);
       return done(make_response(model_, std::move(id_), selected_, *r));
     }
-    // The leader failed: its failure (its deadline, its cancellation) is not this request's.
-    model_.cache_counters.misses.fetch_add(1, std::memory_order_relaxed);
-    model_.cache_counters.miss_ns.fetch_add(ns_since(start_), std::memory_order_relaxed);
+    // The leader failed: its failure (its deadline, its cancellation) is not this request's. It
+    // runs on its own, within what is left of the model's default timeout from its own arrival
+    // (not a fresh one), and its answer is cached.
+    RequestOptions options = options_;
+    if (const auto& t = model_.engine->options().default_timeout; t && !options.deadline) {
+      options.deadline = start_ + *t;
+    }
     auto shared = std::make_shared<Completion>();
     {
       std::lock_guard lock(mu_);
       *shared = std::move(done_);
     }
-    auto accepted =
-        server_.run(model_, std::move(inputs_), options_, std::move(id_), std::move(selected_),
-                    [shared](Result<InferResponse> out) { (*shared)(std::move(out)); }, {});
+    ResponseCache* cache = server_.cache_.get();
+    auto accepted = server_.run(
+        model_, std::move(inputs_), options, std::move(id_), std::move(selected_),
+        [shared](Result<InferResponse> out) { (*shared)(std::move(out)); },
+        [cache, key = key_, &counters, lookup_ns](const Result<Outputs>& result) {
+          const Clock::time_point t = Clock::now();
+          cache->finish(*key, false, result);  // led nothing: no followers come back
+          counters.misses.fetch_add(1, std::memory_order_relaxed);
+          counters.miss_ns.fetch_add(lookup_ns + ns_since(t), std::memory_order_relaxed);
+        });
     if (!accepted.ok()) {
       {
         std::lock_guard lock(mu_);
@@ -459,24 +478,32 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
       }
       return (*shared)(accepted.status());  // run() destroyed its completion uncalled
     }
-    std::lock_guard lock(mu_);
-    ended_ = true;
-    own_ = std::move(*accepted);
-    if (cancelled_) own_.cancel();  // its completion posts; it does not call back in here
+    bool cancel_now = false;
+    {
+      std::lock_guard lock(mu_);
+      ended_ = true;
+      own_ = std::move(*accepted);  // set once, never changed after
+      cancel_now = cancelled_;
+    }
+    if (cancel_now) own_.cancel();
   }
 
   void cancel() override {
     Completion done;
+    bool own = false;
     {
       std::lock_guard lock(mu_);
       cancelled_ = true;
       if (own_.valid()) {
-        own_.cancel();
-      } else if (!ended_ && server_.cache_->withdraw(key_, ticket_)) {
+        own = true;
+      } else if (!ended_ && server_.cache_->withdraw(*key_, ticket_)) {
         ended_ = true;
         done = std::move(done_);
       }
     }
+    // Outside the lock: a cancel may run completions inline (an engine without a callback
+    // executor). own_ is set once, before `own` can be true, and never changed after.
+    if (own) own_.cancel();
     if (done) done(cancelled_error("the request was cancelled"));
   }
 
@@ -488,10 +515,11 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
   std::string id_;
   std::vector<std::size_t> selected_;
   Completion done_;
-  const CacheKey key_;
+  const std::shared_ptr<const CacheKey> key_;
   const Clock::time_point start_;
   std::mutex mu_;
   std::uint64_t ticket_ = 0;
+  std::uint64_t lookup_ns_ = 0;
   bool ended_ = false;  ///< answered, handed back, or running on its own (own_)
   bool cancelled_ = false;
   InflightRequest own_;  ///< its own run after the leader failed
@@ -509,9 +537,12 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
                  std::move(done));
     }
   }
-  CacheKey key = response_cache_key(model.model_name, model.version, inputs);
-  // A request with a deadline of its own is not made to wait on another's pace.
-  const bool join = !options.timeout && !options.deadline;
+  auto key =
+      std::make_shared<const CacheKey>(response_cache_key(model.model_name, model.version, inputs));
+  // Only a request that asks nothing of its own waits for another: one with its own deadline
+  // (`timeout`, a gRPC deadline) must not wait on another's pace, nor one with a priority of its
+  // own behind a leader of another level. Either computes alone (and still hits).
+  const bool join = !options.timeout && !options.deadline && options.priority == 0;
   // A follower must be complete before the cache can call it: made first, taken back if the
   // request turns out to be a hit or a leader.
   std::shared_ptr<CacheFollower> follower;
@@ -521,7 +552,8 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
                                                selected, std::move(done), key, start);
     waiter = [follower](const Result<Outputs>& r) { follower->on_leader(r); };
   }
-  ResponseCache::Lookup found = cache_->lookup(key, join, waiter);
+  ResponseCache::Lookup found = cache_->lookup(*key, join, waiter);
+  const std::uint64_t lookup_ns = ns_since(start);
   if (follower && found.role != ResponseCache::Role::follower) {
     std::tie(inputs, done) = follower->take_back();
   }
@@ -535,20 +567,21 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
       return InflightRequest();
     }
     case ResponseCache::Role::follower:
-      follower->set_ticket(found.ticket);
+      follower->followed(found.ticket, lookup_ns);
       return InflightRequest(std::move(follower));
     case ResponseCache::Role::leader:
     case ResponseCache::Role::alone:
       break;
   }
   const bool led = found.role == ResponseCache::Role::leader;
-  const std::uint64_t lookup_ns = ns_since(start);
   return run(model, std::move(inputs), options, std::move(id), std::move(selected), std::move(done),
              [this, &counters, key = std::move(key), led, lookup_ns](const Result<Outputs>& r) {
+               // Timed: the copy into the cache (Triton's cache_miss is lookup + insertion).
                const Clock::time_point t = Clock::now();
-               cache_->finish(key, led, r);
+               std::vector<ResponseCache::Waiter> followers = cache_->finish(*key, led, r);
                counters.misses.fetch_add(1, std::memory_order_relaxed);
                counters.miss_ns.fetch_add(lookup_ns + ns_since(t), std::memory_order_relaxed);
+               for (ResponseCache::Waiter& w : followers) w(r);
              });
 }
 

@@ -228,8 +228,9 @@ class InferenceServer {
   /// Called with the engine's result before `done` (the response cache's bookkeeping).
   using Finished = detail::UniqueFunction<void(const Result<Outputs>&)>;
 
-  /// Submits checked inputs to the model's engine; `finished` (if any) runs before `done`, also
-  /// on a refusal at submit (then `done` is destroyed uncalled and the error returned).
+  /// Submits checked inputs to the model's engine; `finished` (if any) runs after `done`, with the
+  /// engine's result, and also on a refusal at submit (then `done` is destroyed uncalled and the
+  /// error returned).
   Result<InflightRequest> run(const ModelVersion& model, Inputs inputs,
                               const RequestOptions& options, std::string id,
                               std::vector<std::size_t> selected, Completion done,

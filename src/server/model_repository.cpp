@@ -154,8 +154,11 @@ InferenceStats ModelVersion::statistics(InferenceStats s) const {
   s.cache_hit = {c.hits.load(std::memory_order_relaxed), c.hit_ns.load(std::memory_order_relaxed)};
   s.cache_miss = {c.misses.load(std::memory_order_relaxed),
                   c.miss_ns.load(std::memory_order_relaxed)};
+  // Triton (InferenceStatsAggregator::UpdateSuccessCacheHit) counts a hit as a success and in
+  // the queue statistic too; a hit here never waits in a queue, so it adds to queue's count only.
   s.success.count += s.cache_hit.count;
   s.success.ns += s.cache_hit.ns;
+  s.queue.count += s.cache_hit.count;
   return s;
 }
 

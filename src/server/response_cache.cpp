@@ -20,10 +20,11 @@ std::uint64_t hash_bytes(const void* data, std::size_t n) {
   return std::hash<std::string_view>{}(std::string_view(static_cast<const char*>(data), n));
 }
 
-/// What an entry's tensors and bookkeeping take.
+/// What an entry takes: its key twice (the list's entry and the index's), its tensors with their
+/// storage and shapes, and the nodes (an estimate of the allocator's share included).
 std::size_t entry_bytes(const CacheKey& key, const std::vector<Tensor>& outputs) {
-  std::size_t n = sizeof(CacheKey) + key.meta.size() + 128;  // the list node, the index slot
-  for (const Tensor& t : outputs) n += t.byte_size() + sizeof(Tensor) + t.rank() * 8;
+  std::size_t n = 2 * (sizeof(CacheKey) + key.bytes.size()) + 192;
+  for (const Tensor& t : outputs) n += t.byte_size() + sizeof(Tensor) + t.rank() * 8 + 192;
   return n;
 }
 
@@ -32,16 +33,22 @@ std::size_t entry_bytes(const CacheKey& key, const std::vector<Tensor>& outputs)
 CacheKey response_cache_key(std::string_view model, std::int64_t version,
                             std::span<const Tensor> inputs) {
   CacheKey key;
-  key.meta.reserve(model.size() + 16 + inputs.size() * 24);
-  key.meta.append(model).push_back('\0');
-  key.meta.append(std::to_string(version)).push_back('\0');
+  std::size_t data = 0;
+  for (const Tensor& t : inputs) data += t.byte_size();
+  key.bytes.reserve(model.size() + 16 + inputs.size() * 32 + data);
+  key.bytes.append(model).push_back('\0');
+  key.bytes.append(std::to_string(version)).push_back('\0');
   for (const Tensor& t : inputs) {
-    key.meta.append(to_string(t.dtype())).push_back('[');
-    for (std::int64_t d : t.shape()) key.meta.append(std::to_string(d)).push_back(',');
-    key.meta.push_back(']');
+    key.bytes.append(to_string(t.dtype())).push_back('[');
+    for (std::int64_t d : t.shape()) key.bytes.append(std::to_string(d)).push_back(',');
+    key.bytes.push_back(']');
   }
-  std::uint64_t h = hash_bytes(key.meta.data(), key.meta.size());
-  for (const Tensor& t : inputs) combine(h, hash_bytes(t.data(), t.byte_size()));
+  const std::size_t meta = key.bytes.size();
+  for (const Tensor& t : inputs) {
+    key.bytes.append(static_cast<const char*>(t.data()), t.byte_size());
+  }
+  std::uint64_t h = hash_bytes(key.bytes.data(), meta);
+  combine(h, hash_bytes(key.bytes.data() + meta, key.bytes.size() - meta));
   key.hash = h;
   return key;
 }
@@ -69,12 +76,13 @@ ResponseCache::Lookup ResponseCache::lookup(const CacheKey& key, bool join, Wait
   return out;
 }
 
-void ResponseCache::finish(const CacheKey& key, bool led,
-                           const Result<std::vector<Tensor>>& result) {
+std::vector<ResponseCache::Waiter> ResponseCache::finish(
+    const CacheKey& key, bool led, const Result<std::vector<Tensor>>& result) {
   // The copy is made outside the lock: the engine's outputs may be views of memory it reuses
-  // (an identity model's output is its input, which may be a frontend's receive buffer).
+  // (an identity model's output is its input, which may be a frontend's receive buffer). An
+  // answer that could never fit is not copied at all.
   std::vector<Tensor> copy;
-  bool keep = result.ok();
+  bool keep = result.ok() && entry_bytes(key, *result) <= capacity_;
   if (keep) {
     copy.reserve(result->size());
     for (const Tensor& t : *result) {
@@ -86,18 +94,19 @@ void ResponseCache::finish(const CacheKey& key, bool led,
       copy.push_back(std::move(*c));
     }
   }
-  std::vector<std::pair<std::uint64_t, Waiter>> followers;
+  std::vector<Waiter> followers;
   {
     std::lock_guard lock(mu_);
     if (keep) insert_locked(key, std::move(copy));
     if (led) {
       if (auto it = flights_.find(key); it != flights_.end()) {
-        followers = std::move(it->second.followers);
+        followers.reserve(it->second.followers.size());
+        for (auto& [ticket, w] : it->second.followers) followers.push_back(std::move(w));
         flights_.erase(it);
       }
     }
   }
-  for (auto& [ticket, w] : followers) w(result);
+  return followers;
 }
 
 bool ResponseCache::withdraw(const CacheKey& key, std::uint64_t ticket) {
@@ -156,6 +165,10 @@ Result<std::size_t> parse_cache_config(std::span<const std::string> values) {
       return invalid_argument_error("--cache-config '" + v + "': expected local,size=BYTES");
     }
     const std::string_view setting = std::string_view(v).substr(comma + 1);
+    if (setting.find(',') != std::string_view::npos) {
+      return invalid_argument_error("--cache-config '" + v +
+                                    "': the local cache takes one setting, size=BYTES");
+    }
     const std::size_t eq = setting.find('=');
     if (eq == std::string_view::npos || setting.substr(0, eq) != "size") {
       return invalid_argument_error("--cache-config '" + v +

@@ -15,9 +15,10 @@
 // one (the leader) runs the model, the others (followers) wait for its result. A follower never
 // inherits the leader's failure: when the leader fails, each follower runs the model itself.
 //
-// The hash is 64 bits (as Triton's): two different inputs with equal metadata collide with a
-// probability of about n²/2⁶⁵ for n entries; the entry's model, version, dtypes and shapes are
-// compared exactly on a hit.
+// Unlike Triton's, whose key is the 64-bit hash alone, a hit compares the whole key exactly (the
+// model, version, dtypes, shapes and every input byte): std::hash is not keyed, so a client could
+// craft an input with the hash of a popular one and have its answer served to everyone else. The
+// price is a copy of the inputs in each entry, counted in its bytes.
 //
 // Thread safety: every member may be called from any thread.
 #pragma once
@@ -39,11 +40,11 @@
 
 namespace asyncinfer::server {
 
-/// What a request is cached under: the hash and the metadata compared exactly on a hit.
+/// What a request is cached under: the hash, and the bytes compared exactly on a hit.
 struct CacheKey {
   std::uint64_t hash = 0;
-  std::string meta;  ///< model, version, each input's dtype and shape
-  bool operator==(const CacheKey&) const = default;
+  std::string bytes;  ///< model, version, each input's dtype, shape and data
+  bool operator==(const CacheKey& o) const noexcept { return hash == o.hash && bytes == o.bytes; }
 };
 
 /// The cache key of a request for `model` version `version` with `inputs` (in the model's input
@@ -95,9 +96,11 @@ class ResponseCache {
   /// false (a request with a deadline of its own, which a leader's pace must not decide) it
   /// computes alone.
   Lookup lookup(const CacheKey& key, bool join, Waiter& waiter);
-  /// The leader's (or a lone request's) result: a success is copied into the cache; the flight's
-  /// followers are called, here, with the result. `led`: the request was its flight's leader.
-  void finish(const CacheKey& key, bool led, const Result<std::vector<Tensor>>& result);
+  /// The leader's (or a lone request's) result: a success is copied into the cache (when it fits).
+  /// `led`: the request was its flight's leader; its followers are returned, for the caller to
+  /// call with the result (after it has answered the leader; none of them is called here).
+  std::vector<Waiter> finish(const CacheKey& key, bool led,
+                             const Result<std::vector<Tensor>>& result);
   /// Removes a follower that has not been called yet (a cancelled request); true when it was
   /// still waiting (its waiter is destroyed uncalled).
   bool withdraw(const CacheKey& key, std::uint64_t ticket);

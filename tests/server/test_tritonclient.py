@@ -523,6 +523,7 @@ class ResponseCache(harness.unittest.TestCase):
         self.assertGreater(st1["cache_hit"]["ns"], st0["cache_hit"]["ns"])
         # Triton's accounting: a hit is a success, not an inference or an execution.
         self.assertEqual(st1["success"]["count"] - st0["success"]["count"], 5)
+        self.assertEqual(st1["queue"]["count"] - st0["queue"]["count"], 5)
         self.assertEqual(after["inference_count"] - before["inference_count"], 1)
         self.assertEqual(after["execution_count"] - before["execution_count"], 1)
         g = self.grpc.get_inference_statistics("identity_cached", "1").model_stats[0]

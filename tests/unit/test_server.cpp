@@ -400,8 +400,8 @@ TEST(ResponseCache, KeysFollowModelVersionDtypeShapeAndBytes) {
 
 TEST(ResponseCache, HitsCopiesAndEvictsTheLeastRecentlyUsed) {
   ResponseCache::Waiter none;
-  // Room for about three entries of 64 bytes and their bookkeeping.
-  ResponseCache cache(3 * 400);
+  // Room for three entries of 64 bytes with their keys and bookkeeping (about 750 bytes each).
+  ResponseCache cache(3 * 800);
   for (float v : {1.f, 2.f, 3.f}) {
     auto l = cache.lookup(key_of(v), false, none);
     EXPECT_EQ(l.role, ResponseCache::Role::alone);
@@ -445,7 +445,11 @@ TEST(ResponseCache, FollowersGetTheLeadersResultOnceAndMayWithdraw) {
   }
   EXPECT_TRUE(cache.withdraw(k, tickets[1]));
   EXPECT_FALSE(cache.withdraw(k, tickets[1]));
-  cache.finish(k, true, one_output(70));
+  const Result<std::vector<Tensor>> seventy = one_output(70);
+  std::vector<ResponseCache::Waiter> followers = cache.finish(k, true, seventy);
+  EXPECT_EQ(called, (std::vector<int>{0, 0, 0}));  // the caller calls them
+  ASSERT_EQ(followers.size(), 2u);
+  for (auto& w : followers) w(seventy);
   EXPECT_EQ(called, (std::vector<int>{1, 0, 1}));
   EXPECT_FALSE(cache.withdraw(k, tickets[0]));  // called already
   EXPECT_EQ(cache.lookup(k, true, none).role, ResponseCache::Role::hit);
@@ -456,7 +460,8 @@ TEST(ResponseCache, FollowersGetTheLeadersResultOnceAndMayWithdraw) {
   bool failed = false;
   ResponseCache::Waiter w = [&failed](const Result<std::vector<Tensor>>& r) { failed = !r.ok(); };
   ASSERT_EQ(cache.lookup(f, true, w).role, ResponseCache::Role::follower);
-  cache.finish(f, true, Result<std::vector<Tensor>>(cancelled_error("gone")));
+  const Result<std::vector<Tensor>> gone = cancelled_error("gone");
+  for (auto& follower : cache.finish(f, true, gone)) follower(gone);
   EXPECT_TRUE(failed);
   EXPECT_EQ(cache.lookup(f, true, none).role, ResponseCache::Role::leader);
 }
@@ -468,7 +473,7 @@ TEST(ResponseCache, CacheConfigIsTritons) {
   EXPECT_EQ(*parse_cache_config(v), 20u);
   EXPECT_EQ(*parse_cache_config({}), 0u);
   for (const char* bad : {"redis,host=localhost", "local", "local,size=", "local,size=-1",
-                          "local,size=1e6", "local,count=3"}) {
+                          "local,size=1e6", "local,count=3", "local,size=10,x=1"}) {
     std::vector<std::string> b = {bad};
     auto r = parse_cache_config(b);
     ASSERT_FALSE(r.ok()) << bad;
