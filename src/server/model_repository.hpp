@@ -74,8 +74,8 @@ struct ModelVersion {
   std::string unready_reason() const;
   /// Triton's statistics of a loaded version: `engine` (its engine's, EngineMetrics::stats) with
   /// the response cache's hits and misses, the hits counted among the successes and the queue's
-  /// count as Triton counts them (not as inferences or executions). What GET .../stats, gRPC ModelStatistics and
-  /// /metrics report. Thread-safe.
+  /// count as Triton counts them (not as inferences or executions). What GET .../stats, gRPC
+  /// ModelStatistics and /metrics report. Thread-safe.
   InferenceStats statistics(InferenceStats engine) const;
   InferenceStats statistics() const { return statistics(engine->metrics().stats); }
 };
