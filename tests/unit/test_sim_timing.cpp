@@ -45,13 +45,16 @@ struct GatedSim {
     return s;
   }
   std::unique_ptr<Event> timed() { return std::move(*device->create_event(EventOptions{true})); }
+  /// Releases the gated streams; returns a time no later than the release (read before it: read
+  /// after, a descheduled test thread could see work that had already run, as under TSan in CI).
   Clock::time_point open() {
+    const Clock::time_point before = Clock::now();
     {
       std::lock_guard lock(mu);
       released = true;
     }
     cv.notify_all();
-    return Clock::now();
+    return before;
   }
   double sim_ms_to(Event& end) { return *elapsed_time_us(*start, end) / 1000.0; }
 
