@@ -445,8 +445,7 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
     if (done) {
       if (cancelled) return done(cancelled_error("the request was cancelled"));
       // A hit; its time is its lookup's (the wait for the leader is the leader's compute).
-      counters.hits.fetch_add(1, std::memory_order_relaxed);
-      counters.hit_ns.fetch_add(lookup_ns, std::memory_order_relaxed);
+      counters.hit(lookup_ns);
       return done(make_response(model_, std::move(id_), selected_, *r));
     }
     // The leader failed: its failure (its deadline, its cancellation) is not this request's. It
@@ -468,8 +467,7 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
         [cache, key = key_, &counters, lookup_ns](const Result<Outputs>& result) {
           const Clock::time_point t = Clock::now();
           cache->finish(*key, false, result);  // led nothing: no followers come back
-          counters.misses.fetch_add(1, std::memory_order_relaxed);
-          counters.miss_ns.fetch_add(lookup_ns + ns_since(t), std::memory_order_relaxed);
+          counters.miss(lookup_ns + ns_since(t));
         });
     if (!accepted.ok()) {
       {
@@ -561,8 +559,7 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
   switch (found.role) {
     case ResponseCache::Role::hit: {
       InferResponse response = make_response(model, std::move(id), selected, found.outputs);
-      counters.hits.fetch_add(1, std::memory_order_relaxed);
-      counters.hit_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
+      counters.hit(ns_since(start));
       done(std::move(response));
       return InflightRequest();
     }
@@ -579,8 +576,7 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
                // Timed: the copy into the cache (Triton's cache_miss is lookup + insertion).
                const Clock::time_point t = Clock::now();
                std::vector<ResponseCache::Waiter> followers = cache_->finish(*key, led, r);
-               counters.misses.fetch_add(1, std::memory_order_relaxed);
-               counters.miss_ns.fetch_add(lookup_ns + ns_since(t), std::memory_order_relaxed);
+               counters.miss(lookup_ns + ns_since(t));
                for (ResponseCache::Waiter& w : followers) w(r);
              });
 }

@@ -63,6 +63,15 @@ struct CacheCounters {
         miss_ns(o.miss_ns.load(std::memory_order_relaxed)) {}
   CacheCounters& operator=(const CacheCounters&) = delete;
 
+  void hit(std::uint64_t ns) noexcept {
+    hits.fetch_add(1, std::memory_order_relaxed);
+    hit_ns.fetch_add(ns, std::memory_order_relaxed);
+  }
+  void miss(std::uint64_t ns) noexcept {
+    misses.fetch_add(1, std::memory_order_relaxed);
+    miss_ns.fetch_add(ns, std::memory_order_relaxed);
+  }
+
   std::atomic<std::uint64_t> hits{0};
   std::atomic<std::uint64_t> hit_ns{0};
   std::atomic<std::uint64_t> misses{0};
