@@ -53,6 +53,9 @@ struct ServeOptions {
   std::size_t grpc_memory_bytes = std::size_t{1} << 30;
   bool strict_readiness = true;
   std::vector<std::string> cache_config;
+  std::string model_control_mode = "none";
+  double repository_poll_secs = 15;
+  std::vector<std::string> load_models;
 };
 
 void log_line(const std::string& line) {
@@ -111,7 +114,24 @@ int run_serve(const ServeOptions& o) {
     return kExitUsage;
   }
 
-  auto repository = ModelRepository::load(o.repository, log_line);
+  auto mode = parse_model_control_mode(o.model_control_mode);
+  if (!mode.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n", mode.status().to_string().c_str());
+    return kExitUsage;
+  }
+  if (!o.load_models.empty() && *mode != ModelControlMode::explicit_mode) {
+    std::fprintf(stderr,
+                 "asyncinfer serve: error: --load-model needs --model-control-mode explicit (in "
+                 "%s mode every model is loaded)\n",
+                 o.model_control_mode.c_str());
+    return kExitUsage;
+  }
+  RepositoryOptions ro;
+  ro.control_mode = *mode;
+  ro.load_models = o.load_models;
+  ro.poll_interval = ms(o.repository_poll_secs);
+  ro.drain_timeout = ms(o.drain_timeout_s);
+  auto repository = ModelRepository::load(o.repository, log_line, ro);
   if (!repository.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: --model-repository: %s\n",
                  repository.status().to_string().c_str());
@@ -123,7 +143,8 @@ int run_serve(const ServeOptions& o) {
   so.max_inflight_bytes = o.max_inflight_bytes;
   so.connection_fds = connection_fds(fds);
   so.response_cache_bytes = *cache_bytes;
-  for (const auto& m : (*repository)->models()) {
+  auto snapshot = (*repository)->snapshot();
+  for (const auto& m : snapshot->models) {
     for (const auto& v : m->versions) {
       if (v->response_cache && so.response_cache_bytes == 0) {
         log_line("model '" + m->name + "' version " + v->version_text +
@@ -272,6 +293,19 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--cache-config", o->cache_config,
                   "Triton's response cache: local,size=BYTES (an LRU by bytes, for the models "
                   "whose config has response_cache { enable: true })");
+  app->add_option("--model-control-mode", o->model_control_mode,
+                  "Triton's model control: none (every model at start, fixed), poll (also "
+                  "rescan the repository and load, reload or unload what changed), explicit "
+                  "(--load-model at start, then POST /v2/repository/models/NAME/load and "
+                  "/unload)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "poll", "explicit"}));
+  app->add_option("--repository-poll-secs", o->repository_poll_secs,
+                  "poll mode: seconds between two scans of the repository")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 86400.0));
+  app->add_option("--load-model", o->load_models,
+                  "explicit mode: a model to load at start (repeatable; * = every model)");
   app->add_option("--max-connections", o->max_connections,
                   "Open HTTP connections at most (429 above)")
       ->capture_default_str()

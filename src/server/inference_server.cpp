@@ -61,12 +61,16 @@ bool InferenceServer::ready() const {
   if (listeners_.recheck_descriptors()) connections_.release(0);  // wake a paused listener
   if (!listeners_.all_accepting()) return false;
   bool any = false;
-  for (const auto& m : repository_->models()) {
+  bool counted = false;
+  auto snap = repository_->snapshot();
+  for (const auto& m : snap->models) {
+    if (!m->counts_for_readiness()) continue;  // not asked for, or loading for the first time
+    counted = true;
     if (options_.strict_readiness && !m->all_ready()) return false;
-    const ModelVersion* v = m->default_version();
+    ModelRef v = m->default_version();
     any = any || (v != nullptr && v->serving());
   }
-  return any || repository_->models().empty();
+  return any || !counted;
 }
 
 std::string InferenceServer::unready_reason() const {
@@ -85,23 +89,24 @@ void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
   stopped_.store(true, std::memory_order_release);
 }
 
-Result<std::vector<const ModelVersion*>> InferenceServer::stats_versions(
-    std::string_view model, std::string_view version) const {
-  std::vector<const ModelVersion*> out;
+Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view model,
+                                                              std::string_view version) const {
+  std::vector<ModelRef> out;
   auto loaded = [&](const ServedModel& m) {
     for (const auto& v : m.versions) {
-      if (v->engine) out.push_back(v.get());
+      if (v->engine) out.push_back(v);
     }
   };
+  auto snap = repository_->snapshot();
   if (model.empty()) {
     if (!version.empty()) {
       return invalid_argument_error("a statistics request with a version needs a model name");
     }
-    for (const auto& m : repository_->models()) loaded(*m);
+    for (const auto& m : snap->models) loaded(*m);
     return out;
   }
   if (version.empty()) {
-    const ServedModel* m = repository_->find(model);
+    const ServedModel* m = snap->find(model);
     if (m == nullptr) return invalid_argument_error("unknown model '" + std::string(model) + "'");
     loaded(*m);
     if (out.empty()) {
@@ -112,18 +117,21 @@ Result<std::vector<const ModelVersion*>> InferenceServer::stats_versions(
   }
   auto v = find(model, version);
   if (!v.ok()) return invalid_argument_error(v.status().message());
-  out.push_back(*v);
+  out.push_back(std::move(*v));
   return out;
 }
 
-Result<const ModelVersion*> InferenceServer::find(std::string_view model,
-                                                  std::string_view version) const {
-  const ServedModel* m = repository_->find(model);
+Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view version) const {
+  auto snap = repository_->snapshot();
+  const ServedModel* m = snap->find(model);
   if (m == nullptr) {
     return not_found_error("unknown model '" + std::string(model) + "'");
   }
+  if (!m->requested && m->versions.empty()) {
+    return not_found_error("model '" + m->name + "' is not loaded: " + m->reason);
+  }
   if (version.empty()) {
-    if (const ModelVersion* v = m->default_version()) {
+    if (ModelRef v = m->default_version()) {
       if (!v->serving()) {
         return unavailable_error("model '" + m->name + "' version " + v->version_text +
                                  " is not ready: " + v->unready_reason());
@@ -145,7 +153,7 @@ Result<const ModelVersion*> InferenceServer::find(std::string_view model,
     return invalid_argument_error("model '" + m->name + "': version '" + std::string(version) +
                                   "' is not a positive integer");
   }
-  const ModelVersion* v = m->find_version(n);
+  ModelRef v = m->find_version(n);
   if (v == nullptr) {
     return not_found_error("model '" + m->name + "' has no version " + std::string(version) +
                            " (versions served: " + versions_of(*m) + ")");
@@ -289,8 +297,15 @@ Result<RequestOptions> InferenceServer::request_options(const Parameters& parame
   return o;
 }
 
-Result<InflightRequest> InferenceServer::submit(const ModelVersion& model, InferRequest request,
+Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferRequest request,
                                                 Completion done) {
+  ModelRef next;
+  if (ref->retired.load(std::memory_order_acquire)) {
+    // Found before a reload replaced it: its successor takes it (same names and shapes checked
+    // there, after the inputs are in order).
+    next = ref;
+  }
+  const ModelVersion& model = *ref;
   if (!model.engine) {
     return unavailable_error("model '" + model.model_name + "' version " + model.version_text +
                              " is not ready");
@@ -330,22 +345,62 @@ Result<InflightRequest> InferenceServer::submit(const ModelVersion& model, Infer
   options.tag = request.id;
   if (request.deadline) options.deadline = *request.deadline;
 
-  if (cache_ && model.response_cache) {
-    return submit_cached(model, std::move(inputs), options, std::move(request.id),
+  if (next) {
+    ASYNCINFER_ASSIGN_OR_RETURN(next, successor(model, inputs));
+  }
+  const ModelRef& target = next ? next : ref;
+  if (cache_ && target->response_cache) {
+    return submit_cached(target, std::move(inputs), options, std::move(request.id),
                          std::move(selected), std::move(done));
   }
-  return run(model, std::move(inputs), options, std::move(request.id), std::move(selected),
+  return run(target, std::move(inputs), options, std::move(request.id), std::move(selected),
              std::move(done));
+}
+
+Result<ModelRef> InferenceServer::successor(const ModelVersion& retired,
+                                            const Inputs& inputs) const {
+  auto snap = repository_->snapshot();
+  const ServedModel* m = snap->find(retired.model_name);
+  if (m == nullptr || (!m->requested && m->versions.empty())) {
+    return not_found_error("model '" + retired.model_name + "' was unloaded");
+  }
+  ModelRef v = m->find_version(retired.version);
+  if (!v || !v->serving()) v = m->default_version();
+  if (!v || !v->serving()) {
+    return unavailable_error("model '" + retired.model_name + "' version " + retired.version_text +
+                             " was replaced and no version serves now");
+  }
+  const auto& specs = v->signature.inputs;
+  bool fits = specs.size() == inputs.size();
+  for (std::size_t i = 0; fits && i < specs.size(); ++i) {
+    const Shape& want = specs[i].shape;
+    const Shape& got = inputs[i].shape();
+    fits = specs[i].name == retired.signature.inputs[i].name &&
+           specs[i].dtype == inputs[i].dtype() && want.size() == got.size();
+    for (std::size_t d = 0; fits && d < want.size(); ++d) {
+      fits = want[d] < 0 || want[d] == got[d];
+    }
+    if (fits && v->signature.batched && v->max_batch_size > 0) {
+      fits = !got.empty() && got[0] <= v->max_batch_size;
+    }
+  }
+  if (!fits) {
+    return invalid_argument_error("model '" + retired.model_name + "' was reloaded with inputs (" +
+                                  names_of(specs) +
+                                  ") that this request does not fit; send it again");
+  }
+  return v;
 }
 
 namespace {
 
 /// The response to a request from the model's outputs: those `selected` (in the order asked),
 /// or all of them.
-InferResponse make_response(const ModelVersion& model, std::string id,
+InferResponse make_response(const ModelRef& ref, std::string id,
                             const std::vector<std::size_t>& selected, const Outputs& outs) {
+  const ModelVersion& model = *ref;
   InferResponse response;
-  response.model = &model;
+  response.model = ref;
   response.id = std::move(id);
   if (selected.empty()) {
     for (std::size_t i = 0; i < outs.size(); ++i) {
@@ -367,20 +422,32 @@ std::uint64_t ns_since(Clock::time_point start) {
 
 }  // namespace
 
-Result<InflightRequest> InferenceServer::run(const ModelVersion& model, Inputs inputs,
+Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
                                              const RequestOptions& options, std::string id,
                                              std::vector<std::size_t> selected, Completion done,
                                              Finished finished) {
-  Future<Outputs> future = model.engine->submit(std::move(inputs), options);
+  // Where versions can be replaced, a shallow copy (Tensors share their storage) of the inputs
+  // survives a refusal by a version retired between the check and the submit.
+  Inputs again;
+  if (repository_->options().control_mode != ModelControlMode::none) again = inputs;
+  Future<Outputs> future = model->engine->submit(std::move(inputs), options);
   if (future.is_ready()) {
     // Refused at submit (the engine completes such a future at once).
     Result<Outputs> r = future.get();
     if (!r.ok()) {
+      if (!again.empty() && model->retired.load(std::memory_order_acquire) &&
+          r.status().code() == StatusCode::unavailable) {
+        auto next = successor(*model, again);
+        if (next.ok() && *next != model) {
+          return run(std::move(*next), std::move(again), options, std::move(id),
+                     std::move(selected), std::move(done), std::move(finished));
+        }
+      }
       if (finished) finished(r);
       return r.status();
     }
   }
-  future.on_complete([&model, id = std::move(id), selected = std::move(selected),
+  future.on_complete([model = std::move(model), id = std::move(id), selected = std::move(selected),
                       done = std::move(done),
                       finished = std::move(finished)](const Result<Outputs>& r) mutable {
     // This request's answer first; then the cache's bookkeeping (and its followers).
@@ -399,11 +466,11 @@ Result<InflightRequest> InferenceServer::run(const ModelVersion& model, Inputs i
 /// cached).
 class InferenceServer::CacheFollower final : public InflightRequest::Handle {
  public:
-  CacheFollower(InferenceServer& server, const ModelVersion& model, Inputs inputs,
-                RequestOptions options, std::string id, std::vector<std::size_t> selected,
-                Completion done, std::shared_ptr<const CacheKey> key, Clock::time_point start)
+  CacheFollower(InferenceServer& server, ModelRef model, Inputs inputs, RequestOptions options,
+                std::string id, std::vector<std::size_t> selected, Completion done,
+                std::shared_ptr<const CacheKey> key, Clock::time_point start)
       : server_(server),
-        model_(model),
+        model_(std::move(model)),
         inputs_(std::move(inputs)),
         options_(std::move(options)),
         id_(std::move(id)),
@@ -441,7 +508,7 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
         done = std::move(done_);
       }
     }
-    CacheCounters& counters = model_.cache_counters;
+    CacheCounters& counters = model_->cache_counters;
     if (done) {
       if (cancelled) return done(cancelled_error("the request was cancelled"));
       // A hit; its time is its lookup's (the wait for the leader is the leader's compute).
@@ -452,7 +519,7 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
     // runs on its own, within what is left of the model's default timeout from its own arrival
     // (not a fresh one), and its answer is cached.
     RequestOptions options = options_;
-    if (const auto& t = model_.engine->options().default_timeout; t && !options.deadline) {
+    if (const auto& t = model_->engine->options().default_timeout; t && !options.deadline) {
       options.deadline = start_ + *t;
     }
     auto shared = std::make_shared<Completion>();
@@ -507,7 +574,7 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
 
  private:
   InferenceServer& server_;
-  const ModelVersion& model_;
+  const ModelRef model_;
   Inputs inputs_;
   RequestOptions options_;
   std::string id_;
@@ -523,20 +590,21 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
   InflightRequest own_;  ///< its own run after the leader failed
 };
 
-Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model, Inputs inputs,
+Result<InflightRequest> InferenceServer::submit_cached(const ModelRef& ref, Inputs inputs,
                                                        const RequestOptions& options,
                                                        std::string id,
                                                        std::vector<std::size_t> selected,
                                                        Completion done) {
+  const ModelVersion& model = *ref;
   const Clock::time_point start = Clock::now();
   for (const Tensor& t : inputs) {
     if (!t.is_host_accessible()) {  // not hashable here: computed as without a cache
-      return run(model, std::move(inputs), options, std::move(id), std::move(selected),
+      return run(ref, std::move(inputs), options, std::move(id), std::move(selected),
                  std::move(done));
     }
   }
-  auto key =
-      std::make_shared<const CacheKey>(response_cache_key(model.model_name, model.version, inputs));
+  auto key = std::make_shared<const CacheKey>(
+      response_cache_key(model.model_name, model.version, inputs, model.generation));
   // Only a request that asks nothing of its own waits for another: one with its own deadline
   // (`timeout`, a gRPC deadline) must not wait on another's pace, nor one with a priority of its
   // own behind a leader of another level. Either computes alone (and still hits).
@@ -546,8 +614,8 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
   std::shared_ptr<CacheFollower> follower;
   ResponseCache::Waiter waiter;
   if (join) {
-    follower = std::make_shared<CacheFollower>(*this, model, std::move(inputs), options, id,
-                                               selected, std::move(done), key, start);
+    follower = std::make_shared<CacheFollower>(*this, ref, std::move(inputs), options, id, selected,
+                                               std::move(done), key, start);
     waiter = [follower](const Result<Outputs>& r) { follower->on_leader(r); };
   }
   ResponseCache::Lookup found = cache_->lookup(*key, join, waiter);
@@ -558,7 +626,7 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
   CacheCounters& counters = model.cache_counters;
   switch (found.role) {
     case ResponseCache::Role::hit: {
-      InferResponse response = make_response(model, std::move(id), selected, found.outputs);
+      InferResponse response = make_response(ref, std::move(id), selected, found.outputs);
       counters.hit(ns_since(start));
       done(std::move(response));
       return InflightRequest();
@@ -571,7 +639,7 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelVersion& model
       break;
   }
   const bool led = found.role == ResponseCache::Role::leader;
-  return run(model, std::move(inputs), options, std::move(id), std::move(selected), std::move(done),
+  return run(ref, std::move(inputs), options, std::move(id), std::move(selected), std::move(done),
              [this, &counters, key = std::move(key), led, lookup_ns](const Result<Outputs>& r) {
                // Timed: the copy into the cache (Triton's cache_miss is lookup + insertion).
                const Clock::time_point t = Clock::now();

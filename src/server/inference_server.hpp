@@ -19,8 +19,10 @@
 // executor). A request refused by the engine at submit completes synchronously with the error
 // (submit returns it; the callback is not called).
 //
-// Thread safety: every member may be called from any thread. The repository never changes after
-// construction, so ModelVersion pointers stay valid until the server is destroyed.
+// Thread safety: every member may be called from any thread. The repository's served set may
+// change (model control, model_repository.hpp): a request holds its version by ModelRef from
+// find() to its response. One that reaches a version replaced meanwhile (retired) is sent to the
+// version that replaced it, so that no request fails because of a reload.
 #pragma once
 
 #include <array>
@@ -80,7 +82,7 @@ struct InferOutput {
 };
 
 struct InferResponse {
-  const ModelVersion* model = nullptr;
+  ModelRef model;
   std::string id;
   std::vector<InferOutput> outputs;
 };
@@ -123,8 +125,8 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 3> kServerExtensions = {
-    "model_configuration", "binary_tensor_data", "statistics"};
+inline constexpr std::array<std::string_view, 4> kServerExtensions = {
+    "model_repository", "model_configuration", "binary_tensor_data", "statistics"};
 
 struct ServerOptions {
   std::string name = "asyncinfer";
@@ -153,6 +155,8 @@ class InferenceServer {
 
   const ServerOptions& options() const noexcept { return options_; }
   const ModelRepository& repository() const noexcept { return *repository_; }
+  /// Model control (load_model, unload_model) goes through it.
+  ModelRepository& repository() noexcept { return *repository_; }
 
   /// Live until shutdown() has run.
   bool live() const noexcept { return !stopped_.load(std::memory_order_acquire); }
@@ -172,15 +176,16 @@ class InferenceServer {
   /// not_found for an unknown model or version (the message lists what exists); unavailable for
   /// one that failed to load (with the reason); invalid_argument for a version that is not a
   /// positive integer.
-  Result<const ModelVersion*> find(std::string_view model, std::string_view version) const;
+  /// A model that is not loaded (explicit mode, or unloaded) is not_found too.
+  Result<ModelRef> find(std::string_view model, std::string_view version) const;
 
   /// The versions a statistics request covers (Triton's statistics extension): `model` empty =
   /// every loaded version of every model; `version` empty = every loaded version of `model`.
   /// invalid_argument (Triton's 400 / INVALID_ARGUMENT) naming what is wrong for an unknown
   /// model, a model with no loaded version, or a version that is unknown, malformed or not
   /// loaded.
-  Result<std::vector<const ModelVersion*>> stats_versions(std::string_view model,
-                                                          std::string_view version) const;
+  Result<std::vector<ModelRef>> stats_versions(std::string_view model,
+                                               std::string_view version) const;
 
   /// Checks input `name` of OIP `datatype` and `shape` against the model without allocating:
   /// the name exists, the datatype is the model's (BYTES is refused), the shape has the model's
@@ -205,7 +210,9 @@ class InferenceServer {
   /// completion executor. An error returned here means nothing was submitted and
   /// `done` is destroyed without being called: bad input (invalid_argument naming it), the
   /// engine refusing it (queue full: resource_exhausted; shut down: unavailable).
-  Result<InflightRequest> submit(const ModelVersion& model, InferRequest request, Completion done);
+  /// A request for a version that has been replaced (a reload) goes to its successor: the same
+  /// version number where it is still served, else the model's default version.
+  Result<InflightRequest> submit(const ModelRef& model, InferRequest request, Completion done);
 
   /// The response cache; null without --cache-config.
   const ResponseCache* response_cache() const noexcept { return cache_.get(); }
@@ -231,15 +238,19 @@ class InferenceServer {
   /// Submits checked inputs to the model's engine; `finished` (if any) runs after `done`, with the
   /// engine's result, and also on a refusal at submit (then `done` is destroyed uncalled and the
   /// error returned).
-  Result<InflightRequest> run(const ModelVersion& model, Inputs inputs,
-                              const RequestOptions& options, std::string id,
-                              std::vector<std::size_t> selected, Completion done,
+  Result<InflightRequest> run(ModelRef model, Inputs inputs, const RequestOptions& options,
+                              std::string id, std::vector<std::size_t> selected, Completion done,
                               Finished finished = {});
   /// submit() for a model with response_cache enabled: a hit answers at once; a miss runs (or
   /// follows an identical request in flight) and fills the cache.
-  Result<InflightRequest> submit_cached(const ModelVersion& model, Inputs inputs,
+  Result<InflightRequest> submit_cached(const ModelRef& model, Inputs inputs,
                                         const RequestOptions& options, std::string id,
                                         std::vector<std::size_t> selected, Completion done);
+
+  /// The version that serves in place of `retired` (a reload replaced it), checked to take
+  /// `inputs` (the same names, dtypes and shapes); not_found / unavailable / invalid_argument
+  /// saying why there is none.
+  Result<ModelRef> successor(const ModelVersion& retired, const Inputs& inputs) const;
 
   std::unique_ptr<ModelRepository> repository_;
   ServerOptions options_;

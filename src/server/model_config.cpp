@@ -8,6 +8,7 @@
 
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 
@@ -213,6 +214,23 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
       plan.versions.num_versions = std::max(v.latest().num_versions(), 1u);
     }
   }
+  return plan;
+}
+
+Result<ModelPlan> plan_model_config_json(std::string_view json, std::string_view source,
+                                         std::string_view dir_name,
+                                         std::vector<std::string>* warnings) {
+  inference::ModelConfig config;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;  // Triton rejects unknown fields in the override too
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &config, options);
+  if (!status.ok()) {
+    return invalid_argument_error(std::string(source) +
+                                  ": not a ModelConfig in JSON: " + std::string(status.message()));
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(ModelPlan plan, plan_model(config, dir_name, warnings));
+  plan.config_binary = config.SerializeAsString();
   return plan;
 }
 

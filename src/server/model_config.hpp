@@ -100,6 +100,12 @@ struct ModelPlan {
 /// are built like libprotobuf).
 Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
                                     std::string_view dir_name, std::vector<std::string>* warnings);
+/// plan_model_config for a ModelConfig in protobuf's JSON form (Triton's `config` parameter of a
+/// model load, which replaces the config.pbtxt): unknown fields are refused; invalid_argument
+/// starting with `source` otherwise, as plan_model_config's.
+Result<ModelPlan> plan_model_config_json(std::string_view json, std::string_view source,
+                                         std::string_view dir_name,
+                                         std::vector<std::string>* warnings);
 
 /// The configuration a loaded version runs with, as Triton's model-configuration extension shows
 /// it: `json` is the protobuf JSON mapping of model_config.proto's ModelConfig with the proto

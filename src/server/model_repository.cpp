@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "model_config.hpp"
 
@@ -123,19 +124,49 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
 }  // namespace
 
 std::string_view to_string(ModelState state) noexcept {
-  return state == ModelState::ready ? "READY" : "UNAVAILABLE";
+  switch (state) {
+    case ModelState::ready:
+      return "READY";
+    case ModelState::unavailable:
+      return "UNAVAILABLE";
+    case ModelState::loading:
+      return "LOADING";
+    case ModelState::unloading:
+      return "UNLOADING";
+  }
+  return "UNKNOWN";
 }
 
-const ModelVersion* ServedModel::default_version() const noexcept {
+std::string_view to_string(ModelControlMode mode) noexcept {
+  switch (mode) {
+    case ModelControlMode::none:
+      return "none";
+    case ModelControlMode::poll:
+      return "poll";
+    case ModelControlMode::explicit_mode:
+      return "explicit";
+  }
+  return "none";
+}
+
+Result<ModelControlMode> parse_model_control_mode(std::string_view text) {
+  if (text == "none") return ModelControlMode::none;
+  if (text == "poll") return ModelControlMode::poll;
+  if (text == "explicit") return ModelControlMode::explicit_mode;
+  return invalid_argument_error("--model-control-mode '" + std::string(text) +
+                                "': expected none, poll or explicit");
+}
+
+ModelRef ServedModel::default_version() const noexcept {
   for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
-    if ((*it)->ready()) return it->get();
+    if ((*it)->ready()) return *it;
   }
   return nullptr;
 }
 
-const ModelVersion* ServedModel::find_version(std::int64_t version) const noexcept {
+ModelRef ServedModel::find_version(std::int64_t version) const noexcept {
   for (const auto& v : versions) {
-    if (v->version == version) return v.get();
+    if (v->version == version) return v;
   }
   return nullptr;
 }
@@ -167,6 +198,42 @@ bool ServedModel::all_ready() const {
   return std::all_of(versions.begin(), versions.end(), [](const auto& v) { return v->serving(); });
 }
 
+const ServedModel* RepositorySnapshot::find(std::string_view name) const noexcept {
+  auto it = std::lower_bound(models.begin(), models.end(), name,
+                             [](const auto& m, std::string_view n) { return m->name < n; });
+  return it != models.end() && (*it)->name == name ? it->get() : nullptr;
+}
+
+std::vector<IndexEntry> RepositorySnapshot::index(bool ready_only) const {
+  std::vector<IndexEntry> out;
+  for (const auto& m : models) {
+    const std::size_t before = out.size();
+    for (const ModelRef& v : m->versions) {
+      const bool serving = v->serving();
+      if (ready_only && !serving) continue;
+      IndexEntry e{m->name, v->version_text, serving ? ModelState::ready : ModelState::unavailable,
+                   serving ? std::string() : v->unready_reason()};
+      if (serving && !m->load_error.empty()) {
+        e.reason = "serving the version loaded before; the last load failed: " + m->load_error;
+      }
+      out.push_back(std::move(e));
+    }
+    if (ready_only) continue;
+    for (std::int64_t v : m->loading) {
+      out.push_back({m->name, std::to_string(v), ModelState::loading, ""});
+    }
+    for (const ModelRef& v : m->unloading) {
+      out.push_back({m->name, v->version_text, ModelState::unloading,
+                     "unloaded; finishing the requests in flight"});
+    }
+    for (const std::string& v : m->unloaded) {
+      out.push_back({m->name, v, ModelState::unavailable, "unloaded"});
+    }
+    if (out.size() == before) out.push_back({m->name, "", ModelState::unavailable, m->reason});
+  }
+  return out;
+}
+
 namespace {
 
 /// Positive integer folder names only (Triton ignores the rest).
@@ -185,178 +252,680 @@ Result<std::string> read_file(const fs::path& path) {
   return s.str();
 }
 
+/// The version folders of a model folder, ascending.
+std::vector<std::int64_t> version_folders(const fs::path& dir) {
+  std::vector<std::int64_t> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    std::int64_t v = 0;
+    if (e.is_directory(ec) && parse_version(e.path().filename().string(), &v)) out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Every file under `dir`: relative path, size and modification time, sorted. What poll mode
+/// compares to see that a version changed (Triton's poll compares modification times too).
+std::string folder_fingerprint(const fs::path& dir) {
+  std::vector<std::string> lines;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code fe;
+    const fs::path rel = fs::relative(it->path(), dir, fe);
+    std::string line = rel.string();
+    if (it->is_regular_file(fe)) {
+      line += ' ' + std::to_string(it->file_size(fe)) + ' ' +
+              std::to_string(it->last_write_time(fe).time_since_epoch().count());
+    } else {
+      line += '/';
+    }
+    lines.push_back(std::move(line));
+  }
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const std::string& l : lines) out += l + '\n';
+  return out;
+}
+
+/// A model folder's fingerprint: its config.pbtxt's text and every version folder's files.
+std::string model_fingerprint(const fs::path& dir) {
+  std::string out = "config:";
+  auto text = read_file(dir / "config.pbtxt");
+  out += text.ok() ? *text : std::string("(none)");
+  for (std::int64_t v : version_folders(dir)) {
+    out += "\nversion " + std::to_string(v) + ":\n" + folder_fingerprint(dir / std::to_string(v));
+  }
+  std::error_code ec;
+  if (fs::is_directory(dir / "warmup", ec))
+    out += "\nwarmup:\n" + folder_fingerprint(dir / "warmup");
+  return out;
+}
+
+bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
+  return std::find(list.begin(), list.end(), v) != list.end();
+}
+
 }  // namespace
+
+// ---- the control thread -------------------------------------------------------------------------
+
+/// One thread that runs the control calls in order, poll mode's scans between them, and the
+/// destruction of versions whose last reference went (ModelRepository::make_version).
+class ModelRepository::Control {
+ public:
+  /// `run` is false when the repository stops before the job ran (answer unavailable).
+  using Job = std::function<void(bool run)>;
+
+  void start(ModelRepository* repo, std::chrono::milliseconds poll) {
+    std::lock_guard lock(mu_);
+    thread_ = std::thread([this, repo, poll] { loop(repo, poll); });
+  }
+
+  /// Runs `job` on the control thread, after those posted before it; once the jobs have
+  /// stopped (stop_jobs), at once with run = false.
+  void post(Job job) {
+    {
+      std::lock_guard lock(mu_);
+      if (accepting_) {
+        jobs_.push_back(std::move(job));
+        cv_.notify_all();
+        return;
+      }
+    }
+    job(false);
+  }
+
+  /// Destroys `v` on the control thread (never on one of its engine's threads, where ~Engine
+  /// would wait for itself); inline once the thread has stopped.
+  void reap(ModelVersion* v) {
+    {
+      std::lock_guard lock(mu_);
+      if (thread_.joinable() && !stopped_) {
+        dead_.push_back(v);
+        cv_.notify_all();
+        return;
+      }
+    }
+    delete v;
+  }
+
+  /// No job runs from now on: those queued get run = false (here), scans stop, and this
+  /// returns once the job running (if any) has ended. The thread goes on destroying versions.
+  void stop_jobs() {
+    std::deque<Job> jobs;
+    {
+      std::unique_lock lock(mu_);
+      accepting_ = false;
+      jobs.swap(jobs_);
+    }
+    for (Job& j : jobs) j(false);
+    std::unique_lock lock(mu_);
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return !busy_; });
+  }
+
+  /// stop_jobs(), then joins the thread; versions queued for destruction are destroyed.
+  void stop() {
+    stop_jobs();
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+    std::deque<ModelVersion*> dead;
+    {
+      std::lock_guard lock(mu_);
+      dead.swap(dead_);
+    }
+    for (ModelVersion* v : dead) delete v;
+  }
+
+ private:
+  void loop(ModelRepository* repo, std::chrono::milliseconds poll) {
+    auto next_poll = Clock::now() + poll;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      if (!dead_.empty()) {
+        std::deque<ModelVersion*> dead;
+        dead.swap(dead_);
+        lock.unlock();
+        for (ModelVersion* v : dead) delete v;
+        lock.lock();
+        continue;
+      }
+      if (stopped_) return;
+      if (!jobs_.empty()) {
+        Job job = std::move(jobs_.front());
+        jobs_.pop_front();
+        busy_ = true;
+        lock.unlock();
+        job(true);
+        lock.lock();
+        busy_ = false;
+        cv_.notify_all();
+        continue;
+      }
+      if (poll.count() <= 0 || !accepting_) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (cv_.wait_until(lock, next_poll) == std::cv_status::timeout && jobs_.empty() &&
+          dead_.empty() && !stopped_ && accepting_) {
+        busy_ = true;
+        lock.unlock();
+        repo->poll();
+        lock.lock();
+        busy_ = false;
+        cv_.notify_all();
+        next_poll = Clock::now() + poll;
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::deque<ModelVersion*> dead_;
+  bool accepting_ = true;  ///< jobs are taken (false after stop_jobs)
+  bool busy_ = false;      ///< a job or a scan is running
+  bool stopped_ = false;   ///< the thread is to end
+  std::thread thread_;
+};
+
+// ---- loading
+// --------------------------------------------------------------------------------------
 
 ModelRepository::~ModelRepository() {
   shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+  if (control_) control_->stop();
+  std::lock_guard lock(snapshot_mu_);
+  snapshot_.reset();
 }
 
-const ServedModel* ModelRepository::find(std::string_view name) const noexcept {
-  auto it = std::lower_bound(models_.begin(), models_.end(), name,
-                             [](const auto& m, std::string_view n) { return m->name < n; });
-  return it != models_.end() && (*it)->name == name ? it->get() : nullptr;
+std::shared_ptr<const RepositorySnapshot> ModelRepository::snapshot() const {
+  std::lock_guard lock(snapshot_mu_);
+  return snapshot_;
 }
 
-Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& root,
-                                                               const Log& log) {
+std::shared_ptr<const ServedModel> ModelRepository::current(std::string_view name) const {
+  auto snap = snapshot();
+  for (const auto& m : snap->models) {
+    if (m->name == name) return m;
+  }
+  return nullptr;
+}
+
+void ModelRepository::publish(std::shared_ptr<const ServedModel> model) {
+  std::lock_guard lock(snapshot_mu_);
+  auto next = std::make_shared<RepositorySnapshot>(*snapshot_);
+  auto it = std::lower_bound(next->models.begin(), next->models.end(), model->name,
+                             [](const auto& m, const std::string& n) { return m->name < n; });
+  if (it != next->models.end() && (*it)->name == model->name) {
+    *it = std::move(model);
+  } else {
+    next->models.insert(it, std::move(model));
+  }
+  snapshot_ = std::move(next);
+}
+
+std::shared_ptr<ModelVersion> ModelRepository::make_version() {
+  auto v = std::shared_ptr<ModelVersion>(new ModelVersion(),
+                                         [c = control_](ModelVersion* p) { c->reap(p); });
+  v->generation = next_generation_.fetch_add(1, std::memory_order_relaxed);
+  return v;
+}
+
+Result<std::shared_ptr<Device>> ModelRepository::open_device_once(const std::string& spec) {
+  std::lock_guard lock(devices_mu_);
+  auto it = devices_.find(spec);
+  if (it != devices_.end()) return it->second;
+  ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Device> d, open_device(spec));
+  devices_.emplace(spec, d);
+  return d;
+}
+
+Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& root, const Log& log,
+                                                               RepositoryOptions options) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) {
     return not_found_error("model repository '" + root.string() + "' is not a folder");
   }
   std::unique_ptr<ModelRepository> repo(new ModelRepository());
   repo->root_ = root;
-  std::vector<fs::path> dirs;
+  repo->options_ = std::move(options);
+  repo->log_ = log;
+  repo->snapshot_ = std::make_shared<RepositorySnapshot>();
+  repo->control_ = std::make_shared<Control>();
+  std::vector<std::string> names;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    if (e.is_directory() && e.path().filename().string()[0] != '.') dirs.push_back(e.path());
+    if (e.is_directory() && e.path().filename().string()[0] != '.') {
+      names.push_back(e.path().filename().string());
+    }
   }
   if (ec)
     return not_found_error("cannot list model repository '" + root.string() + "': " + ec.message());
-  std::sort(dirs.begin(), dirs.end());
-  if (dirs.empty()) log("model repository '" + root.string() + "' holds no model folders");
+  std::sort(names.begin(), names.end());
+  if (names.empty()) log("model repository '" + root.string() + "' holds no model folders");
 
-  auto open = [&](const std::string& spec) -> Result<std::shared_ptr<Device>> {
-    auto it = repo->devices_.find(spec);
-    if (it != repo->devices_.end()) return it->second;
-    ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Device> d, open_device(spec));
-    repo->devices_.emplace(spec, d);
-    return d;
-  };
-
-  for (const fs::path& dir : dirs) {
-    auto served = std::make_unique<ServedModel>();
-    served->name = dir.filename().string();
-    const std::string& name = served->name;
-    auto fail_model = [&](const Status& s) {
-      served->reason = std::string(s.message());
-      log("model '" + name + "': UNAVAILABLE: " + served->reason);
-    };
-
-    const fs::path config_path = dir / "config.pbtxt";
-    std::vector<std::string> warnings;
-    Result<ModelPlan> plan = invalid_argument_error("unset");
-    auto text = read_file(config_path);
-    if (!text.ok()) {
-      plan = not_found_error("no config.pbtxt in " + dir.string() +
-                             " (asyncinfer needs one: it does not guess a model's config)");
-    } else {
-      plan = plan_model_config(*text, config_path.string(), name, &warnings);
+  const RepositoryOptions& o = repo->options_;
+  const bool all =
+      o.control_mode != ModelControlMode::explicit_mode ||
+      std::find(o.load_models.begin(), o.load_models.end(), "*") != o.load_models.end();
+  for (const std::string& n : o.load_models) {
+    if (n != "*" && !std::binary_search(names.begin(), names.end(), n)) {
+      return not_found_error("--load-model '" + n + "': the repository has no folder " +
+                             (root / n).string());
     }
-    for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
-    if (!plan.ok()) {
-      fail_model(plan.status());
-      repo->models_.push_back(std::move(served));
+  }
+  for (const std::string& name : names) {
+    const bool wanted =
+        all || std::find(o.load_models.begin(), o.load_models.end(), name) != o.load_models.end();
+    if (!wanted) {
+      auto m = std::make_shared<ServedModel>();
+      m->name = name;
+      m->requested = false;
+      m->reason = "not loaded (--model-control-mode explicit: POST /v2/repository/models/" + name +
+                  "/load loads it)";
+      repo->publish(std::move(m));
       continue;
     }
-    served->platform = plan->platform;
-
-    std::vector<std::int64_t> available;
-    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-      std::int64_t v = 0;
-      if (e.is_directory() && parse_version(e.path().filename().string(), &v))
-        available.push_back(v);
+    std::vector<ModelRef> replaced;
+    Status status;
+    if (auto m = repo->build(name, nullptr, std::nullopt, &replaced, &status)) {
+      repo->publish(std::move(m));
     }
-    const std::vector<std::int64_t> selected = plan->versions.select(available);
-    if (plan->versions.kind == VersionPolicy::Kind::specific) {
-      for (std::int64_t v : plan->versions.versions) {
-        if (std::find(selected.begin(), selected.end(), v) == selected.end()) {
-          log("model '" + name + "': warning: version_policy names version " + std::to_string(v) +
-              ", which has no folder");
-        }
-      }
-    }
-    if (selected.empty()) {
-      fail_model(not_found_error("no version folder (a positive integer, e.g. " +
-                                 (dir / "1").string() + ") that version_policy selects"));
-      repo->models_.push_back(std::move(served));
-      continue;
-    }
-
-    for (std::int64_t v : selected) {
-      auto mv = std::make_unique<ModelVersion>();
-      mv->model_name = name;
-      mv->version = v;
-      mv->version_text = std::to_string(v);
-      mv->platform = plan->platform;
-      mv->max_batch_size = plan->max_batch_size;
-      const fs::path vdir = dir / mv->version_text;
-      const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
-
-      Status s = [&]() -> Status {
-        Result<std::shared_ptr<Model>> model = internal_error("unset");
-        if (plan->backend == ModelPlan::Backend::builtin) {
-          model = load_model(plan->builtin_uri);
-        } else {
-          const fs::path file = vdir / plan->model_filename;
-          if (!fs::exists(file, ec)) return not_found_error("no model file " + file.string());
-          ModelOptions mo;
-          mo.inputs = plan->inputs;
-          mo.outputs = plan->outputs;
-          mo.max_batch_size = plan->max_batch_size > 0 ? plan->max_batch_size : -1;
-          model = load_model(file.string(), mo);
-        }
-        if (!model.ok()) return model.status();
-        ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));
-        mv->signature = (*model)->signature();
-
-        std::vector<std::string> devices;
-        if (plan->device_auto) {
-          devices = {"cuda:0", "cpu"};  // Triton's KIND_AUTO: a GPU where there is one
-        } else {
-          devices = {plan->device};
-        }
-        Status last;
-        for (const std::string& spec : devices) {
-          auto device = open(spec);
-          if (!device.ok()) {
-            last = device.status();
-            continue;
-          }
-          auto engine = Engine::create(*model, *device, plan->engine);
-          if (!engine.ok()) {
-            last = engine.status();
-            continue;
-          }
-          // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
-          // UNAVAILABLE with the reason (and its engine is shut down here).
-          ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
-          ASYNCINFER_ASSIGN_OR_RETURN(
-              AppliedConfig applied, applied_model_config(*plan, mv->signature, (*device)->name()));
-          mv->config_json = std::move(applied.json);
-          mv->config_binary = std::move(applied.binary);
-          mv->response_cache = plan->response_cache;
-          mv->engine = std::move(*engine);
-          mv->device = (*device)->name();
-          return Status();
-        }
-        return last;
-      }();
-      if (s.ok()) {
-        mv->state = ModelState::ready;
-        ModelPlan shown = *plan;
-        shown.device = mv->device;
-        shown.device_auto = false;
-        log(head + "READY (" + shown.summary() + ")");
-      } else {
-        mv->reason = std::string(s.message());
-        log(head + "UNAVAILABLE: " + mv->reason);
-      }
-      served->versions.push_back(std::move(mv));
-    }
-    repo->models_.push_back(std::move(served));
+  }
+  repo->control_->start(repo.get(), o.control_mode == ModelControlMode::poll
+                                        ? o.poll_interval
+                                        : std::chrono::milliseconds(0));
+  if (o.control_mode != ModelControlMode::none) {
+    log("model control: " + std::string(to_string(o.control_mode)) +
+        (o.control_mode == ModelControlMode::poll
+             ? " (the repository is scanned every " + std::to_string(o.poll_interval.count()) +
+                   " ms)"
+             : std::string(" (POST /v2/repository/models/NAME/load and /unload)")));
   }
   return repo;
 }
 
-void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+std::shared_ptr<const ServedModel> ModelRepository::build(
+    const std::string& name, const std::shared_ptr<const ServedModel>& old,
+    const std::optional<std::string>& config_json, std::vector<ModelRef>* replaced,
+    Status* status) {
+  const Log& log = log_;
+  const fs::path dir = root_ / name;
+  auto served = std::make_shared<ServedModel>();
+  served->name = name;
+  std::error_code ec;
+  served->fingerprint = model_fingerprint(dir);
+  const bool serving_before =
+      old != nullptr && std::any_of(old->versions.begin(), old->versions.end(),
+                                    [](const ModelRef& v) { return v->serving(); });
+  // A failure of the whole model: the versions serving before (if any) go on serving.
+  auto fail = [&](const Status& s) -> std::shared_ptr<const ServedModel> {
+    *status = s;
+    const std::string why(s.message());
+    if (serving_before) {
+      auto keep = std::make_shared<ServedModel>(*old);
+      keep->load_error = why;
+      keep->fingerprint = served->fingerprint;  // poll mode retries it only once it changes
+      keep->requested = true;
+      log("model '" + name + "': load failed, the versions loaded before go on serving: " + why);
+      return keep;
+    }
+    if (old) replaced->insert(replaced->end(), old->versions.begin(), old->versions.end());
+    served->reason = why;
+    log("model '" + name + "': UNAVAILABLE: " + why);
+    return served;
+  };
+
+  if (!fs::is_directory(dir, ec)) {
+    const Status s = internal_error("failed to load '" + name + "': the repository has no folder " +
+                                    dir.string());
+    if (!old) {  // nothing to show in the index
+      *status = s;
+      log("model '" + name + "': " + std::string(s.message()));
+      return nullptr;
+    }
+    return fail(s);
+  }
+  const fs::path config_path = dir / "config.pbtxt";
+  std::vector<std::string> warnings;
+  Result<ModelPlan> plan = invalid_argument_error("unset");
+  std::string text;
+  if (config_json) {
+    text = "json:" + *config_json;
+    plan = plan_model_config_json(*config_json, "the load's config parameter", name, &warnings);
+  } else if (auto t = read_file(config_path); !t.ok()) {
+    plan = not_found_error("no config.pbtxt in " + dir.string() +
+                           " (asyncinfer needs one: it does not guess a model's config)");
+  } else {
+    text = std::move(*t);
+    plan = plan_model_config(text, config_path.string(), name, &warnings);
+  }
+  for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
+  if (!plan.ok()) return fail(plan.status());
+  served->platform = plan->platform;
+  served->config_text = text;
+
+  const std::vector<std::int64_t> selected = plan->versions.select(version_folders(dir));
+  if (plan->versions.kind == VersionPolicy::Kind::specific) {
+    for (std::int64_t v : plan->versions.versions) {
+      if (std::find(selected.begin(), selected.end(), v) == selected.end()) {
+        log("model '" + name + "': warning: version_policy names version " + std::to_string(v) +
+            ", which has no folder");
+      }
+    }
+  }
+  if (selected.empty()) {
+    return fail(not_found_error("no version folder (a positive integer, e.g. " +
+                                (dir / "1").string() + ") that version_policy selects"));
+  }
+  // The versions that load with none serving in their place show LOADING meanwhile.
+  {
+    auto loading = old ? std::make_shared<ServedModel>(*old) : std::make_shared<ServedModel>();
+    loading->name = name;
+    loading->loading.clear();
+    for (std::int64_t v : selected) {
+      ModelRef prev = old ? old->find_version(v) : nullptr;
+      if (!prev || !prev->serving()) loading->loading.push_back(v);
+    }
+    if (!loading->loading.empty()) publish(std::move(loading));
+  }
+
+  std::string errors;
+  for (std::int64_t v : selected) {
+    const std::string vtext = std::to_string(v);
+    const std::string fp = folder_fingerprint(dir / vtext);
+    ModelRef prev = old ? old->find_version(v) : nullptr;
+    const bool prev_serving = prev && prev->serving();
+    if (prev_serving && !config_json && old->config_text == text && prev->fingerprint == fp) {
+      served->versions.push_back(prev);  // unchanged: it goes on serving as it is
+      continue;
+    }
+    if (stopping_.load()) {
+      *status = unavailable_error("the server is shutting down");
+      return served;
+    }
+    std::shared_ptr<ModelVersion> mv = make_version();
+    mv->fingerprint = fp;
+    load_version(*mv, *plan, dir, v);
+    if (!mv->ready() && prev_serving) {
+      errors += (errors.empty() ? "" : "; ") + ("version " + vtext + ": " + mv->reason);
+      log("model '" + name + "' version " + vtext +
+          ": the new load failed; the version loaded before goes on serving");
+      served->versions.push_back(prev);
+      continue;
+    }
+    if (!mv->ready())
+      errors += (errors.empty() ? "" : "; ") + ("version " + vtext + ": " + mv->reason);
+    served->versions.push_back(std::move(mv));
+    if (prev) replaced->push_back(prev);
+  }
+  if (old) {
+    for (const ModelRef& ov : old->versions) {
+      if (!contains(served->versions, ov) && !contains(*replaced, ov)) replaced->push_back(ov);
+    }
+  }
+  served->load_error = errors;
+  *status = errors.empty() ? Status() : unavailable_error("model '" + name + "': " + errors);
+  return served;
+}
+
+void ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_ref,
+                                   const fs::path& dir, std::int64_t v) {
+  const Log& log = log_;
+  const ModelPlan* plan = &plan_ref;
+  ModelVersion* mv = &version;
+  const std::string& name = mv->model_name = dir.filename().string();
+  mv->version = v;
+  mv->version_text = std::to_string(v);
+  mv->platform = plan->platform;
+  mv->max_batch_size = plan->max_batch_size;
+  const fs::path vdir = dir / mv->version_text;
+  const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
+  std::error_code ec;
+  auto open = [this](const std::string& spec) { return open_device_once(spec); };
+  Status s = [&]() -> Status {
+    Result<std::shared_ptr<Model>> model = internal_error("unset");
+    if (plan->backend == ModelPlan::Backend::builtin) {
+      model = asyncinfer::load_model(plan->builtin_uri);
+    } else {
+      const fs::path file = vdir / plan->model_filename;
+      if (!fs::exists(file, ec)) return not_found_error("no model file " + file.string());
+      ModelOptions mo;
+      mo.inputs = plan->inputs;
+      mo.outputs = plan->outputs;
+      mo.max_batch_size = plan->max_batch_size > 0 ? plan->max_batch_size : -1;
+      model = asyncinfer::load_model(file.string(), mo);
+    }
+    if (!model.ok()) return model.status();
+    ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));
+    mv->signature = (*model)->signature();
+
+    std::vector<std::string> devices;
+    if (plan->device_auto) {
+      devices = {"cuda:0", "cpu"};  // Triton's KIND_AUTO: a GPU where there is one
+    } else {
+      devices = {plan->device};
+    }
+    Status last;
+    for (const std::string& spec : devices) {
+      auto device = open(spec);
+      if (!device.ok()) {
+        last = device.status();
+        continue;
+      }
+      auto engine = Engine::create(*model, *device, plan->engine);
+      if (!engine.ok()) {
+        last = engine.status();
+        continue;
+      }
+      // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
+      // UNAVAILABLE with the reason (and its engine is shut down here).
+      ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
+      ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
+                                  applied_model_config(*plan, mv->signature, (*device)->name()));
+      mv->config_json = std::move(applied.json);
+      mv->config_binary = std::move(applied.binary);
+      mv->response_cache = plan->response_cache;
+      mv->engine = std::move(*engine);
+      mv->device = (*device)->name();
+      return Status();
+    }
+    return last;
+  }();
+  if (s.ok()) {
+    mv->state = ModelState::ready;
+    ModelPlan shown = *plan;
+    shown.device = mv->device;
+    shown.device_auto = false;
+    log(head + "READY (" + shown.summary() + ")");
+  } else {
+    mv->reason = std::string(s.message());
+    log(head + "UNAVAILABLE: " + mv->reason);
+  }
+}
+
+void ModelRepository::reload(const std::string& name, const std::optional<std::string>& config_json,
+                             const Done& done) {
+  if (stopping_.load()) {
+    if (done) done(unavailable_error("the server is shutting down"));
+    return;
+  }
+  std::shared_ptr<const ServedModel> old = current(name);
+  std::vector<ModelRef> replaced;
+  Status status;
+  std::shared_ptr<const ServedModel> next = build(name, old, config_json, &replaced, &status);
+  if (!next) {
+    if (done) done(status);
+    return;
+  }
+  if (stopping_.load()) {
+    if (done) done(unavailable_error("the server is shutting down"));
+    return;
+  }
+  publish(std::move(next));
+  // Published first: a request that found a replaced version before the swap and submits after
+  // it sees it retired (or refused by its draining engine) and goes to its successor.
+  for (const ModelRef& r : replaced) r->retired.store(true);
+  if (done) done(status);
+  if (!replaced.empty()) drain(replaced);
+}
+
+void ModelRepository::unload(const std::string& name, const Done& done) {
+  std::shared_ptr<const ServedModel> old = current(name);
+  std::error_code ec;
+  if (!old) {
+    if (done) {
+      done(fs::is_directory(root_ / name, ec)
+               ? Status()
+               : not_found_error("unknown model '" + name + "': the repository has no folder " +
+                                 (root_ / name).string()));
+    }
+    return;
+  }
+  auto unloading = std::make_shared<ServedModel>();
+  unloading->name = name;
+  unloading->platform = old->platform;
+  unloading->requested = false;
+  unloading->reason = "unloaded";
+  unloading->fingerprint = old->fingerprint;
+  unloading->unloaded = old->unloaded;
+  for (const ModelRef& v : old->versions) {
+    if (v->engine) unloading->unloading.push_back(v);
+  }
+  unloading->unloading.insert(unloading->unloading.end(), old->unloading.begin(),
+                              old->unloading.end());
+  const std::vector<ModelRef> versions = unloading->unloading;
+  publish(unloading);
+  for (const ModelRef& v : versions) v->retired.store(true);
+  if (done) done(Status());
+  if (versions.empty()) return;
+  log_("model '" + name + "': UNLOADING (the requests in flight finish; at most " +
+       std::to_string(options_.drain_timeout.count()) + " ms)");
+  drain(versions);
+  auto gone = std::make_shared<ServedModel>(*unloading);
+  gone->unloading.clear();
+  for (const ModelRef& v : versions) {
+    if (std::find(gone->unloaded.begin(), gone->unloaded.end(), v->version_text) ==
+        gone->unloaded.end()) {
+      gone->unloaded.push_back(v->version_text);
+    }
+  }
+  publish(std::move(gone));
+  log_("model '" + name + "': unloaded");
+}
+
+void ModelRepository::load_model(std::string name, std::optional<std::string> config_json,
+                                 Done done) {
+  if (options_.control_mode != ModelControlMode::explicit_mode) {
+    return done(unavailable_error(
+        "explicit model load / unload is not allowed: the server runs with "
+        "--model-control-mode " +
+        std::string(to_string(options_.control_mode)) + " (start it with explicit)"));
+  }
+  control_->post([this, name = std::move(name), config_json = std::move(config_json),
+                  done = std::move(done)](bool run) {
+    if (!run) return done(unavailable_error("the server is shutting down"));
+    reload(name, config_json, done);
+  });
+}
+
+void ModelRepository::unload_model(std::string name, Done done) {
+  if (options_.control_mode != ModelControlMode::explicit_mode) {
+    return done(unavailable_error(
+        "explicit model load / unload is not allowed: the server runs with "
+        "--model-control-mode " +
+        std::string(to_string(options_.control_mode)) + " (start it with explicit)"));
+  }
+  control_->post([this, name = std::move(name), done = std::move(done)](bool run) {
+    if (!run) return done(unavailable_error("the server is shutting down"));
+    unload(name, done);
+  });
+}
+
+void ModelRepository::poll() {
+  if (stopping_.load()) return;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) {
+    if (e.is_directory() && e.path().filename().string()[0] != '.') {
+      names.push_back(e.path().filename().string());
+    }
+  }
+  if (ec) {
+    log_("poll: cannot list model repository '" + root_.string() + "': " + ec.message());
+    return;
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    std::shared_ptr<const ServedModel> m = current(name);
+    // (Not requested: unloaded when its folder went; back now.)
+    if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name)) {
+      log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
+      reload(name, std::nullopt, nullptr);
+    }
+  }
+  auto snap = snapshot();
+  for (const auto& m : snap->models) {
+    if (!std::binary_search(names.begin(), names.end(), m->name) && m->requested) {
+      log_("poll: model '" + m->name + "' was removed: unloading it");
+      unload(m->name, nullptr);
+    }
+  }
+}
+
+void ModelRepository::drain(const std::vector<ModelRef>& versions) {
+  {
+    std::lock_guard lock(draining_mu_);
+    draining_.insert(draining_.end(), versions.begin(), versions.end());
+  }
   std::vector<std::thread> threads;
-  for (const auto& m : models_) {
-    for (const auto& v : m->versions) {
+  for (const ModelRef& v : versions) {
+    if (Engine* e = v->engine.get()) {
+      threads.emplace_back(
+          [e, t = options_.drain_timeout] { e->shutdown(ShutdownMode::drain, t); });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  std::lock_guard lock(draining_mu_);
+  for (const ModelRef& v : versions) {
+    auto it = std::find(draining_.begin(), draining_.end(), v);
+    if (it != draining_.end()) draining_.erase(it);
+  }
+}
+
+void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+  stopping_.store(true);
+  auto engines_down = [&] {
+    std::vector<ModelRef> all;
+    if (auto snap = snapshot()) {
+      for (const auto& m : snap->models) {
+        all.insert(all.end(), m->versions.begin(), m->versions.end());
+        all.insert(all.end(), m->unloading.begin(), m->unloading.end());
+      }
+    }
+    {
+      std::lock_guard lock(draining_mu_);
+      all.insert(all.end(), draining_.begin(), draining_.end());
+    }
+    std::vector<std::thread> threads;
+    for (const ModelRef& v : all) {
       if (Engine* e = v->engine.get()) {
         threads.emplace_back([e, mode, drain_timeout] { e->shutdown(mode, drain_timeout); });
       }
     }
-  }
-  for (std::thread& t : threads) t.join();
+    for (std::thread& t : threads) t.join();
+  };
+  // The engines first (that cuts short a drain the control thread waits for), then the control
+  // calls: queued ones are answered unavailable, the running one is waited for, so that no
+  // answer reaches a frontend after its shutdown; then what that call may have published.
+  engines_down();
+  if (control_) control_->stop_jobs();
+  engines_down();
 }
 
 }  // namespace asyncinfer::server

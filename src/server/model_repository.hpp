@@ -8,24 +8,37 @@
 // Versions are the folders whose names are positive integers; version_policy chooses which are
 // served (Triton's default: the highest one only). The highest ready version is the default.
 //
-// Design: load() reads everything at start and the set never changes afterwards (no model
-// control API), so lookups need no lock and a ModelVersion pointer stays valid for the
-// repository's life. A model whose config is bad, or a version whose file or engine fails, is
-// kept with state UNAVAILABLE and the reason, and logged; the others serve. Devices are opened
-// once per spec and shared by the engines on them.
+// Design: the served set is an immutable RepositorySnapshot behind a shared_ptr; a change (Triton's
+// model control: a load, an unload, a poll that found changed files) builds the next snapshot on
+// the repository's one control thread and swaps it in, so lookups take no lock but the swap's.
+// A request holds its ModelVersion by ModelRef (shared_ptr) from lookup to response: a version
+// replaced or unloaded meanwhile stays whole until its last request ends. A reload loads the new
+// versions beside the serving ones, swaps only once they are ready, and then drains the old ones
+// (Engine::shutdown(drain)); a version that fails to load leaves the one it was to replace
+// serving, with the reason in the index (ServedModel::load_error) and the log. A version whose
+// last reference goes is destroyed on the control thread, never on one of its engine's threads.
+// A model whose config is bad, or a version whose file or engine fails, is kept with state
+// UNAVAILABLE and the reason, and logged; the others serve. Devices are opened once per spec and
+// shared by the engines on them.
 //
-// Thread safety: after load() every const member is safe from any thread; shutdown() may be
-// called from any one thread (Engine::shutdown's rules), concurrently with lookups.
+// Thread safety: every member may be called from any thread. The control calls (load_model,
+// unload_model) run one at a time, in order, on the control thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "asyncinfer/device.hpp"
@@ -35,10 +48,45 @@
 
 namespace asyncinfer::server {
 
+struct ModelPlan;
+
 /// Triton's repository index states.
-enum class ModelState : std::uint8_t { ready, unavailable };
-/// "READY" or "UNAVAILABLE".
+enum class ModelState : std::uint8_t { ready, unavailable, loading, unloading };
+/// "READY", "UNAVAILABLE", "LOADING" or "UNLOADING".
 std::string_view to_string(ModelState state) noexcept;
+
+/// Triton's --model-control-mode: `none` loads every model at start and never changes the set;
+/// `poll` also rescans the repository every --repository-poll-secs and loads, reloads or unloads
+/// what changed; `explicit` loads only the --load-model names at start and then what the load
+/// and unload calls ask for. The load / unload calls are refused (unavailable) in none and poll.
+enum class ModelControlMode : std::uint8_t { none, poll, explicit_mode };
+std::string_view to_string(ModelControlMode mode) noexcept;
+/// "none", "poll" or "explicit"; invalid_argument naming the three otherwise.
+Result<ModelControlMode> parse_model_control_mode(std::string_view text);
+
+struct RepositoryOptions {
+  ModelControlMode control_mode = ModelControlMode::none;
+  /// explicit mode: the models loaded at start (Triton's --load-model; "*" = every model).
+  std::vector<std::string> load_models;
+  /// poll mode: the time between two scans (Triton's --repository-poll-secs, default 15 s).
+  std::chrono::milliseconds poll_interval{15000};
+  /// How long a version that was unloaded or replaced may take to finish the requests it had
+  /// accepted (Engine::shutdown(drain)); those left then are cancelled.
+  std::chrono::milliseconds drain_timeout{30000};
+};
+
+/// A ModelVersion's `retired`: an atomic flag that a version being made can be moved with (the
+/// value is copied), as CacheCounters.
+struct RetiredFlag {
+  RetiredFlag() = default;
+  RetiredFlag(const RetiredFlag& o) noexcept : value(o.load()) {}
+  RetiredFlag& operator=(const RetiredFlag&) = delete;
+  bool load(std::memory_order order = std::memory_order_seq_cst) const noexcept {
+    return value.load(order);
+  }
+  void store(bool v) noexcept { value.store(v); }
+  std::atomic<bool> value{false};
+};
 
 /// One served version of a model.
 struct ModelVersion {
@@ -63,6 +111,13 @@ struct ModelVersion {
   bool response_cache = false;
   /// Its response-cache hits and misses (InferenceServer::version_stats).
   mutable CacheCounters cache_counters;
+  /// Unique to this load of the version (in its response-cache keys).
+  std::uint64_t generation = 0;
+  /// Its folder's files (names, sizes, modification times): poll mode reloads it when they change.
+  std::string fingerprint;
+  /// Set once it has been replaced or unloaded: it takes no new request (InferenceServer sends
+  /// one that arrives late to the version that replaced it) and drains.
+  mutable RetiredFlag retired;
 
   /// Loaded (the engine was made).
   bool ready() const noexcept { return state == ModelState::ready; }
@@ -80,49 +135,151 @@ struct ModelVersion {
   InferenceStats statistics() const { return statistics(engine->metrics().stats); }
 };
 
-/// A model folder of the repository.
+/// A request's hold on the version it runs on; keeps it whole until the request ends.
+using ModelRef = std::shared_ptr<const ModelVersion>;
+
+/// One line of the repository index (Triton's RepositoryIndex).
+struct IndexEntry {
+  std::string name;
+  std::string version;  ///< "" for a model with no version to show
+  ModelState state = ModelState::unavailable;
+  std::string reason;
+};
+
+/// A model folder of the repository, as one snapshot has it.
 struct ServedModel {
   std::string name;
   std::string platform;
-  /// Set when the config itself could not be used (then there are no versions).
+  /// Why no version serves: the config could not be used, the model is not loaded or was
+  /// unloaded. Empty while it loads for the first time.
   std::string reason;
-  std::vector<std::unique_ptr<ModelVersion>> versions;  ///< ascending
+  /// The versions requests go to (loaded or failed), ascending.
+  std::vector<ModelRef> versions;
+  /// Versions being loaded that have none serving in their place yet (LOADING).
+  std::vector<std::int64_t> loading;
+  /// Versions unloaded and still finishing their requests (UNLOADING); no new request reaches them.
+  std::vector<ModelRef> unloading;
+  /// Versions unloaded and gone (UNAVAILABLE, "unloaded").
+  std::vector<std::string> unloaded;
+  /// The last load's failure when the versions above go on serving (a bad new config, a new
+  /// version that failed): the index gives it as their reason.
+  std::string load_error;
+  /// The config text it was loaded from and its folder's fingerprint: what poll mode compares.
+  std::string config_text;
+  std::string fingerprint;
+  /// Asked to be served: false for a model explicit mode has not loaded, or that was unloaded
+  /// (strict readiness counts only the models that are asked for).
+  bool requested = true;
 
   /// The highest ready version; null when none is ready.
-  const ModelVersion* default_version() const noexcept;
-  const ModelVersion* find_version(std::int64_t version) const noexcept;
+  ModelRef default_version() const noexcept;
+  ModelRef find_version(std::int64_t version) const noexcept;
   /// True when the config was usable and every selected version is serving.
   bool all_ready() const;
+  /// Whether strict readiness waits for it: asked for, and loaded or failed (not loading for the
+  /// first time).
+  bool counts_for_readiness() const noexcept {
+    return requested && (!versions.empty() || !reason.empty());
+  }
+};
+
+/// The served set at one moment: immutable once published.
+struct RepositorySnapshot {
+  std::vector<std::shared_ptr<const ServedModel>> models;  ///< sorted by name
+  const ServedModel* find(std::string_view name) const noexcept;
+  /// The repository index: one entry per version (READY with its reason where a newer load
+  /// failed, UNAVAILABLE with why, LOADING, UNLOADING), or per model with none.
+  std::vector<IndexEntry> index(bool ready_only) const;
 };
 
 class ModelRepository {
  public:
   using Log = std::function<void(const std::string& line)>;
+  /// A control call's outcome, called once, on the control thread.
+  using Done = std::function<void(const Status&)>;
 
-  /// Loads every model under `root` (one log line per model version: name, version, device,
-  /// workers, batching; or why it failed; plus one line per config warning). not_found when
-  /// `root` is not a folder; a bad model does not fail the whole load.
+  /// Loads the models under `root` that `options` asks for at start (none and poll: every one;
+  /// explicit: --load-model's), one log line per model version: name, version, device, workers,
+  /// batching; or why it failed; plus one line per config warning. not_found when `root` is not
+  /// a folder, or explicit mode names a model that has no folder; a bad model does not fail the
+  /// whole load. Poll mode starts its scans.
   static Result<std::unique_ptr<ModelRepository>> load(const std::filesystem::path& root,
-                                                       const Log& log);
+                                                       const Log& log,
+                                                       RepositoryOptions options = {});
+  /// Stops the control thread (a call still queued gets unavailable) and every engine.
   ~ModelRepository();
   ModelRepository(const ModelRepository&) = delete;
   ModelRepository& operator=(const ModelRepository&) = delete;
 
   const std::filesystem::path& root() const noexcept { return root_; }
-  /// Sorted by name.
-  const std::vector<std::unique_ptr<ServedModel>>& models() const noexcept { return models_; }
-  const ServedModel* find(std::string_view name) const noexcept;
+  const RepositoryOptions& options() const noexcept { return options_; }
+  /// The served set now. Keep the pointer while using what it holds.
+  std::shared_ptr<const RepositorySnapshot> snapshot() const;
+
+  /// Triton's RepositoryModelLoad: loads model `name`, or reloads it (a changed config or new
+  /// versions load beside the serving ones; traffic moves once they are ready). `config_json`
+  /// (Triton's `config` parameter: a ModelConfig in JSON) replaces its config.pbtxt. Returns at
+  /// once; `done` gets ok once the model serves, or the error: unavailable outside explicit
+  /// mode or when shutting down, internal for a model with no folder (Triton's codes),
+  /// invalid_argument for a bad config, the load's error otherwise (the versions serving before,
+  /// if any, go on serving).
+  void load_model(std::string name, std::optional<std::string> config_json, Done done);
+  /// Triton's RepositoryModelUnload: new requests for `name` fail with not_found at once; the
+  /// ones in flight finish (within drain_timeout). `done` gets ok as soon as no new request can
+  /// reach it (before the drain ends; also for a model that is not loaded), unavailable outside
+  /// explicit mode, not_found for a name the repository has never seen.
+  void unload_model(std::string name, Done done);
 
   /// Shuts every engine down in parallel (Engine::shutdown's `mode` and `drain_timeout`) and
-  /// returns when all have stopped. May be called again, e.g. with cancel to cut a drain short
-  /// from another thread.
+  /// returns when all have stopped; loads and scans stop. May be called again, e.g. with cancel
+  /// to cut a drain short from another thread.
   void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
 
  private:
+  class Control;
   ModelRepository() = default;
+
+  /// Builds the next ServedModel of `name` from its folder (or `config_json`), loading what
+  /// changed beside what serves in `old` (may be null). The versions it replaces go to
+  /// `replaced`. Null (with the error in `status`) for a model that has no folder and was not
+  /// served before. On the control thread.
+  std::shared_ptr<const ServedModel> build(const std::string& name,
+                                           const std::shared_ptr<const ServedModel>& old,
+                                           const std::optional<std::string>& config_json,
+                                           std::vector<ModelRef>* replaced, Status* status);
+  /// Loads version `v` of the model in `dir` into `version` (its engine, warm-up and applied
+  /// config: ready, or unavailable with the reason) and logs the outcome.
+  void load_version(ModelVersion& version, const ModelPlan& plan, const std::filesystem::path& dir,
+                    std::int64_t v);
+  /// Loads (or reloads) `name` and publishes it; drains the versions it replaced.
+  void reload(const std::string& name, const std::optional<std::string>& config_json,
+              const Done& done);
+  /// Takes `name` out of service, publishes it UNLOADING, then drains it.
+  void unload(const std::string& name, const Done& done);
+  /// Poll mode: loads new folders, reloads changed ones, unloads removed ones.
+  void poll();
+  std::shared_ptr<const ServedModel> current(std::string_view name) const;
+  /// Replaces (or adds) `model` in the snapshot.
+  void publish(std::shared_ptr<const ServedModel> model);
+  /// Drains `versions` (they were marked retired): Engine::shutdown(drain, drain_timeout).
+  void drain(const std::vector<ModelRef>& versions);
+  Result<std::shared_ptr<Device>> open_device_once(const std::string& spec);
+  /// A new version, destroyed on the control thread when its last reference goes.
+  std::shared_ptr<ModelVersion> make_version();
+
   std::filesystem::path root_;
-  std::vector<std::unique_ptr<ServedModel>> models_;
+  RepositoryOptions options_;
+  Log log_;
+  mutable std::mutex snapshot_mu_;
+  std::shared_ptr<const RepositorySnapshot> snapshot_;
+  std::mutex devices_mu_;
   std::map<std::string, std::shared_ptr<Device>> devices_;
+  /// Versions replaced or unloaded whose engines are draining (shutdown() cuts them short).
+  std::mutex draining_mu_;
+  std::vector<ModelRef> draining_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> next_generation_{1};
+  std::shared_ptr<Control> control_;  ///< the control thread and its queue
 };
 
 }  // namespace asyncinfer::server

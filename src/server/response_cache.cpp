@@ -31,13 +31,14 @@ std::size_t entry_bytes(const CacheKey& key, const std::vector<Tensor>& outputs)
 }  // namespace
 
 CacheKey response_cache_key(std::string_view model, std::int64_t version,
-                            std::span<const Tensor> inputs) {
+                            std::span<const Tensor> inputs, std::uint64_t generation) {
   CacheKey key;
   std::size_t data = 0;
   for (const Tensor& t : inputs) data += t.byte_size();
   key.bytes.reserve(model.size() + 16 + inputs.size() * 32 + data);
   key.bytes.append(model).push_back('\0');
   key.bytes.append(std::to_string(version)).push_back('\0');
+  key.bytes.append(std::to_string(generation)).push_back('\0');
   for (const Tensor& t : inputs) {
     key.bytes.append(to_string(t.dtype())).push_back('[');
     for (std::int64_t d : t.shape()) key.bytes.append(std::to_string(d)).push_back(',');

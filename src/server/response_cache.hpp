@@ -48,9 +48,11 @@ struct CacheKey {
 };
 
 /// The cache key of a request for `model` version `version` with `inputs` (in the model's input
-/// order, all host-accessible).
+/// order, all host-accessible). `generation` tells loads of one version apart
+/// (ModelVersion::generation): a reloaded version, whose files or config may have changed, never
+/// hits what the one it replaced computed.
 CacheKey response_cache_key(std::string_view model, std::int64_t version,
-                            std::span<const Tensor> inputs);
+                            std::span<const Tensor> inputs, std::uint64_t generation = 0);
 
 /// A version's hit and miss counters (Triton's cache_hit / cache_miss statistics). Copying reads
 /// each counter (relaxed): for a ModelVersion that is made, then moved into place.

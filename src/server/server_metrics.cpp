@@ -125,7 +125,9 @@ void collect_engine_metrics(const ModelRepository& repository, std::vector<Metri
     it->second.metric.push_back(std::move(m));
   };
   const std::string p = "asyncinfer_";
-  for (const auto& model : repository.models()) {
+  auto snap = repository.snapshot();
+  for (const auto& model : snap->models) {
+    if (!model->requested && model->versions.empty()) continue;  // not loaded
     if (model->versions.empty()) {
       add(p + "model_ready", "1 when the model version is loaded and serving", MetricType::Gauge,
           sample({{"model", model->name}, {"version", ""}}, 0, MetricType::Gauge));

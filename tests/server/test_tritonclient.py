@@ -4,7 +4,9 @@ ours. Covers the extensions the server lists (issue 24): model configuration and
 and gRPC; sync and aio; the statistics against /metrics) and HTTP compression (request and response, gzip and deflate; sync, gevent async
 and aio), gRPC transport compression, what bad compressed bodies get, and the response cache
 (hits byte-identical to computed answers, LRU eviction by bytes, identical requests in flight
-computed once, the statistics and /metrics).
+computed once, the statistics and /metrics), and model repository control (load, reload with a
+config override, unload, the index's states, poll mode, and a reload under load that no request
+notices).
 """
 
 import asyncio
@@ -13,6 +15,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -77,7 +80,7 @@ class TritonClient(harness.unittest.TestCase):
     # ---- extensions ------------------------------------------------------------------------------
 
     def test_extensions_list_what_is_served(self):
-        expected = ["model_configuration", "binary_tensor_data", "statistics"]
+        expected = ["model_repository", "model_configuration", "binary_tensor_data", "statistics"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
 
@@ -643,6 +646,347 @@ class ResponseCache(harness.unittest.TestCase):
                                timeout=60)
             self.assertNotEqual(p.returncode, 0, value)
             self.assertIn(expected, p.stderr, value)
+
+
+def identity_config(delay_us=0, count=1, policy="all { }"):
+    """The example identity model's config with the fields a reload test changes."""
+    return ('name: "identity"\nbackend: "builtin"\nmax_batch_size: 8\n'
+            'input [ { name: "input0", data_type: TYPE_FP32, dims: [ 16 ] } ]\n'
+            'output [ { name: "output0", data_type: TYPE_FP32, dims: [ 16 ] } ]\n'
+            "instance_group [ { kind: KIND_CPU, count: %d } ]\n"
+            "dynamic_batching { max_queue_delay_microseconds: %d }\n"
+            "version_policy: { %s }\n"
+            'parameters { key: "uri" value { string_value: "builtin:identity?shape=16&max_batch=8" '
+            "} }\n" % (count, delay_us, policy))
+
+
+def identity_config_json(delay_us, count=1):
+    """The same as Triton's `config` parameter of a load: a ModelConfig in JSON."""
+    return json.dumps({
+        "name": "identity", "backend": "builtin", "max_batch_size": 8,
+        "input": [{"name": "input0", "data_type": "TYPE_FP32", "dims": [16]}],
+        "output": [{"name": "output0", "data_type": "TYPE_FP32", "dims": [16]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": count}],
+        "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
+        "version_policy": {"all": {}},
+        "parameters": {"uri": {"string_value": "builtin:identity?shape=16&max_batch=8"}}})
+
+
+def index_of(client, name):
+    """{version: (state, reason)} of one model in the repository index (HTTP client)."""
+    return {e.get("version", ""): (e.get("state", ""), e.get("reason", ""))
+            for e in client.get_model_repository_index() if e["name"] == name}
+
+
+def wait_for(predicate, timeout=10, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
+
+
+class RepositoryControl(harness.unittest.TestCase):
+    """Triton's model repository extension with --model-control-mode explicit: load (a reload
+    with a config override), unload, the index; a reload under load; errors with Triton's codes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        cls.repo.add("identity", identity_config(), versions=(1, 2))
+        cls.repo.add("spare", example_config("identity", rename=False).replace(
+            'name: "identity"', 'name: "spare"'))
+        cls.repo.add("slow", example_config("slow", rename=False))
+        cls.repo.add("never", example_config("identity", rename=False).replace(
+            'name: "identity"', 'name: "never"'))
+        cls.server = Server(cls.repo.path, "--model-control-mode", "explicit",
+                            "--load-model", "identity", "--load-model", "slow",
+                            "--drain-timeout", "20").start()
+        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
+                                                    concurrency=4, network_timeout=60)
+        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.http.close()
+        cls.grpc.close()
+        cls.server.stop()
+        cls.repo.cleanup()
+
+    def infer_identity(self, x=X, version=""):
+        r = self.http.infer("identity", [http_input(x, True)], model_version=version)
+        np.testing.assert_array_equal(r.as_numpy("output0"), x)
+        return r.get_response()["model_version"]
+
+    def test_index_shows_each_state_with_its_reason(self):
+        idx = index_of(self.http, "identity")
+        self.assertEqual(idx["1"][0], "READY")
+        self.assertEqual(idx["2"][0], "READY")
+        state, reason = index_of(self.http, "never")[""]
+        self.assertEqual(state, "UNAVAILABLE")
+        self.assertIn("not loaded", reason)
+        g = {(m.name, m.version): (m.state, m.reason)
+             for m in self.grpc.get_model_repository_index().models}
+        self.assertEqual(g[("identity", "2")], ("READY", ""))
+        self.assertEqual(g[("never", "")][0], "UNAVAILABLE")
+        # A model explicit mode did not load is not found, not ready, and does not hold the
+        # server's readiness back.
+        self.assertTrue(self.http.is_server_ready())
+        self.assertFalse(self.grpc.is_model_ready("never"))
+        self.assertFalse(self.http.is_model_ready("never"))
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.infer("never", [http_input(X, True)])
+        self.assertEqual(e.exception.status(), "404")
+        self.assertIn("is not loaded", e.exception.message())
+
+    def test_load_and_unload_over_http_and_grpc(self):
+        self.http.load_model("spare")
+        self.assertTrue(self.http.is_model_ready("spare"))
+        r = self.grpc.infer("spare", [grpc_input(X)])
+        np.testing.assert_array_equal(r.as_numpy("output0"), X)
+        self.grpc.unload_model("spare")
+        # Refused at once: 404 / NOT_FOUND, as for a model that does not exist.
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.infer("spare", [http_input(X, True)])
+        self.assertEqual(e.exception.status(), "404")
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.infer("spare", [grpc_input(X)])
+        self.assertEqual(e.exception.status(), "StatusCode.NOT_FOUND")
+        self.assertFalse(self.grpc.is_model_ready("spare"))
+        wait_for(lambda: index_of(self.http, "spare").get("1") == ("UNAVAILABLE", "unloaded"),
+                 what="spare to show UNAVAILABLE, unloaded")
+        # Unloading what is not loaded succeeds (Triton's rule).
+        self.http.unload_model("spare")
+        self.grpc.load_model("spare")
+        r = self.http.infer("spare", [http_input(X, False)])
+        np.testing.assert_array_equal(r.as_numpy("output0"), X)
+        self.http.unload_model("spare", unload_dependents=True)
+
+    def test_aio_clients_load_and_unload(self):
+        async def run():
+            h = httpaio.InferenceServerClient("127.0.0.1:%d" % self.server.http_port)
+            g = grpcaio.InferenceServerClient(self.server.grpc_target)
+            try:
+                await h.load_model("spare")
+                self.assertTrue(await g.is_model_ready("spare"))
+                await g.unload_model("spare")
+                self.assertFalse(await h.is_model_ready("spare"))
+                index = await g.get_model_repository_index(as_json=True)
+                self.assertTrue(any(m["name"] == "spare" for m in index["models"]))
+            finally:
+                await h.close()
+                await g.close()
+        asyncio.run(asyncio.wait_for(run(), 60))
+
+    def test_a_config_override_reloads_and_a_bad_one_leaves_the_old_serving(self):
+        self.http.load_model("identity", config=identity_config_json(250, count=2))
+        c = self.http.get_model_config("identity")
+        self.assertEqual(c["dynamic_batching"]["max_queue_delay_microseconds"], 250)
+        self.assertEqual(c["instance_group"][0]["count"], 2)
+        self.infer_identity()
+        for bad, expected in (('{"max_batch_size": 8, "frobnicate": 1}', "frobnicate"),
+                              ("{not json", "not a ModelConfig in JSON"),
+                              (identity_config_json(0).replace('"identity"', '"other"', 1),
+                               "differs from the model's folder")):
+            with self.assertRaises(InferenceServerException) as e:
+                self.http.load_model("identity", config=bad)
+            self.assertEqual(e.exception.status(), "400", e.exception.message())
+            self.assertIn(expected, e.exception.message())
+            # The old configuration goes on serving; the index says why the new one is not.
+            self.assertEqual(self.http.get_model_config("identity")["instance_group"][0]["count"], 2)
+            self.infer_identity()
+            state, reason = index_of(self.http, "identity")["2"]
+            self.assertEqual(state, "READY")
+            self.assertIn("the last load failed", reason)
+            self.assertIn(expected, reason)
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.load_model("identity", config="[1, 2]")
+        self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+        self.assertIn("failed", self.server.log())
+        # Back to the folder's config.pbtxt.
+        self.http.load_model("identity")
+        c = self.http.get_model_config("identity")
+        self.assertEqual(c["dynamic_batching"]["max_queue_delay_microseconds"], 0)
+        self.assertEqual(index_of(self.http, "identity")["2"], ("READY", ""))
+
+    def test_errors_have_tritons_codes(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.load_model("nope")
+        self.assertEqual(e.exception.status(), "500")
+        self.assertIn("no folder", e.exception.message())
+        self.assertNotIn("nope", [m["name"] for m in self.http.get_model_repository_index()])
+        self.assertTrue(self.http.is_server_ready())
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.load_model("nope")
+        self.assertEqual(e.exception.status(), "StatusCode.INTERNAL")
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.load_model("spare", files={"file:1/model.pt": b"x"}, config="{}")
+        self.assertEqual(e.exception.status(), "501")
+        status, _, body = raw_post(self.server.http_port, "/v2/repository/models/spare/load",
+                                   b'{"parameters": {"config": 7}}', {})
+        self.assertEqual(status, 400)
+        self.assertIn(b"must be a string", body)
+        status, _, body = raw_post(self.server.http_port, "/v2/repository/models/spare/load",
+                                   b"{", {})
+        self.assertEqual(status, 400)
+        # Outside explicit mode the calls are refused with 503 / UNAVAILABLE.
+        with Server(EXAMPLE_REPOSITORY) as none:
+            h = httpclient.InferenceServerClient("127.0.0.1:%d" % none.http_port)
+            g = grpcclient.InferenceServerClient(none.grpc_target)
+            try:
+                with self.assertRaises(InferenceServerException) as e:
+                    h.unload_model("identity")
+                self.assertEqual(e.exception.status(), "503")
+                self.assertIn("--model-control-mode none", e.exception.message())
+                with self.assertRaises(InferenceServerException) as e:
+                    g.load_model("identity")
+                self.assertEqual(e.exception.status(), "StatusCode.UNAVAILABLE")
+                self.assertTrue(h.is_model_ready("identity"))
+            finally:
+                h.close()
+                g.close()
+
+    def test_unload_lets_the_requests_in_flight_finish(self):
+        self.http.load_model("slow")
+        x = np.array([[600000.0]], dtype=np.float32)  # 0.6 s on the device
+        i = httpclient.InferInput("input0", [1, 1], "FP32")
+        i.set_data_from_numpy(x)
+        running = self.http.async_infer("slow", [i])
+        pending = lambda: metric(urllib.request.urlopen(self.server.metrics_url, timeout=10)
+                                 .read().decode(), "asyncinfer_inference_pending_request_count",
+                                 model="slow", version="1")
+        wait_for(lambda: pending() == 1, what="the request to reach the engine")
+        self.http.unload_model("slow")
+        self.assertEqual(index_of(self.http, "slow")["1"][0], "UNLOADING")
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.infer("slow", [i])
+        self.assertEqual(e.exception.status(), "404")
+        r = running.get_result(timeout=30)
+        np.testing.assert_array_equal(r.as_numpy("output0"), x)
+        wait_for(lambda: index_of(self.http, "slow")["1"] == ("UNAVAILABLE", "unloaded"),
+                 what="slow to finish unloading")
+        self.http.load_model("slow")
+
+    def test_a_reload_under_load_fails_no_request(self):
+        """16 clients in a closed loop for 10 s while the config changes and reloads 5 times,
+        a bad config is pushed once and a version is added: no request fails, and every answer
+        is right and comes from a version that was ready."""
+        stop = threading.Event()
+        failures = []
+        answers = []  # (time sent, version)
+        lock = threading.Lock()
+
+        def client(k):
+            if k % 2:
+                c = grpcclient.InferenceServerClient(self.server.grpc_target)
+                make = grpc_input
+            else:
+                c = httpclient.InferenceServerClient("127.0.0.1:%d" % self.server.http_port,
+                                                     network_timeout=30)
+                make = lambda x: http_input(x, k % 4 == 0)
+            x = np.full((1, 16), float(k), dtype=np.float32)
+            try:
+                while not stop.is_set():
+                    sent = time.monotonic()
+                    try:
+                        r = c.infer("identity", [make(x)])
+                        got = r.as_numpy("output0")
+                        version = (r.get_response().model_version if k % 2
+                                   else r.get_response()["model_version"])
+                        if not np.array_equal(got, x):
+                            raise AssertionError("wrong answer %r" % got)
+                        with lock:
+                            answers.append((sent, version))
+                    except Exception as e:  # noqa: BLE001 - every failure counts
+                        with lock:
+                            failures.append(repr(e))
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+        for t in threads:
+            t.start()
+        added_at = None
+        try:
+            time.sleep(1.5)
+            for n in range(5):
+                if n % 2:
+                    self.http.load_model("identity", config=identity_config_json(100 * n, 1 + n % 2))
+                else:
+                    with open(os.path.join(self.repo.path, "identity", "config.pbtxt"), "w") as f:
+                        f.write(identity_config(delay_us=50 * n, count=1 + n % 2))
+                    self.grpc.load_model("identity")
+                time.sleep(1.2)
+                if n == 2:
+                    with self.assertRaises(InferenceServerException):
+                        self.http.load_model("identity", config='{"max_batch_size": "many"}')
+                    time.sleep(0.5)
+            os.makedirs(os.path.join(self.repo.path, "identity", "3"))
+            added_at = time.monotonic()
+            self.http.load_model("identity")
+            self.assertEqual(index_of(self.http, "identity")["3"][0], "READY")
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        self.assertEqual(failures, [], "%d failed of %d" % (len(failures),
+                                                           len(failures) + len(answers)))
+        self.assertGreater(len(answers), 200)
+        versions = {v for _, v in answers}
+        self.assertLessEqual(versions, {"2", "3"})  # the default version, then the added one
+        self.assertIn("3", versions)
+        early = [t for t, v in answers if v == "3" and t < added_at]
+        self.assertEqual(early, [], "answers from version 3 sent before it was added")
+        self.infer_identity(version="1")
+        # Leave the model as the other tests expect it.
+        os.rmdir(os.path.join(self.repo.path, "identity", "3"))
+        with open(os.path.join(self.repo.path, "identity", "config.pbtxt"), "w") as f:
+            f.write(identity_config())
+        self.http.load_model("identity")
+        self.assertNotIn("3", index_of(self.http, "identity"))
+
+
+class PollMode(harness.unittest.TestCase):
+    """--model-control-mode poll: the repository is rescanned; what changed is loaded, reloaded
+    or unloaded without a call."""
+
+    def test_poll_loads_reloads_and_unloads(self):
+        repo = Repository()
+        repo.add("identity", identity_config(), versions=(1,))
+        try:
+            with Server(repo.path, "--model-control-mode", "poll",
+                        "--repository-poll-secs", "0.2") as server:
+                h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port)
+                try:
+                    with self.assertRaises(InferenceServerException) as e:
+                        h.load_model("identity")
+                    self.assertEqual(e.exception.status(), "503")
+                    repo.add("spare", identity_config().replace('name: "identity"',
+                                                                'name: "spare"'))
+                    wait_for(lambda: h.is_model_ready("spare"), what="spare to load")
+                    with open(os.path.join(repo.path, "identity", "config.pbtxt"), "w") as f:
+                        f.write(identity_config(delay_us=777))
+                    wait_for(lambda: h.get_model_config("identity")["dynamic_batching"]
+                             ["max_queue_delay_microseconds"] == 777, what="the reload")
+                    r = h.infer("identity", [http_input(X, True)])
+                    np.testing.assert_array_equal(r.as_numpy("output0"), X)
+                    # A bad config leaves the old one serving, with the reason in the index.
+                    with open(os.path.join(repo.path, "identity", "config.pbtxt"), "w") as f:
+                        f.write("max_batch_size: [")
+                    wait_for(lambda: "the last load failed" in index_of(h, "identity")["1"][1],
+                             what="the failed reload in the index")
+                    self.assertTrue(h.is_model_ready("identity"))
+                    shutil.rmtree(os.path.join(repo.path, "spare"))
+                    wait_for(lambda: not h.is_model_ready("spare"), what="spare to unload")
+                    with self.assertRaises(InferenceServerException) as e:
+                        h.infer("spare", [http_input(X, True)])
+                    self.assertEqual(e.exception.status(), "404")
+                finally:
+                    h.close()
+        finally:
+            repo.cleanup()
 
 
 if __name__ == "__main__":

@@ -1,16 +1,25 @@
 // Unit tests of the server's protocol-neutral pieces (src/server): config.pbtxt parsing and
-// planning, version policies, datatype names, the status table, and the OIP JSON/binary codec.
+// planning, version policies, datatype names, the status table, the OIP JSON/binary codec, the
+// response cache, and model control (load, reload, unload) on a real repository folder.
 // The end-to-end tests over real sockets are tests/server/*.py.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <limits>
+#include <memory>
 
 #include <thread>
 #include <vector>
 
 #include "http/oip_json.hpp"
+#include "inference_server.hpp"
 #include "limits.hpp"
 #include "model_config.hpp"
 #include "response_cache.hpp"
@@ -354,12 +363,13 @@ TEST(ServerCodec, AcceptsItsOwnShortestFltMax) {
 }
 
 TEST(ServerCodec, EncodesShortestFloatsAndBinaryOutputs) {
-  const ModelVersion m = two_input_model();
+  auto owned = std::make_shared<ModelVersion>(two_input_model());
+  const ModelVersion& m = *owned;
   DecodedInfer request;
   request.request.outputs = {{"x", {}}, {"y", {}}};
   request.output_binary = {false, true};
   InferResponse response;
-  response.model = &m;
+  response.model = owned;
   response.id = "q\"1";
   auto x = Tensor::from_values<float>({1, 3}, std::vector<float>{0.1f, -2.f, 1e-30f});
   auto y = Tensor::zeros(DType::f16, {1, 2});
@@ -560,6 +570,191 @@ TEST(ServerLimits, ListenerHealthNamesEachFailingListener) {
   EXPECT_TRUE(health.set_accepting("http"));
   EXPECT_TRUE(health.all_accepting());
   EXPECT_EQ(changes, 4);
+}
+
+// ---- model control -----------------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+
+/// A repository folder with model "identity" (version 1, builtin), removed at the end.
+class ControlRepo {
+ public:
+  ControlRepo() {
+    static std::atomic<int> n{0};
+    root_ = fs::temp_directory_path() /
+            ("asyncinfer-control-" + std::to_string(getpid()) + "-" + std::to_string(n++));
+    fs::create_directories(root_ / "identity" / "1");
+    std::ofstream(root_ / "identity" / "config.pbtxt") << config(0);
+  }
+  ~ControlRepo() {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  static std::string config(int delay_us) {
+    std::string text = kIdentity;
+    text.replace(text.find("name: \"m\""), 9, "name: \"identity\"");
+    return text + "dynamic_batching { max_queue_delay_microseconds: " + std::to_string(delay_us) +
+           " }\n";
+  }
+  const fs::path& root() const { return root_; }
+
+ private:
+  fs::path root_;
+};
+
+/// Runs a control call and waits for its outcome (at most 30 s).
+Status control(const std::function<void(ModelRepository::Done)>& call) {
+  auto p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  call([p](const Status& s) { p->set_value(s); });
+  if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    return deadline_exceeded_error("the control call did not finish within 30 s");
+  }
+  return f.get();
+}
+
+std::unique_ptr<InferenceServer> explicit_server(const ControlRepo& repo,
+                                                 std::vector<std::string> load = {"identity"}) {
+  RepositoryOptions o;
+  o.control_mode = ModelControlMode::explicit_mode;
+  o.load_models = std::move(load);
+  o.drain_timeout = std::chrono::milliseconds(5000);
+  auto r = ModelRepository::load(
+      repo.root(), [](const std::string&) {}, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return nullptr;
+  return std::make_unique<InferenceServer>(std::move(*r), ServerOptions{});
+}
+
+/// Submits one [1,16] request to `model` and waits for its answer.
+Result<InferResponse> infer(InferenceServer& server, const ModelRef& model, float value) {
+  InferRequest request;
+  request.inputs.push_back(
+      {"input0", *Tensor::from_values<float>({1, 16}, std::vector<float>(16, value))});
+  auto p = std::make_shared<std::promise<Result<InferResponse>>>();
+  std::future<Result<InferResponse>> f = p->get_future();
+  auto accepted =
+      server.submit(model, std::move(request), [p](Result<InferResponse> r) { p->set_value(r); });
+  if (!accepted.ok()) return accepted.status();
+  if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    return deadline_exceeded_error("no answer within 30 s");
+  }
+  return f.get();
+}
+
+IndexEntry entry(const ModelRepository& repo, const std::string& name, const std::string& version) {
+  for (IndexEntry& e : repo.snapshot()->index(false)) {
+    if (e.name == name && e.version == version) return e;
+  }
+  return {name, version, ModelState::unavailable, "(no index entry)"};
+}
+
+TEST(ModelControl, ModesAreTritons) {
+  EXPECT_EQ(*parse_model_control_mode("explicit"), ModelControlMode::explicit_mode);
+  EXPECT_EQ(*parse_model_control_mode("poll"), ModelControlMode::poll);
+  auto bad = parse_model_control_mode("manual");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected none, poll or explicit"), std::string::npos);
+  ControlRepo repo;
+  auto r = ModelRepository::load(repo.root(), [](const std::string&) {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  Status s = control([&](auto done) { (*r)->load_model("identity", std::nullopt, done); });
+  EXPECT_EQ(s.code(), StatusCode::unavailable) << s;
+  EXPECT_NE(s.message().find("--model-control-mode none"), std::string::npos) << s;
+  RepositoryOptions o;
+  o.control_mode = ModelControlMode::explicit_mode;
+  o.load_models = {"missing"};
+  auto missing = ModelRepository::load(
+      repo.root(), [](const std::string&) {}, o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("--load-model 'missing'"), std::string::npos);
+}
+
+TEST(ModelControl, ARequestForAReplacedVersionGoesToTheOneThatReplacedIt) {
+  ControlRepo repo;
+  auto server = explicit_server(repo);
+  ASSERT_TRUE(server);
+  auto old = server->find("identity", "");
+  ASSERT_TRUE(old.ok()) << old.status();
+  // A changed config on disk: the reload builds a new version beside the old one.
+  std::ofstream(repo.root() / "identity" / "config.pbtxt") << ControlRepo::config(10);
+  ASSERT_TRUE(control([&](auto done) {
+                server->repository().load_model("identity", std::nullopt, done);
+              }).ok());
+  auto now = server->find("identity", "");
+  ASSERT_TRUE(now.ok());
+  EXPECT_NE(*now, *old);
+  EXPECT_TRUE((*old)->retired.load());
+  EXPECT_NE((*now)->generation, (*old)->generation);
+  // A request that found the old version before the swap is answered by the new one.
+  auto r = infer(*server, *old, 2.5f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, *now);
+  EXPECT_EQ(r->outputs[0].tensor.data_as<float>()[15], 2.5f);
+  // The old version's engine drains and stops; it stays whole while `old` holds it.
+  for (int i = 0; i < 500 && (*old)->engine->health().ready; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE((*old)->engine->health().ready);
+  r = infer(*server, *old, 3.0f);  // after its engine stopped: sent on as well
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, *now);
+  // An unchanged model is not reloaded.
+  ASSERT_TRUE(control([&](auto done) {
+                server->repository().load_model("identity", std::nullopt, done);
+              }).ok());
+  EXPECT_EQ(*server->find("identity", ""), *now);
+}
+
+TEST(ModelControl, ABadConfigLeavesTheOldVersionServing) {
+  ControlRepo repo;
+  auto server = explicit_server(repo);
+  ASSERT_TRUE(server);
+  auto old = server->find("identity", "1");
+  ASSERT_TRUE(old.ok());
+  Status s = control([&](auto done) {
+    server->repository().load_model("identity", std::string(R"({"max_batch_size": "x"})"), done);
+  });
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s;
+  EXPECT_EQ(*server->find("identity", "1"), *old);
+  EXPECT_FALSE((*old)->retired.load());
+  IndexEntry e = entry(server->repository(), "identity", "1");
+  EXPECT_EQ(e.state, ModelState::ready);
+  EXPECT_NE(e.reason.find("the last load failed"), std::string::npos) << e.reason;
+  EXPECT_TRUE(infer(*server, *old, 1.0f).ok());
+  // A model with no folder: internal (Triton's 500), and nothing enters the index.
+  s = control([&](auto done) { server->repository().load_model("nope", std::nullopt, done); });
+  EXPECT_EQ(s.code(), StatusCode::internal) << s;
+  EXPECT_EQ(server->repository().snapshot()->find("nope"), nullptr);
+  EXPECT_TRUE(server->ready());
+}
+
+TEST(ModelControl, UnloadRefusesNewRequestsAndTheIndexFollowsIt) {
+  ControlRepo repo;
+  auto server = explicit_server(repo, {});
+  ASSERT_TRUE(server);
+  EXPECT_EQ(server->find("identity", "").status().code(), StatusCode::not_found);
+  EXPECT_TRUE(server->ready());  // a model not asked for does not hold readiness back
+  EXPECT_EQ(entry(server->repository(), "identity", "").state, ModelState::unavailable);
+  ASSERT_TRUE(control([&](auto done) {
+                server->repository().load_model("identity", std::nullopt, done);
+              }).ok());
+  auto v = server->find("identity", "");
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE(
+      control([&](auto done) { server->repository().unload_model("identity", done); }).ok());
+  auto gone = server->find("identity", "");
+  EXPECT_EQ(gone.status().code(), StatusCode::not_found) << gone.status();
+  // One that found it before the unload is refused too (nothing replaced it).
+  auto late = infer(*server, *v, 1.0f);
+  EXPECT_EQ(late.status().code(), StatusCode::not_found) << late.status();
+  for (int i = 0; i < 500 && entry(server->repository(), "identity", "1").reason != "unloaded";
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(entry(server->repository(), "identity", "1").reason, "unloaded");
+  Status s = control([&](auto done) { server->repository().unload_model("other", done); });
+  EXPECT_EQ(s.code(), StatusCode::not_found) << s;
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
       return finish(resource_exhausted_error(impl_.core.memory().exhausted_message(bytes)));
     }
     parsed.request.deadline = call_deadline(ctx_);
-    auto accepted = impl_.core.submit(*parsed.model, std::move(parsed.request),
+    auto accepted = impl_.core.submit(parsed.model, std::move(parsed.request),
                                       [this](Result<InferResponse> r) { complete(std::move(r)); });
     if (!accepted.ok()) return finish(accepted.status());
     bool cancel_now = false;
@@ -142,7 +142,12 @@ using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
                             pb::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
                                 pb::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
                                     pb::GRPCInferenceService::WithCallbackMethod_RepositoryIndex<
-                                        pb::GRPCInferenceService::Service>>>>>>>>>>;
+                                        pb::GRPCInferenceService::
+                                            WithCallbackMethod_RepositoryModelLoad<
+                                                pb::GRPCInferenceService::
+                                                    WithCallbackMethod_RepositoryModelUnload<
+                                                        pb::GRPCInferenceService::
+                                                            Service>>>>>>>>>>>>;
 
 class GrpcServer::Impl::Service final : public ServiceBase {
  public:
@@ -155,6 +160,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::ModelStatistics;
   using ServiceBase::ModelStreamInfer;
   using ServiceBase::RepositoryIndex;
+  using ServiceBase::RepositoryModelLoad;
+  using ServiceBase::RepositoryModelUnload;
   using ServiceBase::ServerLive;
   using ServiceBase::ServerMetadata;
   using ServiceBase::ServerReady;
@@ -179,7 +186,12 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     auto mv = impl_.core.find(in->name(), in->version());
     // A known model (version) that is not ready answers ready = false; an unknown one is
     // NOT_FOUND and a malformed version INVALID_ARGUMENT, as over HTTP.
-    if (!mv.ok() && mv.status().code() != StatusCode::unavailable) return done(ctx, mv.status());
+    // A model of the repository that is not loaded (explicit mode, unloaded) is not ready.
+    const bool known =
+        mv.ok() || mv.status().code() == StatusCode::unavailable ||
+        (mv.status().code() == StatusCode::not_found &&
+         impl_.core.repository().snapshot()->find(in->name()) != nullptr && in->version().empty());
+    if (!known) return done(ctx, mv.status());
     out->set_ready(mv.ok());
     return done(ctx, Status());
   }
@@ -196,8 +208,10 @@ class GrpcServer::Impl::Service final : public ServiceBase {
                                           pb::ModelMetadataResponse* out) override {
     auto mv = impl_.core.find(in->name(), in->version());
     if (!mv.ok()) return done(ctx, mv.status());
-    const ServedModel* sm = impl_.core.repository().find(in->name());
-    model_metadata(*sm, **mv, in->version().empty() ? nullptr : *mv, out);
+    auto snap = impl_.core.repository().snapshot();
+    const ServedModel* sm = snap->find(in->name());
+    if (sm == nullptr) return done(ctx, not_found_error("unknown model '" + in->name() + "'"));
+    model_metadata(*sm, **mv, in->version().empty() ? nullptr : mv->get(), out);
     return done(ctx, Status());
   }
 
@@ -229,6 +243,28 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     return done(ctx, Status());
   }
 
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
+                                                const pb::RepositoryModelLoadRequest* in,
+                                                pb::RepositoryModelLoadResponse*) override {
+    std::optional<std::string> config;
+    if (grpc::Status s = load_request_config(*in, &config); !s.ok()) return done(ctx, s);
+    // Answered from the repository's control thread once the model serves (or failed).
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    impl_.core.repository().load_model(model_name_of(*in), std::move(config),
+                                       [this, r](const Status& s) { finish(r, s); });
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* ctx,
+                                                  const pb::RepositoryModelUnloadRequest* in,
+                                                  pb::RepositoryModelUnloadResponse*) override {
+    if (grpc::Status s = check_unload_request(*in); !s.ok()) return done(ctx, s);
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    impl_.core.repository().unload_model(model_name_of(*in),
+                                         [this, r](const Status& s) { finish(r, s); });
+    return r;
+  }
+
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override {
@@ -244,10 +280,21 @@ class GrpcServer::Impl::Service final : public ServiceBase {
 
  private:
   grpc::ServerUnaryReactor* done(grpc::CallbackServerContext* ctx, const Status& s) {
-    impl_.count(grpc_code(s.code()));
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(to_grpc(s));
+    finish(r, s);
     return r;
+  }
+
+  grpc::ServerUnaryReactor* done(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
+    impl_.count(s.error_code());
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(s);
+    return r;
+  }
+
+  void finish(grpc::ServerUnaryReactor* r, const Status& s) {
+    impl_.count(grpc_code(s.code()));
+    r->Finish(to_grpc(s));
   }
 
   Impl& impl_;

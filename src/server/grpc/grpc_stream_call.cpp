@@ -171,7 +171,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       enqueue(encode_stream_error(s, message.model_name, message.model_version, message.id));
     };
     if (!message.status.ok()) return fail(message.status);
-    const ModelVersion& mv = *message.model;
+    ModelRef mv = message.model;
     message.request.deadline = deadline_;
     // The request's tensors count against the server's memory budget while it runs.
     MemoryBudget::Lease lease = impl_.core.memory().lease();
@@ -186,12 +186,11 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       seq = next_seq_++;
       inflight_.emplace(seq, Running{InflightRequest(), std::move(lease)});
     }
-    const ModelVersion* mvp = &mv;
-    auto accepted = impl_.core.submit(
-        mv, std::move(message.request),
-        [this, seq, start, mvp, id = message.id](Result<InferResponse> r) mutable {
-          complete(seq, start, *mvp, id, std::move(r));
-        });
+    auto accepted =
+        impl_.core.submit(mv, std::move(message.request),
+                          [this, seq, start, mv, id = message.id](Result<InferResponse> r) mutable {
+                            complete(seq, start, *mv, id, std::move(r));
+                          });
     if (!accepted.ok()) {
       {
         std::lock_guard lock(mu_);

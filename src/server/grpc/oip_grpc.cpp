@@ -419,13 +419,13 @@ Status model_config(const ModelVersion& version, inference::ModelConfigResponse*
   return Status();
 }
 
-void model_statistics(const std::vector<const ModelVersion*>& versions,
+void model_statistics(const std::vector<ModelRef>& versions,
                       inference::ModelStatisticsResponse* out) {
   auto set = [](inference::StatisticDuration* d, const DurationStat& s) {
     d->set_count(s.count);
     d->set_ns(s.ns);
   };
-  for (const ModelVersion* v : versions) {
+  for (const ModelRef& v : versions) {
     const InferenceStats s = v->statistics();
     inference::ModelStatistics* m = out->add_model_stats();
     m->set_name(v->model_name);
@@ -454,26 +454,73 @@ void model_statistics(const std::vector<const ModelVersion*>& versions,
 
 void repository_index(const ModelRepository& repository, bool ready_only,
                       inference::RepositoryIndexResponse* out) {
-  for (const auto& m : repository.models()) {
-    if (m->versions.empty()) {
-      if (!ready_only) {
-        auto* e = out->add_models();
-        e->set_name(m->name);
-        e->set_state("UNAVAILABLE");
-        e->set_reason(m->reason);
-      }
-      continue;
+  for (const IndexEntry& e : repository.snapshot()->index(ready_only)) {
+    auto* m = out->add_models();
+    m->set_name(e.name);
+    m->set_version(e.version);
+    m->set_state(std::string(to_string(e.state)));
+    m->set_reason(e.reason);
+  }
+}
+
+namespace {
+
+grpc::Status check_repository_call(const std::string& repository, const std::string& model) {
+  if (!repository.empty()) {
+    return grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        "repository_name '" + repository + "': asyncinfer serves one repository; leave it empty");
+  }
+  if (model.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model_name is empty");
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status load_request_config(const inference::RepositoryModelLoadRequest& request,
+                                 std::optional<std::string>* config) {
+  if (grpc::Status s = check_repository_call(request.repository_name(), request.model_name());
+      !s.ok()) {
+    return s;
+  }
+  for (const auto& [key, value] : request.parameters()) {
+    if (key.rfind("file:", 0) == 0) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "parameter '" + key +
+                              "': asyncinfer does not take model files in a load request; put "
+                              "them in the repository's folder");
     }
-    for (const auto& v : m->versions) {
-      if (ready_only && !v->serving()) continue;
-      auto* e = out->add_models();
-      e->set_name(m->name);
-      e->set_version(v->version_text);
-      const bool serving = v->serving();
-      e->set_state(serving ? "READY" : "UNAVAILABLE");
-      if (!serving) e->set_reason(v->unready_reason());
+    if (key == "config") {
+      if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "parameter 'config' must be a string_param (a ModelConfig in JSON)");
+      }
+      *config = value.string_param();
     }
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status check_unload_request(const inference::RepositoryModelUnloadRequest& request) {
+  if (grpc::Status s = check_repository_call(request.repository_name(), request.model_name());
+      !s.ok()) {
+    return s;
+  }
+  for (const auto& [key, value] : request.parameters()) {
+    if (key == "unload_dependents" &&
+        value.parameter_choice_case() != inference::ModelRepositoryParameter::kBoolParam) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "parameter 'unload_dependents' must be a bool_param");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+const std::string& model_name_of(const inference::RepositoryModelLoadRequest& request) {
+  return request.model_name();
+}
+const std::string& model_name_of(const inference::RepositoryModelUnloadRequest& request) {
+  return request.model_name();
 }
 
 }  // namespace asyncinfer::server

@@ -28,6 +28,9 @@
 
 #include <string>
 
+#include <optional>
+#include <string>
+
 #include "grpc_service.pb.h"
 #include "inference_server.hpp"
 
@@ -42,8 +45,8 @@ struct ParsedInfer {
   std::string model_name;
   std::string model_version;
   std::string id;
-  const ModelVersion* model = nullptr;  ///< set when the model was found
-  InferRequest request;                 ///< valid when status is ok
+  ModelRef model;        ///< set when the model was found
+  InferRequest request;  ///< valid when status is ok
 };
 
 /// Parses the raw message `raw` (consumed) as a ModelInferRequest, finds its model in `server`
@@ -72,9 +75,23 @@ void model_metadata(const ServedModel& model, const ModelVersion& shown,
 Status model_config(const ModelVersion& version, inference::ModelConfigResponse* out);
 /// Triton's statistics of each version (from its engine's InferenceStats), as
 /// model_statistics_json has them.
-void model_statistics(const std::vector<const ModelVersion*>& versions,
+void model_statistics(const std::vector<ModelRef>& versions,
                       inference::ModelStatisticsResponse* out);
 void repository_index(const ModelRepository& repository, bool ready_only,
                       inference::RepositoryIndexResponse* out);
+
+/// Checks a RepositoryModelLoad and reads its `config` parameter (string), if any, into
+/// `config`: UNIMPLEMENTED for a repository_name (one repository is served) or a `file:`
+/// parameter (model files are not taken over the wire), as Triton's; INVALID_ARGUMENT for an
+/// empty model name or a `config` that is not a string. Here because the message has a map field
+/// (see grpc/CMakeLists.txt on sanitizer builds).
+grpc::Status load_request_config(const inference::RepositoryModelLoadRequest& request,
+                                 std::optional<std::string>* config);
+/// A RepositoryModelUnload's checks, as load_request_config's (`unload_dependents`, a bool, is
+/// accepted: no model here depends on another).
+grpc::Status check_unload_request(const inference::RepositoryModelUnloadRequest& request);
+/// The requests' model_name (read here for the same reason).
+const std::string& model_name_of(const inference::RepositoryModelLoadRequest& request);
+const std::string& model_name_of(const inference::RepositoryModelUnloadRequest& request);
 
 }  // namespace asyncinfer::server

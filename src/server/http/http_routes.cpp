@@ -133,6 +133,14 @@ void Session::handle_api() {
     if (!ready_only.ok()) return respond_status(ready_only.status());
     return respond(200, repository_index_json(impl_.core.repository(), *ready_only));
   }
+  // /v2/repository/models/{m}/load and /unload (Triton's repository extension).
+  if (p.size() == 5 && p[1] == "repository" && p[2] == "models" &&
+      (p[4] == "load" || p[4] == "unload")) {
+    if (!need(http::verb::post)) return;
+    std::string model;
+    if (!percent_decode(p[3], model)) return respond_error(400, "bad percent-escape in model name");
+    return handle_repository(model, p[4] == "load");
+  }
   if (p.size() < 3 || p[1] != "models") return not_found(target);
   if (p.size() == 3 && p[2] == "stats") {  // every model's (Triton: as for a model "stats")
     if (!need(http::verb::get)) return;
@@ -158,8 +166,10 @@ void Session::handle_api() {
     if (!need(http::verb::get)) return;
     auto mv = impl_.core.find(model, version);
     if (!mv.ok()) return respond_status(mv.status());
-    const ServedModel* sm = impl_.core.repository().find(model);
-    return respond(200, model_metadata_json(*sm, **mv, version.empty() ? nullptr : *mv));
+    auto snap = impl_.core.repository().snapshot();
+    const ServedModel* sm = snap->find(model);
+    if (sm == nullptr) return respond_error(404, "unknown model '" + model + "'");
+    return respond(200, model_metadata_json(*sm, **mv, version.empty() ? nullptr : mv->get()));
   }
   if (action == "ready") {
     if (!need(http::verb::get)) return;
@@ -226,12 +236,12 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     }
     header_length = n;
   }
-  const ModelVersion* m = *mv;
+  ModelRef m = std::move(*mv);
   if (coding == ContentCoding::identity && request_.body().size() < kCodecInlineBytes) {
     auto decoded =
         decode_infer_request(*m, request_.body(), header_length, impl_.opt.max_json_depth);
     request_.body() = std::string();  // the inputs were copied into tensors
-    return on_decoded(*m, std::move(decoded));
+    return on_decoded(m, std::move(decoded));
   }
   // A large body is decoded off the I/O threads; meanwhile the socket is watched, so that a
   // client that goes away is noticed.
@@ -262,13 +272,13 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     const bool inflated = coding != ContentCoding::identity;
     net::post(self->executor(),
               [self, m, too_large, inflated, decoded = std::move(decoded)]() mutable {
-                self->on_decoded(*m, std::move(decoded), too_large, inflated);
+                self->on_decoded(m, std::move(decoded), too_large, inflated);
               });
   });
 }
 
-void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded,
-                         bool body_too_large, bool inflated) {
+void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bool body_too_large,
+                         bool inflated) {
   if (closed_) return;
   if (client_gone_) return close();
   if (!decoded.ok()) {
@@ -298,6 +308,35 @@ void Session::on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded
   phase_ = Phase::handling;
   // Watch the socket meanwhile: a disconnect cancels the request.
   if (!reading_ && buffer_.size() == 0) read_some();
+}
+
+void Session::handle_repository(const std::string& model, bool load) {
+  auto call = parse_repository_call(request_.body(), impl_.opt.max_json_depth, load);
+  if (!call.ok()) return respond_status(call.status());
+  if (!call->unsupported.empty()) return respond_error(501, call->unsupported);
+  // Answered once the repository's control thread is done (a load: when the model serves);
+  // meanwhile the socket is watched, so that a client that goes away is noticed.
+  phase_ = Phase::handling;
+  clear_deadline();
+  if (!reading_ && buffer_.size() == 0) read_some();
+  auto answer = [self = shared_from_this()](const Status& s) {
+    net::post(self->executor(), [self, s] { self->on_repository_done(s); });
+  };
+  if (load) {
+    impl_.core.repository().load_model(model, std::move(call->config), std::move(answer));
+  } else {
+    impl_.core.repository().unload_model(model, std::move(answer));
+  }
+}
+
+void Session::on_repository_done(const Status& s) {
+  if (closed_) return;
+  if (client_gone_) return close();
+  if (!s.ok()) {
+    // Triton's codes: a model with no folder is 500 (INTERNAL), a refused call 503.
+    return respond_status(s);
+  }
+  respond(200, "", "");
 }
 
 void Session::on_infer_done(Result<InferResponse> r) {

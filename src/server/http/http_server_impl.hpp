@@ -144,8 +144,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_infer(const std::string& model, const std::string& version);
   /// `body_too_large`: inflating the body passed --max-body-bytes (413); `inflated`: the body
   /// was compressed, so its tensors are counted against the memory budget only now.
-  void on_decoded(const ModelVersion& model, Result<DecodedInfer> decoded,
-                  bool body_too_large = false, bool inflated = false);
+  void on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bool body_too_large = false,
+                  bool inflated = false);
+  /// POST /v2/repository/models/{m}/load or /unload: answered from the control thread.
+  void handle_repository(const std::string& model, bool load);
+  void on_repository_done(const Status& s);
   void on_infer_done(Result<InferResponse> r);
   void send_infer(EncodedResponse enc);
 

@@ -79,30 +79,20 @@ std::string model_metadata_json(const ServedModel& model, const ModelVersion& sh
 
 std::string repository_index_json(const ModelRepository& repository, bool ready_only) {
   json list = json::array();
-  for (const auto& m : repository.models()) {
-    if (m->versions.empty()) {
-      if (!ready_only) {
-        list.push_back({{"name", m->name}, {"state", "UNAVAILABLE"}, {"reason", m->reason}});
-      }
-      continue;
-    }
-    for (const auto& v : m->versions) {
-      if (ready_only && !v->serving()) continue;
-      const bool serving = v->serving();
-      json e = {{"name", m->name},
-                {"version", v->version_text},
-                {"state", serving ? "READY" : "UNAVAILABLE"}};
-      if (!serving) e["reason"] = v->unready_reason();
-      list.push_back(std::move(e));
-    }
+  for (const IndexEntry& e : repository.snapshot()->index(ready_only)) {
+    json j = {{"name", e.name}};
+    if (!e.version.empty()) j["version"] = e.version;
+    j["state"] = std::string(to_string(e.state));
+    if (!e.reason.empty()) j["reason"] = e.reason;
+    list.push_back(std::move(j));
   }
   return list.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string model_statistics_json(const std::vector<const ModelVersion*>& versions) {
+std::string model_statistics_json(const std::vector<ModelRef>& versions) {
   auto duration = [](const DurationStat& d) { return json{{"count", d.count}, {"ns", d.ns}}; };
   json list = json::array();
-  for (const ModelVersion* v : versions) {
+  for (const ModelRef& v : versions) {
     const InferenceStats s = v->statistics();
     json batches = json::array();
     for (const BatchSizeStats& b : s.batch_stats) {
@@ -140,6 +130,36 @@ Result<bool> parse_index_request(std::string_view body, int max_depth) {
   if (it == j.end()) return false;
   if (!it->is_boolean()) return invalid_argument_error("\"ready\" must be true or false");
   return it->get<bool>();
+}
+
+Result<RepositoryCall> parse_repository_call(std::string_view body, int max_depth, bool load) {
+  RepositoryCall call;
+  if (body.empty()) return call;
+  ASYNCINFER_ASSIGN_OR_RETURN(json j, parse_json(body, max_depth));
+  if (!j.is_object()) return invalid_argument_error("the request body must be a JSON object");
+  auto params = j.find("parameters");
+  if (params == j.end()) return call;
+  if (!params->is_object()) return invalid_argument_error("\"parameters\" must be a JSON object");
+  for (auto it = params->begin(); it != params->end(); ++it) {
+    const std::string& key = it.key();
+    if (load && key.rfind("file:", 0) == 0) {
+      call.unsupported = "parameter '" + key +
+                         "': asyncinfer does not take model files in a load request; put them "
+                         "in the repository's folder";
+      return call;
+    }
+    if (load && key == "config") {
+      // Triton's HTTP form: the ModelConfig's JSON text, as a string.
+      if (!it->is_string()) {
+        return invalid_argument_error(
+            "parameter 'config' must be a string holding a ModelConfig in JSON");
+      }
+      call.config = it->get<std::string>();
+    } else if (!load && key == "unload_dependents" && !it->is_boolean()) {
+      return invalid_argument_error("parameter 'unload_dependents' must be true or false");
+    }
+  }
+  return call;
 }
 
 }  // namespace asyncinfer::server

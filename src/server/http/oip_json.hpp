@@ -67,8 +67,20 @@ std::string repository_index_json(const ModelRepository& repository, bool ready_
 /// compute_output, cache_hit, cache_miss: {count, ns}}, response_stats {}, batch_stats
 /// [{batch_size, compute_input, compute_infer, compute_output}], memory_usage []}]}, one entry
 /// per version, from each engine's InferenceStats.
-std::string model_statistics_json(const std::vector<const ModelVersion*>& versions);
+std::string model_statistics_json(const std::vector<ModelRef>& versions);
 /// Parses the optional body of /v2/repository/index ({"ready": bool}); invalid_argument else.
 Result<bool> parse_index_request(std::string_view body, int max_depth);
+
+/// The body of POST /v2/repository/models/{m}/load or /unload (Triton's): empty, or
+/// {"parameters": {...}}. A load's `config` (a string: a ModelConfig in JSON) replaces the
+/// config.pbtxt; an unload's `unload_dependents` (bool) is accepted (no model here depends on
+/// another); other parameters are ignored. invalid_argument for bad JSON or a value of the wrong
+/// type.
+struct RepositoryCall {
+  std::optional<std::string> config;
+  /// Set for what Triton has and asyncinfer does not (`file:` parameters): answered 501.
+  std::string unsupported;
+};
+Result<RepositoryCall> parse_repository_call(std::string_view body, int max_depth, bool load);
 
 }  // namespace asyncinfer::server
