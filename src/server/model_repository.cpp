@@ -459,6 +459,31 @@ std::shared_ptr<const ServedModel> ModelRepository::current(std::string_view nam
 
 void ModelRepository::publish(std::shared_ptr<const ServedModel> model) {
   std::lock_guard lock(snapshot_mu_);
+  publish_locked(std::move(model));
+}
+
+bool ModelRepository::publish_if(std::shared_ptr<const ServedModel> model, std::uint64_t epoch) {
+  std::lock_guard lock(snapshot_mu_);
+  if (epoch_locked(model->name) != epoch) return false;
+  publish_locked(std::move(model));
+  return true;
+}
+
+bool ModelRepository::replace_if(const std::shared_ptr<const ServedModel>& expected,
+                                 std::shared_ptr<const ServedModel> model) {
+  std::lock_guard lock(snapshot_mu_);
+  const ServedModel* now = snapshot_->find(model->name);
+  if (now != expected.get()) return false;
+  publish_locked(std::move(model));
+  return true;
+}
+
+std::uint64_t ModelRepository::epoch_locked(const std::string& name) const {
+  auto it = epochs_.find(name);
+  return it == epochs_.end() ? 0 : it->second;
+}
+
+void ModelRepository::publish_locked(std::shared_ptr<const ServedModel> model) {
   auto next = std::make_shared<RepositorySnapshot>(*snapshot_);
   auto it = std::lower_bound(next->models.begin(), next->models.end(), model->name,
                              [](const auto& m, const std::string& n) { return m->name < n; });
@@ -533,7 +558,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
     }
     std::vector<ModelRef> replaced;
     Status status;
-    if (auto m = repo->build(name, nullptr, std::nullopt, &replaced, &status)) {
+    if (auto m = repo->build(name, nullptr, std::nullopt, 0, &replaced, &status)) {
       repo->publish(std::move(m));
     }
   }
@@ -552,8 +577,8 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
 
 std::shared_ptr<const ServedModel> ModelRepository::build(
     const std::string& name, const std::shared_ptr<const ServedModel>& old,
-    const std::optional<std::string>& config_json, std::vector<ModelRef>* replaced,
-    Status* status) {
+    const std::optional<std::string>& config_json, std::uint64_t epoch,
+    std::vector<ModelRef>* replaced, Status* status) {
   const Log& log = log_;
   const fs::path dir = root_ / name;
   auto served = std::make_shared<ServedModel>();
@@ -632,10 +657,11 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
       ModelRef prev = old ? old->find_version(v) : nullptr;
       if (!prev || !prev->serving()) loading->loading.push_back(v);
     }
-    if (!loading->loading.empty()) publish(std::move(loading));
+    if (!loading->loading.empty()) publish_if(std::move(loading), epoch);
   }
 
   std::string errors;
+  StatusCode first_failure = StatusCode::ok;
   for (std::int64_t v : selected) {
     const std::string vtext = std::to_string(v);
     const std::string fp = folder_fingerprint(dir / vtext);
@@ -651,7 +677,8 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
     std::shared_ptr<ModelVersion> mv = make_version();
     mv->fingerprint = fp;
-    load_version(*mv, *plan, dir, v);
+    const StatusCode code = load_version(*mv, *plan, dir, v);
+    if (!mv->ready() && first_failure == StatusCode::ok) first_failure = code;
     if (!mv->ready() && prev_serving) {
       errors += (errors.empty() ? "" : "; ") + ("version " + vtext + ": " + mv->reason);
       log("model '" + name + "' version " + vtext +
@@ -670,12 +697,12 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
   }
   served->load_error = errors;
-  *status = errors.empty() ? Status() : unavailable_error("model '" + name + "': " + errors);
+  *status = errors.empty() ? Status() : Status(first_failure, "model '" + name + "': " + errors);
   return served;
 }
 
-void ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_ref,
-                                   const fs::path& dir, std::int64_t v) {
+StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_ref,
+                                         const fs::path& dir, std::int64_t v) {
   const Log& log = log_;
   const ModelPlan* plan = &plan_ref;
   ModelVersion* mv = &version;
@@ -723,6 +750,8 @@ void ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_
         last = engine.status();
         continue;
       }
+      // While it loads (its warm-up may be long), shutdown() can cancel it.
+      LoadingEngine loading(*this, engine->get());
       // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
       // UNAVAILABLE with the reason (and its engine is shut down here).
       ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
@@ -747,10 +776,11 @@ void ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_
     mv->reason = std::string(s.message());
     log(head + "UNAVAILABLE: " + mv->reason);
   }
+  return s.code();
 }
 
 void ModelRepository::reload(const std::string& name, const std::optional<std::string>& config_json,
-                             const Done& done) {
+                             std::uint64_t epoch, const Done& done) {
   if (stopping_.load()) {
     if (done) done(unavailable_error("the server is shutting down"));
     return;
@@ -758,7 +788,8 @@ void ModelRepository::reload(const std::string& name, const std::optional<std::s
   std::shared_ptr<const ServedModel> old = current(name);
   std::vector<ModelRef> replaced;
   Status status;
-  std::shared_ptr<const ServedModel> next = build(name, old, config_json, &replaced, &status);
+  std::shared_ptr<const ServedModel> next =
+      build(name, old, config_json, epoch, &replaced, &status);
   if (!next) {
     if (done) done(status);
     return;
@@ -767,84 +798,121 @@ void ModelRepository::reload(const std::string& name, const std::optional<std::s
     if (done) done(unavailable_error("the server is shutting down"));
     return;
   }
-  publish(std::move(next));
+  // Published only if no unload came after this load was asked for (then what it built is
+  // dropped: its engines stop when their last reference goes).
+  if (!publish_if(std::move(next), epoch)) {
+    log_("model '" + name + "': unloaded while it loaded; the load is dropped");
+    if (done) done(unavailable_error("model '" + name + "' was unloaded while it loaded"));
+    return;
+  }
   // Published first: a request that found a replaced version before the swap and submits after
   // it sees it retired (or refused by its draining engine) and goes to its successor.
   for (const ModelRef& r : replaced) r->retired.store(true);
   if (done) done(status);
-  if (!replaced.empty()) drain(replaced);
+  // What a replaced version accepted finishes on it, however long that takes (the requests'
+  // own deadlines bound it; shutdown() cancels it).
+  if (!replaced.empty()) drain_async(replaced, std::chrono::milliseconds::max(), nullptr);
 }
 
 void ModelRepository::unload(const std::string& name, const Done& done) {
-  std::shared_ptr<const ServedModel> old = current(name);
-  std::error_code ec;
-  if (!old) {
-    if (done) {
-      done(fs::is_directory(root_ / name, ec)
-               ? Status()
-               : not_found_error("unknown model '" + name + "': the repository has no folder " +
-                                 (root_ / name).string()));
+  std::shared_ptr<const ServedModel> unloading;
+  std::vector<ModelRef> versions;
+  {
+    // At once, beside a load of the same model that may be running (its epoch changes, so that
+    // load does not publish).
+    std::lock_guard lock(snapshot_mu_);
+    ++epochs_[name];
+    const ServedModel* old = snapshot_->find(name);
+    if (old == nullptr) {
+      std::error_code ec;
+      Status s =
+          fs::is_directory(root_ / name, ec)
+              ? Status()
+              : not_found_error("unknown model '" + name + "': the repository has no folder " +
+                                (root_ / name).string());
+      if (done) done(s);
+      return;
     }
-    return;
+    auto u = std::make_shared<ServedModel>();
+    u->name = name;
+    u->platform = old->platform;
+    u->requested = false;
+    u->reason = "unloaded";
+    u->fingerprint = old->fingerprint;
+    u->unloaded = old->unloaded;
+    for (const ModelRef& v : old->versions) {
+      if (v->engine) u->unloading.push_back(v);
+    }
+    u->unloading.insert(u->unloading.end(), old->unloading.begin(), old->unloading.end());
+    versions = u->unloading;
+    unloading = u;
+    publish_locked(std::move(u));
   }
-  auto unloading = std::make_shared<ServedModel>();
-  unloading->name = name;
-  unloading->platform = old->platform;
-  unloading->requested = false;
-  unloading->reason = "unloaded";
-  unloading->fingerprint = old->fingerprint;
-  unloading->unloaded = old->unloaded;
-  for (const ModelRef& v : old->versions) {
-    if (v->engine) unloading->unloading.push_back(v);
-  }
-  unloading->unloading.insert(unloading->unloading.end(), old->unloading.begin(),
-                              old->unloading.end());
-  const std::vector<ModelRef> versions = unloading->unloading;
-  publish(unloading);
   for (const ModelRef& v : versions) v->retired.store(true);
   if (done) done(Status());
   if (versions.empty()) return;
   log_("model '" + name + "': UNLOADING (the requests in flight finish; at most " +
        std::to_string(options_.drain_timeout.count()) + " ms)");
-  drain(versions);
-  auto gone = std::make_shared<ServedModel>(*unloading);
-  gone->unloading.clear();
-  for (const ModelRef& v : versions) {
-    if (std::find(gone->unloaded.begin(), gone->unloaded.end(), v->version_text) ==
-        gone->unloaded.end()) {
-      gone->unloaded.push_back(v->version_text);
+  drain_async(versions, options_.drain_timeout, [this, unloading, versions, name] {
+    auto gone = std::make_shared<ServedModel>(*unloading);
+    gone->unloading.clear();
+    for (const ModelRef& v : versions) {
+      if (std::find(gone->unloaded.begin(), gone->unloaded.end(), v->version_text) ==
+          gone->unloaded.end()) {
+        gone->unloaded.push_back(v->version_text);
+      }
     }
-  }
-  publish(std::move(gone));
-  log_("model '" + name + "': unloaded");
+    // Unless a load has put it back meanwhile.
+    if (replace_if(unloading, std::move(gone))) log_("model '" + name + "': unloaded");
+  });
 }
+
+Status check_model_name(std::string_view name) {
+  const bool bad = name.empty() || name == "." || name == ".." || name[0] == '.' ||
+                   name.find_first_of(std::string_view("/\\\0", 3)) != std::string_view::npos;
+  if (!bad) return Status();
+  std::string shown;
+  for (char c : name.substr(0, 200)) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+  return invalid_argument_error("model name '" + shown +
+                                "' is not a model folder's name (one path component: no '/', "
+                                "'\\' or NUL, not starting with '.')");
+}
+
+namespace {
+
+Status refused_outside_explicit(ModelControlMode mode) {
+  return unavailable_error(
+      "explicit model load / unload is not allowed: the server runs with --model-control-mode " +
+      std::string(to_string(mode)) + " (start it with explicit)");
+}
+
+}  // namespace
 
 void ModelRepository::load_model(std::string name, std::optional<std::string> config_json,
                                  Done done) {
   if (options_.control_mode != ModelControlMode::explicit_mode) {
-    return done(unavailable_error(
-        "explicit model load / unload is not allowed: the server runs with "
-        "--model-control-mode " +
-        std::string(to_string(options_.control_mode)) + " (start it with explicit)"));
+    return done(refused_outside_explicit(options_.control_mode));
   }
-  control_->post([this, name = std::move(name), config_json = std::move(config_json),
+  if (Status s = check_model_name(name); !s.ok()) return done(s);
+  std::uint64_t epoch = 0;
+  {
+    std::lock_guard lock(snapshot_mu_);
+    epoch = epoch_locked(name);  // an unload after this call wins over it
+  }
+  control_->post([this, name = std::move(name), config_json = std::move(config_json), epoch,
                   done = std::move(done)](bool run) {
     if (!run) return done(unavailable_error("the server is shutting down"));
-    reload(name, config_json, done);
+    reload(name, config_json, epoch, done);
   });
 }
 
 void ModelRepository::unload_model(std::string name, Done done) {
   if (options_.control_mode != ModelControlMode::explicit_mode) {
-    return done(unavailable_error(
-        "explicit model load / unload is not allowed: the server runs with "
-        "--model-control-mode " +
-        std::string(to_string(options_.control_mode)) + " (start it with explicit)"));
+    return done(refused_outside_explicit(options_.control_mode));
   }
-  control_->post([this, name = std::move(name), done = std::move(done)](bool run) {
-    if (!run) return done(unavailable_error("the server is shutting down"));
-    unload(name, done);
-  });
+  if (Status s = check_model_name(name); !s.ok()) return done(s);
+  if (stopping_.load()) return done(unavailable_error("the server is shutting down"));
+  unload(name, done);
 }
 
 void ModelRepository::poll() {
@@ -866,7 +934,12 @@ void ModelRepository::poll() {
     // (Not requested: unloaded when its folder went; back now.)
     if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
-      reload(name, std::nullopt, nullptr);
+      std::uint64_t epoch = 0;
+      {
+        std::lock_guard lock(snapshot_mu_);
+        epoch = epoch_locked(name);
+      }
+      reload(name, std::nullopt, epoch, nullptr);
     }
   }
   auto snap = snapshot();
@@ -878,24 +951,50 @@ void ModelRepository::poll() {
   }
 }
 
-void ModelRepository::drain(const std::vector<ModelRef>& versions) {
-  {
-    std::lock_guard lock(draining_mu_);
-    draining_.insert(draining_.end(), versions.begin(), versions.end());
-  }
-  std::vector<std::thread> threads;
-  for (const ModelRef& v : versions) {
-    if (Engine* e = v->engine.get()) {
-      threads.emplace_back(
-          [e, t = options_.drain_timeout] { e->shutdown(ShutdownMode::drain, t); });
+void ModelRepository::drain_async(std::vector<ModelRef> versions, std::chrono::milliseconds timeout,
+                                  std::function<void()> then) {
+  std::lock_guard lock(draining_mu_);
+  // Join the drains that have ended (each marks itself done).
+  for (auto it = drains_.begin(); it != drains_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = drains_.erase(it);
+    } else {
+      ++it;
     }
   }
-  for (std::thread& t : threads) t.join();
-  std::lock_guard lock(draining_mu_);
-  for (const ModelRef& v : versions) {
-    auto it = std::find(draining_.begin(), draining_.end(), v);
-    if (it != draining_.end()) draining_.erase(it);
-  }
+  draining_.insert(draining_.end(), versions.begin(), versions.end());
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([this, versions = std::move(versions), timeout, then = std::move(then), done] {
+    std::vector<std::thread> threads;
+    for (const ModelRef& v : versions) {
+      if (Engine* e = v->engine.get()) {
+        threads.emplace_back([e, timeout] { e->shutdown(ShutdownMode::drain, timeout); });
+      }
+    }
+    for (std::thread& th : threads) th.join();
+    if (then) then();
+    {
+      std::lock_guard held(draining_mu_);
+      for (const ModelRef& v : versions) {
+        auto it = std::find(draining_.begin(), draining_.end(), v);
+        if (it != draining_.end()) draining_.erase(it);
+      }
+    }
+    done->store(true);
+  });
+  drains_.push_back({std::move(t), std::move(done)});
+}
+
+ModelRepository::LoadingEngine::LoadingEngine(ModelRepository& repo, Engine* engine)
+    : repo_(repo), engine_(engine) {
+  std::lock_guard lock(repo_.draining_mu_);
+  repo_.loading_.push_back(engine_);
+}
+
+ModelRepository::LoadingEngine::~LoadingEngine() {
+  std::lock_guard lock(repo_.draining_mu_);
+  repo_.loading_.erase(std::find(repo_.loading_.begin(), repo_.loading_.end(), engine_));
 }
 
 void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
@@ -923,9 +1022,23 @@ void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
   // The engines first (that cuts short a drain the control thread waits for), then the control
   // calls: queued ones are answered unavailable, the running one is waited for, so that no
   // answer reaches a frontend after its shutdown; then what that call may have published.
+  auto loading_down = [&] {
+    // Engines still loading serve no one: cancelled, under the lock that their LoadingEngine
+    // guard takes before they can be destroyed.
+    std::lock_guard lock(draining_mu_);
+    for (Engine* e : loading_) e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+  };
   engines_down();
+  loading_down();
   if (control_) control_->stop_jobs();
   engines_down();
+  // The drains end now that their engines are shut down.
+  std::vector<Drain> drains;
+  {
+    std::lock_guard lock(draining_mu_);
+    drains.swap(drains_);
+  }
+  for (Drain& d : drains) d.thread.join();
 }
 
 }  // namespace asyncinfer::server

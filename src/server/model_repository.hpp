@@ -63,6 +63,9 @@ enum class ModelControlMode : std::uint8_t { none, poll, explicit_mode };
 std::string_view to_string(ModelControlMode mode) noexcept;
 /// "none", "poll" or "explicit"; invalid_argument naming the three otherwise.
 Result<ModelControlMode> parse_model_control_mode(std::string_view text);
+/// A model name a load or unload may use: one folder name of the repository (no '/', '\\' or
+/// NUL, not "." or "..", not starting with '.'); invalid_argument saying so otherwise.
+Status check_model_name(std::string_view name);
 
 struct RepositoryOptions {
   ModelControlMode control_mode = ModelControlMode::none;
@@ -220,12 +223,14 @@ class ModelRepository {
   /// versions load beside the serving ones; traffic moves once they are ready). `config_json`
   /// (Triton's `config` parameter: a ModelConfig in JSON) replaces its config.pbtxt. Returns at
   /// once; `done` gets ok once the model serves, or the error: unavailable outside explicit
-  /// mode or when shutting down, internal for a model with no folder (Triton's codes),
+  /// mode, when shutting down or when an unload came after it, invalid_argument for a name that
+  /// is not a folder name (check_model_name), internal for a model with no folder (Triton's codes),
   /// invalid_argument for a bad config, the load's error otherwise (the versions serving before,
   /// if any, go on serving).
   void load_model(std::string name, std::optional<std::string> config_json, Done done);
-  /// Triton's RepositoryModelUnload: new requests for `name` fail with not_found at once; the
-  /// ones in flight finish (within drain_timeout). `done` gets ok as soon as no new request can
+  /// Triton's RepositoryModelUnload: new requests for `name` fail with not_found at once (also
+  /// while a load of it runs: that load is then dropped); the ones in flight finish (within
+  /// drain_timeout). `done` gets ok as soon as no new request can
   /// reach it (before the drain ends; also for a model that is not loaded), unavailable outside
   /// explicit mode, not_found for a name the repository has never seen.
   void unload_model(std::string name, Done done);
@@ -246,23 +251,35 @@ class ModelRepository {
   std::shared_ptr<const ServedModel> build(const std::string& name,
                                            const std::shared_ptr<const ServedModel>& old,
                                            const std::optional<std::string>& config_json,
-                                           std::vector<ModelRef>* replaced, Status* status);
+                                           std::uint64_t epoch, std::vector<ModelRef>* replaced,
+                                           Status* status);
   /// Loads version `v` of the model in `dir` into `version` (its engine, warm-up and applied
   /// config: ready, or unavailable with the reason) and logs the outcome.
-  void load_version(ModelVersion& version, const ModelPlan& plan, const std::filesystem::path& dir,
-                    std::int64_t v);
+  StatusCode load_version(ModelVersion& version, const ModelPlan& plan,
+                          const std::filesystem::path& dir, std::int64_t v);
   /// Loads (or reloads) `name` and publishes it; drains the versions it replaced.
+  /// `epoch`: the model's unload count when the load was asked for; an unload since then wins.
   void reload(const std::string& name, const std::optional<std::string>& config_json,
-              const Done& done);
-  /// Takes `name` out of service, publishes it UNLOADING, then drains it.
+              std::uint64_t epoch, const Done& done);
+  /// Takes `name` out of service at once (any thread), publishes it UNLOADING, answers, then
+  /// drains it off the control thread and publishes it unloaded.
   void unload(const std::string& name, const Done& done);
   /// Poll mode: loads new folders, reloads changed ones, unloads removed ones.
   void poll();
   std::shared_ptr<const ServedModel> current(std::string_view name) const;
   /// Replaces (or adds) `model` in the snapshot.
   void publish(std::shared_ptr<const ServedModel> model);
-  /// Drains `versions` (they were marked retired): Engine::shutdown(drain, drain_timeout).
-  void drain(const std::vector<ModelRef>& versions);
+  void publish_locked(std::shared_ptr<const ServedModel> model);
+  /// publish() unless the model was unloaded since `epoch` (false then).
+  bool publish_if(std::shared_ptr<const ServedModel> model, std::uint64_t epoch);
+  /// publish() only while the snapshot still holds `expected` for its name.
+  bool replace_if(const std::shared_ptr<const ServedModel>& expected,
+                  std::shared_ptr<const ServedModel> model);
+  std::uint64_t epoch_locked(const std::string& name) const;
+  /// Drains `versions` (they were marked retired) on a thread of its own:
+  /// Engine::shutdown(drain, timeout), then `then`. shutdown() joins it.
+  void drain_async(std::vector<ModelRef> versions, std::chrono::milliseconds timeout,
+                   std::function<void()> then);
   Result<std::shared_ptr<Device>> open_device_once(const std::string& spec);
   /// A new version, destroyed on the control thread when its last reference goes.
   std::shared_ptr<ModelVersion> make_version();
@@ -274,9 +291,32 @@ class ModelRepository {
   std::shared_ptr<const RepositorySnapshot> snapshot_;
   std::mutex devices_mu_;
   std::map<std::string, std::shared_ptr<Device>> devices_;
-  /// Versions replaced or unloaded whose engines are draining (shutdown() cuts them short).
+  /// An engine being made (its warm-up may be long): registered so that shutdown() can cancel it.
+  class LoadingEngine {
+   public:
+    LoadingEngine(ModelRepository& repo, Engine* engine);
+    ~LoadingEngine();
+    LoadingEngine(const LoadingEngine&) = delete;
+    LoadingEngine& operator=(const LoadingEngine&) = delete;
+
+   private:
+    ModelRepository& repo_;
+    Engine* engine_;
+  };
+  struct Drain {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
+  /// Versions replaced or unloaded whose engines are draining, the threads draining them, and
+  /// the engines being loaded (shutdown() cuts them all short).
   std::mutex draining_mu_;
   std::vector<ModelRef> draining_;
+  std::vector<Drain> drains_;
+  std::vector<Engine*> loading_;
+  /// Per model name, how many unloads it has had (under snapshot_mu_): a load asked for before
+  /// an unload does not publish after it.
+  std::map<std::string, std::uint64_t, std::less<>> epochs_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> next_generation_{1};
   std::shared_ptr<Control> control_;  ///< the control thread and its queue

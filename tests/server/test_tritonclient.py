@@ -874,7 +874,7 @@ class RepositoryControl(harness.unittest.TestCase):
         is right and comes from a version that was ready."""
         stop = threading.Event()
         failures = []
-        answers = []  # (time sent, version)
+        answers = []  # (time answered, version)
         lock = threading.Lock()
 
         def client(k):
@@ -888,7 +888,6 @@ class RepositoryControl(harness.unittest.TestCase):
             x = np.full((1, 16), float(k), dtype=np.float32)
             try:
                 while not stop.is_set():
-                    sent = time.monotonic()
                     try:
                         r = c.infer("identity", [make(x)])
                         got = r.as_numpy("output0")
@@ -897,7 +896,7 @@ class RepositoryControl(harness.unittest.TestCase):
                         if not np.array_equal(got, x):
                             raise AssertionError("wrong answer %r" % got)
                         with lock:
-                            answers.append((sent, version))
+                            answers.append((time.monotonic(), version))
                     except Exception as e:  # noqa: BLE001 - every failure counts
                         with lock:
                             failures.append(repr(e))
@@ -938,7 +937,7 @@ class RepositoryControl(harness.unittest.TestCase):
         self.assertLessEqual(versions, {"2", "3"})  # the default version, then the added one
         self.assertIn("3", versions)
         early = [t for t, v in answers if v == "3" and t < added_at]
-        self.assertEqual(early, [], "answers from version 3 sent before it was added")
+        self.assertEqual(early, [], "answers from version 3 before its load began")
         self.infer_identity(version="1")
         # Leave the model as the other tests expect it.
         os.rmdir(os.path.join(self.repo.path, "identity", "3"))
@@ -987,6 +986,137 @@ class PollMode(harness.unittest.TestCase):
                     h.close()
         finally:
             repo.cleanup()
+
+
+def slow_warmup_config(runs):
+    """The example slow model with a warm-up of `runs` runs of 1 s each (its input, the float
+    1e6, read from warmup/us: the microseconds a run takes)."""
+    return example_config("slow", rename=False) + (
+        'model_warmup [ { name: "w" batch_size: 1 count: %d inputs { key: "input0" value: '
+        '{ data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "us" } } } ]\n' % runs)
+
+
+class ReloadEdges(harness.unittest.TestCase):
+    """What broke the first cut (found by trying): a queue longer than --drain-timeout on a
+    replaced version, names that leave the repository, an unload or a SIGTERM while a long load
+    runs."""
+
+    def setUp(self):
+        self.repo = Repository()
+        self.repo.add("slow", example_config("slow", rename=False))
+        self.repo.add("warm", slow_warmup_config(30).replace('name: "slow"', 'name: "warm"'))
+        os.makedirs(os.path.join(self.repo.path, "warm", "warmup"))
+        with open(os.path.join(self.repo.path, "warm", "warmup", "us"), "wb") as f:
+            f.write(np.array([1e6], dtype=np.float32).tobytes())
+
+    def tearDown(self):
+        self.repo.cleanup()
+
+    def server(self, *extra):
+        return Server(self.repo.path, "--model-control-mode", "explicit", "--load-model", "slow",
+                      "--drain-timeout", "1", *extra)
+
+    def test_a_replaced_version_finishes_a_queue_longer_than_the_drain_timeout(self):
+        with self.server() as server:
+            h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port,
+                                                 concurrency=16, network_timeout=60)
+            try:
+                i = httpclient.InferInput("input0", [1, 1], "FP32")
+                i.set_data_from_numpy(np.array([[250000.0]], dtype=np.float32))  # 0.25 s each
+                running = [h.async_infer("slow", [i]) for _ in range(12)]  # 3 s of queue
+                time.sleep(0.3)
+                config = json.dumps({
+                    "name": "slow", "backend": "builtin", "max_batch_size": 1,
+                    "input": [{"name": "input0", "data_type": "TYPE_FP32", "dims": [1]}],
+                    "output": [{"name": "output0", "data_type": "TYPE_FP32", "dims": [1]}],
+                    "dynamic_batching": {"default_queue_policy": {"max_queue_size": 50}},
+                    "parameters": {
+                        "uri": {"string_value":
+                                "builtin:fixed_cost?cost_from_input=true&shape=1&max_batch=1"},
+                        "device": {"string_value": "sim"},
+                        "max_inflight_per_worker": {"string_value": "1"}}})
+                h.load_model("slow", config=config)
+                for r in running:
+                    self.assertEqual(r.get_result(timeout=30).as_numpy("output0")[0, 0], 250000.0)
+            finally:
+                h.close()
+
+    def test_names_that_leave_the_repository_are_refused(self):
+        outside = Repository()
+        outside.add("m", None)
+        try:
+            with self.server() as server:
+                h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port)
+                g = grpcclient.InferenceServerClient(server.grpc_target)
+                try:
+                    rel = os.path.relpath(os.path.join(outside.path, "m"), self.repo.path)
+                    for name in ("..", ".", rel, os.path.join(outside.path, "m"), ".hidden"):
+                        quoted = urllib.request.quote(name, safe="")
+                        status, _, body = raw_post(server.http_port,
+                                                   "/v2/repository/models/%s/load" % quoted,
+                                                   b"", {})
+                        self.assertEqual(status, 400, (name, body))
+                        self.assertIn(b"is not a model folder's name", body)
+                        with self.assertRaises(InferenceServerException) as e:
+                            g.load_model(name)
+                        self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+                    with self.assertRaises(InferenceServerException) as e:
+                        h.unload_model(".hidden")
+                    self.assertEqual(e.exception.status(), "400")
+                    names = {m["name"] for m in h.get_model_repository_index()}
+                    self.assertEqual(names, {"slow", "warm"})
+                finally:
+                    h.close()
+                    g.close()
+        finally:
+            outside.cleanup()
+
+    def test_an_unload_during_a_long_load_answers_at_once_and_wins(self):
+        with self.server() as server:
+            h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port,
+                                                 network_timeout=120)
+            try:
+                result = {}
+
+                def load():
+                    try:
+                        h2 = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port,
+                                                              network_timeout=120)
+                        h2.load_model("warm")
+                        result["ok"] = True
+                    except InferenceServerException as e:
+                        result["error"] = e
+                t = threading.Thread(target=load)
+                t.start()
+                wait_for(lambda: index_of(h, "warm").get("1", ("",))[0] == "LOADING",
+                         what="warm to be LOADING")
+                t0 = time.monotonic()
+                h.unload_model("warm")
+                self.assertLess(time.monotonic() - t0, 2.0)
+                self.assertFalse(h.is_model_ready("warm"))
+                server.signal()  # and SIGTERM ends the load's warm-up too (below)
+                t.join(30)
+                self.assertFalse(t.is_alive())
+                self.assertNotIn("ok", result)
+                self.assertEqual(server.wait(15), 0)
+            finally:
+                h.close()
+
+    def test_sigterm_during_a_long_load_exits_within_the_drain_timeout(self):
+        with self.server() as server:
+            threading.Thread(target=lambda: raw_post(server.http_port,
+                                                     "/v2/repository/models/warm/load", b"", {}),
+                             daemon=True).start()
+            h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port)
+            try:
+                wait_for(lambda: index_of(h, "warm").get("1", ("",))[0] == "LOADING",
+                         what="warm to be LOADING")
+            finally:
+                h.close()
+            t0 = time.monotonic()
+            server.signal()
+            self.assertEqual(server.wait(15), 0)
+            self.assertLess(time.monotonic() - t0, 10)
 
 
 if __name__ == "__main__":
