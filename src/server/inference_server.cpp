@@ -122,6 +122,17 @@ Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view m
 }
 
 Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view version) const {
+  // A version replaced between the snapshot and its health check (its engine drains) is not
+  // the answer: its successor is in a newer snapshot.
+  for (int attempt = 0;; ++attempt) {
+    bool retired = false;
+    Result<ModelRef> r = find_once(model, version, &retired);
+    if (r.ok() || !retired || attempt == 8) return r;
+  }
+}
+
+Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_view version,
+                                            bool* retired) const {
   auto snap = repository_->snapshot();
   const ServedModel* m = snap->find(model);
   if (m == nullptr) {
@@ -133,6 +144,7 @@ Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view 
   if (version.empty()) {
     if (ModelRef v = m->default_version()) {
       if (!v->serving()) {
+        *retired = v->retired.load();
         return unavailable_error("model '" + m->name + "' version " + v->version_text +
                                  " is not ready: " + v->unready_reason());
       }
@@ -159,6 +171,7 @@ Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view 
                            " (versions served: " + versions_of(*m) + ")");
   }
   if (!v->serving()) {
+    *retired = v->retired.load();
     return unavailable_error("model '" + m->name + "' version " + v->version_text +
                              " is not ready: " + v->unready_reason());
   }

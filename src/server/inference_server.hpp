@@ -247,6 +247,9 @@ class InferenceServer {
                                         const RequestOptions& options, std::string id,
                                         std::vector<std::size_t> selected, Completion done);
 
+  /// find() on one snapshot; `retired` tells that the version it found cannot serve because it
+  /// was replaced meanwhile.
+  Result<ModelRef> find_once(std::string_view model, std::string_view version, bool* retired) const;
   /// The version that serves in place of `retired` (a reload replaced it), checked to take
   /// `inputs` (the same names, dtypes and shapes); not_found / unavailable / invalid_argument
   /// saying why there is none.
