@@ -751,7 +751,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         continue;
       }
       // While it loads (its warm-up may be long), shutdown() can cancel it.
-      LoadingEngine loading(*this, engine->get());
+      LoadingEngine loading(*this, name, engine->get());
       // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
       // UNAVAILABLE with the reason (and its engine is shut down here).
       ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
@@ -849,6 +849,13 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
     publish_locked(std::move(u));
   }
   for (const ModelRef& v : versions) v->retired.store(true);
+  {
+    // A load of it that is running is dropped (its epoch changed): its warm-up is cut short.
+    std::lock_guard lock(draining_mu_);
+    for (const auto& [model, e] : loading_) {
+      if (model == name) e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+    }
+  }
   if (done) done(Status());
   if (versions.empty()) return;
   log_("model '" + name + "': UNLOADING (the requests in flight finish; at most " +
@@ -868,6 +875,10 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
 }
 
 Status check_model_name(std::string_view name) {
+  if (name.size() > 255) {  // NAME_MAX: no folder has a longer name
+    return invalid_argument_error("model name of " + std::to_string(name.size()) +
+                                  " bytes is not a model folder's name (at most 255 bytes)");
+  }
   const bool bad = name.empty() || name == "." || name == ".." || name[0] == '.' ||
                    name.find_first_of(std::string_view("/\\\0", 3)) != std::string_view::npos;
   if (!bad) return Status();
@@ -980,25 +991,31 @@ void ModelRepository::drain_async(std::vector<ModelRef> versions, std::chrono::m
         auto it = std::find(draining_.begin(), draining_.end(), v);
         if (it != draining_.end()) draining_.erase(it);
       }
+      done->store(true);  // under the lock: shutdown() waits for it on drains_cv_
     }
-    done->store(true);
+    drains_cv_.notify_all();
   });
   drains_.push_back({std::move(t), std::move(done)});
 }
 
-ModelRepository::LoadingEngine::LoadingEngine(ModelRepository& repo, Engine* engine)
+ModelRepository::LoadingEngine::LoadingEngine(ModelRepository& repo, const std::string& model,
+                                              Engine* engine)
     : repo_(repo), engine_(engine) {
   std::lock_guard lock(repo_.draining_mu_);
-  repo_.loading_.push_back(engine_);
+  repo_.loading_.emplace_back(model, engine_);
 }
 
 ModelRepository::LoadingEngine::~LoadingEngine() {
   std::lock_guard lock(repo_.draining_mu_);
-  repo_.loading_.erase(std::find(repo_.loading_.begin(), repo_.loading_.end(), engine_));
+  auto it = std::find_if(repo_.loading_.begin(), repo_.loading_.end(),
+                         [this](const auto& l) { return l.second == engine_; });
+  repo_.loading_.erase(it);
 }
 
 void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
   stopping_.store(true);
+  const auto deadline = Clock::now() + drain_timeout;
+  // The versions that serve (and those unloading) get `mode` within `drain_timeout`.
   auto engines_down = [&] {
     std::vector<ModelRef> all;
     if (auto snap = snapshot()) {
@@ -1006,10 +1023,6 @@ void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
         all.insert(all.end(), m->versions.begin(), m->versions.end());
         all.insert(all.end(), m->unloading.begin(), m->unloading.end());
       }
-    }
-    {
-      std::lock_guard lock(draining_mu_);
-      all.insert(all.end(), draining_.begin(), draining_.end());
     }
     std::vector<std::thread> threads;
     for (const ModelRef& v : all) {
@@ -1019,19 +1032,38 @@ void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
     }
     for (std::thread& t : threads) t.join();
   };
+  // Replaced versions drain on threads of their own with no timeout: they get what is left of
+  // `drain_timeout` (none with cancel), then are cancelled. Engines still loading serve no one:
+  // cancelled at once, under the lock that their LoadingEngine guard takes before they can be
+  // destroyed.
+  auto retired_down = [&] {
+    std::vector<ModelRef> left;
+    {
+      std::unique_lock lock(draining_mu_);
+      for (const auto& [model, e] : loading_) {
+        e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+      }
+      if (mode == ShutdownMode::drain) {
+        drains_cv_.wait_until(lock, deadline, [this] {
+          return std::all_of(drains_.begin(), drains_.end(),
+                             [](const Drain& d) { return d.done->load(); });
+        });
+      }
+      left = draining_;
+    }
+    for (const ModelRef& v : left) {
+      if (Engine* e = v->engine.get())
+        e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+    }
+  };
   // The engines first (that cuts short a drain the control thread waits for), then the control
   // calls: queued ones are answered unavailable, the running one is waited for, so that no
   // answer reaches a frontend after its shutdown; then what that call may have published.
-  auto loading_down = [&] {
-    // Engines still loading serve no one: cancelled, under the lock that their LoadingEngine
-    // guard takes before they can be destroyed.
-    std::lock_guard lock(draining_mu_);
-    for (Engine* e : loading_) e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
-  };
   engines_down();
-  loading_down();
+  retired_down();
   if (control_) control_->stop_jobs();
   engines_down();
+  retired_down();
   // The drains end now that their engines are shut down.
   std::vector<Drain> drains;
   {

@@ -63,8 +63,9 @@ enum class ModelControlMode : std::uint8_t { none, poll, explicit_mode };
 std::string_view to_string(ModelControlMode mode) noexcept;
 /// "none", "poll" or "explicit"; invalid_argument naming the three otherwise.
 Result<ModelControlMode> parse_model_control_mode(std::string_view text);
-/// A model name a load or unload may use: one folder name of the repository (no '/', '\\' or
-/// NUL, not "." or "..", not starting with '.'); invalid_argument saying so otherwise.
+/// A model name a load or unload may use: one folder name of the repository (at most 255 bytes,
+/// no '/', '\\' or NUL, not "." or "..", not starting with '.'); invalid_argument saying so
+/// otherwise.
 Status check_model_name(std::string_view name);
 
 struct RepositoryOptions {
@@ -294,7 +295,7 @@ class ModelRepository {
   /// An engine being made (its warm-up may be long): registered so that shutdown() can cancel it.
   class LoadingEngine {
    public:
-    LoadingEngine(ModelRepository& repo, Engine* engine);
+    LoadingEngine(ModelRepository& repo, const std::string& model, Engine* engine);
     ~LoadingEngine();
     LoadingEngine(const LoadingEngine&) = delete;
     LoadingEngine& operator=(const LoadingEngine&) = delete;
@@ -313,7 +314,8 @@ class ModelRepository {
   std::mutex draining_mu_;
   std::vector<ModelRef> draining_;
   std::vector<Drain> drains_;
-  std::vector<Engine*> loading_;
+  std::condition_variable drains_cv_;                     ///< a drain ended
+  std::vector<std::pair<std::string, Engine*>> loading_;  ///< (model, engine)
   /// Per model name, how many unloads it has had (under snapshot_mu_): a load asked for before
   /// an unload does not publish after it.
   std::map<std::string, std::uint64_t, std::less<>> epochs_;

@@ -1063,6 +1063,12 @@ class ReloadEdges(harness.unittest.TestCase):
                     with self.assertRaises(InferenceServerException) as e:
                         h.unload_model(".hidden")
                     self.assertEqual(e.exception.status(), "400")
+                    # Longer than any folder name: refused, with a message that fits gRPC's
+                    # trailers (it does not repeat the name).
+                    with self.assertRaises(InferenceServerException) as e:
+                        g.load_model("x" * 5000)
+                    self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+                    self.assertIn("at most 255 bytes", e.exception.message())
                     names = {m["name"] for m in h.get_model_repository_index()}
                     self.assertEqual(names, {"slow", "warm"})
                 finally:
@@ -1094,11 +1100,34 @@ class ReloadEdges(harness.unittest.TestCase):
                 h.unload_model("warm")
                 self.assertLess(time.monotonic() - t0, 2.0)
                 self.assertFalse(h.is_model_ready("warm"))
-                server.signal()  # and SIGTERM ends the load's warm-up too (below)
-                t.join(30)
+                # The load is dropped, its 30 s warm-up cut short.
+                t.join(10)
                 self.assertFalse(t.is_alive())
                 self.assertNotIn("ok", result)
+                self.assertIn("unloaded while it loaded", result["error"].message())
+                self.assertLess(time.monotonic() - t0, 10)
+                self.assertEqual(index_of(h, "warm")[""][0], "UNAVAILABLE")
+                h.load_model("slow")  # the control thread is free again at once
+            finally:
+                h.close()
+
+    def test_sigterm_cuts_a_replaced_versions_long_queue_to_the_drain_timeout(self):
+        with self.server() as server:
+            h = httpclient.InferenceServerClient("127.0.0.1:%d" % server.http_port,
+                                                 concurrency=16, network_timeout=60)
+            try:
+                i = httpclient.InferInput("input0", [1, 1], "FP32")
+                i.set_data_from_numpy(np.array([[500000.0]], dtype=np.float32))
+                running = [h.async_infer("slow", [i]) for _ in range(40)]  # 20 s of queue
+                time.sleep(0.3)
+                with open(os.path.join(self.repo.path, "slow", "config.pbtxt"), "a") as f:
+                    f.write("# changed\n")
+                h.load_model("slow")
+                t0 = time.monotonic()
+                server.signal()
                 self.assertEqual(server.wait(15), 0)
+                self.assertLess(time.monotonic() - t0, 8)  # --drain-timeout 1, not 20 s
+                del running
             finally:
                 h.close()
 
