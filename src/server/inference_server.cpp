@@ -312,12 +312,9 @@ Result<RequestOptions> InferenceServer::request_options(const Parameters& parame
 
 Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferRequest request,
                                                 Completion done) {
-  ModelRef next;
-  if (ref->retired.load(std::memory_order_acquire)) {
-    // Found before a reload replaced it: its successor takes it (same names and shapes checked
-    // there, after the inputs are in order).
-    next = ref;
-  }
+  // Found before a reload replaced it: its successor takes it (checked there to take the same
+  // inputs and give the same outputs, once the inputs are in order).
+  const bool replaced = ref->retired.load(std::memory_order_acquire);
   const ModelVersion& model = *ref;
   if (!model.engine) {
     return unavailable_error("model '" + model.model_name + "' version " + model.version_text +
@@ -358,7 +355,8 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   options.tag = request.id;
   if (request.deadline) options.deadline = *request.deadline;
 
-  if (next) {
+  ModelRef next;
+  if (replaced) {
     ASYNCINFER_ASSIGN_OR_RETURN(next, successor(model, inputs));
   }
   const ModelRef& target = next ? next : ref;
@@ -397,9 +395,14 @@ Result<ModelRef> InferenceServer::successor(const ModelVersion& retired,
       fits = !got.empty() && got[0] <= v->max_batch_size;
     }
   }
+  // The outputs asked for are indices into the signature: the same names in the same order.
+  const auto& outs = v->signature.outputs;
+  fits = fits && outs.size() == retired.signature.outputs.size() &&
+         std::equal(outs.begin(), outs.end(), retired.signature.outputs.begin(),
+                    [](const TensorSpec& a, const TensorSpec& b) { return a.name == b.name; });
   if (!fits) {
     return invalid_argument_error("model '" + retired.model_name + "' was reloaded with inputs (" +
-                                  names_of(specs) +
+                                  names_of(specs) + ") or outputs (" + names_of(outs) +
                                   ") that this request does not fit; send it again");
   }
   return v;

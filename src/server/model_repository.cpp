@@ -478,6 +478,11 @@ bool ModelRepository::replace_if(const std::shared_ptr<const ServedModel>& expec
   return true;
 }
 
+std::uint64_t ModelRepository::epoch_of(const std::string& name) const {
+  std::lock_guard lock(snapshot_mu_);
+  return epoch_locked(name);
+}
+
 std::uint64_t ModelRepository::epoch_locked(const std::string& name) const {
   auto it = epochs_.find(name);
   return it == epochs_.end() ? 0 : it->second;
@@ -905,11 +910,7 @@ void ModelRepository::load_model(std::string name, std::optional<std::string> co
     return done(refused_outside_explicit(options_.control_mode));
   }
   if (Status s = check_model_name(name); !s.ok()) return done(s);
-  std::uint64_t epoch = 0;
-  {
-    std::lock_guard lock(snapshot_mu_);
-    epoch = epoch_locked(name);  // an unload after this call wins over it
-  }
+  const std::uint64_t epoch = epoch_of(name);  // an unload after this call wins over it
   control_->post([this, name = std::move(name), config_json = std::move(config_json), epoch,
                   done = std::move(done)](bool run) {
     if (!run) return done(unavailable_error("the server is shutting down"));
@@ -945,12 +946,7 @@ void ModelRepository::poll() {
     // (Not requested: unloaded when its folder went; back now.)
     if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
-      std::uint64_t epoch = 0;
-      {
-        std::lock_guard lock(snapshot_mu_);
-        epoch = epoch_locked(name);
-      }
-      reload(name, std::nullopt, epoch, nullptr);
+      reload(name, std::nullopt, epoch_of(name), nullptr);
     }
   }
   auto snap = snapshot();

@@ -276,6 +276,8 @@ class ModelRepository {
   /// publish() only while the snapshot still holds `expected` for its name.
   bool replace_if(const std::shared_ptr<const ServedModel>& expected,
                   std::shared_ptr<const ServedModel> model);
+  /// How many unloads `name` has had (epochs_).
+  std::uint64_t epoch_of(const std::string& name) const;
   std::uint64_t epoch_locked(const std::string& name) const;
   /// Drains `versions` (they were marked retired) on a thread of its own:
   /// Engine::shutdown(drain, timeout), then `then`. shutdown() joins it.
