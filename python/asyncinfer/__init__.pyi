@@ -209,7 +209,8 @@ class Future:
     def cancel(self) -> bool:
         """Cancels the engine request; True when it was (or will be) cancelled."""
     def add_done_callback(self, fn: Callable[["Future"], Any]) -> None:
-        """fn(future) once, on the completion thread with the GIL (at once if done); its
+        """fn(future) once, on the completion thread with the GIL (at once if done; from
+        within another done callback, right after it returns); its
         exceptions are logged and counted."""
     def __await__(self) -> Generator[Any, None, Any]: ...
 

@@ -303,6 +303,34 @@ def test_future_chain_from_done_callbacks():
         assert finished.result(120) == n
 
 
+def test_done_callbacks_added_to_done_futures_loop_instead_of_recursing():
+    # Each link waits for its future before adding the next callback: every add runs the ready
+    # path. Called at once there, 2000 links nest 2000 deep and Python's recursion limit ends the
+    # chain (a fresh-clone run failed test_future_chain_from_done_callbacks so, on a busy machine).
+    with asyncinfer.Engine("builtin:identity", "cpu") as e:
+        n = 2000
+        order = []
+        finished = cf.Future()
+
+        def next_one(f):
+            i = int(f.result()[0][0, 0]) + 1
+            order.append(i)
+            if i == n:
+                finished.set_result(i)
+                return
+            g = e.submit(x(value=i))
+            g.result(30)
+            g.add_done_callback(next_one)
+            order.append(-i)  # the next link runs after this one returns
+
+        f0 = e.submit(x(value=0))
+        f0.result(30)
+        f0.add_done_callback(next_one)  # top level: at once
+        assert finished.done()
+        assert finished.result(0) == n
+        assert order[:3] == [1, -1, 2]
+
+
 def test_wait_and_as_completed_never_miss_a_future_racing_to_finish():
     """Regression: concurrent.futures reads _state twice while it installs its waiter; a future
     finishing in between was counted as done and also notified, so wait() returned early (or a
