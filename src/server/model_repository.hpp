@@ -21,8 +21,9 @@
 // UNAVAILABLE and the reason, and logged; the others serve. Devices are opened once per spec and
 // shared by the engines on them.
 //
-// Thread safety: every member may be called from any thread. The control calls (load_model,
-// unload_model) run one at a time, in order, on the control thread.
+// Thread safety: every member may be called from any thread. Loads (and poll mode's scans) run
+// one at a time, in order, on the control thread; an unload takes effect at once, on the
+// caller's thread.
 #pragma once
 
 #include <atomic>
@@ -74,8 +75,9 @@ struct RepositoryOptions {
   std::vector<std::string> load_models;
   /// poll mode: the time between two scans (Triton's --repository-poll-secs, default 15 s).
   std::chrono::milliseconds poll_interval{15000};
-  /// How long a version that was unloaded or replaced may take to finish the requests it had
-  /// accepted (Engine::shutdown(drain)); those left then are cancelled.
+  /// How long an unloaded version may take to finish the requests it had accepted
+  /// (Engine::shutdown(drain)); those left then are cancelled. A replaced version has no limit
+  /// but shutdown's.
   std::chrono::milliseconds drain_timeout{30000};
 };
 
@@ -199,7 +201,8 @@ struct RepositorySnapshot {
 class ModelRepository {
  public:
   using Log = std::function<void(const std::string& line)>;
-  /// A control call's outcome, called once, on the control thread.
+  /// A control call's outcome, called once: a load's on the control thread; an unload's, and a
+  /// call refused at once, on the caller's.
   using Done = std::function<void(const Status&)>;
 
   /// Loads the models under `root` that `options` asks for at start (none and poll: every one;
