@@ -83,6 +83,8 @@ void fill_random(std::vector<unsigned char>& out, DType dtype, std::mt19937_64& 
       case DType::u64:
         put(p, i, static_cast<std::uint64_t>(small(rng)));
         break;
+      case DType::bytes:
+        break;  // refused by plan_inputs
     }
   }
 }
@@ -130,6 +132,10 @@ Result<InputPlan> plan_inputs(const ModelSignature& sig, const BenchOptions& o) 
   }
   plan.rows = sig.batched ? o.batch_rows : 1;
   for (const TensorSpec& spec : sig.inputs) {
+    if (spec.dtype == DType::bytes) {
+      return bad("--model", "input '" + spec.name +
+                                "' is BYTES; the bench generates fixed-size (numeric) inputs only");
+    }
     Shape shape;
     const std::size_t skip = sig.batched ? 1 : 0;  // dims that --input-shape does not cover
     std::vector<std::int64_t> item(

@@ -217,8 +217,12 @@ class Device : public std::enable_shared_from_this<Device> {
   /// `bytes` of memory of `kind`: host (pageable), pinned_host (page-locked, for fast async
   /// copies), or device. resource_exhausted when it cannot be had.
   virtual Result<std::shared_ptr<Storage>> allocate(std::size_t bytes, MemoryKind kind) = 0;
-  /// A tensor of uninitialised memory of `kind` on this device.
+  /// A tensor of uninitialised memory of `kind` on this device. invalid_argument for bytes,
+  /// whose size the shape does not give: use empty_like.
   Result<Tensor> empty(DType dtype, Shape shape, MemoryKind kind = MemoryKind::device);
+  /// A tensor of `like`'s dtype, shape and byte size in uninitialised memory of `kind` on this
+  /// device: the destination of a copy of `like` (bytes tensors included).
+  Result<Tensor> empty_like(const Tensor& like, MemoryKind kind = MemoryKind::device);
   /// The executor that runs host functions of streams created without one.
   virtual Executor& host_func_executor() noexcept = 0;
 

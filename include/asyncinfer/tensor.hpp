@@ -6,9 +6,18 @@
 // where it lives (host, pinned host, or a device) and how to free itself, so memory allocated by
 // a device backend is released by that backend when the last Tensor referring to it goes.
 //
+// Variable-length elements (DType::bytes, the protocol's BYTES and Triton's TYPE_STRING) are held
+// in their serialized form, as Triton holds them: per element, in row-major order, a 4-byte
+// little-endian length and then that many bytes, with no padding. That form is what the binary
+// extension, gRPC's raw contents, shared memory and warm-up files carry, so a BYTES tensor goes
+// from the wire to a model and back without being re-encoded. Its byte_size() is the serialized
+// size (prefixes included); every constructor that takes existing bytes checks that exactly
+// numel() well-formed elements fill it.
+//
 // Invariants:
-//   - every dim is >= 0 and the byte size (product of dims × dtype size) fits in size_t: a shape
-//     whose size overflows is rejected with invalid_argument, never wrapped;
+//   - every dim is >= 0 and the byte size (product of dims × dtype size; for bytes, the serialized
+//     size) fits in size_t: a shape whose size overflows is rejected with invalid_argument, never
+//     wrapped;
 //   - offset + byte_size() <= storage bytes;
 //   - storage is contiguous row-major (C order); views never change strides.
 //
@@ -31,9 +40,9 @@
 namespace asyncinfer {
 
 /// Element types, in short forms (f32 = FP32, ...). The Open Inference Protocol's names (FP32,
-/// FP16, BF16, FP64, INT8, UINT8, INT32, INT64, BOOL, INT16, UINT16, UINT32, UINT64) map one to
-/// one; the last four were added after the others, so they come last and the earlier values keep
-/// their numbers.
+/// FP16, BF16, FP64, INT8, UINT8, INT32, INT64, BOOL, INT16, UINT16, UINT32, UINT64, BYTES) map
+/// one to one; later additions come last so that earlier values keep their numbers. `bytes` has
+/// variable-length elements (see the file comment for its serialized form).
 enum class DType : std::uint8_t {
   f32,
   f16,
@@ -47,17 +56,21 @@ enum class DType : std::uint8_t {
   i16,
   u16,
   u32,
-  u64
+  u64,
+  bytes
 };
 
 /// Bytes per element: f32 4, f16 2, bf16 2, f64 8, i8 1, u8 1, i32 4, i64 8, bool 1, i16 2,
-/// u16 2, u32 4, u64 8.
+/// u16 2, u32 4, u64 8; 0 for bytes, whose elements have no fixed size.
 std::size_t dtype_size(DType dtype) noexcept;
 /// Short name: "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64", "bool", "i16", "u16",
-/// "u32", "u64".
+/// "u32", "u64", "bytes".
 std::string_view to_string(DType dtype) noexcept;
+/// Whether elements have a variable length (DType::bytes).
+constexpr bool is_variable_size(DType dtype) noexcept { return dtype == DType::bytes; }
 /// Accepts the short names and common aliases ("float32", "float", "FP32", "TYPE_FP32",
-/// "int64", "uint8", "bool", "INT16", "UINT64", ...). invalid_argument names the accepted forms.
+/// "int64", "uint8", "bool", "INT16", "UINT64", "BYTES", "TYPE_STRING", "string", ...).
+/// invalid_argument names the accepted forms.
 Result<DType> parse_dtype(std::string_view name);
 
 /// Storage for IEEE half and bfloat16 values (bit patterns; conversion is the caller's).
@@ -131,7 +144,16 @@ std::string shape_to_string(std::span<const std::int64_t> shape);
 /// Product of dims; invalid_argument for a negative dim or an overflow.
 Result<std::size_t> checked_element_count(std::span<const std::int64_t> shape);
 /// Product of dims × dtype_size; invalid_argument for a negative dim or an overflow of size_t.
+/// For bytes, the smallest serialized size (every element empty: 4 bytes each).
 Result<std::size_t> checked_byte_size(DType dtype, std::span<const std::int64_t> shape);
+
+/// The serialized size of `count` elements starting at `data` (at most `size` bytes): each a
+/// 4-byte little-endian length and its bytes. invalid_argument names the element whose length
+/// prefix, or whose bytes, run past the end. O(count); reads only the prefixes.
+Result<std::size_t> serialized_bytes_size(const void* data, std::size_t size, std::size_t count);
+/// Appends one element in serialized form (its 4-byte little-endian length, then its bytes).
+/// Elements of 4 GiB or more cannot be represented; the caller checks.
+void append_serialized_element(std::string& out, std::string_view element);
 
 /// Where bytes live.
 enum class MemoryKind : std::uint8_t {
@@ -189,14 +211,31 @@ class Tensor {
   /// An undefined tensor (no storage); defined() is false.
   Tensor() = default;
 
-  /// A new host tensor of `shape`, contents uninitialised. invalid_argument for a bad shape,
-  /// resource_exhausted when memory runs out.
+  /// A new host tensor of `shape`, contents uninitialised (for bytes: every element the empty
+  /// string). invalid_argument for a bad shape, resource_exhausted when memory runs out.
   static Result<Tensor> empty(DType dtype, Shape shape);
-  /// A new host tensor filled with zero bytes.
+  /// A new host tensor filled with zero bytes (for bytes: every element the empty string).
   static Result<Tensor> zeros(DType dtype, Shape shape);
-  /// A view of `storage` from byte `offset`; invalid_argument when it does not fit.
+  /// A view of `storage` from byte `offset`; invalid_argument when it does not fit. For bytes the
+  /// storage must be host-accessible and hold numel() well-formed serialized elements from
+  /// `offset` (the view's byte size is theirs); invalid_argument names the first bad element.
   static Result<Tensor> from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape,
                                      std::size_t offset = 0);
+  /// A view of exactly `byte_size` bytes of `storage` from `offset`, whose contents are not read:
+  /// for a bytes tensor whose elements are written afterwards (a copy's destination, a model's
+  /// output). For fixed-size dtypes `byte_size` must equal the shape's. invalid_argument when it
+  /// does not fit.
+  static Result<Tensor> from_storage_sized(std::shared_ptr<Storage> storage, DType dtype,
+                                           Shape shape, std::size_t offset, std::size_t byte_size);
+  /// A new host tensor of `like`'s dtype, shape and byte size, contents uninitialised: the
+  /// destination of a copy of `like` (for bytes, the copy makes its elements well-formed).
+  static Result<Tensor> empty_like(const Tensor& like);
+  /// A bytes tensor holding `elements` (one per element, row-major); invalid_argument when the
+  /// count does not match the shape or an element is 4 GiB or more.
+  static Result<Tensor> from_strings(Shape shape, std::span<const std::string> elements);
+  /// A bytes tensor over `serialized` (numel() elements in serialized form, taken over without a
+  /// copy); invalid_argument when it does not hold exactly that many well-formed elements.
+  static Result<Tensor> from_serialized(Shape shape, std::string serialized);
   /// A new host tensor holding a copy of `values`; invalid_argument when the element count does
   /// not match the shape.
   template <class T>
@@ -225,7 +264,8 @@ class Tensor {
     return shape_[i];
   }
   std::size_t numel() const noexcept { return numel_; }
-  std::size_t byte_size() const noexcept { return numel_ * dtype_size(dtype_); }
+  /// Bytes the tensor occupies: numel() × dtype_size(); for bytes, the serialized size.
+  std::size_t byte_size() const noexcept { return byte_size_; }
   Placement placement() const noexcept;
   bool is_host_accessible() const noexcept;
 
@@ -241,8 +281,14 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const noexcept { return storage_; }
   std::size_t offset() const noexcept { return offset_; }
 
+  /// The elements of a bytes tensor, as views into its storage (valid while the storage lives).
+  /// invalid_argument for another dtype, failed_precondition for device memory, and
+  /// invalid_argument when the bytes (written after construction, by a model) are malformed.
+  Result<std::vector<std::string_view>> string_elements() const;
+
   /// Rows [begin, end) along dim 0 as a view sharing storage. invalid_argument for a rank-0
-  /// tensor or a range outside [0, dim(0)].
+  /// tensor or a range outside [0, dim(0)]. For bytes, O(elements before `end`): it walks the
+  /// length prefixes to find the rows.
   Result<Tensor> slice(std::int64_t begin, std::int64_t end) const;
   /// The same bytes with another shape of equal element count (a view).
   Result<Tensor> reshape(Shape shape) const;
@@ -255,12 +301,14 @@ class Tensor {
   std::shared_ptr<Storage> storage_;
   std::size_t offset_ = 0;
   std::size_t numel_ = 0;
+  std::size_t byte_size_ = 0;
   DType dtype_ = DType::f32;
   Shape shape_;
 };
 
 /// Concatenates host-accessible tensors along dim 0 into a new host tensor. All parts need the
 /// same dtype and the same dims after dim 0; invalid_argument names the first part that differs.
+/// Bytes tensors concatenate their serialized forms.
 Result<Tensor> concat_dim0(std::span<const Tensor> parts);
 
 }  // namespace asyncinfer

@@ -23,7 +23,8 @@ const char* kAccepted =
     "__dlpack__";
 const char* kDTypesText =
     "bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64 "
-    "(bfloat16 through torch or DLPack)";
+    "(bfloat16 through torch or DLPack; BYTES as a numpy array of dtype object holding bytes or "
+    "str, or of dtype S)";
 
 std::string type_name(py::handle h) {
   return py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>();
@@ -119,6 +120,8 @@ DLDataType dlpack_dtype(DType d) {
       return {kDLUInt, bits, 1};
     case DType::boolean:
       return {static_cast<std::uint8_t>(kDLBoolCode), 8, 1};
+    case DType::bytes:
+      break;  // never exported: to_python gives bytes tensors as numpy object arrays
   }
   return {kDLUInt, 8, 1};
 }
@@ -147,8 +150,44 @@ Tensor share_memory(void* data, std::size_t bytes, py::handle owner, DType dtype
   return std::move(*t);
 }
 
+/// A BYTES tensor from a numpy array of dtype object (each element bytes, or str taken as UTF-8)
+/// or of dtype S (each element without its trailing NULs, as numpy reads them): the form
+/// tritonclient's np_to_triton_dtype maps to BYTES. Always a copy, into the serialized form.
+Tensor bytes_from_numpy(py::array arr, const std::string& name) {
+  Shape shape(static_cast<std::size_t>(arr.ndim()));
+  for (std::size_t i = 0; i < shape.size(); ++i) shape[i] = arr.shape(static_cast<py::ssize_t>(i));
+  py::list flat = arr.attr("ravel")().attr("tolist")();
+  std::string serialized;
+  std::size_t i = 0;
+  for (py::handle e : flat) {
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_Check(e.ptr())) {
+      PyBytes_AsStringAndSize(e.ptr(), &data, &size);
+    } else if (PyUnicode_Check(e.ptr())) {
+      const char* utf8 = PyUnicode_AsUTF8AndSize(e.ptr(), &size);
+      if (utf8 == nullptr) throw py::error_already_set();
+      data = const_cast<char*>(utf8);
+    } else {
+      raise_invalid(where(name) + ": BYTES element " + std::to_string(i) + " is " +
+                    type_name(e) + "; expected bytes or str (a numpy array of dtype object is "
+                    "read as BYTES)");
+    }
+    if (static_cast<std::size_t>(size) > 0xffffffffu) {
+      raise_invalid(where(name) + ": BYTES element " + std::to_string(i) +
+                    " is 4 GiB or more; elements have a 32-bit length");
+    }
+    append_serialized_element(serialized, std::string_view(data, static_cast<std::size_t>(size)));
+    ++i;
+  }
+  auto t = Tensor::from_serialized(std::move(shape), std::move(serialized));
+  if (!t.ok()) raise_status(t.status().with_context(where(name)));
+  return std::move(*t);
+}
+
 Tensor from_numpy(py::array arr, const std::string& name, bool share) {
   py::dtype dt = arr.dtype();
+  if (dt.kind() == 'O' || dt.kind() == 'S') return bytes_from_numpy(arr, name);
   DType dtype{};
   if (!dtype_from_numpy(dt.kind(), dt.itemsize(), &dtype)) {
     raise_invalid(where(name) + ": numpy dtype " + py::str(dt).cast<std::string>() +
@@ -386,6 +425,8 @@ const char* numpy_name(DType dtype) noexcept {
       return "uint32";
     case DType::u64:
       return "uint64";
+    case DType::bytes:
+      return "object";
   }
   return "unknown";
 }
@@ -459,6 +500,22 @@ py::object to_python(const Tensor& t) {
     return to_python(*host);
   }
   if (t.dtype() == DType::bf16) return py::cast(PyTensor{t});
+  if (t.dtype() == DType::bytes) {
+    // A numpy array of dtype object holding one bytes per element, as tritonclient's
+    // deserialize_bytes_tensor returns them (a copy: numpy cannot view variable-length data).
+    auto elements = t.string_elements();
+    if (!elements.ok()) raise_status(elements.status());
+    py::list items(elements->size());
+    for (std::size_t i = 0; i < elements->size(); ++i) {
+      items[i] = py::bytes((*elements)[i].data(), (*elements)[i].size());
+    }
+    py::module_ np = py::module_::import("numpy");
+    py::object arr = np.attr("empty")(py::int_(elements->size()), py::str("object"));
+    for (std::size_t i = 0; i < elements->size(); ++i) arr[py::int_(i)] = items[i];
+    py::tuple shape(t.rank());
+    for (std::size_t d = 0; d < t.rank(); ++d) shape[d] = py::int_(t.shape()[d]);
+    return arr.attr("reshape")(shape);
+  }
   return numpy_view(t, t.dtype());
 }
 

@@ -36,9 +36,20 @@ std::string_view to_string(CopyKind kind) noexcept {
 }
 
 Result<Tensor> Device::empty(DType dtype, Shape shape, MemoryKind kind) {
+  if (dtype == DType::bytes) {
+    return invalid_argument_error("Device::empty: a bytes tensor's size is not given by its shape " +
+                                  shape_to_string(shape) + "; use empty_like");
+  }
   ASYNCINFER_ASSIGN_OR_RETURN(std::size_t bytes, checked_byte_size(dtype, shape));
   ASYNCINFER_ASSIGN_OR_RETURN(auto storage, allocate(bytes, kind));
   return Tensor::from_storage(std::move(storage), dtype, std::move(shape));
+}
+
+Result<Tensor> Device::empty_like(const Tensor& like, MemoryKind kind) {
+  if (!like.defined()) return invalid_argument_error("Device::empty_like: undefined tensor");
+  ASYNCINFER_ASSIGN_OR_RETURN(auto storage, allocate(like.byte_size(), kind));
+  return Tensor::from_storage_sized(std::move(storage), like.dtype(), like.shape(), 0,
+                                    like.byte_size());
 }
 
 namespace detail {

@@ -286,8 +286,7 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
     } else {
       io.inputs.reserve(io.host_inputs.size());
       for (const Tensor& h : io.host_inputs) {
-        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d,
-                                    device_->empty(h.dtype(), h.shape(), MemoryKind::device));
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d, device_->empty_like(h, MemoryKind::device));
         ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(d, h));
         io.inputs.push_back(std::move(d));
       }
@@ -317,8 +316,7 @@ Status EngineCore::enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io) {
   for (const Tensor& out : io.outputs) {
     if (!out.defined())
       return internal_error("model '" + model_->name() + "' left an output undefined");
-    ASYNCINFER_ASSIGN_OR_RETURN(Tensor host,
-                                device_->empty(out.dtype(), out.shape(), MemoryKind::pinned_host));
+    ASYNCINFER_ASSIGN_OR_RETURN(Tensor host, device_->empty_like(out, MemoryKind::pinned_host));
     ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(host, out));
     batch.host_outputs.push_back(std::move(host));
   }
@@ -518,6 +516,18 @@ Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t r
                             "' as " + t.describe() + " but its signature says " +
                             std::string(to_string(spec.dtype)) + shape_to_string(spec.shape) +
                             (sig_.batched ? " with " + std::to_string(rows) + " rows" : ""));
+    }
+    if (t.dtype() == DType::bytes) {
+      // The model wrote the elements after the tensor was made: check them once here, so that
+      // splitting the batch and every encoder may walk them.
+      auto size = serialized_bytes_size(t.data(), t.byte_size(), t.numel());
+      if (!size.ok() || *size != t.byte_size()) {
+        return internal_error("model '" + model_->name() + "' returned BYTES output '" +
+                              spec.name + "' whose elements are malformed: " +
+                              (size.ok() ? std::to_string(t.byte_size() - *size) +
+                                               " bytes follow the last element"
+                                         : std::string(size.status().message())));
+      }
     }
   }
   return Status();

@@ -383,3 +383,22 @@ def test_stubs_match_the_module():
         public = {m for m in vars(obj) if not m.startswith("_")}
         missing = public - members
         assert not missing, f"{name}: {sorted(missing)} are not in the stubs"
+
+
+def test_bytes_tensors_pass_through_identity_as_object_arrays():
+    # BYTES (Triton's TYPE_STRING): numpy object arrays of bytes or str, or dtype S, go in; object
+    # arrays of bytes come out (tritonclient's form). Requests batched together keep their rows.
+    with asyncinfer.Engine("builtin:identity?dtype=bytes&shape=-1", device="cpu",
+                           max_queue_delay_us=20000) as e:
+        x = np.array([[b"ab", "h\u00e9", b""]], dtype=object)
+        (out,) = e.infer(x)
+        assert out.dtype == object and out.shape == (1, 3)
+        assert list(out.flatten()) == [b"ab", "h\u00e9".encode(), b""]
+        (out,) = e.infer(np.array([[b"abc", b"d"]]))
+        assert list(out.flatten()) == [b"abc", b"d"]
+        rows = [np.array([[b"r%d" % k * k, b"\x00" * k]], dtype=object) for k in range(8)]
+        futures = [e.submit(r) for r in rows]
+        for r, f in zip(rows, futures):
+            assert list(f.result(timeout=WAIT)[0].flatten()) == list(r.flatten())
+        with pytest.raises(asyncinfer.InvalidArgument, match="BYTES element 0 is int"):
+            e.infer(np.array([[1, b"x"]], dtype=object))

@@ -168,7 +168,10 @@ def test_wrong_shape_names_the_expected_shape():
 
 
 def test_object_string_and_complex_arrays_are_refused(identity):
-    bad(identity, np.array([[1, "a"]], dtype=object), "input0", "object", "float32")
+    # An object array is read as BYTES: its elements must be bytes or str, and the model's input
+    # must be BYTES.
+    bad(identity, np.array([[1, "a"]], dtype=object), "input0", "element 0 is int", "object")
+    bad(identity, np.array([[b"a", "b"]], dtype=object), "input0", "bytes", "f32")
     bad(identity, np.array([["ab", "cd"]]), "input0", "<U2")
     bad(identity, np.zeros((1, 2), np.complex64), "complex64")
     bad(identity, np.zeros((1, 2), np.dtype(">f4")), "big-endian")

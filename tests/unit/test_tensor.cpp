@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "asyncinfer/tensor.hpp"
 
@@ -153,6 +156,95 @@ TEST(Tensor, ConcatDim0) {
   auto bad = concat_dim0(mismatched);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("part 1"), std::string_view::npos);
+}
+
+// ---- BYTES: variable-length elements in serialized form (4-byte LE length, then the bytes) ----
+
+std::vector<std::string> elements_of(const Tensor& t) {
+  auto views = t.string_elements();
+  EXPECT_TRUE(views.ok()) << views.status().to_string();
+  std::vector<std::string> out;
+  if (views.ok()) {
+    for (std::string_view v : *views) out.emplace_back(v);
+  }
+  return out;
+}
+
+TEST(BytesTensor, FromStringsSerializesWithLittleEndianLengths) {
+  const std::vector<std::string> in = {"ab", "", std::string("\xff\0", 2)};
+  auto t = Tensor::from_strings({3}, in);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->dtype(), DType::bytes);
+  EXPECT_EQ(t->numel(), 3u);
+  EXPECT_EQ(t->byte_size(), 4u + 2 + 4 + 0 + 4 + 2);
+  const auto* p = static_cast<const unsigned char*>(t->data());
+  EXPECT_EQ(p[0], 2);
+  EXPECT_EQ(p[1], 0);
+  EXPECT_EQ(p[6], 0);  // the empty element's length
+  EXPECT_EQ(elements_of(*t), in);
+  EXPECT_EQ(parse_dtype("TYPE_STRING").value(), DType::bytes);
+  EXPECT_EQ(parse_dtype("BYTES").value(), DType::bytes);
+  EXPECT_EQ(dtype_size(DType::bytes), 0u);
+}
+
+TEST(BytesTensor, MalformedSerializedFormsAreRefusedNamingTheElement) {
+  std::string two;
+  append_serialized_element(two, "a");
+  append_serialized_element(two, "bc");
+  EXPECT_TRUE(Tensor::from_serialized({2}, two).ok());
+  auto extra = Tensor::from_serialized({1}, two);  // one element and 6 bytes after it
+  ASSERT_FALSE(extra.ok());
+  EXPECT_NE(extra.status().message().find("6 bytes follow"), std::string_view::npos);
+  std::string beyond = two;
+  beyond[5] = 9;  // element 1 claims 9 bytes, 2 are left
+  auto b = Tensor::from_serialized({2}, beyond);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("element 1 has length 9"), std::string_view::npos)
+      << b.status().message();
+  auto cut = Tensor::from_serialized({2}, two.substr(0, 7));  // element 1's prefix is cut
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("element 1"), std::string_view::npos);
+  EXPECT_FALSE(Tensor::from_strings({2}, std::vector<std::string>{"one"}).ok());
+}
+
+TEST(BytesTensor, SliceConcatCloneAndReshapeKeepTheElements) {
+  const std::vector<std::string> a_in = {"r0a", "", "r1a", "long row one element"};
+  const std::vector<std::string> b_in = {"x", "yy"};
+  auto a = *Tensor::from_strings({2, 2}, a_in);
+  auto b = *Tensor::from_strings({1, 2}, b_in);
+  std::vector<Tensor> parts{a, b};
+  auto c = concat_dim0(parts);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->shape(), (Shape{3, 2}));
+  EXPECT_EQ(c->byte_size(), a.byte_size() + b.byte_size());
+  auto row1 = c->slice(1, 2);
+  ASSERT_TRUE(row1.ok());
+  EXPECT_EQ(elements_of(*row1), (std::vector<std::string>{"r1a", "long row one element"}));
+  auto rows12 = c->slice(1, 3);
+  ASSERT_TRUE(rows12.ok());
+  EXPECT_EQ(elements_of(*rows12),
+            (std::vector<std::string>{"r1a", "long row one element", "x", "yy"}));
+  EXPECT_EQ(c->slice(3, 3)->byte_size(), 0u);
+  auto copy = c->clone();
+  ASSERT_TRUE(copy.ok());
+  EXPECT_NE(copy->data(), c->data());
+  EXPECT_EQ(elements_of(*copy), elements_of(*c));
+  auto flat = c->reshape({6});
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->byte_size(), c->byte_size());
+  // zeros and empty give empty strings; a view of storage is checked.
+  auto z = *Tensor::zeros(DType::bytes, {2, 3});
+  EXPECT_EQ(z.byte_size(), 24u);
+  EXPECT_EQ(elements_of(z), std::vector<std::string>(6));
+  EXPECT_EQ(elements_of(*Tensor::empty(DType::bytes, {2})), std::vector<std::string>(2));
+  auto storage = *Storage::allocate_host(4);
+  std::memset(storage->data(), 0xff, 4);  // a length of 4 GiB - 1 in a 4-byte storage
+  EXPECT_FALSE(Tensor::from_storage(storage, DType::bytes, {1}).ok());
+  EXPECT_TRUE(Tensor::from_storage_sized(storage, DType::bytes, {1}, 0, 4).ok());
+  EXPECT_FALSE(Tensor::from_storage_sized(storage, DType::bytes, {2}, 0, 4).ok());
+  auto like = Tensor::empty_like(*c);
+  ASSERT_TRUE(like.ok());
+  EXPECT_EQ(like->byte_size(), c->byte_size());
 }
 
 TEST(TensorDeathTest, WrongTypedAccessAborts) {

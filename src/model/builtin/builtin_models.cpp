@@ -76,7 +76,8 @@ double first_element(const Tensor& t, std::int64_t row) {
       return static_cast<double>(t.data_as<std::uint64_t>()[i]);
     case DType::f16:
     case DType::bf16:
-      return 0;  // no arithmetic on half types here; cost_from_input/poison need f32 or wider
+    case DType::bytes:
+      return 0;  // no arithmetic on half types or strings; cost_from_input/poison need numbers
   }
   return 0;
 }
@@ -137,8 +138,8 @@ class BuiltinInstance final : public ModelInstance {
     for (const Tensor& in : io->inputs) {
       const MemoryKind kind =
           in.placement().kind == MemoryKind::device ? MemoryKind::device : MemoryKind::host;
-      Result<Tensor> out = kind == MemoryKind::host ? Tensor::empty(in.dtype(), in.shape())
-                                                    : device_.empty(in.dtype(), in.shape(), kind);
+      Result<Tensor> out =
+          kind == MemoryKind::host ? Tensor::empty_like(in) : device_.empty_like(in, kind);
       if (!out.ok()) return out.status();
       io->outputs.push_back(std::move(*out));
     }

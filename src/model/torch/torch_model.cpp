@@ -120,8 +120,9 @@ Status status_from_current_exception(const std::string& what) {
 
 // ---- dtypes ------------------------------------------------------------------------------
 
-/// libtorch's scalar type for `dtype`; false for u16, u32 and u64, which libtorch 1.13 lacks
-/// (check_signature rejects them, so a loaded model never meets them).
+/// libtorch's scalar type for `dtype`; false for u16, u32 and u64, which libtorch 1.13 lacks, and
+/// for bytes, which no torch tensor holds (check_signature rejects them, so a loaded model never
+/// meets them).
 bool to_scalar_type(DType dtype, at::ScalarType* out) {
   switch (dtype) {
     case DType::f32:
@@ -157,6 +158,7 @@ bool to_scalar_type(DType dtype, at::ScalarType* out) {
     case DType::u16:
     case DType::u32:
     case DType::u64:
+    case DType::bytes:
       return false;
   }
   return false;
