@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <tuple>
@@ -239,7 +240,7 @@ Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::s
   slot.spec = &*it;
   slot.dtype = *dtype;
   slot.byte_size = *bytes;
-  slot.element_count = *bytes / dtype_size(*dtype);
+  slot.element_count = *checked_element_count(shape);
   return slot;
 }
 
@@ -287,6 +288,40 @@ std::size_t output_bytes(const InferResponse& response) {
   std::size_t n = 0;
   for (const InferOutput& o : response.outputs) n += o.tensor.byte_size();
   return n;
+}
+
+Result<std::optional<SharedMemoryTensor>> shared_memory_parameters(const Parameters& parameters,
+                                                                   const std::string& what) {
+  auto region = parameters.find("shared_memory_region");
+  auto size = parameters.find("shared_memory_byte_size");
+  auto offset = parameters.find("shared_memory_offset");
+  if (region == parameters.end()) {
+    if (size != parameters.end() || offset != parameters.end()) {
+      return invalid_argument_error(what + ": shared_memory_byte_size or shared_memory_offset "
+                                           "given without shared_memory_region");
+    }
+    return std::optional<SharedMemoryTensor>();
+  }
+  const auto* name = std::get_if<std::string>(&region->second);
+  if (name == nullptr) {
+    return invalid_argument_error(what + ": parameter 'shared_memory_region' must be a string");
+  }
+  if (size == parameters.end()) {
+    return invalid_argument_error(what + ": shared_memory_region '" + *name +
+                                  "' needs shared_memory_byte_size");
+  }
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  SharedMemoryTensor t;
+  t.region = *name;
+  auto n = parameter_int(size->second, "shared_memory_byte_size", 0, kMax);
+  if (!n.ok()) return n.status().with_context(what);
+  t.byte_size = static_cast<std::size_t>(*n);
+  if (offset != parameters.end()) {
+    auto o = parameter_int(offset->second, "shared_memory_offset", 0, kMax);
+    if (!o.ok()) return o.status().with_context(what);
+    t.offset = static_cast<std::size_t>(*o);
+  }
+  return std::optional<SharedMemoryTensor>(std::move(t));
 }
 
 Result<bool> parameter_bool(const ParameterValue& value, std::string_view name) {
@@ -354,6 +389,10 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
   if (request.deadline) options.deadline = *request.deadline;
+  if (std::any_of(request.outputs.begin(), request.outputs.end(),
+                  [](const RequestedOutput& o) { return o.region != nullptr; })) {
+    done = write_to_shared_memory(std::move(request.outputs), std::move(done));
+  }
 
   ModelRef next;
   if (replaced) {
@@ -406,6 +445,39 @@ Result<ModelRef> InferenceServer::successor(const ModelVersion& retired,
                                   ") that this request does not fit; send it again");
   }
   return v;
+}
+
+InferenceServer::Completion InferenceServer::write_to_shared_memory(
+    std::vector<RequestedOutput> requested, Completion done) {
+  // Runs where the response is made (the engine's completion executor, or the caller's thread on
+  // a cache hit), before the frontend encodes it. The regions stay mapped until then: the
+  // requested outputs hold them.
+  return [requested = std::move(requested),
+          done = std::move(done)](Result<InferResponse> r) mutable {
+    if (r.ok()) {
+      for (InferOutput& o : r->outputs) {
+        if (o.requested < 0) continue;
+        const RequestedOutput& want = requested[static_cast<std::size_t>(o.requested)];
+        if (!want.region) continue;
+        const std::size_t n = o.tensor.byte_size();
+        if (n > want.shared_memory->byte_size) {
+          return done(invalid_argument_error(
+              "output '" + want.name + "' is " + std::to_string(n) + " bytes (" +
+              std::string(oip_datatype(o.tensor.dtype())) + shape_to_string(o.tensor.shape()) +
+              "), more than its shared_memory_byte_size " +
+              std::to_string(want.shared_memory->byte_size) + " in region '" +
+              want.shared_memory->region + "'"));
+        }
+        if (!o.tensor.is_host_accessible()) {
+          return done(internal_error("output '" + want.name + "' is not in host memory"));
+        }
+        if (n > 0) std::memcpy(want.region->data() + want.shared_memory->offset, o.tensor.data(), n);
+        o.shared_memory = SharedMemoryTensor{want.shared_memory->region, n,
+                                             want.shared_memory->offset};
+      }
+    }
+    done(std::move(r));
+  };
 }
 
 namespace {

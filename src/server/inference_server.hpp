@@ -44,6 +44,7 @@
 #include "model_repository.hpp"
 #include "response_cache.hpp"
 #include "server_metrics.hpp"
+#include "shared_memory.hpp"
 
 namespace asyncinfer::server {
 
@@ -51,7 +52,8 @@ namespace asyncinfer::server {
 using ParameterValue = std::variant<bool, std::int64_t, std::uint64_t, double, std::string>;
 using Parameters = std::map<std::string, ParameterValue, std::less<>>;
 
-/// One input of a request: its name and a host tensor holding its dtype, shape and data.
+/// One input of a request: its name and a host tensor holding its dtype, shape and data (for an
+/// input in shared memory, a view of the client's region).
 struct InferInput {
   std::string name;
   Tensor tensor;
@@ -62,6 +64,10 @@ struct InferInput {
 struct RequestedOutput {
   std::string name;
   Parameters parameters;
+  /// Where to write it (its shared_memory_* parameters), and the region, checked to exist when
+  /// the request was decoded and held until the response is written.
+  std::optional<SharedMemoryTensor> shared_memory;
+  SharedMemoryRef region;
 };
 
 struct InferRequest {
@@ -79,7 +85,18 @@ struct InferOutput {
   Tensor tensor;
   /// Index into InferRequest::outputs, or -1 when the request named none.
   int requested = -1;
+  /// Set when the output was written into the client's shared memory region (byte_size: the
+  /// bytes written): the response carries no data for it.
+  std::optional<SharedMemoryTensor> shared_memory;
 };
+
+/// The shared_memory_region, shared_memory_byte_size and shared_memory_offset parameters of
+/// tensor `what` (Triton's system shared memory extension); nullopt without
+/// shared_memory_region. invalid_argument for a region that is not a string, a byte size
+/// missing or not an integer >= 0, an offset not an integer >= 0, or a size or offset without a
+/// region.
+Result<std::optional<SharedMemoryTensor>> shared_memory_parameters(const Parameters& parameters,
+                                                                   const std::string& what);
 
 struct InferResponse {
   ModelRef model;
@@ -93,6 +110,8 @@ struct InputSlot {
   const TensorSpec* spec = nullptr;
   DType dtype = DType::f32;
   std::size_t element_count = 0;
+  /// The data's size in bytes; for BYTES (variable-length elements), the least it can be: the
+  /// 4-byte length prefixes of element_count empty elements.
   std::size_t byte_size = 0;
 };
 
@@ -125,8 +144,9 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 4> kServerExtensions = {
-    "model_repository", "model_configuration", "binary_tensor_data", "statistics"};
+inline constexpr std::array<std::string_view, 5> kServerExtensions = {
+    "model_repository", "model_configuration", "system_shared_memory", "binary_tensor_data",
+    "statistics"};
 
 struct ServerOptions {
   std::string name = "asyncinfer";
@@ -188,9 +208,9 @@ class InferenceServer {
                                                std::string_view version) const;
 
   /// Checks input `name` of OIP `datatype` and `shape` against the model without allocating:
-  /// the name exists, the datatype is the model's (BYTES is refused), the shape has the model's
-  /// rank, its fixed dims, a batch dim within max_batch_size, and an element count × size that
-  /// fits in 64 bits. invalid_argument names the input, what was expected and what came.
+  /// the name exists, the datatype is the model's, the shape has the model's rank, its fixed
+  /// dims, a batch dim within max_batch_size, and an element count × size that fits in 64 bits.
+  /// invalid_argument names the input, what was expected and what came.
   static Result<InputSlot> check_input(const ModelVersion& model, std::string_view name,
                                        std::string_view datatype,
                                        std::span<const std::int64_t> shape);
@@ -216,6 +236,9 @@ class InferenceServer {
 
   /// The response cache; null without --cache-config.
   const ResponseCache* response_cache() const noexcept { return cache_.get(); }
+  /// The system shared memory regions clients registered (Triton's extension).
+  SharedMemoryManager& shared_memory() noexcept { return shared_memory_; }
+  const SharedMemoryManager& shared_memory() const noexcept { return shared_memory_; }
   /// The bytes requests in flight hold, every frontend together (--max-inflight-bytes).
   MemoryBudget& memory() noexcept { return memory_; }
   /// The descriptors client connections hold, every frontend together.
@@ -241,6 +264,10 @@ class InferenceServer {
   Result<InflightRequest> run(ModelRef model, Inputs inputs, const RequestOptions& options,
                               std::string id, std::vector<std::size_t> selected, Completion done,
                               Finished finished = {});
+  /// `done`, after writing each output that `requested` places in shared memory into its
+  /// region (a response whose output does not fit its window fails with invalid_argument).
+  static Completion write_to_shared_memory(std::vector<RequestedOutput> requested,
+                                           Completion done);
   /// submit() for a model with response_cache enabled: a hit answers at once; a miss runs (or
   /// follows an identical request in flight) and fills the cache.
   Result<InflightRequest> submit_cached(const ModelRef& model, Inputs inputs,
@@ -258,6 +285,7 @@ class InferenceServer {
   std::unique_ptr<ModelRepository> repository_;
   ServerOptions options_;
   std::unique_ptr<ResponseCache> cache_;
+  SharedMemoryManager shared_memory_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
   MemoryBudget memory_;

@@ -127,7 +127,7 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
 /// (names, dtypes, dims). invalid_argument names the first difference.
 Status check_signature(const ModelPlan& plan, const ModelSignature& signature);
 
-/// OIP datatype names ("FP32", "INT64", "BOOL", ...) for a DType, and back. BYTES and unknown
+/// OIP datatype names ("FP32", "INT64", "BOOL", "BYTES", ...) for a DType, and back. Unknown
 /// names are invalid_argument with a message naming the supported datatypes.
 std::string_view oip_datatype(DType dtype) noexcept;
 Result<DType> dtype_from_oip(std::string_view name);

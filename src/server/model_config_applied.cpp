@@ -47,6 +47,8 @@ inference::DataType config_type(DType dtype) {
       return inference::TYPE_FP64;
     case DType::bf16:
       return inference::TYPE_BF16;
+    case DType::bytes:
+      return inference::TYPE_STRING;
   }
   return inference::TYPE_INVALID;
 }

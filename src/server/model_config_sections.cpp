@@ -42,12 +42,11 @@ Result<DType> dtype_from_config(inference::DataType type) {
     case inference::TYPE_BF16:
       return DType::bf16;
     case inference::TYPE_STRING:
-      return invalid_argument_error(
-          "data_type TYPE_STRING is not supported (numeric tensors only)");
+      return DType::bytes;
     default:
       return invalid_argument_error(
           "data_type is missing or TYPE_INVALID (TYPE_FP32, TYPE_INT64, "
-          "...)");
+          "TYPE_STRING, ...)");
   }
 }
 

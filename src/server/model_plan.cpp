@@ -113,6 +113,8 @@ std::string_view oip_datatype(DType dtype) noexcept {
       return "UINT64";
     case DType::boolean:
       return "BOOL";
+    case DType::bytes:
+      return "BYTES";
   }
   return "?";
 }
@@ -123,19 +125,14 @@ Result<DType> dtype_from_oip(std::string_view name) {
       {"FP64", DType::f64},     {"INT8", DType::i8},    {"UINT8", DType::u8},
       {"INT16", DType::i16},    {"UINT16", DType::u16}, {"INT32", DType::i32},
       {"UINT32", DType::u32},   {"INT64", DType::i64},  {"UINT64", DType::u64},
-      {"BOOL", DType::boolean},
+      {"BOOL", DType::boolean}, {"BYTES", DType::bytes},
   };
   for (const auto& [n, d] : kNames) {
     if (n == name) return d;
   }
-  if (name == "BYTES") {
-    return invalid_argument_error(
-        "datatype BYTES (strings) is not supported by asyncinfer; its "
-        "models take numeric tensors");
-  }
   return invalid_argument_error("unknown datatype '" + std::string(name) +
                                 "' (expected BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, "
-                                "INT32, INT64, FP16, BF16, FP32 or FP64)");
+                                "INT32, INT64, FP16, BF16, FP32, FP64 or BYTES)");
 }
 
 }  // namespace asyncinfer::server

@@ -20,6 +20,32 @@ namespace {
 /// the bytes of <model>/warmup/<file>, which must be exactly the tensor's size.
 Result<Tensor> warmup_tensor(const WarmupSample::Input& in, Shape shape, const fs::path& dir,
                              std::mt19937_64& rng) {
+  if (in.dtype == DType::bytes && in.data != WarmupSample::Input::Data::zero) {
+    // BYTES: random_data gives 8 random lower-case letters per element; input_data_file holds
+    // the serialized elements (a 4-byte little-endian length before each), as Triton reads it.
+    std::string serialized;
+    const std::size_t n = checked_element_count(shape).value();
+    if (in.data == WarmupSample::Input::Data::random) {
+      std::string element(8, 'a');
+      for (std::size_t i = 0; i < n; ++i) {
+        for (char& c : element) c = static_cast<char>('a' + rng() % 26);
+        append_serialized_element(serialized, element);
+      }
+    } else {
+      const fs::path file = dir / "warmup" / in.file;
+      std::ifstream f(file, std::ios::binary);
+      if (!f) return not_found_error("input_data_file " + file.string() + " cannot be read");
+      serialized.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    auto t = Tensor::from_serialized(shape, std::move(serialized));
+    if (!t.ok()) {
+      return t.status().with_context("input '" + in.name + "'" +
+                                     (in.data == WarmupSample::Input::Data::file
+                                          ? " (input_data_file " + in.file + ")"
+                                          : std::string()));
+    }
+    return t;
+  }
   ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(in.dtype, shape));
   auto* bytes = static_cast<unsigned char*>(t.data());
   switch (in.data) {

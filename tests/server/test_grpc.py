@@ -499,7 +499,7 @@ class BadInput(RpcCase):
         self.invalid("datatype INT32 does not match the model's FP32", "identity",
                      [("input0", "INT32", [1, 16], [1] * 16)])
         self.invalid("FP23", "identity", [("input0", "FP23", [1, 16], b"\0" * 64)])
-        self.invalid("BYTES (strings) is not supported", "identity",
+        self.invalid("datatype BYTES does not match the model's FP32", "identity",
                      [("input0", "BYTES", [1, 16], b"\0" * 64)])
         self.invalid("has a negative dim", "identity", [("input0", "FP32", [1, -16], b"")])
         self.invalid("has 1 dims, the model expects 2", "identity",

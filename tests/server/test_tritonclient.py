@@ -80,7 +80,8 @@ class TritonClient(harness.unittest.TestCase):
     # ---- extensions ------------------------------------------------------------------------------
 
     def test_extensions_list_what_is_served(self):
-        expected = ["model_repository", "model_configuration", "binary_tensor_data", "statistics"]
+        expected = ["model_repository", "model_configuration", "system_shared_memory",
+                    "binary_tensor_data", "statistics"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
 

@@ -132,6 +132,10 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 
 // ---- the service ------------------------------------------------------------------------------
 
+using SharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryStatus<
+    pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryRegister<
+        pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryUnregister<
+            pb::GRPCInferenceService::Service>>>;
 using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
     pb::GRPCInferenceService::WithCallbackMethod_ServerReady<
         pb::GRPCInferenceService::WithCallbackMethod_ModelReady<
@@ -146,8 +150,7 @@ using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
                                             WithCallbackMethod_RepositoryModelLoad<
                                                 pb::GRPCInferenceService::
                                                     WithCallbackMethod_RepositoryModelUnload<
-                                                        pb::GRPCInferenceService::
-                                                            Service>>>>>>>>>>>>;
+                                                        SharedMemoryBase>>>>>>>>>>>>;
 
 class GrpcServer::Impl::Service final : public ServiceBase {
  public:
@@ -165,6 +168,9 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::ServerLive;
   using ServiceBase::ServerMetadata;
   using ServiceBase::ServerReady;
+  using ServiceBase::SystemSharedMemoryRegister;
+  using ServiceBase::SystemSharedMemoryStatus;
+  using ServiceBase::SystemSharedMemoryUnregister;
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const pb::ServerLiveRequest*,
@@ -263,6 +269,36 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     impl_.core.repository().unload_model(model_name_of(*in),
                                          [this, r](const Status& s) { finish(r, s); });
     return r;
+  }
+
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryStatusRequest* in,
+      pb::SystemSharedMemoryStatusResponse* out) override {
+    auto regions = impl_.core.shared_memory().status(in->name());
+    if (!regions.ok()) return done(ctx, regions.status());
+    for (const SharedMemoryRef& r : *regions) {
+      auto& entry = (*out->mutable_regions())[r->name()];
+      entry.set_name(r->name());
+      entry.set_key(r->key());
+      entry.set_offset(r->offset());
+      entry.set_byte_size(r->byte_size());
+    }
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* in,
+      pb::SystemSharedMemoryRegisterResponse*) override {
+    return done(ctx, impl_.core.shared_memory().register_region(
+                         in->name(), in->key(), static_cast<std::size_t>(in->offset()),
+                         static_cast<std::size_t>(in->byte_size())));
+  }
+
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* in,
+      pb::SystemSharedMemoryUnregisterResponse*) override {
+    impl_.core.shared_memory().unregister(in->name());
+    return done(ctx, Status());
   }
 
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,

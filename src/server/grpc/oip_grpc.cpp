@@ -56,6 +56,8 @@ const char* contents_field(DType dtype) {
       return "fp32_contents";
     case DType::f64:
       return "fp64_contents";
+    case DType::bytes:
+      return "bytes_contents";
     case DType::f16:
     case DType::bf16:
       break;
@@ -110,6 +112,7 @@ Status fill_typed(const InferTensorContents& c, Tensor& t, const std::string& wh
       return copy_values<float>(c.fp32_contents(), t, what, f, datatype);
     case DType::f64:
       return copy_values<double>(c.fp64_contents(), t, what, f, datatype);
+    case DType::bytes:  // made by bytes_tensor, not filled
     case DType::f16:
     case DType::bf16:
       break;
@@ -144,6 +147,18 @@ Status check_typed(const InferTensorContents& c, const InputSlot& slot,
         shape_to_string(shape) + " needs " + std::to_string(slot.element_count));
   }
   return Status();
+}
+
+/// A BYTES tensor of `bytes_contents`: one entry per element, without length prefixes.
+Result<Tensor> bytes_tensor(const InferTensorContents& c, Shape shape, const std::string& what) {
+  std::size_t total = 0;
+  for (const std::string& e : c.bytes_contents()) total += 4 + e.size();
+  std::string serialized;
+  serialized.reserve(total);
+  for (const std::string& e : c.bytes_contents()) append_serialized_element(serialized, e);
+  auto t = Tensor::from_serialized(std::move(shape), std::move(serialized));
+  if (!t.ok()) return t.status().with_context(what);
+  return t;
 }
 
 /// A tensor over the bytes of `bytes`, which it takes (no copy).
@@ -197,7 +212,8 @@ Result<ParameterValue> parameter_from_proto(const inference::InferParameter& p,
                                 "double_param or uint64_param)");
 }
 
-Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferRequest& message) {
+Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferRequest& message,
+                                          const SharedMemoryManager& shared_memory) {
   InferRequest req;
   req.id = message.id();
   ASYNCINFER_ASSIGN_OR_RETURN(req.parameters, parameters_from_proto(message.parameters()));
@@ -205,11 +221,18 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
   const int n_inputs = message.inputs_size();
   const int n_raw = message.raw_input_contents_size();
   const bool raw = n_raw > 0;
-  if (raw && n_raw != n_inputs) {
-    return invalid_argument_error("raw_input_contents has " + std::to_string(n_raw) +
-                                  " entries but the request has " + std::to_string(n_inputs) +
-                                  " inputs; give one entry per input, in the order of inputs");
+  // Inputs in shared memory have no raw entry (tritonclient sends none for them).
+  int n_in_memory = 0;
+  for (const auto& in : message.inputs()) {
+    if (in.parameters().count("shared_memory_region") > 0) ++n_in_memory;
   }
+  if (raw && n_raw != n_inputs - n_in_memory) {
+    return invalid_argument_error(
+        "raw_input_contents has " + std::to_string(n_raw) + " entries but the request has " +
+        std::to_string(n_inputs - n_in_memory) +
+        " inputs outside shared memory; give one entry per such input, in the order of inputs");
+  }
+  int raw_index = 0;
   req.inputs.reserve(static_cast<std::size_t>(n_inputs));
   for (int k = 0; k < n_inputs; ++k) {
     ModelInferRequest::InferInputTensor& in = *message.mutable_inputs(k);
@@ -223,18 +246,41 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
     ASYNCINFER_ASSIGN_OR_RETURN(
         InputSlot slot, InferenceServer::check_input(model, in.name(), in.datatype(), shape));
     // Input parameters are accepted and not used (as Triton passes them to backends), but their
-    // values must be well formed.
-    ASYNCINFER_RETURN_IF_ERROR(parameters_from_proto(in.parameters()).status());
+    // values must be well formed; shared_memory_* place the input in a client's region.
+    ASYNCINFER_ASSIGN_OR_RETURN(Parameters params, parameters_from_proto(in.parameters()));
+    ASYNCINFER_ASSIGN_OR_RETURN(std::optional<SharedMemoryTensor> shm,
+                                shared_memory_parameters(params, what));
     Shape dims(shape.begin(), shape.end());
+    if (shm) {
+      if (in.has_contents()) {
+        return invalid_argument_error(what + " has contents and shared_memory_region; give one");
+      }
+      ASYNCINFER_ASSIGN_OR_RETURN(SharedMemoryRef region, shared_memory.window(*shm, what));
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t,
+                                  tensor_in_region(region, *shm, slot.dtype, std::move(dims), what));
+      req.inputs.push_back({in.name(), std::move(t)});
+      continue;
+    }
     if (raw) {
+      const int k_raw = raw_index++;
       if (in.has_contents()) {
         return invalid_argument_error(what +
                                       " has typed contents and the request also has "
                                       "raw_input_contents; send every input one way or the other");
       }
-      std::string& bytes = *message.mutable_raw_input_contents(k);
+      std::string& bytes = *message.mutable_raw_input_contents(k_raw);
+      if (slot.dtype == DType::bytes) {
+        // Length-prefixed elements, as in HTTP's binary form (tritonclient sends BYTES this way).
+        auto t = Tensor::from_serialized(dims, std::move(bytes));
+        if (!t.ok()) {
+          return t.status().with_context("raw_input_contents[" + std::to_string(k_raw) + "] (" + what +
+                                         ")");
+        }
+        req.inputs.push_back({in.name(), std::move(*t)});
+        continue;
+      }
       if (bytes.size() != slot.byte_size) {
-        return invalid_argument_error("raw_input_contents[" + std::to_string(k) + "] (" + what +
+        return invalid_argument_error("raw_input_contents[" + std::to_string(k_raw) + "] (" + what +
                                       ") has " + std::to_string(bytes.size()) + " bytes; shape " +
                                       shape_to_string(shape) + " of " + in.datatype() + " needs " +
                                       std::to_string(slot.byte_size));
@@ -263,6 +309,11 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
                                     " has no typed contents; send it in raw_input_contents");
     }
     ASYNCINFER_RETURN_IF_ERROR(check_typed(in.contents(), slot, shape, what, in.datatype()));
+    if (slot.dtype == DType::bytes) {
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, bytes_tensor(in.contents(), std::move(dims), what));
+      req.inputs.push_back({in.name(), std::move(t)});
+      continue;
+    }
     ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::empty(slot.dtype, dims));
     ASYNCINFER_RETURN_IF_ERROR(fill_typed(in.contents(), t, what, in.datatype()));
     req.inputs.push_back({in.name(), std::move(t)});
@@ -280,7 +331,13 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
       return invalid_argument_error(what + ": the classification extension is not supported");
     }
     ASYNCINFER_RETURN_IF_ERROR(InferenceServer::check_output(model, o.name()).status());
-    req.outputs.push_back({o.name(), std::move(params)});
+    ASYNCINFER_ASSIGN_OR_RETURN(std::optional<SharedMemoryTensor> shm,
+                                shared_memory_parameters(params, what));
+    SharedMemoryRef region;
+    if (shm) {
+      ASYNCINFER_ASSIGN_OR_RETURN(region, shared_memory.window(*shm, what));
+    }
+    req.outputs.push_back({o.name(), std::move(params), std::move(shm), std::move(region)});
   }
   return req;
 }
@@ -317,7 +374,7 @@ ParsedInfer parse_infer_request(grpc::ByteBuffer& raw, const InferenceServer& se
   }
   out.model = *model;
   out.model_version = (*model)->version_text;
-  auto request = decode_infer_request(**model, message);
+  auto request = decode_infer_request(**model, message, server.shared_memory());
   if (!request.ok()) {
     out.status = request.status();
     return out;
@@ -336,13 +393,23 @@ grpc::ByteBuffer encode_infer_response(const InferResponse& response, bool strea
     out->set_name(o.spec->name);
     out->set_datatype(std::string(oip_datatype(o.tensor.dtype())));
     for (std::int64_t d : o.tensor.shape()) out->add_shape(d);
+    if (o.shared_memory) {  // written into the client's region; its raw entry is empty
+      auto& p = *out->mutable_parameters();
+      p["shared_memory_region"].set_string_param(o.shared_memory->region);
+      p["shared_memory_byte_size"].set_int64_param(
+          static_cast<std::int64_t>(o.shared_memory->byte_size));
+      if (o.shared_memory->offset != 0) {
+        p["shared_memory_offset"].set_int64_param(
+            static_cast<std::int64_t>(o.shared_memory->offset));
+      }
+    }
   }
   std::string head = header.SerializeAsString();
   // raw_output_contents (field 6, length-delimited): tag 0x32, length, bytes; after the other
   // fields, which protobuf allows.
   std::size_t inner = head.size();
   for (const InferOutput& o : response.outputs) {
-    const std::size_t n = o.tensor.byte_size();
+    const std::size_t n = o.shared_memory ? 0 : o.tensor.byte_size();
     inner += 1 + varint_size(n) + n;
   }
   std::string prefix;
@@ -355,7 +422,7 @@ grpc::ByteBuffer encode_infer_response(const InferResponse& response, bool strea
   std::string pending = std::move(prefix);
   pending += head;
   for (const InferOutput& o : response.outputs) {
-    const std::size_t n = o.tensor.byte_size();
+    const std::size_t n = o.shared_memory ? 0 : o.tensor.byte_size();
     pending.push_back(static_cast<char>(0x32));
     append_varint(pending, n);
     if (n <= kInlineOutputBytes) {

@@ -141,6 +141,9 @@ void Session::handle_api() {
     if (!percent_decode(p[3], model)) return respond_error(400, "bad percent-escape in model name");
     return handle_repository(model, p[4] == "load");
   }
+  if (p[1] == "systemsharedmemory" || p[1] == "cudasharedmemory") {
+    return handle_shared_memory(p, p[1] == "cudasharedmemory", method);
+  }
   if (p.size() < 3 || p[1] != "models") return not_found(target);
   if (p.size() == 3 && p[2] == "stats") {  // every model's (Triton: as for a model "stats")
     if (!need(http::verb::get)) return;
@@ -199,6 +202,55 @@ void Session::handle_api() {
   not_found(target);
 }
 
+void Session::handle_shared_memory(const std::vector<std::string_view>& p, bool cuda,
+                                   http::verb method) {
+  // /v2/systemsharedmemory[/region/{r}]/{status,register,unregister} (Triton's extension).
+  std::string region;
+  std::string_view action;
+  if (p.size() == 3) {
+    action = p[2];
+    if (action == "register") return not_found(request_.target());  // needs a region
+  } else if (p.size() == 5 && p[2] == "region") {
+    if (!percent_decode(p[3], region)) return respond_error(400, "bad percent-escape in region");
+    action = p[4];
+  } else {
+    return not_found(request_.target());
+  }
+  if (action != "status" && action != "register" && action != "unregister") {
+    return not_found(request_.target());
+  }
+  const http::verb want = action == "status" ? http::verb::get : http::verb::post;
+  if (method != want) return respond_method(want == http::verb::get ? "GET" : "POST");
+  if (cuda) {
+    // No CUDA regions here (the extension is not listed): there is nothing to show or
+    // unregister, and registering one is not supported.
+    if (action == "status") {
+      if (!region.empty()) {
+        return respond_error(400, "no CUDA shared memory region '" + region + "' is registered");
+      }
+      return respond(200, "[]");
+    }
+    if (action == "unregister") return respond(200, "", "");
+    return respond_error(501, "CUDA shared memory is not supported by this server; use system "
+                              "shared memory (/v2/systemsharedmemory)");
+  }
+  SharedMemoryManager& shm = impl_.core.shared_memory();
+  if (action == "status") {
+    auto regions = shm.status(region);
+    if (!regions.ok()) return respond_status(regions.status());
+    return respond(200, shared_memory_status_json(*regions));
+  }
+  if (action == "unregister") {
+    shm.unregister(region);
+    return respond(200, "", "");
+  }
+  auto call = parse_shared_memory_register(request_.body(), impl_.opt.max_json_depth);
+  if (!call.ok()) return respond_status(call.status());
+  Status s = shm.register_region(region, call->key, call->offset, call->byte_size);
+  if (!s.ok()) return respond_status(s);
+  respond(200, "", "");
+}
+
 void Session::handle_infer(const std::string& model, const std::string& version) {
   is_infer_ = true;
   auto mv = impl_.core.find(model, version);
@@ -239,7 +291,8 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   ModelRef m = std::move(*mv);
   if (coding == ContentCoding::identity && request_.body().size() < kCodecInlineBytes) {
     auto decoded =
-        decode_infer_request(*m, request_.body(), header_length, impl_.opt.max_json_depth);
+        decode_infer_request(*m, request_.body(), header_length, impl_.opt.max_json_depth,
+                             &impl_.core.shared_memory());
     request_.body() = std::string();  // the inputs were copied into tensors
     return on_decoded(m, std::move(decoded));
   }
@@ -256,13 +309,15 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     Result<DecodedInfer> decoded = internal_error("unset");
     bool too_large = false;
     if (coding == ContentCoding::identity) {
-      decoded = decode_infer_request(*m, body, header_length, self->impl_.opt.max_json_depth);
+      decoded = decode_infer_request(*m, body, header_length, self->impl_.opt.max_json_depth,
+                                     &self->impl_.core.shared_memory());
     } else {
       Result<std::string> inflated = inflate_body(body, coding, self->impl_.opt.max_body_bytes);
       body = std::string();
       if (inflated.ok()) {
         decoded =
-            decode_infer_request(*m, *inflated, header_length, self->impl_.opt.max_json_depth);
+            decode_infer_request(*m, *inflated, header_length, self->impl_.opt.max_json_depth,
+                                 &self->impl_.core.shared_memory());
       } else {
         too_large = inflated.status().code() == StatusCode::resource_exhausted;
         decoded = inflated.status();

@@ -148,6 +148,9 @@ class Session : public std::enable_shared_from_this<Session> {
                   bool inflated = false);
   /// POST /v2/repository/models/{m}/load or /unload: answered from the control thread.
   void handle_repository(const std::string& model, bool load);
+  /// Triton's system shared memory endpoints (and the CUDA ones, which hold no region here).
+  void handle_shared_memory(const std::vector<std::string_view>& path, bool cuda,
+                            http::verb method);
   void on_repository_done(const Status& s);
   void on_infer_done(Result<InferResponse> r);
   void send_infer(EncodedResponse enc);

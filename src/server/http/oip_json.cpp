@@ -132,6 +132,48 @@ Result<bool> parse_index_request(std::string_view body, int max_depth) {
   return it->get<bool>();
 }
 
+Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body,
+                                                              int max_depth) {
+  if (body.empty()) {
+    return invalid_argument_error("the register body must be a JSON object with \"key\" and "
+                                  "\"byte_size\"");
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(json j, parse_json(body, max_depth));
+  if (!j.is_object()) return invalid_argument_error("the request body must be a JSON object");
+  SharedMemoryRegisterCall call;
+  auto key = j.find("key");
+  if (key == j.end() || !key->is_string()) {
+    return invalid_argument_error("\"key\" (the shared memory object's name, a string) is missing");
+  }
+  call.key = key->get<std::string>();
+  auto size_of = [&](const char* name, bool required, std::size_t* out) -> Status {
+    auto it = j.find(name);
+    if (it == j.end()) {
+      return required ? invalid_argument_error("\"" + std::string(name) + "\" is missing")
+                      : Status();
+    }
+    if (!it->is_number_unsigned()) {
+      return invalid_argument_error("\"" + std::string(name) + "\" must be an integer >= 0");
+    }
+    *out = it->get<std::size_t>();
+    return Status();
+  };
+  ASYNCINFER_RETURN_IF_ERROR(size_of("offset", false, &call.offset));
+  ASYNCINFER_RETURN_IF_ERROR(size_of("byte_size", true, &call.byte_size));
+  return call;
+}
+
+std::string shared_memory_status_json(const std::vector<SharedMemoryRef>& regions) {
+  json list = json::array();
+  for (const SharedMemoryRef& r : regions) {
+    list.push_back({{"name", r->name()},
+                    {"key", r->key()},
+                    {"offset", r->offset()},
+                    {"byte_size", r->byte_size()}});
+  }
+  return list.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 Result<RepositoryCall> parse_repository_call(std::string_view body, int max_depth, bool load) {
   RepositoryCall call;
   if (body.empty()) return call;

@@ -39,8 +39,12 @@ struct DecodedInfer {
 
 /// Decodes an inference request body for `model`. `header_length` is the value of
 /// Inference-Header-Content-Length when the header was sent. `max_depth` bounds JSON nesting.
+/// Inputs and outputs that name a region of `shared_memory` (shared_memory_region, ...) are
+/// checked against it, and such inputs become views of the region; without a manager they are
+/// refused. Thread-safe (any thread may decode).
 Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string_view body,
-                                          std::optional<std::size_t> header_length, int max_depth);
+                                          std::optional<std::size_t> header_length, int max_depth,
+                                          const SharedMemoryManager* shared_memory = nullptr);
 
 struct EncodedResponse {
   std::string body;
@@ -82,5 +86,17 @@ struct RepositoryCall {
   std::string unsupported;
 };
 Result<RepositoryCall> parse_repository_call(std::string_view body, int max_depth, bool load);
+
+/// The body of POST /v2/systemsharedmemory/region/{r}/register: {"key": string, "offset":
+/// integer >= 0 (default 0), "byte_size": integer >= 1}. invalid_argument names the field.
+struct SharedMemoryRegisterCall {
+  std::string key;
+  std::size_t offset = 0;
+  std::size_t byte_size = 0;
+};
+Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body,
+                                                              int max_depth);
+/// GET /v2/systemsharedmemory[/region/{r}]/status: [{"name", "key", "offset", "byte_size"}].
+std::string shared_memory_status_json(const std::vector<SharedMemoryRef>& regions);
 
 }  // namespace asyncinfer::server

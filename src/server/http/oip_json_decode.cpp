@@ -23,6 +23,11 @@ Result<DecodedInfer> decode_raw(const ModelVersion& model, std::string_view body
         model.model_name + "' has " + std::to_string(sig.inputs.size()));
   }
   const TensorSpec& spec = sig.inputs[0];
+  if (spec.dtype == DType::bytes) {
+    return invalid_argument_error("raw binary request: input '" + spec.name +
+                                  "' is BYTES, whose element count the body does not give; send "
+                                  "a JSON header with its shape");
+  }
   Shape shape = spec.shape;
   std::size_t row = dtype_size(spec.dtype);
   for (std::size_t i = sig.batched ? 1 : 0; i < shape.size(); ++i) {
@@ -59,7 +64,8 @@ Result<DecodedInfer> decode_raw(const ModelVersion& model, std::string_view body
 }  // namespace
 
 Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string_view body,
-                                          std::optional<std::size_t> header_length, int max_depth) {
+                                          std::optional<std::size_t> header_length, int max_depth,
+                                          const SharedMemoryManager* shared_memory) {
   std::string_view json_text = body;
   std::string_view binary;
   if (header_length) {
@@ -76,7 +82,7 @@ Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string
 
   DecodedInfer out;
   std::vector<PendingInput> inputs;
-  RequestReader first(model, max_depth, binary, out, inputs, false);
+  RequestReader first(model, max_depth, binary, out, inputs, false, shared_memory);
   if (!json::sax_parse(json_text.begin(), json_text.end(), &first)) {
     Status s = first.status();
     return s.ok() ? invalid_argument_error("malformed JSON") : s;
@@ -93,8 +99,11 @@ Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string
     // Some input's "data" came before its name, datatype or shape: its tensor was allocated at
     // the end of the input; this pass writes it (and checks its elements).
     DecodedInfer ignored;
-    RequestReader second(model, max_depth, binary, ignored, inputs, true);
+    RequestReader second(model, max_depth, binary, ignored, inputs, true, shared_memory);
     if (!json::sax_parse(json_text.begin(), json_text.end(), &second)) return second.status();
+    for (const PendingInput& in : inputs) {  // BYTES tensors were made over the second pass's data
+      if (in.deferred && in.slot.dtype == DType::bytes) out.request.inputs[in.index].tensor = in.tensor;
+    }
   }
   if (auto it = out.request.parameters.find("binary_data_output");
       it != out.request.parameters.end()) {
@@ -103,13 +112,33 @@ Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string
   }
   for (PendingOutput& o : first.outputs()) {
     const bool binary_out = o.binary.value_or(out.binary_default);
+    auto shm = shared_memory_parameters(o.parameters, "output '" + o.name + "'");
+    if (!shm.ok()) return shm.status();
+    if (*shm) {
+      if (o.binary.value_or(false)) {
+        return invalid_argument_error("output '" + o.name +
+                                      "' asks for binary_data and for shared memory; it can be "
+                                      "sent one way only");
+      }
+      if (shared_memory == nullptr) {
+        return invalid_argument_error("output '" + o.name +
+                                      "': shared memory is not available on this endpoint");
+      }
+      auto region = shared_memory->window(**shm, "output '" + o.name + "'");
+      if (!region.ok()) return region.status();
+      RequestedOutput r{std::move(o.name), std::move(o.parameters), std::move(*shm),
+                        std::move(*region)};
+      out.request.outputs.push_back(std::move(r));
+      out.output_binary.push_back(false);
+      continue;
+    }
     if (!binary_out && is_half(o.spec->dtype)) {
       return invalid_argument_error("output '" + o.name + "' is " +
                                     std::string(oip_datatype(o.spec->dtype)) +
                                     ", which has no JSON form; ask for it in binary (parameters "
                                     "{\"binary_data\": true})");
     }
-    out.request.outputs.push_back({std::move(o.name), std::move(o.parameters)});
+    out.request.outputs.push_back({std::move(o.name), std::move(o.parameters), {}, {}});
     out.output_binary.push_back(binary_out);
   }
   if (out.request.outputs.empty() && !out.binary_default) {

@@ -68,6 +68,20 @@ void append_tensor_json(std::string& out, const Tensor& t) {
       return append_data<std::uint64_t>(out, t);
     case DType::boolean:
       return append_data<bool>(out, t);
+    case DType::bytes: {
+      // The engine checked the elements (check_outputs). JSON carries text: bytes that are not
+      // UTF-8 come out as U+FFFD; binary_data keeps them exact.
+      auto elements = t.string_elements();
+      out += '[';
+      if (elements.ok()) {
+        for (std::size_t i = 0; i < elements->size(); ++i) {
+          if (i) out += ',';
+          out += quote((*elements)[i]);
+        }
+      }
+      out += ']';
+      return;
+    }
     case DType::f16:
     case DType::bf16:
       out += "[]";
@@ -94,12 +108,13 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
   std::size_t binary_bytes = 0;
   std::size_t json_estimate = 128;
   for (const InferOutput& o : response.outputs) {
-    const bool bin = o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
-                                      : request.binary_default;
+    const bool bin = !o.shared_memory &&
+                     (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
+                                       : request.binary_default);
     if (bin) {
       binary_bytes += o.tensor.byte_size();
     } else {
-      json_estimate += o.tensor.numel() * 12;
+      json_estimate += o.tensor.numel() * 12 + o.tensor.byte_size();
     }
   }
   s.reserve(json_estimate + binary_bytes);
@@ -114,8 +129,9 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
   s += ",\"outputs\":[";
   bool first = true;
   for (const InferOutput& o : response.outputs) {
-    const bool bin = o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
-                                      : request.binary_default;
+    const bool bin = !o.shared_memory &&
+                     (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
+                                       : request.binary_default);
     if (!first) s += ',';
     first = false;
     s += "{\"name\":";
@@ -124,7 +140,18 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
     s += oip_datatype(o.tensor.dtype());
     s += "\",\"shape\":";
     append_shape(s, o.tensor.shape());
-    if (bin) {
+    if (o.shared_memory) {
+      // Written into the client's region: the entry says where, and carries no data.
+      s += ",\"parameters\":{\"shared_memory_region\":";
+      s += quote(o.shared_memory->region);
+      s += ",\"shared_memory_byte_size\":";
+      s += std::to_string(o.shared_memory->byte_size);
+      if (o.shared_memory->offset != 0) {
+        s += ",\"shared_memory_offset\":";
+        s += std::to_string(o.shared_memory->offset);
+      }
+      s += "}}";
+    } else if (bin) {
       s += ",\"parameters\":{\"binary_data_size\":";
       s += std::to_string(o.tensor.byte_size());
       s += "}}";
@@ -138,8 +165,9 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
   s += "]}";
   enc.json_size = s.size();
   for (const InferOutput& o : response.outputs) {
-    const bool bin = o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
-                                      : request.binary_default;
+    const bool bin = !o.shared_memory &&
+                     (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
+                                       : request.binary_default);
     if (bin && o.tensor.byte_size() > 0) {
       s.append(static_cast<const char*>(o.tensor.data()), o.tensor.byte_size());
     }

@@ -133,6 +133,8 @@ Status convert_element(const Scalar& s, Tensor& t, std::size_t i, std::string_vi
       return convert(s, t.data_as<std::uint64_t>() + i, datatype);
     case DType::boolean:
       return convert(s, t.data_as<bool>() + i, datatype);
+    case DType::bytes:
+      return invalid_argument_error("BYTES needs a string");
     case DType::f16:
     case DType::bf16:
       break;
@@ -277,7 +279,9 @@ bool RequestReader::open(bool array) {
       }
       // What the datatype needs, as for any other value of the wrong type.
       PendingInput& in = inputs_[current_input_];
-      const Status needs = convert_element(Scalar{}, in.tensor, 0, in.datatype);
+      const Status needs = in.slot.dtype == DType::bytes
+                               ? invalid_argument_error("BYTES needs a string")
+                               : convert_element(Scalar{}, in.tensor, 0, in.datatype);
       return fail_here(input_where() + ": data element " + std::to_string(in.filled) +
                        " is an object; " + std::string(needs.message()));
     }
@@ -383,6 +387,11 @@ bool RequestReader::close() {
                            " elements, shape " + shape_to_string(in.shape) + " needs " +
                            std::to_string(in.slot.element_count));
         }
+        if (in.slot.dtype == DType::bytes) {
+          auto t = Tensor::from_serialized(in.shape, std::move(in.serialized));
+          if (!t.ok()) return fail(t.status().with_context(input_where()));
+          in.tensor = std::move(*t);
+        }
       }
       return true;
     case Ctx::input:
@@ -445,6 +454,11 @@ bool RequestReader::begin_data() {
   }
   if (!check_current_input()) return false;
   if (is_half(in.slot.dtype)) return fail_here(input_where() + ": " + no_json_form(in.datatype));
+  if (in.slot.dtype == DType::bytes) {  // the tensor is made over the elements when data ends
+    in.serialized.clear();
+    filling_ = true;
+    return true;
+  }
   auto t = Tensor::empty(in.slot.dtype, in.shape);
   if (!t.ok()) return fail(t.status());
   in.tensor = std::move(*t);
@@ -460,6 +474,16 @@ bool RequestReader::data_element(const Scalar& s) {
     return fail_here(input_where() + ": \"data\" has more than " +
                      std::to_string(in.slot.element_count) + " elements, shape " +
                      shape_to_string(in.shape) + " needs " + std::to_string(in.slot.element_count));
+  }
+  if (in.slot.dtype == DType::bytes) {
+    if (s.type != Scalar::Type::string) {
+      return fail_here(input_where() + ": data element " + std::to_string(in.filled) + " is " +
+                       kind_of(s) + "; BYTES needs a string");
+    }
+    // A JSON string of 4 GiB or more would need a body over the request size limit.
+    append_serialized_element(in.serialized, *s.text);
+    ++in.filled;
+    return true;
   }
   Status st = convert_element(s, in.tensor, in.filled, in.datatype);
   if (!st.ok()) {
@@ -478,13 +502,35 @@ bool RequestReader::end_input() {
   if (!check_current_input()) return false;
   const std::string what = input_where();
   auto size_param = in.parameters.find("binary_data_size");
-  if (size_param != in.parameters.end()) {
+  auto shm = shared_memory_parameters(in.parameters, what);
+  if (!shm.ok()) return fail(shm.status());
+  if (*shm) {
+    // Read in place: the tensor views the client's region (Triton's system shared memory).
+    if (in.has_data || size_param != in.parameters.end()) {
+      return fail_here(what + ": give one of \"data\", binary_data_size or "
+                              "shared_memory_region");
+    }
+    if (shared_memory_ == nullptr) {
+      return fail_here(what + ": shared memory is not available on this endpoint");
+    }
+    auto region = shared_memory_->window(**shm, what);
+    if (!region.ok()) return fail(region.status());
+    auto t = tensor_in_region(*region, **shm, in.slot.dtype, in.shape, what);
+    if (!t.ok()) return fail(t.status());
+    in.tensor = std::move(*t);
+  } else if (size_param != in.parameters.end()) {
     auto size = parameter_int(size_param->second, "binary_data_size", 0,
                               std::numeric_limits<std::int64_t>::max());
     if (!size.ok()) return fail(size.status().with_context(what));
     if (in.has_data) return fail_here(what + ": has both \"data\" and binary_data_size");
     const auto bytes = static_cast<std::size_t>(*size);
-    if (bytes != in.slot.byte_size) {
+    const bool variable = in.slot.dtype == DType::bytes;
+    if (variable ? bytes < in.slot.byte_size : bytes != in.slot.byte_size) {
+      if (variable) {
+        return fail_here(what + ": binary_data_size " + std::to_string(bytes) + " is too small for " +
+                         std::to_string(in.slot.element_count) +
+                         " BYTES elements (each needs a 4-byte length prefix)");
+      }
       return fail_here(what + ": binary_data_size " + std::to_string(bytes) +
                        " does not match shape " + shape_to_string(in.shape) + " of " + in.datatype +
                        " (" + std::to_string(in.slot.byte_size) + " bytes)");
@@ -494,16 +540,22 @@ bool RequestReader::end_input() {
                        " is larger than the " + std::to_string(binary_.size() - binary_offset_) +
                        " bytes of binary data left after the JSON");
     }
-    auto t = Tensor::empty(in.slot.dtype, in.shape);
-    if (!t.ok()) return fail(t.status());
-    in.tensor = std::move(*t);
-    if (bytes > 0) std::memcpy(in.tensor.data(), binary_.data() + binary_offset_, bytes);
+    if (variable) {
+      auto t = Tensor::from_serialized(in.shape, std::string(binary_.substr(binary_offset_, bytes)));
+      if (!t.ok()) return fail(t.status().with_context(what + ": binary data"));
+      in.tensor = std::move(*t);
+    } else {
+      auto t = Tensor::empty(in.slot.dtype, in.shape);
+      if (!t.ok()) return fail(t.status());
+      in.tensor = std::move(*t);
+      if (bytes > 0) std::memcpy(in.tensor.data(), binary_.data() + binary_offset_, bytes);
+    }
     binary_offset_ += bytes;
   } else if (!in.has_data) {
     return fail_here(what +
                      ": \"data\" is missing (or give binary_data_size and send the bytes after "
                      "the JSON)");
-  } else if (in.deferred) {
+  } else if (in.deferred && in.slot.dtype != DType::bytes) {  // BYTES: made by the second pass
     if (is_half(in.slot.dtype)) return fail_here(what + ": " + no_json_form(in.datatype));
     auto t = Tensor::empty(in.slot.dtype, in.shape);
     if (!t.ok()) return fail(t.status());

@@ -9,7 +9,8 @@
 // element count). JSON objects are unordered: an input whose "data" comes before the fields that
 // say what it is cannot be written as it is read, so the first pass skips its data and allocates
 // its tensor at the end of the input, and a second pass over the same text fills only such
-// inputs.
+// inputs. BYTES elements (JSON strings) have no size known in advance: they are appended to a
+// serialized buffer, over which the tensor is made when "data" ends.
 //
 // Thread safety: one reader per request, used by one thread.
 #pragma once
@@ -53,6 +54,9 @@ struct PendingInput {
   bool checked = false;  ///< check_input passed; slot is set
   InputSlot slot;
   Tensor tensor;
+  /// BYTES: the elements of "data" so far, serialized (length-prefixed); the tensor is made
+  /// over it when "data" ends.
+  std::string serialized;
   std::size_t filled = 0;  ///< elements of "data" written so far
   std::size_t index = 0;   ///< in InferRequest::inputs
 };
@@ -76,13 +80,15 @@ class RequestReader {
   /// The first pass reads everything; the second (after a first that deferred some input's
   /// data) fills only the deferred inputs and skips the rest.
   RequestReader(const ModelVersion& model, int max_depth, std::string_view binary,
-                DecodedInfer& out, std::vector<PendingInput>& inputs, bool second_pass)
+                DecodedInfer& out, std::vector<PendingInput>& inputs, bool second_pass,
+                const SharedMemoryManager* shared_memory)
       : model_(model),
         max_depth_(max_depth),
         binary_(binary),
         out_(out),
         inputs_(inputs),
-        second_pass_(second_pass) {}
+        second_pass_(second_pass),
+        shared_memory_(shared_memory) {}
 
   const Status& status() const noexcept { return status_; }
   std::vector<PendingOutput>& outputs() noexcept { return outputs_; }
@@ -213,6 +219,7 @@ class RequestReader {
   DecodedInfer& out_;
   std::vector<PendingInput>& inputs_;
   const bool second_pass_;
+  const SharedMemoryManager* const shared_memory_;
 
   Status status_;
   std::vector<Ctx> stack_;
