@@ -4,9 +4,12 @@
 // The end-to-end tests over real sockets are tests/server/*.py.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -757,6 +760,84 @@ TEST(ModelControl, UnloadRefusesNewRequestsAndTheIndexFollowsIt) {
   EXPECT_EQ(entry(server->repository(), "identity", "1").reason, "unloaded");
   Status s = control([&](auto done) { server->repository().unload_model("other", done); });
   EXPECT_EQ(s.code(), StatusCode::not_found) << s;
+}
+
+}  // namespace
+}  // namespace asyncinfer::server
+
+// ---- System shared memory (Triton's extension): the manager alone -------------------------------
+
+namespace asyncinfer::server {
+namespace {
+
+/// A POSIX shared memory object of `size` bytes, unlinked at the end of the test.
+class ShmObject {
+ public:
+  explicit ShmObject(std::size_t size)
+      : key_("/asyncinfer-unit-" + std::to_string(::getpid()) + "-" + std::to_string(next_++)) {
+    const int fd = ::shm_open(key_.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
+    ::close(fd);
+  }
+  ~ShmObject() { ::shm_unlink(key_.c_str()); }
+  const std::string& key() const { return key_; }
+
+ private:
+  static inline int next_ = 0;
+  std::string key_;
+};
+
+TEST(SharedMemory, RegisterChecksNameKeyAndWindow) {
+  ShmObject obj(8192);
+  SharedMemoryManager m;
+  ASSERT_TRUE(m.register_region("r", obj.key(), 4100, 64).ok());  // an offset off the page
+  EXPECT_EQ(m.register_region("r", obj.key(), 0, 8).code(), StatusCode::already_exists);
+  EXPECT_EQ(m.register_region("x", "/asyncinfer-no-such-key", 0, 8).code(), StatusCode::internal);
+  EXPECT_EQ(m.register_region("x", obj.key(), 8000, 193).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(m.register_region("x", obj.key(), 0, 0).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(m.register_region("", obj.key(), 0, 8).code(), StatusCode::invalid_argument);
+  auto all = m.status("");
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0]->offset(), 4100u);
+  EXPECT_EQ(m.status("x").status().code(), StatusCode::invalid_argument);
+  // A tensor's window inside the region: offset + size within its 64 bytes.
+  EXPECT_TRUE(m.window({"r", 64, 0}, "input 'a'").ok());
+  auto far = m.window({"r", 60, 8}, "input 'a'");
+  EXPECT_EQ(far.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(far.status().message().find("beyond the 64 bytes"), std::string_view::npos);
+  EXPECT_EQ(m.window({"nope", 4, 0}, "input 'a'").status().code(), StatusCode::invalid_argument);
+}
+
+TEST(SharedMemory, TensorsReadInPlaceKeepTheRegionAfterItIsUnregistered) {
+  ShmObject obj(4096);
+  SharedMemoryManager m;
+  ASSERT_TRUE(m.register_region("in", obj.key(), 0, 4096).ok());
+  auto region = m.find("in");
+  ASSERT_TRUE(region.ok());
+  const float values[4] = {1.5F, -2.0F, 3.25F, 4.0F};
+  std::memcpy((*region)->data() + 16, values, sizeof values);
+  auto t = tensor_in_region(*region, {"in", 16, 16}, DType::f32, {1, 4}, "input 'x'");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->data(), static_cast<void*>((*region)->data() + 16));  // no copy
+  region = Result<SharedMemoryRef>(internal_error("dropped"));
+  m.unregister("in");
+  EXPECT_TRUE(m.status("").value().empty());
+  EXPECT_EQ(t->data_as<float>()[2], 3.25F);  // still mapped: the tensor holds the region
+  ASSERT_TRUE(m.register_region("in", obj.key(), 0, 4096).ok());  // the name is free at once
+  // A size that disagrees with the shape; BYTES must fill its window exactly.
+  auto r2 = m.find("in").value();
+  EXPECT_EQ(tensor_in_region(r2, {"in", 12, 0}, DType::f32, {1, 4}, "input 'x'").status().code(),
+            StatusCode::invalid_argument);
+  std::string two;
+  append_serialized_element(two, "ab");
+  append_serialized_element(two, "");
+  std::memcpy(r2->data(), two.data(), two.size());
+  auto b = tensor_in_region(r2, {"in", two.size(), 0}, DType::bytes, {2}, "input 's'");
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->string_elements().value()[0], "ab");
+  EXPECT_FALSE(tensor_in_region(r2, {"in", two.size() + 3, 0}, DType::bytes, {2}, "s").ok());
 }
 
 }  // namespace
