@@ -708,7 +708,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
     std::shared_ptr<ModelVersion> mv = make_version();
     mv->fingerprint = fp;
-    const StatusCode code = load_version(*mv, *plan, dir, v);
+    const StatusCode code = load_version(*mv, *plan, dir, v, epoch);
     if (!mv->ready() && first_failure == StatusCode::ok) first_failure = code;
     if (!mv->ready() && prev_serving) {
       errors += (errors.empty() ? "" : "; ") + ("version " + vtext + ": " + mv->reason);
@@ -733,7 +733,8 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
 }
 
 StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_ref,
-                                         const fs::path& dir, std::int64_t v) {
+                                         const fs::path& dir, std::int64_t v,
+                                         std::uint64_t epoch) {
   const Log& log = log_;
   const ModelPlan* plan = &plan_ref;
   ModelVersion* mv = &version;
@@ -782,7 +783,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         continue;
       }
       // While it loads (its warm-up may be long), shutdown() can cancel it.
-      LoadingEngine loading(*this, name, engine->get());
+      LoadingEngine loading(*this, name, engine->get(), epoch);
       // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
       // UNAVAILABLE with the reason (and its engine is shut down here).
       ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
@@ -1021,10 +1022,18 @@ void ModelRepository::drain_async(std::vector<ModelRef> versions, std::chrono::m
 }
 
 ModelRepository::LoadingEngine::LoadingEngine(ModelRepository& repo, const std::string& model,
-                                              Engine* engine)
+                                              Engine* engine, std::uint64_t epoch)
     : repo_(repo), engine_(engine) {
-  std::lock_guard lock(repo_.draining_mu_);
-  repo_.loading_.emplace_back(model, engine_);
+  {
+    std::lock_guard lock(repo_.draining_mu_);
+    repo_.loading_.emplace_back(model, engine_);
+  }
+  // An unload (or shutdown) that came after the load began but before this registration found
+  // nothing to cancel: cancel here. One that comes later finds the registration (it bumps the
+  // epoch, or sets stopping_, before it looks).
+  if (repo_.stopping_.load() || repo_.epoch_of(model) != epoch) {
+    engine_->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+  }
 }
 
 ModelRepository::LoadingEngine::~LoadingEngine() {

@@ -259,8 +259,9 @@ class ModelRepository {
                                            Status* status);
   /// Loads version `v` of the model in `dir` into `version` (its engine, warm-up and applied
   /// config: ready, or unavailable with the reason) and logs the outcome.
+  /// `epoch`: as reload()'s; an unload since then cancels the warm-up.
   StatusCode load_version(ModelVersion& version, const ModelPlan& plan,
-                          const std::filesystem::path& dir, std::int64_t v);
+                          const std::filesystem::path& dir, std::int64_t v, std::uint64_t epoch);
   /// Loads (or reloads) `name` and publishes it; drains the versions it replaced.
   /// `epoch`: the model's unload count when the load was asked for; an unload since then wins.
   void reload(const std::string& name, const std::optional<std::string>& config_json,
@@ -300,7 +301,9 @@ class ModelRepository {
   /// An engine being made (its warm-up may be long): registered so that shutdown() can cancel it.
   class LoadingEngine {
    public:
-    LoadingEngine(ModelRepository& repo, const std::string& model, Engine* engine);
+    /// Cancels `engine` at once when `model` was unloaded since `epoch`, or the server stops.
+    LoadingEngine(ModelRepository& repo, const std::string& model, Engine* engine,
+                  std::uint64_t epoch);
     ~LoadingEngine();
     LoadingEngine(const LoadingEngine&) = delete;
     LoadingEngine& operator=(const LoadingEngine&) = delete;
