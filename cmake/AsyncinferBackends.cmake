@@ -15,6 +15,43 @@ if(ASYNCINFER_WITH_TORCH)
   endif()
 endif()
 
+# OpenVINO: the C++ files of PyPI's `openvino` wheel, which scripts/setup.sh installs into
+# .venv/openvino (no Debian package has OpenVINO). Found through the wheel's own
+# openvino.utils.get_cmake_path() when OpenVINO_DIR is not given. The wheel is built with the
+# C++11 ABI (_GLIBCXX_USE_CXX11_ABI=1, like Debian's libtorch, gRPC and protobuf), so the backend
+# links it directly (docs/design.md, "OpenVINO's ABI").
+set(ASYNCINFER_HAVE_OPENVINO OFF)
+if(ASYNCINFER_WITH_OPENVINO)
+  if(ASYNCINFER_SANITIZE)
+    message(STATUS "asyncinfer: openvino backend off under sanitizers (OpenVINO is uninstrumented)")
+  else()
+    set(ASYNCINFER_OPENVINO_PYTHON "${PROJECT_SOURCE_DIR}/.venv/openvino/bin/python" CACHE FILEPATH
+        "The interpreter whose `openvino` package has the C++ files (scripts/setup.sh makes it)")
+    if(NOT OpenVINO_DIR AND EXISTS "${ASYNCINFER_OPENVINO_PYTHON}")
+      execute_process(
+        COMMAND "${ASYNCINFER_OPENVINO_PYTHON}" -c
+                "import openvino.utils as u; print(u.get_cmake_path(), end='')"
+        OUTPUT_VARIABLE _ov_cmake_dir RESULT_VARIABLE _ov_rc ERROR_QUIET)
+      if(_ov_rc EQUAL 0 AND EXISTS "${_ov_cmake_dir}/OpenVINOConfig.cmake")
+        set(OpenVINO_DIR "${_ov_cmake_dir}" CACHE PATH "OpenVINO's CMake config" FORCE)
+      endif()
+    endif()
+    find_package(OpenVINO QUIET COMPONENTS Runtime)
+    if(OpenVINO_FOUND)
+      if(NOT OpenVINO_GLIBCXX_USE_CXX11_ABI STREQUAL "" AND NOT OpenVINO_GLIBCXX_USE_CXX11_ABI)
+        message(STATUS "asyncinfer: OpenVINO ${OpenVINO_VERSION} was built with the old C++ ABI "
+                       "(_GLIBCXX_USE_CXX11_ABI=0) and cannot share std::string with this build; "
+                       "openvino backend off")
+      else()
+        set(ASYNCINFER_HAVE_OPENVINO ON)
+      endif()
+    else()
+      message(STATUS "asyncinfer: OpenVINO not found (scripts/setup.sh makes .venv/openvino, or "
+                     "pass -DOpenVINO_DIR); openvino backend off")
+    endif()
+  endif()
+endif()
+
 set(ASYNCINFER_HAVE_CUDA OFF)
 if(ASYNCINFER_WITH_CUDA)
   if(ASYNCINFER_SANITIZE)

@@ -10,6 +10,10 @@ What it writes to --out (default: models/data next to this script):
   digits.pt.json    sidecar signature (names, dtypes, shapes with -1 for the batch dim, max batch
                     size) plus the preprocessing (input size, mean, std), class labels and the
                     measured test accuracy
+  digits.onnx       the same trained network exported to ONNX (torch.onnx.export, opset 13, dim 0
+                    dynamic): input "input" f32[N,1,32,32], output "logits" f32[N,10]; the
+                    openvino backend runs it
+  digits.onnx.json  the same sidecar, for `asyncinfer run --model digits.onnx`
   test/NNNN.png     the test split as 128×128 8-bit grayscale PNG files
   test/labels.csv   columns file,label (file names relative to test/)
 
@@ -57,6 +61,8 @@ MIN_ACCURACY = 0.95
 
 MODEL_FILE = "digits.pt"
 SIDECAR_FILE = "digits.pt.json"
+ONNX_FILE = "digits.onnx"
+ONNX_OPSET = 13
 TEST_DIR = "test"
 LABELS_FILE = "labels.csv"
 
@@ -207,6 +213,7 @@ def make_model(nn):
 
 def outputs_up_to_date(out_dir, script_mtime):
     paths = [os.path.join(out_dir, MODEL_FILE), os.path.join(out_dir, SIDECAR_FILE),
+             os.path.join(out_dir, ONNX_FILE), os.path.join(out_dir, ONNX_FILE + ".json"),
              os.path.join(out_dir, TEST_DIR, LABELS_FILE)]
     try:
         return all(os.path.getmtime(p) > script_mtime for p in paths)
@@ -319,6 +326,12 @@ def main():
         f.write("\n".join(rows) + "\n")
     model_path = os.path.join(out_dir, MODEL_FILE)
     scripted.save(model_path)
+    # The same weights as ONNX, traced from the eager module; dim 0 (the batch) left dynamic.
+    onnx_path = os.path.join(out_dir, ONNX_FILE)
+    torch.onnx.export(model, x_test[:1], onnx_path, input_names=["input"],
+                      output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                      opset_version=ONNX_OPSET, do_constant_folding=True)
 
     # Check what was written: PNGs decode to the same pixels, and the saved module read back
     # through the whole path (decode -> resize -> normalise) gives the same accuracy.
@@ -360,12 +373,13 @@ def main():
         "test_accuracy": accuracy,
         "seed": SEED,
     }
-    tmp = sidecar_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(sidecar, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, sidecar_path)
-    print(f"wrote {model_path}, {sidecar_path}, {len(test_idx)} test images in {test_dir} "
+    for path in (os.path.join(out_dir, ONNX_FILE + ".json"), sidecar_path):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(sidecar, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    print(f"wrote {model_path}, {onnx_path}, {sidecar_path}, {len(test_idx)} test images in {test_dir} "
           f"(mean {mean}, std {std})")
     return 0
 

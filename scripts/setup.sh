@@ -9,7 +9,9 @@
 # compression. Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
 # every version pinned) in its own virtual environment, .venv/tritonclient, made from Debian's
 # interpreter without its packages (tritonclient's grpcio and protobuf are newer than Debian's,
-# which the build and the other tests use). Idempotent: skips apt when every package is there, and
+# which the build and the other tests use), and OpenVINO's runtime from PyPI
+# (scripts/requirements-openvino.txt) in .venv/openvino: its wheel carries the C++ headers, CMake
+# config and libraries that the openvino model backend builds against, and benchmark_app. Idempotent: skips apt when every package is there, and
 # pip when the environment already holds the pinned set. Needs root (or sudo) for apt.
 set -euo pipefail
 
@@ -24,24 +26,31 @@ packages=(
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
-  libnginx-mod-stream python3-h2 zlib1g-dev
+  libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx
 )
 
-# Triton's client in .venv/tritonclient (tests/server/test_tritonclient.py runs on it).
-tritonclient_venv() {
+# pinned_venv NAME REQUIREMENTS: .venv/NAME, made from Debian's interpreter without its packages,
+# holding exactly the pinned set (installed with --no-deps, so nothing unpinned comes along).
+pinned_venv() {
   local root venv req
   root="$(cd "$(dirname "$0")/.." && pwd)"
-  venv="$root/.venv/tritonclient"
-  req="$root/scripts/requirements-tritonclient.txt"
+  venv="$root/.venv/$1"
+  req="$root/scripts/$2"
   if [ -x "$venv/bin/python" ] && cmp -s "$req" "$venv/requirements.txt"; then
-    echo "setup: $venv has the pinned tritonclient"
+    echo "setup: $venv has the pinned set of $2"
     return
   fi
-  echo "setup: making $venv (tritonclient from PyPI)"
+  echo "setup: making $venv ($2 from PyPI)"
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$req"
   cp "$req" "$venv/requirements.txt"
+}
+# Triton's client (tests/server/test_tritonclient*.py run on it) and OpenVINO's runtime (the
+# openvino model backend builds against its C++ files; benchmark_app for bench/).
+python_venvs() {
+  pinned_venv tritonclient requirements-tritonclient.txt
+  pinned_venv openvino requirements-openvino.txt
 }
 
 missing=()
@@ -50,7 +59,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} Debian packages present"
-  tritonclient_venv
+  python_venvs
   exit 0
 fi
 
@@ -62,4 +71,4 @@ fi
 echo "setup: installing ${missing[*]}"
 $SUDO apt-get update -q
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-tritonclient_venv
+python_venvs

@@ -1,6 +1,7 @@
 // main.cpp — the `asyncinfer` command-line tool: parses the command line and dispatches to the
 // chosen subcommand (each in its own file; see commands.hpp).
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <vector>
 
@@ -40,6 +41,13 @@ int run_tool(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // This program links tcmalloc (CMakeLists.txt, "the programs' allocator"). OpenVINO's TBB
+  // dlopen()s its topology helper (tbbbind -> hwloc) with RTLD_DEEPBIND, which binds hwloc's
+  // free() to glibc's while its memory came from tcmalloc: "free(): invalid pointer" at the first
+  // model compile. TBB_ENABLE_SANITIZERS=1 is oneTBB's switch that drops RTLD_DEEPBIND (made for
+  // sanitizers, which interpose malloc the same way). Set here, before any thread exists; a value
+  // the user set is kept.
+  ::setenv("TBB_ENABLE_SANITIZERS", "1", 0);
   try {
     return run_tool(argc, argv);
   } catch (const std::exception& e) {

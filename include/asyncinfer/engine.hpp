@@ -170,11 +170,12 @@ struct EngineHealth {
 
 struct EngineOptions {
   /// Workers; each owns one stream and one model instance (the article's §3.2 consumers).
-  /// 0 = auto: for a model whose work runs on host cores (Model::uses_host_cores: libtorch on
-  /// cpu or sim), one worker per core available to the process (sched_getaffinity), at most 16;
-  /// otherwise 1. Engine::options() reports the number chosen. (Like OpenVINO's throughput hint:
-  /// many single-thread streams rather than one wide one, which degrades gracefully when another
-  /// process takes a core; docs/models.md, "Threads".)
+  /// 0 = auto: the model's own preference where it has one (Model::preferred_instances: OpenVINO's
+  /// optimal number of infer requests), else for a model whose work runs on host cores
+  /// (Model::uses_host_cores: libtorch on cpu or sim) one worker per core available to the
+  /// process (sched_getaffinity); otherwise 1; at most 16. Engine::options() reports the number
+  /// chosen. (Like OpenVINO's throughput hint: many single-thread streams rather than one wide one,
+  /// which degrades gracefully when another process takes a core; docs/models.md, "Threads".)
   int workers = 0;
   /// Batches queued on a worker's stream ahead of completion, so the host prepares the next
   /// batch while the device runs the current one. On the cpu device with no `watchdog`, the

@@ -16,7 +16,9 @@
 //   builtin:fixed_cost?base_us=&per_item_us=   occupies the device base + per_item × batch µs
 //   builtin:faulty?mode=&code=&every=&first=&poison=   fails chosen calls (error, throw, hang)
 // Other backends: "torch:<path>.pt" or a path ending in .pt (TorchScript through libtorch, where
-// built); "builtin:gemm?m=&n=&k=&dtype=" (cuBLAS on the cuda device, where built).
+// built); "openvino:<path>" or a path ending in .onnx or .xml (ONNX and OpenVINO IR through
+// OpenVINO's runtime, where built; docs/backends.md); "builtin:gemm?m=&n=&k=&dtype=" (cuBLAS on the
+// cuda device, where built).
 //
 // Thread safety: Model is immutable after load and may be shared; each ModelInstance is used by
 // one worker thread at a time.
@@ -24,10 +26,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "asyncinfer/device.hpp"
@@ -116,6 +120,14 @@ class Model {
     (void)device;
     return false;
   }
+  /// How many instances (engine workers) the model runs best with on `device`; 0 = no view, and
+  /// EngineOptions::workers = 0 (auto) then follows uses_host_cores. OpenVINO: the compiled
+  /// model's optimal number of infer requests (one per OpenVINO stream), so that every stream of
+  /// its throughput hint has one request in flight. Never blocks.
+  virtual int preferred_instances(const Device& device) const noexcept {
+    (void)device;
+    return 0;
+  }
   /// A new instance for `stream` of `device`. unavailable when the model cannot run on that kind
   /// of device (the message says which devices it supports).
   virtual Result<std::unique_ptr<ModelInstance>> create_instance(
@@ -130,14 +142,24 @@ struct ModelOptions {
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::int64_t max_batch_size = -1;  ///< -1: from the signature file
+  /// openvino: whether dim 0 is the batch dim (Triton's max_batch_size > 0); unset = batched when
+  /// the model's dim 0 is dynamic on every input and output. true on a model with a static dim 0
+  /// reshapes it to dynamic. The other backends ignore it.
+  std::optional<bool> batched;
   /// Unused: the engine passes EngineOptions::intra_op_threads to each instance
   /// (InstanceOptions::intra_op_threads). Kept for source compatibility.
   int intra_op_threads = 0;
   /// TorchScript: forward passes run at instance creation (excluded from measurements).
   int warmup_runs = 2;
+  /// Settings of the backend's own library, by name, as Triton's config.pbtxt `parameters`
+  /// carry them to a backend. openvino: NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT
+  /// (Triton's OpenVINO backend's keys) and any other OpenVINO CPU property by its name; the
+  /// other backends refuse a non-empty list (invalid_argument naming the key).
+  std::vector<std::pair<std::string, std::string>> backend_parameters;
 };
 
-/// Loads a model by URI: "builtin:<kind>?...", "torch:<path>", or a path ending in ".pt".
+/// Loads a model by URI: "builtin:<kind>?...", "torch:<path>", a path ending in ".pt",
+/// "openvino:<path>", or a path ending in ".onnx" or ".xml".
 /// invalid_argument names what was wrong in the URI and the accepted forms; not_found for a
 /// missing file; unavailable for a backend that was not built.
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options = {});

@@ -132,8 +132,13 @@ EngineOptions Engine::resolve_options(const Model& model, const Device& device,
   // its slowest member and collapses when another process takes a core; workers do not.
   constexpr int kMaxAutoWorkers = 16;  // each worker holds its own copy of the model
   if (options.workers == 0) {
-    options.workers =
-        model.uses_host_cores(device) ? std::min(detail::available_cores(), kMaxAutoWorkers) : 1;
+    const int preferred = model.preferred_instances(device);
+    if (preferred > 0) {
+      options.workers = std::min(preferred, kMaxAutoWorkers);
+    } else {
+      options.workers =
+          model.uses_host_cores(device) ? std::min(detail::available_cores(), kMaxAutoWorkers) : 1;
+    }
   }
   if (options.intra_op_threads == 0) options.intra_op_threads = 1;
   return options;

@@ -6,10 +6,11 @@
 // touches that table only — never the engine or the devices.
 //
 // A URI names its kind: "builtin:<name>[?<query>]" is kind "builtin:<name>"; "torch:<path>" and a
-// path ending in ".pt" are kind "torch". load_model looks the kind up in the table and hands the
-// loader the rest (the query, or the path). Optional backends (torch; cuda's builtin:gemm) are
-// their own CMake targets and appear in the table only when built; load_model says how to build
-// a known kind that is missing.
+// path ending in ".pt" are kind "torch"; "openvino:<path>" and a path ending in ".onnx" or ".xml"
+// are kind "openvino". load_model looks the kind up in the table and hands the
+// loader the rest (the query, or the path). Optional backends (torch; openvino; cuda's
+// builtin:gemm) are their own CMake targets and appear in the table only when built; load_model
+// says how to build a known kind that is missing.
 #pragma once
 
 #include <memory>
@@ -22,7 +23,8 @@
 namespace asyncinfer::detail {
 
 /// Loads a model of one kind. `uri` is the whole URI (the model's name); `args` is what follows
-/// the kind: the query after "builtin:<name>?" ("" if none), or the file path for torch.
+/// the kind: the query after "builtin:<name>?" ("" if none), or the file path for torch and
+/// openvino.
 using ModelLoader = Result<std::shared_ptr<Model>> (*)(std::string_view uri, std::string_view args,
                                                        const ModelOptions& options);
 
@@ -51,6 +53,11 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
 /// A TorchScript file (model/torch/).
 Result<std::shared_ptr<Model>> load_torch_model(std::string_view uri, std::string_view path,
                                                 const ModelOptions& options);
+#endif
+#if defined(ASYNCINFER_HAVE_OPENVINO)
+/// An ONNX file or OpenVINO IR through OpenVINO's runtime (model/openvino/).
+Result<std::shared_ptr<Model>> load_openvino_model(std::string_view uri, std::string_view path,
+                                                   const ModelOptions& options);
 #endif
 #if defined(ASYNCINFER_HAVE_CUDA)
 /// builtin:gemm, cuBLAS on the cuda device (model/cuda/).

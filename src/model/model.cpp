@@ -118,6 +118,9 @@ const std::vector<ModelBackend>& model_backend_registry() {
 #if defined(ASYNCINFER_HAVE_TORCH)
     {"torch", "torch:<file.pt> or a path ending in .pt", &load_torch_model},
 #endif
+#if defined(ASYNCINFER_HAVE_OPENVINO)
+    {"openvino", "openvino:<file> or a path ending in .onnx or .xml", &load_openvino_model},
+#endif
   };
   return registry;
 }
@@ -129,8 +132,13 @@ ModelUri parse_model_uri(std::string_view uri) noexcept {
     const std::size_t q = uri.find('?');
     return {uri.substr(0, q), q == std::string_view::npos ? "" : uri.substr(q + 1)};
   }
+  constexpr std::string_view kOpenVino = "openvino:";
   if (uri.starts_with(kTorch)) return {"torch", uri.substr(kTorch.size())};
+  if (uri.starts_with(kOpenVino)) return {"openvino", uri.substr(kOpenVino.size())};
   if (uri.size() > 3 && uri.ends_with(".pt")) return {"torch", uri};
+  if ((uri.size() > 5 && uri.ends_with(".onnx")) || (uri.size() > 4 && uri.ends_with(".xml"))) {
+    return {"openvino", uri};
+  }
   return {};
 }
 
@@ -144,6 +152,12 @@ std::vector<std::string> model_backends() {
 
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
   const detail::ModelUri parsed = detail::parse_model_uri(uri);
+  if (!options.backend_parameters.empty() && parsed.kind != "openvino") {
+    return invalid_argument_error("model '" + std::string(uri) + "': backend parameter '" +
+                                  options.backend_parameters.front().first +
+                                  "' given, but only the openvino backend takes backend "
+                                  "parameters");
+  }
   for (const auto& b : detail::model_backend_registry()) {
     if (b.kind == parsed.kind) return b.load(uri, parsed.args, options);
   }
@@ -158,6 +172,12 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
     return unavailable_error("model '" + std::string(uri) +
                              "': the torch backend was not built into this library (install "
                              "Debian's libtorch-dev and rebuild with -DASYNCINFER_WITH_TORCH=ON)");
+  }
+  if (parsed.kind == "openvino") {
+    return unavailable_error("model '" + std::string(uri) +
+                             "': the openvino backend was not built into this library (run "
+                             "scripts/setup.sh, which installs OpenVINO's runtime into "
+                             ".venv/openvino, and rebuild with -DASYNCINFER_WITH_OPENVINO=ON)");
   }
   const bool builtin = parsed.kind.starts_with("builtin:");
   std::string usage;

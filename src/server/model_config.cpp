@@ -143,7 +143,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   ignore(!c.cc_model_filenames().empty(), "cc_model_filenames", "default_model_filename is used");
   ignore(!c.runtime().empty(), "runtime", "the backend is chosen by platform / backend");
 
-  ASYNCINFER_RETURN_IF_ERROR(apply_parameters(c, model, plan, warnings));
+  ASYNCINFER_RETURN_IF_ERROR(apply_parameters(c, model, plan));
 
   const std::string& platform = c.platform();
   const std::string& backend = c.backend();
@@ -163,6 +163,32 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                  "is loaded from <version>/" +
                      plan.model_filename);
     }
+  } else if (backend == "openvino" || platform == "openvino" || platform == "onnxruntime_onnx" ||
+             backend == "onnxruntime") {
+    // Triton's OpenVINO backend (backend: "openvino", model.xml by default), and a repository
+    // written for ONNX Runtime (platform "onnxruntime_onnx" / backend "onnxruntime",
+    // model.onnx), which OpenVINO's ONNX front end reads: one backend serves both.
+    const bool onnxruntime = platform == "onnxruntime_onnx" || backend == "onnxruntime";
+    const bool openvino = platform == "openvino" || backend == "openvino";
+    if (onnxruntime && openvino) {
+      return bad(model, "platform \"" + platform + "\" and backend \"" + backend + "\" disagree");
+    }
+    plan.backend = ModelPlan::Backend::openvino;
+    plan.platform = "openvino";
+    plan.model_filename = onnxruntime ? "model.onnx" : "model.xml";
+    if (!c.default_model_filename().empty()) plan.model_filename = c.default_model_filename();
+    if (onnxruntime) {
+      warnings->push_back("model '" + model + "': platform \"" +
+                          (platform.empty() ? "onnxruntime_onnx" : platform) +
+                          "\" is served by the openvino backend (OpenVINO's ONNX front end; ONNX "
+                          "Runtime is not built in)");
+    }
+    if (!plan.builtin_uri.empty()) {
+      return bad(model,
+                 "parameters \"uri\" is for backend \"builtin\"; an openvino model is loaded "
+                 "from <version>/" +
+                     plan.model_filename);
+    }
   } else if (backend == "builtin" || platform == "asyncinfer_builtin") {
     plan.backend = ModelPlan::Backend::builtin;
     plan.platform = "asyncinfer_builtin";
@@ -177,13 +203,16 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     }
   } else if (platform.empty() && backend.empty()) {
     return bad(model,
-               "neither platform nor backend is set (platform: \"pytorch_libtorch\" or "
-               "backend: \"builtin\")");
+               "neither platform nor backend is set (platform: \"pytorch_libtorch\", "
+               "backend: \"openvino\", platform: \"onnxruntime_onnx\" or backend: "
+               "\"builtin\")");
   } else {
     return bad(model, "platform \"" + platform + "\" / backend \"" + backend +
                           "\" is not supported (platform: \"pytorch_libtorch\" or backend: "
-                          "\"pytorch\" for TorchScript; backend: \"builtin\")");
+                          "\"pytorch\" for TorchScript; backend: \"openvino\" or platform: "
+                          "\"onnxruntime_onnx\" for OpenVINO IR and ONNX; backend: \"builtin\")");
   }
+  if (plan.backend != ModelPlan::Backend::openvino) warn_backend_parameters(model, plan, warnings);
 
   ASYNCINFER_RETURN_IF_ERROR(plan_batching(c, model, plan, warnings));
   ASYNCINFER_RETURN_IF_ERROR(plan_tensors(c, model, plan, warnings));

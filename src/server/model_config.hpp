@@ -60,15 +60,23 @@ struct WarmupSample {
 
 /// Everything needed to load and serve one model's versions.
 struct ModelPlan {
-  enum class Backend : std::uint8_t { torch, builtin };
+  enum class Backend : std::uint8_t { torch, builtin, openvino };
   std::string name;
   Backend backend = Backend::builtin;
-  /// What model metadata reports as "platform": "pytorch_libtorch" or "asyncinfer_builtin".
+  /// What model metadata reports as "platform": "pytorch_libtorch", "openvino" (also for a
+  /// config written for "onnxruntime_onnx", which the openvino backend serves) or
+  /// "asyncinfer_builtin".
   std::string platform;
   /// builtin: the model URI ("builtin:identity?..."), from parameters { key: "uri" }.
   std::string builtin_uri;
-  /// torch: the file inside each version folder (default_model_filename, else "model.pt").
+  /// torch, openvino: the file inside each version folder (default_model_filename, else
+  /// "model.pt" for torch, "model.xml" for openvino as in Triton's OpenVINO backend, and
+  /// "model.onnx" for a config written for onnxruntime_onnx).
   std::string model_filename = "model.pt";
+  /// openvino: the config's parameters that are not asyncinfer's own, passed to OpenVINO by name
+  /// (NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT, ...; ModelOptions::backend_parameters).
+  /// Other backends: warned about and dropped.
+  std::vector<std::pair<std::string, std::string>> backend_parameters;
   /// Device spec for open_device ("cpu", "cuda:1", "sim", "sim:..."); empty with device_auto.
   std::string device;
   /// KIND_AUTO (Triton's default): cuda:0 where it opens and the model runs there, else cpu.

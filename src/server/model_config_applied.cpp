@@ -117,7 +117,17 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
   }
   c.set_name(plan.name);
   c.set_platform(plan.platform);
-  c.set_backend(plan.backend == ModelPlan::Backend::torch ? "pytorch" : "builtin");
+  switch (plan.backend) {
+    case ModelPlan::Backend::torch:
+      c.set_backend("pytorch");
+      break;
+    case ModelPlan::Backend::openvino:
+      c.set_backend("openvino");
+      break;
+    case ModelPlan::Backend::builtin:
+      c.set_backend("builtin");
+      break;
+  }
   c.set_max_batch_size(static_cast<std::int32_t>(plan.max_batch_size));
   if (!c.has_version_policy()) c.mutable_version_policy()->mutable_latest()->set_num_versions(1);
   const bool batched = plan.max_batch_size > 0;
@@ -159,7 +169,9 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
       g.set_kind(inference::ModelInstanceGroup::KIND_MODEL);
     }
   }
-  if (plan.backend == ModelPlan::Backend::torch) c.set_default_model_filename(plan.model_filename);
+  if (plan.backend != ModelPlan::Backend::builtin) {
+    c.set_default_model_filename(plan.model_filename);
+  }
   c.mutable_model_transaction_policy();  // decoupled: false, printed
   // perf_analyzer reads response_cache.enable without checking that it exists.
   c.mutable_response_cache()->set_enable(plan.response_cache);

@@ -29,8 +29,12 @@ Status bad(std::string_view model, const std::string& what);
 
 // The steps of plan_model(), each over one section of the config (model_config_sections.cpp).
 // Warnings for ignored fields are appended to `warnings`.
-Status apply_parameters(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
-                        std::vector<std::string>* warnings);
+/// parameters: asyncinfer's own keys into the plan; the others into plan.backend_parameters.
+Status apply_parameters(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan);
+/// For a backend that takes no parameters of its own: a warning for each key apply_parameters
+/// did not know (plan.backend_parameters), which are then dropped.
+void warn_backend_parameters(std::string_view model, ModelPlan& plan,
+                             std::vector<std::string>* warnings);
 Status plan_tensors(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
                     std::vector<std::string>* warnings);
 Status plan_instances(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,

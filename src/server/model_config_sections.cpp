@@ -124,8 +124,7 @@ std::string known_parameters() {
 
 }  // namespace
 
-Status apply_parameters(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
-                        std::vector<std::string>* warnings) {
+Status apply_parameters(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan) {
   EngineOptions& e = plan.engine;
   // Sorted, so messages come out in a stable order.
   std::set<std::string> keys;
@@ -177,14 +176,25 @@ Status apply_parameters(const inference::ModelConfig& c, std::string_view model,
     } else if (key == "admission_control") {
       ASYNCINFER_ASSIGN_OR_RETURN(e.admission_control, parse_bool(model, key, value));
     } else {
-      // Triton backends read their own keys (e.g. INFERENCE_MODE for PyTorch); asyncinfer has
-      // no use for them, but a misspelt key of ours would land here too, so say so.
-      warnings->push_back(
-          "model '" + std::string(model) + "': parameters \"" + key +
-          "\" is not an asyncinfer option and is ignored (known: " + known_parameters() + ")");
+      // A backend's own key (Triton's OpenVINO backend: NUM_STREAMS, ...), or a misspelt key of
+      // ours: plan_model() passes them to the openvino backend, or warn_backend_parameters()
+      // says they are ignored.
+      plan.backend_parameters.emplace_back(key, value);
     }
   }
   return Status();
+}
+
+void warn_backend_parameters(std::string_view model, ModelPlan& plan,
+                             std::vector<std::string>* warnings) {
+  // Triton backends read their own keys (e.g. INFERENCE_MODE for PyTorch); asyncinfer has no use
+  // for them, but a misspelt key of ours would land here too, so say so.
+  for (const auto& [key, value] : plan.backend_parameters) {
+    warnings->push_back(
+        "model '" + std::string(model) + "': parameters \"" + key +
+        "\" is not an asyncinfer option and is ignored (known: " + known_parameters() + ")");
+  }
+  plan.backend_parameters.clear();
 }
 
 Status plan_tensors(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
@@ -287,7 +297,11 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
     device_auto = automatic;
     workers += g.count() == 0 ? 1 : g.count();
   }
-  plan.engine.workers = std::max(workers, 1);
+  // No instance_group on an openvino model: as many workers as OpenVINO's throughput hint has
+  // streams (0 = the model's preference, Model::preferred_instances).
+  const bool model_decides =
+      c.instance_group().empty() && plan.backend == ModelPlan::Backend::openvino;
+  plan.engine.workers = model_decides ? 0 : std::max(workers, 1);
   if (plan.device.empty()) {  // parameters "device" wins over instance_group's kind
     plan.device = device;
     plan.device_auto = device_auto;

@@ -733,8 +733,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
 }
 
 StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan& plan_ref,
-                                         const fs::path& dir, std::int64_t v,
-                                         std::uint64_t epoch) {
+                                         const fs::path& dir, std::int64_t v, std::uint64_t epoch) {
   const Log& log = log_;
   const ModelPlan* plan = &plan_ref;
   ModelVersion* mv = &version;
@@ -758,7 +757,14 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       mo.inputs = plan->inputs;
       mo.outputs = plan->outputs;
       mo.max_batch_size = plan->max_batch_size > 0 ? plan->max_batch_size : -1;
-      model = asyncinfer::load_model(file.string(), mo);
+      if (plan->backend == ModelPlan::Backend::openvino) {
+        // Triton's rule: max_batch_size > 0 says dim 0 is the batch dim, whatever the file.
+        mo.batched = plan->max_batch_size > 0;
+        mo.backend_parameters = plan->backend_parameters;
+        model = asyncinfer::load_model("openvino:" + file.string(), mo);
+      } else {
+        model = asyncinfer::load_model(file.string(), mo);
+      }
     }
     if (!model.ok()) return model.status();
     ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));
@@ -787,8 +793,11 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
       // UNAVAILABLE with the reason (and its engine is shut down here).
       ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
+      // The workers the engine started (0 in the plan: the model's own preference, openvino).
+      ModelPlan started = *plan;
+      started.engine.workers = (*engine)->options().workers;
       ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
-                                  applied_model_config(*plan, mv->signature, (*device)->name()));
+                                  applied_model_config(started, mv->signature, (*device)->name()));
       mv->config_json = std::move(applied.json);
       mv->config_binary = std::move(applied.binary);
       mv->response_cache = plan->response_cache;
@@ -803,6 +812,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     ModelPlan shown = *plan;
     shown.device = mv->device;
     shown.device_auto = false;
+    shown.engine.workers = mv->engine->options().workers;
     log(head + "READY (" + shown.summary() + ")");
   } else {
     mv->reason = std::string(s.message());

@@ -37,7 +37,7 @@ class BadModelsFailAlone(harness.unittest.TestCase):
         repo.add("wrong_name", identity_config("someone_else"))
         repo.add("mismatch", identity_config("mismatch").replace("dims: [ 16 ] } ]\noutput",
                                                                  "dims: [ 15 ] } ]\noutput"))
-        repo.add("onnx", 'name: "onnx"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n')
+        repo.add("tensorrt", 'name: "tensorrt"\nplatform: "tensorrt_plan"\nmax_batch_size: 1\n')
         repo.add("ignorable", identity_config("ignorable", """
 optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }
 model_warmup [ { name: "w", batch_size: 1, inputs { key: "input0" value: { data_type: TYPE_FP32, dims: [ 16 ], zero_data: true } } } ]
@@ -64,7 +64,7 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
             "wrong_name": r"wrong_name': UNAVAILABLE: .*name \"someone_else\" differs",
             "mismatch": r"mismatch' version 1: UNAVAILABLE: .*input 0 is listed as 'input0' "
                         r"FP32\[-1,15\], the model has 'input0' FP32\[-1,16\]",
-            "onnx": r"onnx': UNAVAILABLE: .*platform \"onnxruntime_onnx\" .* is not supported",
+            "tensorrt": r"tensorrt': UNAVAILABLE: .*platform \"tensorrt_plan\" .* is not supported",
             "no_version": r"no_version': UNAVAILABLE: no version folder",
         }
         for model, pattern in expect.items():

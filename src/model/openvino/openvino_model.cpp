@@ -1,0 +1,759 @@
+// The OpenVINO model backend: "openvino:<path>", or a path ending in ".onnx" or ".xml" (ONNX files
+// through OpenVINO's ONNX front end, OpenVINO IR as model.xml + model.bin), run by OpenVINO's CPU
+// plugin. The only translation unit that includes OpenVINO's headers.
+//
+// Loading (load_openvino_model): ov::Core::read_model reads the file (an unreadable file, a missing
+// .bin, or an operator OpenVINO does not support fail here, with OpenVINO's reason); the signature
+// comes from the model's ports: names (the tensor names: ONNX's), dtypes, and partial shapes with
+// -1 for dynamic dims. The model is batched when dim 0 of every input and output is dynamic.
+// ModelOptions can then narrow it, as Triton's config.pbtxt does:
+//   - batched = true on a model whose dim 0 is static: dim 0 of every input is reshaped to dynamic
+//     (ov::Model::reshape), and the outputs must follow;
+//   - batched = false: no batch dim, whatever the model's dim 0;
+//   - inputs / outputs (a config's lists, in its order, matched to the ports by name): dtypes must
+//     be equal; a dim the model leaves dynamic may be fixed (the model is reshaped to it); a dim
+//     the model fixes must be given as that number. invalid_argument names the tensor, the dim,
+//     both values and the file.
+// The model is compiled once for OpenVINO's "CPU" device with PERFORMANCE_HINT THROUGHPUT unless
+// ModelOptions::backend_parameters say otherwise (NUM_STREAMS, INFERENCE_NUM_THREADS,
+// PERFORMANCE_HINT and every other CPU property, passed as strings: OpenVINO parses and checks
+// them). One inference on zeros (batch 1, dynamic dims 1) checks that it runs.
+//
+// Instances: each is one ov::InferRequest of the shared ov::CompiledModel, so an engine of N
+// workers keeps N requests in flight, one per OpenVINO stream when N is the compiled model's
+// optimal number of infer requests (Model::preferred_instances, which EngineOptions::workers = 0
+// follows). A batch's inputs are wrapped as ov::Tensor over the engine's buffers, not copied;
+// outputs whose dims after the batch dim are fixed are allocated by the engine's device and handed
+// to OpenVINO with set_tensor, so OpenVINO writes into them (zero copy); an output with a dynamic
+// dim after the batch dim is copied out of OpenVINO's own buffer (cpu only). The batch runs as a
+// kernel on the worker's stream: start_async(), then the stream waits on a condition variable
+// that the request's set_callback signals, so OpenVINO's own stream threads do the work and the
+// stream moves on in order when it ends; a fired stop token (cancel, deadline, recycling) calls
+// InferRequest::cancel().
+//
+// Devices: cpu and sim (host memory underneath; on sim every output dim after the batch dim must
+// be fixed, since outputs exist before the work runs). cuda and npu: unavailable.
+//
+// Errors: OpenVINO's exceptions never escape; messages are cut at 4000 characters.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <system_error>
+
+#include <openvino/openvino.hpp>
+#include <openvino/runtime/exception.hpp>
+
+#include "model/backend.hpp"
+
+namespace asyncinfer::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::size_t kMaxReason = 4000;
+
+/// OpenVINO's message on one line, without the "Exception from <source file>" and "Check '...'
+/// failed at <source file>" lines it stacks above the reason.
+std::string trim_reason(const std::string& text) {
+  std::string out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + begin, end - begin);
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.remove_suffix(1);
+    if (!line.empty() && !line.starts_with("Exception from ") && !line.starts_with("Check '")) {
+      out += (out.empty() ? "" : " ") + std::string(line);
+    }
+    begin = end + 1;
+  }
+  if (out.empty()) out = text;
+  if (out.size() > kMaxReason) out = out.substr(0, kMaxReason) + " [...]";
+  return out;
+}
+
+/// The Status for the exception in flight, thrown by OpenVINO while doing `what`.
+Status status_from_current_exception(const std::string& what, StatusCode code) {
+  try {
+    throw;
+  } catch (const ov::Cancelled&) {
+    return cancelled_error(what + ": cancelled");
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted_error(what + ": out of host memory");
+  } catch (const std::exception& e) {
+    return Status(code, what + ": " + trim_reason(e.what()));
+  } catch (...) {
+    return Status(code, what + ": unknown exception");
+  }
+}
+
+// ---- dtypes ------------------------------------------------------------------------------
+
+bool from_element_type(const ov::element::Type& t, DType* out) {
+  switch (t) {
+    case ov::element::Type_t::f32:
+      *out = DType::f32;
+      return true;
+    case ov::element::Type_t::f16:
+      *out = DType::f16;
+      return true;
+    case ov::element::Type_t::bf16:
+      *out = DType::bf16;
+      return true;
+    case ov::element::Type_t::f64:
+      *out = DType::f64;
+      return true;
+    case ov::element::Type_t::i8:
+      *out = DType::i8;
+      return true;
+    case ov::element::Type_t::u8:
+      *out = DType::u8;
+      return true;
+    case ov::element::Type_t::i16:
+      *out = DType::i16;
+      return true;
+    case ov::element::Type_t::u16:
+      *out = DType::u16;
+      return true;
+    case ov::element::Type_t::i32:
+      *out = DType::i32;
+      return true;
+    case ov::element::Type_t::u32:
+      *out = DType::u32;
+      return true;
+    case ov::element::Type_t::i64:
+      *out = DType::i64;
+      return true;
+    case ov::element::Type_t::u64:
+      *out = DType::u64;
+      return true;
+    case ov::element::Type_t::boolean:
+      *out = DType::boolean;
+      return true;
+    default:
+      return false;
+  }
+}
+
+ov::element::Type to_element_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ov::element::f32;
+    case DType::f16:
+      return ov::element::f16;
+    case DType::bf16:
+      return ov::element::bf16;
+    case DType::f64:
+      return ov::element::f64;
+    case DType::i8:
+      return ov::element::i8;
+    case DType::u8:
+      return ov::element::u8;
+    case DType::i16:
+      return ov::element::i16;
+    case DType::u16:
+      return ov::element::u16;
+    case DType::i32:
+      return ov::element::i32;
+    case DType::u32:
+      return ov::element::u32;
+    case DType::i64:
+      return ov::element::i64;
+    case DType::u64:
+      return ov::element::u64;
+    case DType::boolean:
+      return ov::element::boolean;
+    case DType::bytes:
+      break;
+  }
+  return ov::element::dynamic;
+}
+
+ov::Shape to_ov_shape(const Shape& shape) {
+  ov::Shape out;
+  out.reserve(shape.size());
+  for (std::int64_t d : shape) out.push_back(static_cast<std::size_t>(d));
+  return out;
+}
+
+std::string spec_string(const TensorSpec& s) {
+  return "'" + s.name + "' " + std::string(to_string(s.dtype)) + shape_to_string(s.shape);
+}
+
+// ---- the model ---------------------------------------------------------------------------
+
+/// The process's ov::Core, shared by the models alive (it holds the plugins; one per process is
+/// OpenVINO's advice). Thread-safe.
+Result<std::shared_ptr<ov::Core>> shared_core() {
+  static std::mutex mu;
+  static std::weak_ptr<ov::Core> weak;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto core = weak.lock()) return core;
+  try {
+    auto core = std::make_shared<ov::Core>();
+    weak = core;
+    return core;
+  } catch (...) {
+    return status_from_current_exception("OpenVINO: cannot create ov::Core",
+                                         StatusCode::unavailable);
+  }
+}
+
+/// What a loaded model shares with its instances. Immutable after load.
+struct OpenVinoDefinition {
+  std::string path;
+  std::string what;  ///< "openvino model '<path>'"
+  std::shared_ptr<ov::Core> core;
+  /// create_infer_request() is thread-safe but not const in OpenVINO's API.
+  mutable ov::CompiledModel compiled;
+  ModelSignature signature;
+  /// The compiled model's port of each signature input / output (the signature follows a
+  /// config's order, which may differ from the model's).
+  std::vector<ov::Output<const ov::Node>> input_ports;
+  std::vector<ov::Output<const ov::Node>> output_ports;
+  /// Per output: every dim after the batch dim is fixed, so the engine allocates it and OpenVINO
+  /// writes into it.
+  std::vector<bool> output_preallocated;
+  int optimal_requests = 1;
+};
+
+/// One in-flight slot: an infer request and the completion its callback signals. Shared with the
+/// kernels of the batches run on it, so it outlives any batch in flight.
+class RequestSlot {
+ public:
+  explicit RequestSlot(std::shared_ptr<const OpenVinoDefinition> def, ov::InferRequest request)
+      : def_(std::move(def)), request_(std::move(request)) {
+    request_.set_callback([this](std::exception_ptr error) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::move(error);
+        done_ = true;
+      }
+      cv_.notify_all();
+    });
+  }
+  RequestSlot(const RequestSlot&) = delete;
+  RequestSlot& operator=(const RequestSlot&) = delete;
+
+  /// Runs one batch: binds `io`'s buffers, starts the request and waits for its callback. Called
+  /// on the stream's thread, one batch at a time (the stream is in order).
+  Status run(BatchIO& io, std::int64_t batch, const std::stop_token& stop, bool unified,
+             Device& device) {
+    const ModelSignature& sig = def_->signature;
+    try {
+      for (std::size_t i = 0; i < io.inputs.size(); ++i) {
+        const Tensor& in = io.inputs[i];
+        request_.set_tensor(def_->input_ports[i], ov::Tensor(to_element_type(in.dtype()),
+                                                             to_ov_shape(in.shape()), in.data()));
+      }
+      for (std::size_t i = 0; i < sig.outputs.size(); ++i) {
+        if (!def_->output_preallocated[i]) continue;
+        const Tensor& out = io.outputs[i];
+        request_.set_tensor(
+            def_->output_ports[i],
+            ov::Tensor(to_element_type(out.dtype()), to_ov_shape(out.shape()), out.data()));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_ = false;
+        error_ = nullptr;
+      }
+      request_.start_async();
+    } catch (...) {
+      return status_from_current_exception(def_->what + ": starting the inference",
+                                           StatusCode::internal);
+    }
+    std::exception_ptr error;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      std::stop_token token = stop;
+      if (!cv_.wait(lock, token, [this] { return done_; })) {
+        // Cancelled, timed out or recycled: OpenVINO stops at its next stage and still calls
+        // back (with ov::Cancelled), after which the request may be reused.
+        lock.unlock();
+        try {
+          request_.cancel();
+        } catch (...) {
+        }
+        lock.lock();
+        cv_.wait(lock, [this] { return done_; });
+      }
+      error = error_;
+    }
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (...) {
+        return status_from_current_exception(def_->what + ": inference", StatusCode::internal);
+      }
+    }
+    if (stop.stop_requested()) {
+      return cancelled_error(def_->what + ": batch cancelled while it ran");
+    }
+    // Outputs OpenVINO allocated (a dynamic dim after the batch dim): copied out.
+    for (std::size_t i = 0; i < sig.outputs.size(); ++i) {
+      if (def_->output_preallocated[i]) continue;
+      try {
+        const ov::Tensor t = request_.get_tensor(def_->output_ports[i]);
+        const ov::Shape got = t.get_shape();
+        Shape shape(got.begin(), got.end());
+        if (sig.batched && (shape.empty() || shape[0] != batch)) {
+          return internal_error(def_->what + ": output '" + sig.outputs[i].name + "' has shape " +
+                                shape_to_string(shape) + ", expected dim 0 = the batch of " +
+                                std::to_string(batch));
+        }
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor out,
+                                    device.empty(sig.outputs[i].dtype, std::move(shape),
+                                                 unified ? MemoryKind::device : MemoryKind::host));
+        if (out.byte_size() != t.get_byte_size()) {
+          return internal_error(def_->what + ": output '" + sig.outputs[i].name + "' holds " +
+                                std::to_string(t.get_byte_size()) + " bytes, expected " +
+                                std::to_string(out.byte_size()));
+        }
+        if (out.byte_size() > 0) std::memcpy(out.data(), t.data(), out.byte_size());
+        io.outputs[i] = std::move(out);
+      } catch (...) {
+        return status_from_current_exception(
+            def_->what + ": reading output '" + sig.outputs[i].name + "'", StatusCode::internal);
+      }
+    }
+    return Status();
+  }
+
+ private:
+  std::shared_ptr<const OpenVinoDefinition> def_;
+  ov::InferRequest request_;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  bool done_ = true;
+  std::exception_ptr error_;
+};
+
+class OpenVinoInstance final : public ModelInstance {
+ public:
+  OpenVinoInstance(std::shared_ptr<const OpenVinoDefinition> def, std::shared_ptr<RequestSlot> slot,
+                   Device& device, Stream& stream)
+      : def_(std::move(def)),
+        slot_(std::move(slot)),
+        device_(device),
+        stream_(&stream),
+        unified_(device.info().unified_memory) {}
+
+  Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
+    if (&stream != stream_) {
+      return failed_precondition_error(def_->what +
+                                       ": enqueue on a stream other than the instance's own");
+    }
+    if (!io) return invalid_argument_error(def_->what + ": null BatchIO");
+    const ModelSignature& sig = def_->signature;
+    Status st = validate_inputs(sig, io->inputs);
+    if (!st.ok()) return st.with_context(def_->what);
+    for (std::size_t i = 0; i < io->inputs.size(); ++i) {
+      if (!io->inputs[i].is_host_accessible()) {
+        return invalid_argument_error(def_->what + ": input '" + sig.inputs[i].name +
+                                      "' is not in host-accessible memory");
+      }
+    }
+    const std::int64_t batch = sig.batched ? io->inputs[0].dim(0) : 1;
+    io->outputs.assign(sig.outputs.size(), Tensor());
+    for (std::size_t i = 0; i < sig.outputs.size(); ++i) {
+      if (!def_->output_preallocated[i]) continue;
+      Shape shape = sig.outputs[i].shape;
+      if (sig.batched) shape[0] = batch;
+      ASYNCINFER_ASSIGN_OR_RETURN(io->outputs[i],
+                                  device_.empty(sig.outputs[i].dtype, shape, MemoryKind::device));
+    }
+    Kernel k;
+    k.name = def_->what;
+    k.stop = io->stop;
+    k.host_fn = [slot = slot_, io, batch, unified = unified_, &device = device_,
+                 what = def_->what](std::stop_token stop) -> Status {
+      if (stop.stop_requested()) {
+        return cancelled_error(what + ": batch skipped: cancelled before it started");
+      }
+      return slot->run(*io, batch, stop, unified, device);
+    };
+    return stream.enqueue(std::move(k));
+  }
+
+ private:
+  std::shared_ptr<const OpenVinoDefinition> def_;
+  std::shared_ptr<RequestSlot> slot_;
+  Device& device_;
+  Stream* stream_;
+  bool unified_;
+};
+
+class OpenVinoModel final : public Model {
+ public:
+  explicit OpenVinoModel(std::shared_ptr<const OpenVinoDefinition> def) : def_(std::move(def)) {}
+
+  const ModelSignature& signature() const noexcept override { return def_->signature; }
+  const std::string& name() const noexcept override { return def_->path; }
+  /// A running request stops at its next stage when its batch is cancelled.
+  bool cancellable() const noexcept override { return true; }
+  bool uses_host_cores(const Device& device) const noexcept override {
+    return device.kind() == DeviceKind::cpu || device.kind() == DeviceKind::sim;
+  }
+  int preferred_instances(const Device& device) const noexcept override {
+    return uses_host_cores(device) ? def_->optimal_requests : 0;
+  }
+
+  Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
+                                                         const InstanceOptions&) override {
+    if (device.kind() != DeviceKind::cpu && device.kind() != DeviceKind::sim) {
+      return unavailable_error(def_->what +
+                               ": the openvino backend runs on cpu and sim (OpenVINO's CPU "
+                               "plugin); not on " +
+                               device.name());
+    }
+    if (!device.info().unified_memory) {
+      for (std::size_t i = 0; i < def_->signature.outputs.size(); ++i) {
+        if (!def_->output_preallocated[i]) {
+          return unavailable_error(def_->what + ": output " +
+                                   spec_string(def_->signature.outputs[i]) +
+                                   " has a dynamic dim after the batch dim; on " + device.name() +
+                                   " (no unified memory) outputs are allocated before the "
+                                   "inference runs, so their shapes must be known; use cpu");
+        }
+      }
+    }
+    try {
+      auto slot = std::make_shared<RequestSlot>(def_, def_->compiled.create_infer_request());
+      return std::unique_ptr<ModelInstance>(
+          std::make_unique<OpenVinoInstance>(def_, std::move(slot), device, stream));
+    } catch (...) {
+      return status_from_current_exception(def_->what + ": creating an infer request",
+                                           StatusCode::resource_exhausted);
+    }
+  }
+
+ private:
+  std::shared_ptr<const OpenVinoDefinition> def_;
+};
+
+// ---- loading -----------------------------------------------------------------------------
+
+/// A port's name: its first tensor name (ONNX's input/output name), else the node's.
+std::string port_name(const ov::Output<ov::Node>& port) {
+  const auto& names = port.get_names();
+  if (!names.empty()) return port.get_any_name();
+  return port.get_node()->get_friendly_name();
+}
+
+/// The spec of one port; invalid_argument for a dtype or rank asyncinfer cannot hold.
+Result<TensorSpec> port_spec(const ov::Output<ov::Node>& port, const char* kind,
+                             const std::string& what) {
+  TensorSpec spec;
+  spec.name = port_name(port);
+  const ov::element::Type type = port.get_element_type();
+  if (!from_element_type(type, &spec.dtype)) {
+    return invalid_argument_error(what + ": " + kind + " '" + spec.name + "' has element type " +
+                                  type.get_type_name() +
+                                  ", which asyncinfer has no dtype for (it takes f32, f16, bf16, "
+                                  "f64, i8, i16, i32, i64, u8, u16, u32, u64 and boolean)");
+  }
+  const ov::PartialShape& ps = port.get_partial_shape();
+  if (ps.rank().is_dynamic()) {
+    return invalid_argument_error(what + ": " + kind + " '" + spec.name +
+                                  "' has a dynamic rank; asyncinfer needs the rank fixed");
+  }
+  for (const ov::Dimension& d : ps) {
+    spec.shape.push_back(d.is_static() ? d.get_length() : -1);
+  }
+  return spec;
+}
+
+struct Ports {
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+};
+
+Result<Ports> read_ports(const std::shared_ptr<ov::Model>& model, const std::string& what) {
+  Ports p;
+  try {
+    for (const auto& port : model->inputs()) {
+      ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec s, port_spec(port, "input", what));
+      p.inputs.push_back(std::move(s));
+    }
+    for (const auto& port : model->outputs()) {
+      ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec s, port_spec(port, "output", what));
+      p.outputs.push_back(std::move(s));
+    }
+  } catch (...) {
+    return status_from_current_exception(what + ": reading its inputs and outputs",
+                                         StatusCode::invalid_argument);
+  }
+  if (p.inputs.empty()) return invalid_argument_error(what + ": the model has no inputs");
+  if (p.outputs.empty()) return invalid_argument_error(what + ": the model has no outputs");
+  return p;
+}
+
+/// Reshapes the model's inputs to `shapes` (by input index); OpenVINO propagates to the outputs.
+Status reshape(const std::shared_ptr<ov::Model>& model,
+               const std::map<std::size_t, ov::PartialShape>& shapes, const std::string& what,
+               const std::string& why) {
+  if (shapes.empty()) return Status();
+  try {
+    std::map<ov::Output<ov::Node>, ov::PartialShape> by_port;
+    for (const auto& [index, shape] : shapes) by_port.emplace(model->input(index), shape);
+    model->reshape(by_port);
+  } catch (...) {
+    return status_from_current_exception(what + ": OpenVINO cannot reshape it (" + why + ")",
+                                         StatusCode::invalid_argument);
+  }
+  return Status();
+}
+
+ov::PartialShape partial_shape(const Shape& shape) {
+  std::vector<ov::Dimension> dims;
+  for (std::int64_t d : shape)
+    dims.emplace_back(d < 0 ? ov::Dimension::dynamic() : ov::Dimension(d));
+  return ov::PartialShape(dims);
+}
+
+/// Matches the caller's specs (a config's list, in its order) to the model's ports by name.
+/// Returns each spec's port index; fills `reshapes` where a spec fixes a dim the model leaves
+/// dynamic (inputs only: outputs follow from them).
+Result<std::vector<std::size_t>> match_specs(const std::vector<TensorSpec>& want,
+                                             const std::vector<TensorSpec>& have, const char* kind,
+                                             const std::string& what,
+                                             std::map<std::size_t, ov::PartialShape>* reshapes) {
+  std::vector<std::size_t> index;
+  if (want.size() != have.size()) {
+    std::string names;
+    for (const TensorSpec& h : have) names += (names.empty() ? "" : ", ") + spec_string(h);
+    return invalid_argument_error(what + ": " + std::to_string(want.size()) + " " + kind +
+                                  "(s) given, the model has " + std::to_string(have.size()) + ": " +
+                                  names);
+  }
+  for (const TensorSpec& w : want) {
+    const auto it = std::find_if(have.begin(), have.end(),
+                                 [&](const TensorSpec& h) { return h.name == w.name; });
+    if (it == have.end()) {
+      std::string names;
+      for (const TensorSpec& h : have) names += (names.empty() ? "" : ", ") + spec_string(h);
+      return invalid_argument_error(what + ": the model has no " + kind + " '" + w.name +
+                                    "' (it has " + names + ")");
+    }
+    const TensorSpec& h = *it;
+    const std::string tensor = what + ": " + kind + " '" + w.name + "'";
+    if (w.dtype != h.dtype) {
+      return invalid_argument_error(tensor + " is given as " + std::string(to_string(w.dtype)) +
+                                    ", the model's is " + std::string(to_string(h.dtype)));
+    }
+    if (w.shape.size() != h.shape.size()) {
+      return invalid_argument_error(tensor + " is given as " + shape_to_string(w.shape) +
+                                    " (rank " + std::to_string(w.shape.size()) +
+                                    "), the model's is " + shape_to_string(h.shape) + " (rank " +
+                                    std::to_string(h.shape.size()) + ")");
+    }
+    bool fixes = false;
+    for (std::size_t d = 0; d < w.shape.size(); ++d) {
+      if (h.shape[d] >= 0 && w.shape[d] != h.shape[d]) {
+        return invalid_argument_error(
+            tensor + " is given as " + shape_to_string(w.shape) + ", the model's is " +
+            shape_to_string(h.shape) + ": dim " + std::to_string(d) + " is " +
+            std::to_string(h.shape[d]) + " in the model, " +
+            (w.shape[d] < 0 ? std::string("-1 (dynamic)") : std::to_string(w.shape[d])) + " given");
+      }
+      if (h.shape[d] < 0 && w.shape[d] >= 0) fixes = true;
+    }
+    const auto port = static_cast<std::size_t>(it - have.begin());
+    if (fixes && reshapes != nullptr) (*reshapes)[port] = partial_shape(w.shape);
+    index.push_back(port);
+  }
+  return index;
+}
+
+/// One inference on zeros (batch 1, every dynamic dim 1): the compiled model runs.
+Status check_run(OpenVinoDefinition& def) {
+  try {
+    ov::InferRequest request = def.compiled.create_infer_request();
+    std::vector<ov::Tensor> keep;
+    for (std::size_t i = 0; i < def.signature.inputs.size(); ++i) {
+      const TensorSpec& s = def.signature.inputs[i];
+      ov::Shape shape;
+      for (std::int64_t d : s.shape) shape.push_back(d < 0 ? 1 : static_cast<std::size_t>(d));
+      ov::Tensor t(to_element_type(s.dtype), shape);
+      std::memset(t.data(), 0, t.get_byte_size());
+      request.set_tensor(def.input_ports[i], t);
+      keep.push_back(std::move(t));
+    }
+    request.infer();
+    for (std::size_t i = 0; i < def.signature.outputs.size(); ++i) {
+      const TensorSpec& s = def.signature.outputs[i];
+      const ov::Shape got = request.get_tensor(def.output_ports[i]).get_shape();
+      bool fits = got.size() == s.shape.size();
+      for (std::size_t d = 0; fits && d < got.size(); ++d) {
+        const bool batch_dim = def.signature.batched && d == 0;
+        if (batch_dim)
+          fits = got[d] == 1;
+        else if (s.shape[d] >= 0)
+          fits = static_cast<std::int64_t>(got[d]) == s.shape[d];
+      }
+      if (!fits) {
+        Shape g(got.begin(), got.end());
+        return invalid_argument_error(def.what + ": output " + spec_string(s) +
+                                      " came out of a batch-1 run on zeros as " +
+                                      shape_to_string(g));
+      }
+    }
+  } catch (...) {
+    return status_from_current_exception(
+        def.what + ": the check inference on zeros (batch 1, dynamic dims 1) failed",
+        StatusCode::invalid_argument);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
+                                                   std::string_view path_view,
+                                                   const ModelOptions& options) {
+  const std::string path(path_view);
+  if (path.empty()) {
+    return invalid_argument_error(
+        "openvino model: empty path (expected openvino:<file.onnx|file.xml>)");
+  }
+  const std::string what = "openvino model '" + path + "'";
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) return not_found_error(what + ": no such file");
+  if (!fs::is_regular_file(st)) return invalid_argument_error(what + " is not a regular file");
+  if (fs::path(path).extension() == ".xml") {
+    fs::path bin = path;
+    bin.replace_extension(".bin");
+    if (!fs::is_regular_file(bin, ec)) {
+      return invalid_argument_error(what + ": OpenVINO IR needs its weights beside it, and '" +
+                                    bin.string() +
+                                    "' does not exist (an IR is model.xml + "
+                                    "model.bin)");
+    }
+  }
+
+  auto def = std::make_shared<OpenVinoDefinition>();
+  def->path = path;
+  def->what = what;
+  ASYNCINFER_ASSIGN_OR_RETURN(def->core, shared_core());
+  std::shared_ptr<ov::Model> model;
+  try {
+    model = def->core->read_model(path);
+  } catch (...) {
+    return status_from_current_exception(what + ": OpenVINO cannot read it",
+                                         StatusCode::invalid_argument);
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(Ports ports, read_ports(model, what));
+
+  // The batch dim.
+  auto dim0_dynamic = [](const std::vector<TensorSpec>& specs) {
+    return std::all_of(specs.begin(), specs.end(),
+                       [](const TensorSpec& s) { return !s.shape.empty() && s.shape[0] < 0; });
+  };
+  bool batched = dim0_dynamic(ports.inputs) && dim0_dynamic(ports.outputs);
+  if (options.batched.has_value()) {
+    if (*options.batched && !batched) {
+      std::map<std::size_t, ov::PartialShape> shapes;
+      for (std::size_t i = 0; i < ports.inputs.size(); ++i) {
+        const TensorSpec& s = ports.inputs[i];
+        if (s.shape.empty()) {
+          return invalid_argument_error(what + ": input " + spec_string(s) +
+                                        " is a scalar, so the model cannot take a batch dim");
+        }
+        if (s.shape[0] >= 0) {
+          Shape dyn = s.shape;
+          dyn[0] = -1;
+          shapes[i] = partial_shape(dyn);
+        }
+      }
+      ASYNCINFER_RETURN_IF_ERROR(
+          reshape(model, shapes, what, "to make dim 0 of its inputs the batch dim"));
+      ASYNCINFER_ASSIGN_OR_RETURN(ports, read_ports(model, what));
+      if (!dim0_dynamic(ports.inputs) || !dim0_dynamic(ports.outputs)) {
+        std::string fixed;
+        for (const auto* list : {&ports.inputs, &ports.outputs}) {
+          for (const TensorSpec& s : *list) {
+            if (s.shape.empty() || s.shape[0] >= 0)
+              fixed += (fixed.empty() ? "" : ", ") + spec_string(s);
+          }
+        }
+        return invalid_argument_error(what +
+                                      ": a batch dim was asked for (max_batch_size > 0), "
+                                      "but with dim 0 of its inputs made dynamic these still "
+                                      "have a fixed dim 0: " +
+                                      fixed);
+      }
+    }
+    batched = *options.batched;
+  }
+
+  // The caller's specs (a config's input / output lists).
+  std::vector<std::size_t> input_index(ports.inputs.size());
+  std::vector<std::size_t> output_index(ports.outputs.size());
+  for (std::size_t i = 0; i < input_index.size(); ++i) input_index[i] = i;
+  for (std::size_t i = 0; i < output_index.size(); ++i) output_index[i] = i;
+  if (!options.inputs.empty()) {
+    std::map<std::size_t, ov::PartialShape> shapes;
+    ASYNCINFER_ASSIGN_OR_RETURN(input_index,
+                                match_specs(options.inputs, ports.inputs, "input", what, &shapes));
+    ASYNCINFER_RETURN_IF_ERROR(reshape(model, shapes, what, "to the input dims given"));
+    ASYNCINFER_ASSIGN_OR_RETURN(ports, read_ports(model, what));
+  }
+  if (!options.outputs.empty()) {
+    ASYNCINFER_ASSIGN_OR_RETURN(
+        output_index, match_specs(options.outputs, ports.outputs, "output", what, nullptr));
+  }
+
+  ModelSignature& sig = def->signature;
+  sig.batched = batched;
+  for (std::size_t i : input_index) sig.inputs.push_back(ports.inputs[i]);
+  for (std::size_t k = 0; k < output_index.size(); ++k) {
+    // A given output dim the model leaves dynamic is taken as given (checked at run time).
+    TensorSpec s = ports.outputs[output_index[k]];
+    if (!options.outputs.empty()) s.shape = options.outputs[k].shape;
+    sig.outputs.push_back(std::move(s));
+  }
+  sig.max_batch_size = batched ? std::max<std::int64_t>(options.max_batch_size, 0) : 0;
+  for (const TensorSpec& s : sig.outputs) {
+    bool fixed = true;
+    for (std::size_t d = batched ? 1 : 0; d < s.shape.size(); ++d) fixed = fixed && s.shape[d] >= 0;
+    def->output_preallocated.push_back(fixed);
+  }
+
+  // Compile for the CPU plugin.
+  ov::AnyMap config;
+  bool hint_given = false;
+  for (const auto& [key, value] : options.backend_parameters) {
+    config[key] = value;
+    hint_given = hint_given || key == ov::hint::performance_mode.name();
+  }
+  if (!hint_given) config[ov::hint::performance_mode.name()] = "THROUGHPUT";
+  try {
+    def->compiled = def->core->compile_model(model, "CPU", config);
+    const auto& compiled_inputs = def->compiled.inputs();
+    const auto& compiled_outputs = def->compiled.outputs();
+    for (std::size_t i : input_index) def->input_ports.push_back(compiled_inputs.at(i));
+    for (std::size_t i : output_index) def->output_ports.push_back(compiled_outputs.at(i));
+    def->optimal_requests = static_cast<int>(std::max<std::uint32_t>(
+        1, def->compiled.get_property(ov::optimal_number_of_infer_requests)));
+  } catch (...) {
+    std::string settings;
+    for (const auto& [key, value] : config) {
+      settings += (settings.empty() ? "" : ", ") + key + "=" + value.as<std::string>();
+    }
+    return status_from_current_exception(
+        what + ": OpenVINO cannot compile it for CPU with " + settings,
+        StatusCode::invalid_argument);
+  }
+  ASYNCINFER_RETURN_IF_ERROR(check_run(*def));
+  return std::shared_ptr<Model>(std::make_shared<OpenVinoModel>(std::move(def)));
+}
+
+}  // namespace asyncinfer::detail
