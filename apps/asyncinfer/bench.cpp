@@ -177,7 +177,9 @@ int run_bench(BenchOptions& o) {
 
   auto device = open_device(o.device);
   if (!device.ok()) return library_error("--device", device.status(), true);
-  auto model = load_model(o.model);
+  ModelOptions mo;
+  mo.backend_parameters = o.backend_parameters;
+  auto model = load_model(o.model, mo);
   if (!model.ok()) return library_error("--model", model.status(), true);
   const ModelSignature& sig = (*model)->signature();
   {
@@ -273,9 +275,11 @@ Command add_bench_command(CLI::App& parent) {
       "of --concurrency or --request-rate values). See docs/bench.md.");
 
   // What to run on.
+  add_backend_parameter_option(*app, o->backend_parameters);
   app->add_option("--model,-m", o->model,
                   "Model URI or path: builtin:identity, builtin:fixed_cost?base_us=&per_item_us=, "
-                  "builtin:faulty?..., path/to/model.pt (required unless --stages)");
+                  "builtin:faulty?..., path/to/model.pt, model.onnx, model.xml (required unless "
+                  "--stages)");
   app->add_option("--stages", o->stages,
                   "Measure a pipeline of timed stages instead of a model, e.g. "
                   "host:2ms,sim:5ms,host:2ms (kinds host, sleep, sim, cpu, cuda); modes sync "

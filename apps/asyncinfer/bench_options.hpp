@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "asyncinfer/status.hpp"
@@ -52,6 +53,8 @@ struct DataArg {
 struct BenchOptions {
   // What to run on.
   std::string model;
+  /// --backend-parameter KEY=VALUE (ModelOptions::backend_parameters).
+  std::vector<std::pair<std::string, std::string>> backend_parameters;
   std::string device = "cpu";
   std::string stages;  ///< --stages: measure a pipeline of timed stages instead of a model
   // How to drive it.

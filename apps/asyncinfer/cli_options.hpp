@@ -67,4 +67,30 @@ inline CLI::Option* add_max_batch_size_option(CLI::App& app, std::int64_t& targe
   return opt;
 }
 
+/// Settings passed to the model backend's own library (ModelOptions::backend_parameters).
+using BackendParameters = std::vector<std::pair<std::string, std::string>>;
+
+/// --backend-parameter KEY=VALUE, repeatable: OpenVINO's properties for an .onnx or .xml model
+/// (NUM_STREAMS=2, INFERENCE_PRECISION_HINT=f32, ...), as Triton's config.pbtxt `parameters`.
+inline CLI::Option* add_backend_parameter_option(CLI::App& app, BackendParameters& target) {
+  return app
+      .add_option_function<std::vector<std::string>>(
+          "--backend-parameter",
+          [&target](const std::vector<std::string>& items) {
+            target.clear();
+            for (const std::string& item : items) {
+              const std::size_t eq = item.find('=');
+              if (eq == std::string::npos || eq == 0) {
+                throw CLI::ValidationError("--backend-parameter: '" + item +
+                                           "' is not KEY=VALUE (e.g. NUM_STREAMS=2)");
+              }
+              target.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+            }
+          },
+          "KEY=VALUE for the model backend's own library, repeatable: OpenVINO properties for "
+          ".onnx and .xml models (NUM_STREAMS=2, PERFORMANCE_HINT=LATENCY, "
+          "INFERENCE_PRECISION_HINT=f32, ...)")
+      ->take_all();
+}
+
 }  // namespace asyncinfer::cli

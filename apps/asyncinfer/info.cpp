@@ -6,6 +6,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/model.hpp"
+#include "cli_options.hpp"
 #include "commands.hpp"
 
 namespace asyncinfer::cli {
@@ -14,6 +15,7 @@ namespace {
 struct InfoOptions {
   std::string device;
   std::string model;
+  BackendParameters backend_parameters;
 };
 
 /// A device or model that cannot be had (unknown, missing, not built, no hardware) is a usage
@@ -49,7 +51,9 @@ int run_info(const InfoOptions& o) {
     }
   }
   if (!o.model.empty()) {
-    auto model = load_model(o.model);
+    ModelOptions mo;
+    mo.backend_parameters = o.backend_parameters;
+    auto model = load_model(o.model, mo);
     if (!model.ok()) {
       std::fprintf(stderr, "asyncinfer info: error: --model: %s\n",
                    model.status().to_string().c_str());
@@ -71,9 +75,10 @@ Command add_info_command(CLI::App& parent) {
       "info", "List the device backends built; describe a device and a model");
   app->add_option("--device,-d", opts->device,
                   "Device to open and describe: cpu, sim, sim:<key>=<value>,..., cuda:0");
+  add_backend_parameter_option(*app, opts->backend_parameters);
   app->add_option("--model,-m", opts->model,
                   "Model to load and describe: builtin:identity, builtin:fixed_cost?..., "
-                  "builtin:faulty?..., path/to/model.pt");
+                  "builtin:faulty?..., path/to/model.pt, model.onnx, model.xml");
   return Command{app, [opts] { return run_info(*opts); }};
 }
 

@@ -34,6 +34,7 @@ using json = nlohmann::json;
 
 struct RunOptions {
   std::string model;
+  BackendParameters backend_parameters;
   std::string device = "cpu";
   std::vector<std::string> images;
   std::string labels;
@@ -228,7 +229,9 @@ constexpr std::size_t kPrintPredictions = 20;
 
 /// One run in `mode`; fills `result`. Returns an exit code.
 int run_once(const RunOptions& o, Mode mode, RunSummary& result) {
-  auto model = load_model(o.model);
+  ModelOptions mo;
+  mo.backend_parameters = o.backend_parameters;
+  auto model = load_model(o.model, mo);
   if (!model.ok()) {
     std::fprintf(stderr, "asyncinfer run: %s\n", model.status().to_string().c_str());
     return kExitRunFailed;
@@ -528,7 +531,8 @@ Command add_run_command(CLI::App& parent) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* app = parent.add_subcommand(
       "run", "Classify image files with a model: decode -> infer -> top-k, sync or async");
-  app->add_option("--model,-m", o->model, "model file (.pt) or URI")->required();
+  app->add_option("--model,-m", o->model, "model file (.pt, .onnx, .xml) or URI")->required();
+  add_backend_parameter_option(*app, o->backend_parameters);
   app->add_option("--device,-d", o->device, "cpu, sim[:options] or cuda:N")->capture_default_str();
   app->add_option("--images", o->images, "image files, folders or glob patterns")
       ->required()
