@@ -34,3 +34,14 @@ echo "   throughput. Accuracy must be identical: the same model sees the same in
   --output "$out/predictions.csv" --summary "$out/summary.json"
 echo
 echo "predictions: $out/predictions.sync.csv, $out/predictions.async.csv; summary: $out/summary.json"
+
+if "$bin" info 2>/dev/null | grep -q "openvino"; then
+  echo
+  echo "== the same network as ONNX (models/data/digits.onnx), through OpenVINO's runtime: async,"
+  echo "   the same preprocessing; every top-1 label equals the TorchScript file's"
+  echo "   (tests/integration/onnx_digits.py checks it)."
+  "$bin" run --model "$data/digits.onnx" --device cpu \
+    --images "$data/test" --labels "$data/test/labels.csv" \
+    --mode async --window 16 --repeat 4 --top-k 3 --quiet \
+    --output "$out/predictions.onnx.csv"
+fi

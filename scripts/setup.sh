@@ -6,7 +6,8 @@
 # curl, requests, prometheus_client, grpcio, PyYAML, h2 (raw HTTP/2 frames for the hostile-client
 # tests), h2load, wrk and nginx (with its stream module) for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
 # pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests); zlib for HTTP
-# compression. Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
+# compression; python3-onnx (the openvino backend's test models) and python3-torchvision (ResNet-50
+# for bench/bench_openvino.py). Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
 # every version pinned) in its own virtual environment, .venv/tritonclient, made from Debian's
 # interpreter without its packages (tritonclient's grpcio and protobuf are newer than Debian's,
 # which the build and the other tests use), and OpenVINO's runtime from PyPI
@@ -26,7 +27,7 @@ packages=(
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
-  libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx
+  libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx python3-torchvision
 )
 
 # pinned_venv NAME REQUIREMENTS: .venv/NAME, made from Debian's interpreter without its packages,

@@ -127,9 +127,11 @@ def load_model(uri: str, *, signature_path: str = "",
                inputs: Optional[Sequence[Union[str, TensorSpec]]] = None,
                outputs: Optional[Sequence[Union[str, TensorSpec]]] = None,
                max_batch_size: int = -1, intra_op_threads: int = 0,
-               warmup_runs: int = 2) -> Model:
-    """Loads 'builtin:...', 'torch:<file>' or '<file>.pt'. Blocks without the GIL.
-    Raises InvalidArgument, NotFound, Unavailable."""
+               warmup_runs: int = 2,
+               backend_parameters: Optional[Dict[str, str]] = None) -> Model:
+    """Loads 'builtin:...', 'torch:<file>', '<file>.pt', 'openvino:<file>', '<file>.onnx' or
+    '<file>.xml'. backend_parameters: OpenVINO properties by name (openvino models only).
+    Blocks without the GIL. Raises InvalidArgument, NotFound, Unavailable."""
 
 def open_device(spec: str) -> Device:
     """Opens 'cpu', 'sim[:key=value,...]', 'cuda[:N]'. Raises InvalidArgument, Unavailable."""

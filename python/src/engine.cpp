@@ -475,7 +475,7 @@ for the id-based API, metrics.
 
 Engine(model, device='cpu', *, <every EngineOptions field>)
 
-model: an asyncinfer.Model, or a URI for load_model ('builtin:identity', 'models/data/digits.pt').
+model: an asyncinfer.Model, or a URI for load_model ('builtin:identity', 'models/data/digits.pt', 'resnet50.onnx').
 device: an asyncinfer.Device, or a spec for open_device ('cpu', 'sim', 'cuda:0').
 
 Units: every duration is in seconds (int, float or datetime.timedelta) except

@@ -111,8 +111,14 @@ void init_model_device(py::module_& m) {
       "load_model",
       [](const std::string& uri, const std::string& signature_path, const py::object& inputs,
          const py::object& outputs, std::int64_t max_batch_size, int intra_op_threads,
-         int warmup_runs) {
+         int warmup_runs, const py::object& backend_parameters) {
         ModelOptions o;
+        if (!backend_parameters.is_none()) {
+          for (auto item : py::cast<py::dict>(backend_parameters)) {
+            o.backend_parameters.emplace_back(py::str(item.first).cast<std::string>(),
+                                              py::str(item.second).cast<std::string>());
+          }
+        }
         o.signature_path = signature_path;
         o.max_batch_size = max_batch_size;
         o.intra_op_threads = intra_op_threads;
@@ -132,9 +138,15 @@ void init_model_device(py::module_& m) {
       py::arg("inputs") = py::none(), py::arg("outputs") = py::none(),
       py::arg("max_batch_size") = mo.max_batch_size,
       py::arg("intra_op_threads") = mo.intra_op_threads, py::arg("warmup_runs") = mo.warmup_runs,
+      py::arg("backend_parameters") = py::none(),
       R"doc(
 Loads a model: 'builtin:identity', 'builtin:fixed_cost?base_us=2000', 'builtin:faulty?...',
-'torch:<file>' or a path ending in '.pt' (TorchScript through libtorch), 'builtin:gemm' (cuda).
+'torch:<file>' or a path ending in '.pt' (TorchScript through libtorch), 'openvino:<file>' or a
+path ending in '.onnx' or '.xml' (ONNX and OpenVINO IR through OpenVINO's runtime; the signature
+comes from the model), 'builtin:gemm' (cuda).
+
+backend_parameters: a dict of OpenVINO properties for an openvino model ({'NUM_STREAMS': '2',
+'INFERENCE_PRECISION_HINT': 'f32'}; values are passed as strings); other backends refuse them.
 
 TorchScript: the signature comes from '<file>.json' (or signature_path), or from inputs /
 outputs: TensorSpec objects or 'name:dtype:dims' strings ('input:f32:1x32x32'; the batch dim

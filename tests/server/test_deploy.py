@@ -165,9 +165,11 @@ class Manifests(harness.unittest.TestCase):
             pkgs = {l.split(":")[0] for l in owners.splitlines() if l}
             pkgs = {p for p in pkgs if not p.endswith("-dev")}
             if not pkgs:
-                # Not from a Debian package: the CUDA toolkit, which the image leaves out
-                # (-DASYNCINFER_WITH_CUDA=OFF).
-                self.assertRegex(lib, r"^lib(cudart|cublas|cublasLt|cuda)\.", lib)
+                # Not from a Debian package: the CUDA toolkit and OpenVINO (PyPI), which the
+                # image leaves out (-DASYNCINFER_WITH_CUDA=OFF -DASYNCINFER_WITH_OPENVINO=OFF).
+                self.assertRegex(lib, r"^lib(cudart|cublas|cublasLt|cuda|openvino)\.", lib)
+                flag = "-DASYNCINFER_WITH_%s=OFF" % ("OPENVINO" if "openvino" in lib else "CUDA")
+                self.assertTrue(any(flag in arg for _, arg in dockerfile()), flag)
                 continue
             if not pkgs & (runtime | base):
                 missing.append("%s (%s)" % (lib, ", ".join(sorted(pkgs))))

@@ -482,15 +482,24 @@ TEST(Models, RegistryListsTheKindsBuiltAndNamesWhatIsUnknown) {
   EXPECT_NE(nope.status().message().find("unknown builtin model 'nope'"), std::string_view::npos)
       << nope.status();
   EXPECT_NE(nope.status().message().find("builtin:identity"), std::string_view::npos);
-  auto unknown = load_model("model.onnx");
+  auto unknown = load_model("model.tflite");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(unknown.status().message().find("unknown model 'model.onnx'"), std::string_view::npos);
+  EXPECT_NE(unknown.status().message().find("unknown model 'model.tflite'"),
+            std::string_view::npos);
   // A known kind whose optional backend is missing says so; a built one loads (the file is
   // missing here, which the torch backend reports as not_found).
   const bool has_torch = std::find(kinds.begin(), kinds.end(), "torch") != kinds.end();
   EXPECT_EQ(load_model("torch:/nonexistent.pt").status().code(),
             has_torch ? StatusCode::not_found : StatusCode::unavailable);
+  const bool has_openvino = std::find(kinds.begin(), kinds.end(), "openvino") != kinds.end();
+  const auto onnx = load_model("/nonexistent.onnx");
+  EXPECT_EQ(onnx.status().code(), has_openvino ? StatusCode::not_found : StatusCode::unavailable);
+  if (!has_openvino) {
+    EXPECT_NE(onnx.status().message().find("the openvino backend was not built"),
+              std::string_view::npos)
+        << onnx.status();
+  }
   const bool has_gemm = std::find(kinds.begin(), kinds.end(), "builtin:gemm") != kinds.end();
   EXPECT_EQ(load_model("builtin:gemm").ok(), has_gemm);
   auto id = load_model("builtin:identity?shape=3");

@@ -1,0 +1,70 @@
+"""The openvino backend from Python: an ONNX model by path, its signature, results through the
+Engine and AsyncInferQueue (after OpenVINO's own), and OpenVINO properties as backend_parameters.
+The models come from the OpenVinoTestModels fixture (<build>/models/onnx)."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import asyncinfer
+
+ONNX = os.path.join(os.environ.get("ASYNCINFER_TEST_MODELS_DIR", ""), "onnx")
+ADD = os.path.join(ONNX, "add.onnx")
+
+pytestmark = pytest.mark.skipif("openvino" not in asyncinfer.model_backends(),
+                                reason="the openvino backend was not built")
+
+
+def test_signature_comes_from_the_model():
+    model = asyncinfer.load_model(ADD)
+    sig = model.signature
+    assert [s.name for s in sig.inputs] == ["x", "y"]
+    assert [s.name for s in sig.outputs] == ["sum", "prod"]
+    assert list(sig.inputs[0].shape) == [-1, 4]
+
+
+def test_engine_and_async_infer_queue_give_the_right_answers():
+    rng = np.random.default_rng(3)
+    with asyncinfer.Engine(ADD, "cpu") as engine:
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        y = rng.standard_normal((3, 4)).astype(np.float32)
+        s, p = engine.submit([x, y]).result(timeout=30)
+        np.testing.assert_array_equal(s, x + y)
+        np.testing.assert_array_equal(p, x * y)
+
+        queue = asyncinfer.AsyncInferQueue(engine, 4)
+        got = {}
+        lock = threading.Lock()
+
+        def done(result, i):
+            with lock:
+                got[i] = result
+
+        queue.set_callback(done)
+        want = {}
+        for i in range(32):
+            a = rng.standard_normal((1, 4)).astype(np.float32)
+            b = rng.standard_normal((1, 4)).astype(np.float32)
+            want[i] = (a + b, a * b)
+            queue.start_async([a, b], i)
+        queue.wait_all()
+        assert sorted(got) == list(range(32))
+        for i, (s_want, p_want) in want.items():
+            np.testing.assert_array_equal(got[i][0], s_want)
+            np.testing.assert_array_equal(got[i][1], p_want)
+
+
+def test_backend_parameters_reach_openvino():
+    model = asyncinfer.load_model(ADD, backend_parameters={"NUM_STREAMS": 1})
+    with asyncinfer.Engine(model, "cpu") as engine:
+        assert engine.options["workers"] == 1
+    with pytest.raises(asyncinfer.InvalidArgument, match="NO_SUCH_PROPERTY"):
+        asyncinfer.load_model(ADD, backend_parameters={"NO_SUCH_PROPERTY": "1"})
+    with pytest.raises(asyncinfer.InvalidArgument, match="only the openvino backend"):
+        asyncinfer.load_model("builtin:identity", backend_parameters={"NUM_STREAMS": "1"})
+
+
+def test_a_bad_file_names_itself():
+    with pytest.raises(asyncinfer.InvalidArgument, match="truncated.onnx.*OpenVINO cannot read it"):
+        asyncinfer.load_model(os.path.join(ONNX, "truncated.onnx"))
