@@ -309,8 +309,10 @@ Command add_bench_command(CLI::App& parent) {
       "Run these modes back to back and print ratios against the first, e.g. sync,async");
   // Engine.
   app->add_option("--workers,-w", o->workers,
-                  "Engine workers (streams + model instances); 0 = the engine's rule: one per "
-                  "core for a model that computes on host cores (libtorch on cpu), else 1")
+                  "Engine workers (streams + model instances); 0 = the engine's rule: the "
+                  "model's own count where it has one (OpenVINO's optimal number of infer "
+                  "requests), else one per core for a model that computes on host cores "
+                  "(libtorch on cpu), else 1")
       ->capture_default_str();
   add_max_batch_size_option(*app, o->max_batch_size, "--max-batch");
   app->add_option("--max-queue-delay-us", o->max_queue_delay_us,

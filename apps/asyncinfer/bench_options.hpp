@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
+#include "asyncinfer/model.hpp"
 #include "asyncinfer/status.hpp"
 #include "mode.hpp"
 
@@ -54,7 +54,7 @@ struct BenchOptions {
   // What to run on.
   std::string model;
   /// --backend-parameter KEY=VALUE (ModelOptions::backend_parameters).
-  std::vector<std::pair<std::string, std::string>> backend_parameters;
+  BackendParameters backend_parameters;
   std::string device = "cpu";
   std::string stages;  ///< --stages: measure a pipeline of timed stages instead of a model
   // How to drive it.

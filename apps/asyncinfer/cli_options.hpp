@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "asyncinfer/model.hpp"
 #include "asyncinfer/status.hpp"
 
 namespace asyncinfer::cli {
@@ -66,9 +67,6 @@ inline CLI::Option* add_max_batch_size_option(CLI::App& app, std::int64_t& targe
   app.add_option(old_name, target, "old name of --max-batch-size")->check(range)->group("");
   return opt;
 }
-
-/// Settings passed to the model backend's own library (ModelOptions::backend_parameters).
-using BackendParameters = std::vector<std::pair<std::string, std::string>>;
 
 /// --backend-parameter KEY=VALUE, repeatable: OpenVINO's properties for an .onnx or .xml model
 /// (NUM_STREAMS=2, INFERENCE_PRECISION_HINT=f32, ...), as Triton's config.pbtxt `parameters`.

@@ -134,6 +134,9 @@ class Model {
       Device& device, Stream& stream, const InstanceOptions& options) = 0;
 };
 
+/// Settings of a backend's own library, by name: ModelOptions::backend_parameters.
+using BackendParameters = std::vector<std::pair<std::string, std::string>>;
+
 /// Options used by load_model (backends ignore what does not apply to them).
 struct ModelOptions {
   /// TorchScript: sidecar signature JSON; empty = "<model path>.json" when present.
@@ -155,7 +158,7 @@ struct ModelOptions {
   /// carry them to a backend. openvino: NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT
   /// (Triton's OpenVINO backend's keys) and any other OpenVINO CPU property by its name; the
   /// other backends refuse a non-empty list (invalid_argument naming the key).
-  std::vector<std::pair<std::string, std::string>> backend_parameters;
+  BackendParameters backend_parameters;
 };
 
 /// Loads a model by URI: "builtin:<kind>?...", "torch:<path>", a path ending in ".pt",

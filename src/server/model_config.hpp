@@ -76,7 +76,7 @@ struct ModelPlan {
   /// openvino: the config's parameters that are not asyncinfer's own, passed to OpenVINO by name
   /// (NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT, ...; ModelOptions::backend_parameters).
   /// Other backends: warned about and dropped.
-  std::vector<std::pair<std::string, std::string>> backend_parameters;
+  BackendParameters backend_parameters;
   /// Device spec for open_device ("cpu", "cuda:1", "sim", "sim:..."); empty with device_auto.
   std::string device;
   /// KIND_AUTO (Triton's default): cuda:0 where it opens and the model runs there, else cpu.

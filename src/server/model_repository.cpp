@@ -763,7 +763,8 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         mo.backend_parameters = plan->backend_parameters;
         model = asyncinfer::load_model("openvino:" + file.string(), mo);
       } else {
-        model = asyncinfer::load_model(file.string(), mo);
+        // "torch:" whatever default_model_filename's extension (model.pth loads too).
+        model = asyncinfer::load_model("torch:" + file.string(), mo);
       }
     }
     if (!model.ok()) return model.status();

@@ -11,6 +11,10 @@ and OpenVINO's own converter (`ovc`, from the wheel in .venv/openvino) for the I
   pool.onnx            x f32[N,3,H,W] -> y = GlobalAveragePool(x) f32[N,3,1,1] (H, W dynamic)
   ranges.onnx          x f32[N,4] -> y = x[:, :k] with k = 2 (a dynamic dim after the batch dim
                        in the output: Slice with a runtime end taken from Shape)
+  passthru.onnx        x f32[N,4] -> x itself, and r = relu(x): an output that is an input
+  half.onnx            x f32[N,4] -> y = x[0 : (N+1)/2], declared f32[N,4]: fewer rows than the
+                       batch, which the declared shape hides
+  dupout.onnx          x f32[N,4] -> y = -x, listed twice as an output
   unsupported_op.onnx  x f32[N,4] -> y = NoSuchOp(x), an operator no front end knows
   string_input.onnx    s string[N] -> Identity: a dtype asyncinfer does not have
   truncated.onnx       the first half of add.onnx's bytes
@@ -30,8 +34,9 @@ from onnx import TensorProto, helper
 OPSET = 13
 
 
-def save(model, path):
-    onnx.checker.check_model(model)
+def save(model, path, check=True):
+    if check:
+        onnx.checker.check_model(model)
     onnx.save(model, path)
 
 
@@ -89,6 +94,23 @@ def main():
         helper.make_node("Slice", ["x", "zero", "half", "one"], ["y"]),
     ], [value("x", f32, ["N", "C"])], [value("y", f32, ["N", "K"])], consts),
          os.path.join(out, "ranges.onnx"))
+
+    save(graph_model("passthru", [helper.make_node("Relu", ["x"], ["r"])],
+                     [value("x", f32, ["N", 4])],
+                     [value("x", f32, ["N", 4]), value("r", f32, ["N", 4])], check=False),
+         os.path.join(out, "passthru.onnx"))
+    save(graph_model("half", [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["rows"], axis=0),
+        helper.make_node("Add", ["rows", "one"], ["rows1"]),
+        helper.make_node("Div", ["rows1", "two_i"], ["half"]),
+        helper.make_node("Slice", ["x", "zero", "half", "zero"], ["y"]),
+    ], [value("x", f32, ["N", 4])], [value("y", f32, ["N", 4])], consts, check=False),
+         os.path.join(out, "half.onnx"))
+    onnx.save(graph_model("dupout", [helper.make_node("Neg", ["x"], ["y"])],
+                          [value("x", f32, ["N", 4])],
+                          [value("y", f32, ["N", 4]), value("y", f32, ["N", 4])], check=False),
+              os.path.join(out, "dupout.onnx"))
 
     unsupported = graph_model(
         "unsupported", [helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")],

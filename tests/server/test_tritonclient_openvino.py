@@ -68,6 +68,17 @@ max_batch_size: 8
 parameters { key: "NUM_STREAMZ" value { string_value: "2" } }
 """
 
+PASSTHRU = """name: "passthru"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+"""
+
+HALF = """name: "half"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+"""
+
 STATIC = """name: "static"
 platform: "onnxruntime_onnx"
 max_batch_size: 0
@@ -99,6 +110,8 @@ class OpenVinoModels(harness.unittest.TestCase):
         cls.repo.add("bad_op", BAD_OP, files={"1/model.onnx": model("unsupported_op.onnx")})
         cls.repo.add("bad_parameter", BAD_PARAMETER, files={"1/model.onnx": model("add.onnx")})
         cls.repo.add("static", STATIC, files={"1/model.onnx": model("static2.onnx")})
+        cls.repo.add("passthru", PASSTHRU, files={"1/model.onnx": model("passthru.onnx")})
+        cls.repo.add("half", HALF, files={"1/model.onnx": model("half.onnx")})
         cls.server = Server(cls.repo.path).start()
         cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
                                                     concurrency=8)
@@ -177,6 +190,33 @@ class OpenVinoModels(harness.unittest.TestCase):
             self.http.infer("static", [i])
         self.assertIn("dim 0", str(e.exception))
 
+    def test_an_output_that_is_an_input_comes_back_right(self):
+        x = np.arange(-4, 4, dtype=np.float32).reshape(2, 4)
+        i = grpcclient.InferInput("x", [2, 4], "FP32")
+        i.set_data_from_numpy(x)
+        r = self.grpc.infer("passthru", [i])
+        np.testing.assert_array_equal(r.as_numpy("x"), x)
+        np.testing.assert_array_equal(r.as_numpy("r"), np.maximum(x, 0))
+
+    def test_a_model_that_returns_fewer_rows_fails_instead_of_answering_garbage(self):
+        # Four one-row requests batched together: the model gives back 2 rows for 4. Each
+        # request gets an error (or, where it ran alone, its one right row), never other
+        # memory.
+        x = [np.full((1, 4), k, dtype=np.float32) for k in range(4)]
+        pending = []
+        for v in x:
+            i = httpclient.InferInput("x", [1, 4], "FP32")
+            i.set_data_from_numpy(v)
+            pending.append((v, self.http.async_infer("half", [i])))
+        errors = 0
+        for v, p in pending:
+            try:
+                np.testing.assert_array_equal(p.get_result().as_numpy("y"), v)
+            except InferenceServerException as e:
+                errors += 1
+                self.assertIn("output 'y' came out as", str(e))
+        self.assertTrue(self.http.is_model_ready("half"))
+
     def index(self):
         return {m["name"]: m for m in self.http.get_model_repository_index()}
 
@@ -199,7 +239,7 @@ class OpenVinoModels(harness.unittest.TestCase):
 
     def test_the_others_serve_beside_the_failed_ones(self):
         index = self.index()
-        for name in ("add_openvino", "add_ir", "add_ort", "static"):
+        for name in ("add_openvino", "add_ir", "add_ort", "static", "passthru", "half"):
             self.assertEqual(index[name]["state"], "READY", index[name])
             self.assertTrue(self.grpc.is_model_ready(name))
 

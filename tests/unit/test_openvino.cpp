@@ -269,8 +269,87 @@ TEST(OpenVino, OutputWithADynamicDimIsCopiedOut) {
   auto sim = open_device("sim");
   auto refused = Engine::create(*model, *sim, {});
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("dynamic dim after the batch dim"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("is not written in place"), std::string::npos)
       << refused.status().to_string();
+}
+
+TEST(OpenVino, OutputThatIsAnInputIsRightAndSoIsTheOther) {
+  auto model = load_model(model_file("passthru.onnx"));
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  for (const char* spec : {"cpu", "sim"}) {
+    SCOPED_TRACE(spec);
+    auto device = open_device(spec);
+    auto engine = Engine::create(*model, *device, {});
+    if (std::string(spec) == "sim") {
+      // On sim outputs must exist before the run; this one is the input itself.
+      ASSERT_FALSE(engine.ok());
+      EXPECT_NE(engine.status().message().find("is not written in place"), std::string::npos);
+      continue;
+    }
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    auto out = (*engine)->infer({values({2, 4}, -3.0f, 1.0f)});
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    EXPECT_EQ(floats((*out)[0]), (std::vector<float>{-3, -2, -1, 0, 1, 2, 3, 4}));
+    EXPECT_EQ(floats((*out)[1]), (std::vector<float>{0, 0, 0, 0, 1, 2, 3, 4}));
+  }
+}
+
+TEST(OpenVino, OutputSmallerThanDeclaredIsAnErrorNotUnwrittenRows) {
+  auto model = load_model(model_file("half.onnx"));
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto device = open_device("cpu");
+  auto engine = Engine::create(*model, *device, {});
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto one = (*engine)->infer({values({1, 4}, 1.0f, 1.0f)});  // (1+1)/2 = 1 row: as declared
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto four = (*engine)->infer({values({4, 4}, 1.0f, 1.0f)});  // 2 rows of 4
+  ASSERT_FALSE(four.ok());
+  EXPECT_EQ(four.status().code(), StatusCode::internal);
+  EXPECT_NE(four.status().message().find("output 'y' came out as [2,4], [4,4] was expected"),
+            std::string::npos)
+      << four.status().to_string();
+}
+
+TEST(OpenVino, OutputListedTwiceIsRefused) {
+  auto model = load_model(model_file("dupout.onnx"));
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("lists output 'y' twice"), std::string::npos)
+      << model.status().to_string();
+}
+
+TEST(OpenVino, ASubsetOfTheOutputsMayBeGiven) {
+  ModelOptions mo;
+  mo.batched = true;
+  mo.outputs = {{"prod", DType::f32, {-1, 4}}};
+  auto model = load_model(model_file("add.onnx"), mo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ASSERT_EQ((*model)->signature().outputs.size(), 1u);
+  auto device = open_device("cpu");
+  auto engine = Engine::create(*model, *device, {});
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto out = (*engine)->infer({values({1, 4}, 1.0f, 1.0f), values({1, 4}, 2.0f, 0.0f)});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ(floats((*out)[0]), (std::vector<float>{2, 4, 6, 8}));
+}
+
+TEST(OpenVino, GivenOutputDimsTheModelLeavesDynamicAreCheckedAfterTheRun) {
+  ModelOptions mo;
+  mo.batched = true;
+  mo.outputs = {{"y", DType::f32, {-1, 5}}};
+  auto model = load_model(model_file("ranges.onnx"), mo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto device = open_device("cpu");
+  auto engine = Engine::create(*model, *device, {});
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto good = (*engine)->infer({values({2, 10}, 0.0f, 1.0f)});  // 10 / 2 = 5 columns
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ((*good)[0].shape(), (Shape{2, 5}));
+  auto bad = (*engine)->infer({values({2, 6}, 0.0f, 1.0f)});  // 3 columns
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("output 'y' came out as [2,3], which does not fit"),
+            std::string::npos)
+      << bad.status().to_string();
 }
 
 struct BadFile {

@@ -10,10 +10,11 @@
 //   - batched = true on a model whose dim 0 is static: dim 0 of every input is reshaped to dynamic
 //     (ov::Model::reshape), and the outputs must follow;
 //   - batched = false: no batch dim, whatever the model's dim 0;
-//   - inputs / outputs (a config's lists, in its order, matched to the ports by name): dtypes must
-//     be equal; a dim the model leaves dynamic may be fixed (the model is reshaped to it); a dim
-//     the model fixes must be given as that number. invalid_argument names the tensor, the dim,
-//     both values and the file.
+//   - inputs / outputs (a config's lists, in its order, matched to the ports by name; outputs may
+//     be a subset): dtypes must be equal; a dim the model leaves dynamic may be fixed (inputs: the
+//     model is reshaped to it; outputs: checked after each run); a dim the model fixes must be
+//     given as that number. invalid_argument names the tensor, the dim, both values and the file.
+// A name used twice by the model is refused.
 // The model is compiled once for OpenVINO's "CPU" device with PERFORMANCE_HINT THROUGHPUT unless
 // ModelOptions::backend_parameters say otherwise (NUM_STREAMS, INFERENCE_NUM_THREADS,
 // PERFORMANCE_HINT and every other CPU property, passed as strings: OpenVINO parses and checks
@@ -23,9 +24,12 @@
 // workers keeps N requests in flight, one per OpenVINO stream when N is the compiled model's
 // optimal number of infer requests (Model::preferred_instances, which EngineOptions::workers = 0
 // follows). A batch's inputs are wrapped as ov::Tensor over the engine's buffers, not copied;
-// outputs whose dims after the batch dim are fixed are allocated by the engine's device and handed
-// to OpenVINO with set_tensor, so OpenVINO writes into them (zero copy); an output with a dynamic
-// dim after the batch dim is copied out of OpenVINO's own buffer (cpu only). The batch runs as a
+// outputs whose dims after the batch dim the model fixes are allocated by the engine's device and
+// handed to OpenVINO with set_tensor, so OpenVINO writes into them (zero copy), and the shape it
+// reports after the run must be that buffer's (a model may return fewer rows than it declares);
+// an output with a dynamic dim after the batch dim, or one that is a model input passed through
+// or shares an earlier output's tensor (binding a buffer to it would rebind that tensor), is
+// copied out of OpenVINO's own buffer (cpu only) after its shape is checked. The batch runs as a
 // kernel on the worker's stream: start_async(), then the stream waits on a condition variable
 // that the request's set_callback signals, so OpenVINO's own stream threads do the work and the
 // stream moves on in order when it ends; a fired stop token (cancel, deadline, recycling) calls
@@ -33,6 +37,9 @@
 //
 // Devices: cpu and sim (host memory underneath; on sim every output dim after the batch dim must
 // be fixed, since outputs exist before the work runs). cuda and npu: unavailable.
+//
+// Precision: OpenVINO's own defaults (bf16 on CPUs with AMX or AVX512-BF16, i64 computed in 32
+// bits by the CPU plugin); INFERENCE_PRECISION_HINT=f32 among the parameters asks for f32.
 //
 // Errors: OpenVINO's exceptions never escape; messages are cut at 4000 characters.
 #include <algorithm>
@@ -43,6 +50,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <system_error>
 
@@ -68,6 +76,17 @@ std::string trim_reason(const std::string& text) {
     if (end == std::string::npos) end = text.size();
     std::string_view line(text.data() + begin, end - begin);
     while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.remove_suffix(1);
+    // "... Check 'a == b' failed at src/plugins/x.cpp:52: reason": keep the text around it.
+    std::string kept;
+    if (const std::size_t check = line.find("Check '");
+        check != std::string_view::npos && check > 0) {
+      const std::size_t at = line.find(" failed at ", check);
+      const std::size_t colon = at == std::string_view::npos ? at : line.find(": ", at);
+      if (colon != std::string_view::npos) {
+        kept = std::string(line.substr(0, check)) + std::string(line.substr(colon + 2));
+        line = kept;
+      }
+    }
     if (!line.empty() && !line.starts_with("Exception from ") && !line.starts_with("Check '")) {
       out += (out.empty() ? "" : " ") + std::string(line);
     }
@@ -296,17 +315,35 @@ class RequestSlot {
     if (stop.stop_requested()) {
       return cancelled_error(def_->what + ": batch cancelled while it ran");
     }
-    // Outputs OpenVINO allocated (a dynamic dim after the batch dim): copied out.
     for (std::size_t i = 0; i < sig.outputs.size(); ++i) {
-      if (def_->output_preallocated[i]) continue;
       try {
         const ov::Tensor t = request_.get_tensor(def_->output_ports[i]);
         const ov::Shape got = t.get_shape();
         Shape shape(got.begin(), got.end());
-        if (sig.batched && (shape.empty() || shape[0] != batch)) {
-          return internal_error(def_->what + ": output '" + sig.outputs[i].name + "' has shape " +
-                                shape_to_string(shape) + ", expected dim 0 = the batch of " +
-                                std::to_string(batch));
+        const std::string output = def_->what + ": output '" + sig.outputs[i].name + "'";
+        if (def_->output_preallocated[i]) {
+          // OpenVINO wrote into the engine's buffer, unless the model made the output smaller
+          // (it then shrinks its view and leaves the rest unwritten) or rebound it.
+          const Tensor& out = io.outputs[i];
+          if (shape != out.shape() || t.data() != out.data()) {
+            return internal_error(output + " came out as " + shape_to_string(shape) + ", " +
+                                  shape_to_string(out.shape()) + " was expected (" +
+                                  spec_string(sig.outputs[i]) + " at a batch of " +
+                                  std::to_string(batch) + ")");
+          }
+          continue;
+        }
+        // Outputs OpenVINO allocated (a dim the model leaves dynamic after the batch dim, or an
+        // output that is also an input): copied out, after checking the dims the signature fixes.
+        bool fits = shape.size() == sig.outputs[i].shape.size() &&
+                    (!sig.batched || (!shape.empty() && shape[0] == batch));
+        for (std::size_t d = sig.batched ? 1 : 0; fits && d < shape.size(); ++d) {
+          fits = sig.outputs[i].shape[d] < 0 || sig.outputs[i].shape[d] == shape[d];
+        }
+        if (!fits) {
+          return internal_error(output + " came out as " + shape_to_string(shape) +
+                                ", which does not fit " + spec_string(sig.outputs[i]) +
+                                (sig.batched ? " at a batch of " + std::to_string(batch) : ""));
         }
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor out,
                                     device.empty(sig.outputs[i].dtype, std::move(shape),
@@ -418,9 +455,11 @@ class OpenVinoModel final : public Model {
         if (!def_->output_preallocated[i]) {
           return unavailable_error(def_->what + ": output " +
                                    spec_string(def_->signature.outputs[i]) +
-                                   " has a dynamic dim after the batch dim; on " + device.name() +
+                                   " is not written in place (a dim the model leaves dynamic "
+                                   "after the batch dim, or an output that is also an input); on " +
+                                   device.name() +
                                    " (no unified memory) outputs are allocated before the "
-                                   "inference runs, so their shapes must be known; use cpu");
+                                   "inference runs; use cpu");
         }
       }
     }
@@ -492,7 +531,46 @@ Result<Ports> read_ports(const std::shared_ptr<ov::Model>& model, const std::str
   }
   if (p.inputs.empty()) return invalid_argument_error(what + ": the model has no inputs");
   if (p.outputs.empty()) return invalid_argument_error(what + ": the model has no outputs");
+  for (const auto* list : {&p.inputs, &p.outputs}) {
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if ((*list)[i].name == (*list)[j].name) {
+          return invalid_argument_error(
+              what + ": the model lists " + (list == &p.inputs ? "input" : "output") + " '" +
+              (*list)[i].name + "' twice (" + std::to_string(j) + " and " + std::to_string(i) +
+              "); asyncinfer needs every name once");
+        }
+      }
+    }
+  }
   return p;
+}
+
+/// Per output of `model`: whether its tensor is not its own: a model input passed through (its
+/// Result reads a Parameter, or it bears an input's name), or the tensor of an earlier output.
+Result<std::vector<bool>> aliased_outputs(const std::shared_ptr<ov::Model>& model,
+                                          const std::string& what) {
+  try {
+    std::set<std::string> input_names;
+    for (const auto& port : model->inputs()) {
+      for (const std::string& n : port.get_names()) input_names.insert(n);
+    }
+    std::vector<bool> out;
+    std::vector<ov::Output<ov::Node>> sources;
+    for (const auto& port : model->outputs()) {
+      const ov::Output<ov::Node> source = port.get_node()->input_value(0);
+      bool aliased =
+          ov::as_type_ptr<ov::op::v0::Parameter>(source.get_node_shared_ptr()) != nullptr ||
+          std::find(sources.begin(), sources.end(), source) != sources.end();
+      for (const std::string& n : port.get_names()) aliased = aliased || input_names.count(n) > 0;
+      sources.push_back(source);
+      out.push_back(aliased);
+    }
+    return out;
+  } catch (...) {
+    return status_from_current_exception(what + ": reading its outputs",
+                                         StatusCode::invalid_argument);
+  }
 }
 
 /// Reshapes the model's inputs to `shapes` (by input index); OpenVINO propagates to the outputs.
@@ -524,16 +602,23 @@ ov::PartialShape partial_shape(const Shape& shape) {
 Result<std::vector<std::size_t>> match_specs(const std::vector<TensorSpec>& want,
                                              const std::vector<TensorSpec>& have, const char* kind,
                                              const std::string& what,
-                                             std::map<std::size_t, ov::PartialShape>* reshapes) {
+                                             std::map<std::size_t, ov::PartialShape>* reshapes,
+                                             bool subset_allowed) {
   std::vector<std::size_t> index;
-  if (want.size() != have.size()) {
+  if (subset_allowed ? want.size() > have.size() : want.size() != have.size()) {
     std::string names;
     for (const TensorSpec& h : have) names += (names.empty() ? "" : ", ") + spec_string(h);
     return invalid_argument_error(what + ": " + std::to_string(want.size()) + " " + kind +
                                   "(s) given, the model has " + std::to_string(have.size()) + ": " +
                                   names);
   }
-  for (const TensorSpec& w : want) {
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    const TensorSpec& w = want[k];
+    for (std::size_t j = 0; j < k; ++j) {
+      if (want[j].name == w.name) {
+        return invalid_argument_error(what + ": " + kind + " '" + w.name + "' is given twice");
+      }
+    }
     const auto it = std::find_if(have.begin(), have.end(),
                                  [&](const TensorSpec& h) { return h.name == w.name; });
     if (it == have.end()) {
@@ -590,12 +675,14 @@ Status check_run(OpenVinoDefinition& def) {
     for (std::size_t i = 0; i < def.signature.outputs.size(); ++i) {
       const TensorSpec& s = def.signature.outputs[i];
       const ov::Shape got = request.get_tensor(def.output_ports[i]).get_shape();
+      // Dims the model leaves dynamic depend on the inputs' (1 here): checked after each run.
+      const ov::PartialShape& declared = def.output_ports[i].get_partial_shape();
       bool fits = got.size() == s.shape.size();
       for (std::size_t d = 0; fits && d < got.size(); ++d) {
         const bool batch_dim = def.signature.batched && d == 0;
         if (batch_dim)
           fits = got[d] == 1;
-        else if (s.shape[d] >= 0)
+        else if (s.shape[d] >= 0 && declared[d].is_static())
           fits = static_cast<std::int64_t>(got[d]) == s.shape[d];
       }
       if (!fits) {
@@ -632,10 +719,10 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
     fs::path bin = path;
     bin.replace_extension(".bin");
     if (!fs::is_regular_file(bin, ec)) {
-      return invalid_argument_error(what + ": OpenVINO IR needs its weights beside it, and '" +
-                                    bin.string() +
-                                    "' does not exist (an IR is model.xml + "
-                                    "model.bin)");
+      return invalid_argument_error(
+          what + ": OpenVINO IR needs its weights beside it, and '" + bin.string() +
+          (fs::exists(bin, ec) ? "' is not a regular file" : "' does not exist") +
+          " (an IR is model.xml + model.bin)");
     }
   }
 
@@ -701,14 +788,14 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
   for (std::size_t i = 0; i < output_index.size(); ++i) output_index[i] = i;
   if (!options.inputs.empty()) {
     std::map<std::size_t, ov::PartialShape> shapes;
-    ASYNCINFER_ASSIGN_OR_RETURN(input_index,
-                                match_specs(options.inputs, ports.inputs, "input", what, &shapes));
+    ASYNCINFER_ASSIGN_OR_RETURN(
+        input_index, match_specs(options.inputs, ports.inputs, "input", what, &shapes, false));
     ASYNCINFER_RETURN_IF_ERROR(reshape(model, shapes, what, "to the input dims given"));
     ASYNCINFER_ASSIGN_OR_RETURN(ports, read_ports(model, what));
   }
   if (!options.outputs.empty()) {
     ASYNCINFER_ASSIGN_OR_RETURN(
-        output_index, match_specs(options.outputs, ports.outputs, "output", what, nullptr));
+        output_index, match_specs(options.outputs, ports.outputs, "output", what, nullptr, true));
   }
 
   ModelSignature& sig = def->signature;
@@ -721,8 +808,14 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
     sig.outputs.push_back(std::move(s));
   }
   sig.max_batch_size = batched ? std::max<std::int64_t>(options.max_batch_size, 0) : 0;
-  for (const TensorSpec& s : sig.outputs) {
-    bool fixed = true;
+  ASYNCINFER_ASSIGN_OR_RETURN(const std::vector<bool> aliased, aliased_outputs(model, what));
+  for (std::size_t i : output_index) {
+    // Written in place only when the model itself fixes every dim after the batch dim (a dim
+    // fixed by the caller alone is checked after the run instead), and the output is a tensor of
+    // its own: binding a buffer to an output that is an input, or that another output shares,
+    // would rebind that tensor.
+    const TensorSpec& s = ports.outputs[i];
+    bool fixed = !aliased[i];
     for (std::size_t d = batched ? 1 : 0; d < s.shape.size(); ++d) fixed = fixed && s.shape[d] >= 0;
     def->output_preallocated.push_back(fixed);
   }
