@@ -414,5 +414,31 @@ TEST(OpenVino, CancelledRequestEndsCancelled) {
   EXPECT_GE(ok, 100);
 }
 
+TEST(OpenVino, EnginesDestroyedWithRequestsInFlightEndThemAll) {
+  auto model = load_model(model_file("add.onnx"));
+  ASSERT_TRUE(model.ok());
+  auto device = open_device("cpu");
+  for (int round = 0; round < 20; ++round) {
+    std::vector<Future<Outputs>> futures;
+    {
+      auto engine = Engine::create(*model, *device, {});
+      ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+      for (int r = 0; r < 8; ++r) {
+        futures.push_back(
+            (*engine)->submit({values({2, 4}, 1.0f, 0.0f), values({2, 4}, 2.0f, 0.0f)}));
+      }
+      if (round % 2 == 1) (*engine)->shutdown(ShutdownMode::cancel);
+    }  // destroyed: drains, or has cancelled
+    for (auto& f : futures) {
+      auto out = f.wait_for(std::chrono::seconds(30));
+      ASSERT_TRUE(out) << "round " << round << ": a request was left pending";
+      auto r = f.get();
+      if (r.ok()) {
+        EXPECT_FLOAT_EQ(floats((*r)[0])[0], 3.0f);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace asyncinfer

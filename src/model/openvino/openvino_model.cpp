@@ -248,12 +248,12 @@ class RequestSlot {
  public:
   explicit RequestSlot(std::shared_ptr<const OpenVinoDefinition> def, ov::InferRequest request)
       : def_(std::move(def)), request_(std::move(request)) {
+    // Notified under the lock: once the waiter sees done_ the callback touches nothing of ours,
+    // so the slot may be destroyed as soon as run() returns.
     request_.set_callback([this](std::exception_ptr error) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        error_ = std::move(error);
-        done_ = true;
-      }
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::move(error);
+      done_ = true;
       cv_.notify_all();
     });
   }
@@ -365,11 +365,13 @@ class RequestSlot {
 
  private:
   std::shared_ptr<const OpenVinoDefinition> def_;
-  ov::InferRequest request_;
   std::mutex mu_;
   std::condition_variable_any cv_;
   bool done_ = true;
   std::exception_ptr error_;
+  /// Last, so destroyed first: its destructor waits for a request still in OpenVINO's pipeline
+  /// (and so for the callback above) while the members the callback uses still exist.
+  ov::InferRequest request_;
 };
 
 class OpenVinoInstance final : public ModelInstance {
