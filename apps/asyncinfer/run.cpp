@@ -281,7 +281,6 @@ int run_once(const RunOptions& o, Mode mode, RunSummary& result) {
     return kExitRunFailed;
   }
   Engine& e = **engine;
-  result.workers = e.options().workers;
   const Preprocess p = *pre;
   const std::size_t classes = static_cast<std::size_t>(
       std::max<std::int64_t>(1, (*model)->signature().outputs.at(0).shape.back()));
@@ -414,6 +413,7 @@ int run_once(const RunOptions& o, Mode mode, RunSummary& result) {
   }
   sum.throughput = wall_s > 0 ? static_cast<double>(sum.ok) / wall_s : 0;
   sum.batch_mean = e.metrics().batch_size.mean();
+  sum.workers = e.options().workers;  // as the engine chose them (0 asked = its rule)
   result = sum;
   if (!o.output.empty()) {
     std::string path = o.output;
@@ -553,8 +553,9 @@ Command add_run_command(CLI::App& parent) {
       "sync (one image at a time) or async (pipeline)")
       ->default_str("async");
   app->add_option("--workers,-w", o->workers,
-                  "engine workers (each a model instance); 0 = one per core for a model that "
-                  "computes on host cores, else 1")
+                  "engine workers (each a model instance); 0 = the model's own count where it "
+                  "has one (OpenVINO's optimal number of infer requests), else one per core for "
+                  "a model that computes on host cores, else 1")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   add_max_batch_size_option(*app, o->max_batch_size, "--batch");

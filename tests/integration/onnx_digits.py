@@ -22,6 +22,10 @@ def run(cli, model, models, out, *extra):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if p.returncode != 0:
         sys.exit("%s exited %d:\n%s\n%s" % (" ".join(cmd), p.returncode, p.stdout, p.stderr))
+    # The summary names the workers the engine chose (0 was asked: its rule), never 0.
+    w = re.search(r"on cpu, (\d+) worker\(s\)", p.stdout)
+    if not w or int(w.group(1)) < 1:
+        sys.exit("the summary does not name the workers the engine started:\n" + p.stdout)
     m = re.search(r"accuracy +([0-9.]+) % \((\d+) of (\d+)\)", p.stdout)
     if not m:
         sys.exit("no accuracy line in:\n" + p.stdout)
