@@ -320,13 +320,14 @@ class RequestSlot {
         const ov::Tensor t = request_.get_tensor(def_->output_ports[i]);
         const ov::Shape got = t.get_shape();
         Shape shape(got.begin(), got.end());
-        const std::string output = def_->what + ": output '" + sig.outputs[i].name + "'";
+        // Built only for an error: this runs for every output of every batch.
+        auto output = [&] { return def_->what + ": output '" + sig.outputs[i].name + "'"; };
         if (def_->output_preallocated[i]) {
           // OpenVINO wrote into the engine's buffer, unless the model made the output smaller
           // (it then shrinks its view and leaves the rest unwritten) or rebound it.
           const Tensor& out = io.outputs[i];
           if (shape != out.shape() || t.data() != out.data()) {
-            return internal_error(output + " came out as " + shape_to_string(shape) + ", " +
+            return internal_error(output() + " came out as " + shape_to_string(shape) + ", " +
                                   shape_to_string(out.shape()) + " was expected (" +
                                   spec_string(sig.outputs[i]) + " at a batch of " +
                                   std::to_string(batch) + ")");
@@ -341,7 +342,7 @@ class RequestSlot {
           fits = sig.outputs[i].shape[d] < 0 || sig.outputs[i].shape[d] == shape[d];
         }
         if (!fits) {
-          return internal_error(output + " came out as " + shape_to_string(shape) +
+          return internal_error(output() + " came out as " + shape_to_string(shape) +
                                 ", which does not fit " + spec_string(sig.outputs[i]) +
                                 (sig.batched ? " at a batch of " + std::to_string(batch) : ""));
         }
@@ -349,9 +350,8 @@ class RequestSlot {
                                     device.empty(sig.outputs[i].dtype, std::move(shape),
                                                  unified ? MemoryKind::device : MemoryKind::host));
         if (out.byte_size() != t.get_byte_size()) {
-          return internal_error(def_->what + ": output '" + sig.outputs[i].name + "' holds " +
-                                std::to_string(t.get_byte_size()) + " bytes, expected " +
-                                std::to_string(out.byte_size()));
+          return internal_error(output() + " holds " + std::to_string(t.get_byte_size()) +
+                                " bytes, expected " + std::to_string(out.byte_size()));
         }
         if (out.byte_size() > 0) std::memcpy(out.data(), t.data(), out.byte_size());
         io.outputs[i] = std::move(out);
