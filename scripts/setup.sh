@@ -7,7 +7,7 @@
 # tests), h2load, wrk and nginx (with its stream module) for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
 # pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests); zlib for HTTP
 # compression; python3-onnx (the openvino backend's test models) and python3-torchvision (ResNet-50
-# for bench/bench_openvino.py). Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
+# for bench/bench_openvino.py); python3-psutil (bench/compare_servers.py). Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
 # every version pinned) in its own virtual environment, .venv/tritonclient, made from Debian's
 # interpreter without its packages (tritonclient's grpcio and protobuf are newer than Debian's,
 # which the build and the other tests use), and OpenVINO's runtime from PyPI
@@ -27,11 +27,12 @@ packages=(
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
-  libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx python3-torchvision
+  libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx python3-torchvision python3-psutil
 )
 
-# pinned_venv NAME REQUIREMENTS: .venv/NAME, made from Debian's interpreter without its packages,
-# holding exactly the pinned set (installed with --no-deps, so nothing unpinned comes along).
+# pinned_venv NAME REQUIREMENTS [--system-site-packages]: .venv/NAME, made from Debian's
+# interpreter, without its packages unless asked, holding exactly the pinned set (installed with
+# --no-deps, so nothing unpinned comes along).
 pinned_venv() {
   local root venv req
   root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -43,16 +44,30 @@ pinned_venv() {
   fi
   echo "setup: making $venv ($2 from PyPI)"
   rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
+  /usr/bin/python3 -m venv ${3:-} "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$req"
   cp "$req" "$venv/requirements.txt"
 }
 # Triton's client (tests/server/test_tritonclient*.py run on it) and OpenVINO's runtime (the
 # openvino model backend builds against its C++ files; benchmark_app for bench/).
+# With --peers, also the servers bench/compare_servers.py measures asyncinfer against: KServe's
+# model server and Ray Serve (about 850 MB together; no test needs them). Their venvs see Debian's
+# packages, so that they serve the model through Debian's torch, asyncinfer's libtorch version.
 python_venvs() {
   pinned_venv tritonclient requirements-tritonclient.txt
   pinned_venv openvino requirements-openvino.txt
+  if [ "$peers" = 1 ]; then
+    pinned_venv kserve requirements-kserve.txt --system-site-packages
+    pinned_venv ray requirements-ray.txt --system-site-packages
+  fi
 }
+peers=0
+for arg in "$@"; do
+  case "$arg" in
+    --peers) peers=1 ;;
+    *) echo "setup: unknown argument '$arg' (expected --peers)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
