@@ -108,6 +108,16 @@ struct RequestOptions {
   std::string sequence_key;
   /// Free text echoed in error messages (e.g. a client or trace id).
   std::string tag;
+  /// The completion callback (submit with a callback, or on_complete()/then() on the returned
+  /// future) only hands the result over to another executor (Asio's post to a strand, a queue
+  /// push): it does not block, does not call into this engine, and returns within microseconds.
+  /// It then runs on the thread that ends the request (the worker at the batch's completion
+  /// point, the deadline timer, a cancelling caller, or shutdown) instead of being posted to the
+  /// completion executor: one thread hand-off fewer per request (asio's dispatch against post).
+  /// The callback still runs exactly once, with no engine lock held. Ignored with ordered
+  /// delivery, whose callbacks always run on the completion executor in order. The server sets
+  /// it: its callbacks post to the connection's strand.
+  bool inline_callback = false;
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own

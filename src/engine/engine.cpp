@@ -221,7 +221,7 @@ Future<Outputs> EngineCore::submit_future(Inputs&& inputs, const RequestOptions&
   std::shared_ptr<Request> r = std::move(*prepared);
   r->promise.emplace();
   Future<Outputs> f = r->promise->get_future();
-  set_callback_executor(*r->promise);
+  if (!o.inline_callback) set_callback_executor(*r->promise);
   r->promise->on_cancel([weak_core = weak_from_this(), weak_r = std::weak_ptr<Request>(r)] {
     auto core = weak_core.lock();
     auto req = weak_r.lock();
@@ -246,6 +246,7 @@ Status EngineCore::submit_callback(Inputs&& inputs, Engine::Callback&& cb,
   std::shared_ptr<Request> r = std::move(*prepared);
   r->callback = std::move(cb);
   r->has_callback = true;
+  r->inline_callback = o.inline_callback && !opt_.ordered_delivery;
   Status s = accept(r);
   if (!s.ok()) r->callback = nullptr;  // refused: destroyed, never called
   return s;
@@ -391,6 +392,10 @@ void EngineCore::finish(const std::shared_ptr<Request>& r, Stage to, Result<Outp
 
 void EngineCore::run_sink(const std::shared_ptr<Request>& r, Result<Outputs>&& result) {
   if (r->has_callback) {
+    if (r->inline_callback) {  // a hand-off: run here (RequestOptions::inline_callback)
+      invoke_callback(*r, result);
+      return;
+    }
     if (tl_callbacks != nullptr && &tl_callbacks->core_ == this) {
       tl_callbacks->pending_.push_back(Pending{r, std::move(result)});  // posted with its batch
       return;

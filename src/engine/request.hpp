@@ -146,6 +146,7 @@ struct Request {
   std::shared_ptr<FutureState<Outputs>> future_state;  ///< id API: what result() waits on
   Engine::Callback callback;
   bool has_callback = false;
+  bool inline_callback = false;  ///< RequestOptions::inline_callback (set before accept)
 
   // Timers and last_error, guarded by timer_mu (armed, disarmed and read from different threads).
   std::mutex timer_mu;

@@ -389,8 +389,10 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
   if (request.deadline) options.deadline = *request.deadline;
+  options.inline_callback = request.completion_hands_off;
   if (std::any_of(request.outputs.begin(), request.outputs.end(),
                   [](const RequestedOutput& o) { return o.region != nullptr; })) {
+    options.inline_callback = false;  // the copies into the regions run in the continuation
     done = write_to_shared_memory(std::move(request.outputs), std::move(done));
   }
 
@@ -400,6 +402,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   }
   const ModelRef& target = next ? next : ref;
   if (cache_ && target->response_cache) {
+    options.inline_callback = false;  // filling the cache copies the outputs
     return submit_cached(target, std::move(inputs), options, std::move(request.id),
                          std::move(selected), std::move(done));
   }

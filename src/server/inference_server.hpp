@@ -78,6 +78,11 @@ struct InferRequest {
   std::optional<Clock::time_point> deadline;
   std::vector<InferInput> inputs;        ///< any order
   std::vector<RequestedOutput> outputs;  ///< empty = every output, in signature order
+  /// The caller's `done` only hands the response over (a post to a connection's strand): then,
+  /// unless outputs go to shared memory or into the response cache (copies), `done` runs on the
+  /// thread that ends the request instead of the engine's completion executor
+  /// (RequestOptions::inline_callback), one thread hand-off fewer.
+  bool completion_hands_off = false;
 };
 
 struct InferOutput {
@@ -223,7 +228,8 @@ class InferenceServer {
   static Result<RequestOptions> request_options(const Parameters& parameters);
 
   /// Submits `request` to the model's engine. On success the request is accepted: `done` runs
-  /// exactly once, on the engine's completion executor, with the outputs (only those requested,
+  /// exactly once, on the engine's completion executor (or, with completion_hands_off, on the
+  /// thread that ends the request), with the outputs (only those requested,
   /// in the order asked) or the error. For a model with response_cache (and a server with a
   /// cache), a hit runs `done` on the calling thread before submit() returns (an empty
   /// InflightRequest), and a request that waits for an identical one runs it on that one's

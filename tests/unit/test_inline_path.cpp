@@ -253,6 +253,120 @@ TEST(InlinePath, AWatchdogOrAnotherDeviceKeepsTheStreamThread) {
   }
 }
 
+// ---- RequestOptions::inline_callback --------------------------------------------------------------
+
+/// Where 10 callbacks (and 10 future continuations) of requests to builtin:identity on `spec`
+/// ran, with inline_callback `inline_cb`.
+std::vector<std::string> callback_threads(const std::string& spec, bool inline_cb,
+                                          EngineOptions options = {}) {
+  auto model = load_model("builtin:identity");
+  auto device = open_device(spec);
+  EXPECT_TRUE(model.ok() && device.ok());
+  if (!model.ok() || !device.ok()) return {};
+  options.workers = 2;
+  auto engine = Engine::create(*model, *device, std::move(options));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  std::mutex mu;
+  std::vector<std::string> threads;
+  std::vector<Future<Outputs>> futures;
+  std::vector<Future<int>> continuations;
+  std::vector<Promise<int>> called(10);
+  RequestOptions ro;
+  ro.inline_callback = inline_cb;
+  for (int i = 0; i < 10; ++i) {
+    auto t = Tensor::zeros(DType::f32, {1, 4});
+    EXPECT_TRUE(t.ok());
+    auto& p = called[static_cast<std::size_t>(i)];
+    continuations.push_back(p.get_future());
+    EXPECT_TRUE((*engine)
+                    ->submit({*t},
+                             [&, i](const Result<Outputs>& r) {
+                               EXPECT_TRUE(r.ok()) << r.status();
+                               {
+                                 std::lock_guard lock(mu);
+                                 threads.push_back(this_thread_name());
+                               }
+                               called[static_cast<std::size_t>(i)].set_value(i);
+                             },
+                             ro)
+                    .ok());
+    futures.push_back((*engine)->submit({*t}, ro));
+    futures.back().on_complete([&](const Result<Outputs>&) {
+      std::lock_guard lock(mu);
+      threads.push_back(this_thread_name());
+    });
+  }
+  for (auto& f : continuations) EXPECT_TRUE(get_within(f, 10s).ok());
+  for (auto& f : futures) EXPECT_TRUE(get_within(f, 10s).ok());
+  (*engine)->shutdown();  // drains: every continuation has run
+  std::lock_guard lock(mu);
+  return threads;
+}
+
+TEST(InlineCallback, RunsOnTheThreadThatEndsTheRequestNotTheCompletionExecutor) {
+  for (const std::string spec : {"cpu", "sim"}) {
+    const auto threads = callback_threads(spec, true);
+    ASSERT_EQ(threads.size(), 20u) << spec;
+    // cpu: the worker runs the batch and its completion point; sim: the stream's thread (or
+    // the submitting thread, for a continuation attached after its request ended).
+    for (const auto& t : threads) EXPECT_NE(t.rfind("ai-callback", 0), 0u) << spec << ": " << t;
+  }
+}
+
+TEST(InlineCallback, WithoutItCallbacksRunOnTheCompletionExecutor) {
+  const auto threads = callback_threads("cpu", false);
+  ASSERT_EQ(threads.size(), 20u);
+  std::size_t on_executor = 0;
+  for (const auto& t : threads) on_executor += t.rfind("ai-callback", 0) == 0 ? 1 : 0;
+  // A continuation attached after its request ended runs on the attaching thread (future.hpp);
+  // every callback given to submit runs on the executor.
+  EXPECT_GE(on_executor, 10u);
+}
+
+TEST(InlineCallback, IsIgnoredWithOrderedDelivery) {
+  EngineOptions ordered;
+  ordered.ordered_delivery = true;
+  const auto threads = callback_threads("cpu", true, ordered);
+  ASSERT_EQ(threads.size(), 20u);
+  std::size_t on_executor = 0;
+  for (const auto& t : threads) on_executor += t.rfind("ai-callback", 0) == 0 ? 1 : 0;
+  EXPECT_GE(on_executor, 10u);
+}
+
+TEST(InlineCallback, ACancelRunsItOnTheCancellingThreadOnce) {
+  // A request that never runs (the only worker is busy with a 10 s kernel): cancelling it ends it
+  // on this thread, which runs its inline callback before cancel() returns.
+  auto model = load_model("builtin:fixed_cost?base_us=10000000");
+  auto device = open_device("cpu");
+  ASSERT_TRUE(model.ok() && device.ok());
+  EngineOptions eo;
+  eo.workers = 1;
+  eo.batching.max_batch_size = 1;
+  auto engine = Engine::create(*model, *device, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto t = Tensor::zeros(DType::f32, {1, 1});
+  ASSERT_TRUE(t.ok());
+  Future<Outputs> busy = (*engine)->submit({*t});
+  RequestOptions ro;
+  ro.inline_callback = true;
+  std::atomic<int> calls{0};
+  std::string where;
+  Future<Outputs> queued = (*engine)->submit({*t}, ro);
+  queued.on_complete([&](const Result<Outputs>& r) {
+    EXPECT_EQ(r.status().code(), StatusCode::cancelled);
+    where = this_thread_name();
+    calls.fetch_add(1);
+  });
+  const std::string me = this_thread_name();
+  queued.cancel();
+  EXPECT_EQ(calls.load(), 1);  // ran on this thread, before cancel() returned
+  EXPECT_EQ(where, me);
+  busy.cancel();
+  (*engine)->shutdown();
+  EXPECT_EQ(calls.load(), 1);
+}
+
 // ---- attacks on the inline path (hostile review) -----------------------------------------------
 
 using testing::Decision;

@@ -352,9 +352,10 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
   }
   lease_.hold(tensors);
   auto self = shared_from_this();
+  decoded_.request.completion_hands_off = true;  // the callback below only posts
   auto accepted = impl_.core.submit(
       model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
-        // On the engine's completion executor: hand the result to this session's strand.
+        // On the thread that ended the request: hand the result to this session's strand.
         net::post(self->executor(),
                   [self, r = std::move(r)]() mutable { self->on_infer_done(std::move(r)); });
       });
