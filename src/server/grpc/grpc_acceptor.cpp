@@ -281,17 +281,19 @@ struct GrpcAcceptor::Impl {
     return true;
   }
 
-  /// The port cannot take connections: not ready, logged once.
+  /// The port cannot take connections: not ready, logged once. Readiness changes before the
+  /// line is written, so that whoever acts on the line finds the server not ready.
   void refuse(Refusing why, std::string reason) {
-    if (refusing == Refusing::none) {
+    const bool first = refusing == Refusing::none;
+    refusing = why;
+    if (why == Refusing::full) wait_for_release();
+    core.listeners().set_failing("grpc", reason, why == Refusing::accept_failed);
+    if (first) {
       std::fprintf(stderr,
                    "asyncinfer serve: grpc: refusing connections: %s; not ready until it "
                    "accepts again\n",
                    reason.c_str());
     }
-    refusing = why;
-    if (why == Refusing::full) wait_for_release();
-    core.listeners().set_failing("grpc", std::move(reason), why == Refusing::accept_failed);
   }
 
   /// Wakes the loop when a descriptor comes back.

@@ -181,20 +181,22 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
 
   std::string no_descriptors() const { return impl_.core.connection_budget().exhausted_message(); }
 
-  /// The listener cannot take connections: not ready (ListenerHealth), logged once.
+  /// The listener cannot take connections: not ready (ListenerHealth), logged once. Readiness
+  /// changes before the line is written, so that whoever acts on the line finds it not ready.
   void refuse(Refusing why, std::string reason) {
-    if (refusing_ == Refusing::none) {
-      std::fprintf(stderr,
-                   "asyncinfer serve: %s: refusing connections: %s; not ready until it "
-                   "accepts again\n",
-                   name(), reason.c_str());
-    }
+    const bool first = refusing_ == Refusing::none;
     refusing_ = why;
     if (why == Refusing::full) {
       full_.store(true, std::memory_order_release);
       wait_for_release();
     }
-    impl_.core.listeners().set_failing(name(), std::move(reason), why == Refusing::accept_failed);
+    impl_.core.listeners().set_failing(name(), reason, why == Refusing::accept_failed);
+    if (first) {
+      std::fprintf(stderr,
+                   "asyncinfer serve: %s: refusing connections: %s; not ready until it "
+                   "accepts again\n",
+                   name(), reason.c_str());
+    }
   }
 
   /// Descriptors may come back from the other listeners' connections too: recheck then.
