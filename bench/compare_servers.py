@@ -101,6 +101,7 @@ class Server:
 
     grpc = False
     input_name = "INPUT__0"  # the model's names as this server serves it
+    starting_codes = (503,)  # HTTP answers that mean "not ready yet" while it starts
 
     def __init__(self, name, work):
         self.name = name
@@ -140,7 +141,7 @@ class Server:
             try:
                 return post(self.url, json_body(self.input_name), timeout=5)
             except urllib.error.HTTPError as e:
-                if e.code != 503:  # up, but the model is missing or refuses the request
+                if e.code not in self.starting_codes:  # the model is missing or refuses it
                     self.stop()
                     raise RuntimeError("%s answered HTTP %d: %s\n%s" % (
                         self.name, e.code, e.read().decode(errors="replace"), self.tail()))
@@ -266,6 +267,8 @@ class KServe(Peer):
 
 class Ray(Peer):
     venv = "ray"
+    # Ray's HTTP proxy answers 404 until the application's route is deployed.
+    starting_codes = (404, 503)
 
     def command(self):
         return [self.python(), os.path.join(ROOT, "bench", "peers", "ray_digits.py"),

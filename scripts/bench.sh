@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc python)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc peers python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -122,6 +122,13 @@ for s in "${sections[@]}"; do
     # gRPC vs HTTP, 1/2/3 servers behind nginx on sim, digits over gRPC vs in process.
     begin grpc
     run grpc /usr/bin/python3 scripts/bench_grpc.py $B
+    ;;
+  peers)
+    # asyncinfer serve against KServe's model server and Ray Serve on the digits model
+    # (bench/compare_servers.py); their pinned environments come from setup.sh --peers.
+    begin peers
+    scripts/setup.sh --peers >/dev/null
+    run peers /usr/bin/python3 bench/compare_servers.py $B
     ;;
   python)
     # The Python module against the article's Python designs, side by side (bench/python_bench.py).
