@@ -153,7 +153,7 @@ for le, c in cum:
     lo, prev = le, c
 EOF
 )
-echo "3. one connection, 1x16 JSON: server-side p50 ~${P50} us (10 us buckets); client side: $(echo "$out" | grep 'latency' | sed 's/ *latency us *//')"
+echo "3. one connection, 1x16 JSON: server-side p50 ~${P50} us (interpolated within the histogram's 20, 50, 100 us buckets); client side: $(echo "$out" | grep 'latency' | sed 's/ *latency us *//')"
 
 # 4. digits: HTTP (binary) vs in process.
 if [ -n "$DIGITS" ]; then
