@@ -32,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 
 import harness
 from harness import ARGS, EXAMPLE_REPOSITORY, Repository, Server
+from triton_fixture import serve
 
 X = np.arange(32, dtype=np.float32).reshape(2, 16)
 
@@ -67,15 +68,7 @@ def infer_body():
 class TritonClient(harness.unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(EXAMPLE_REPOSITORY).start()
-        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port)
-        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.http.close()
-        cls.grpc.close()
-        cls.server.stop()
+        serve(cls, EXAMPLE_REPOSITORY)
 
     # ---- extensions ------------------------------------------------------------------------------
 
@@ -469,18 +462,8 @@ class ResponseCache(harness.unittest.TestCase):
                      versions=(1, 2))
         cls.repo.add("slow_cached", example_config("slow", "response_cache { enable: true }\n"))
         cls.repo.add("identity", example_config("identity", rename=False))
-        cls.server = Server(cls.repo.path, "--cache-config",
-                            "local,size=%d" % cls.CACHE_BYTES).start()
-        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
-                                                    concurrency=16)
-        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.http.close()
-        cls.grpc.close()
-        cls.server.stop()
-        cls.repo.cleanup()
+        serve(cls, cls.repo.path, "--cache-config", "local,size=%d" % cls.CACHE_BYTES,
+              repo=cls.repo, concurrency=16)
 
     def stats(self, model):
         return self.http.get_inference_statistics(model, "1")["model_stats"][0]
@@ -701,19 +684,9 @@ class RepositoryControl(harness.unittest.TestCase):
         cls.repo.add("slow", example_config("slow", rename=False))
         cls.repo.add("never", example_config("identity", rename=False).replace(
             'name: "identity"', 'name: "never"'))
-        cls.server = Server(cls.repo.path, "--model-control-mode", "explicit",
-                            "--load-model", "identity", "--load-model", "slow",
-                            "--drain-timeout", "20").start()
-        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
-                                                    concurrency=4, network_timeout=60)
-        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.http.close()
-        cls.grpc.close()
-        cls.server.stop()
-        cls.repo.cleanup()
+        serve(cls, cls.repo.path, "--model-control-mode", "explicit", "--load-model", "identity",
+              "--load-model", "slow", "--drain-timeout", "20", repo=cls.repo, concurrency=4,
+              network_timeout=60)
 
     def infer_identity(self, x=X, version=""):
         r = self.http.infer("identity", [http_input(x, True)], model_version=version)

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 import harness
 from harness import Repository, Server
+from triton_fixture import serve
 
 STRINGS = """name: "strings"
 backend: "builtin"
@@ -84,17 +85,7 @@ class BytesTensors(harness.unittest.TestCase):
         cls.repo = Repository()
         cls.repo.add("strings", STRINGS % ("false", ""))
         cls.repo.add("numbers", NUMBERS)
-        cls.server = Server(cls.repo.path).start()
-        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
-                                                    concurrency=8)
-        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.http.close()
-        cls.grpc.close()
-        cls.server.stop()
-        cls.repo.cleanup()
+        serve(cls, cls.repo.path, repo=cls.repo, concurrency=8)
 
     def assertSameBytes(self, got, want):
         # tritonclient gives BYTES read from JSON as str, from binary as bytes.

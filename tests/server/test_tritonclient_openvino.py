@@ -18,7 +18,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import harness
-from harness import Repository, Server
+from harness import Repository
+from triton_fixture import serve
 
 ONNX_DIR = None
 
@@ -112,17 +113,7 @@ class OpenVinoModels(harness.unittest.TestCase):
         cls.repo.add("static", STATIC, files={"1/model.onnx": model("static2.onnx")})
         cls.repo.add("passthru", PASSTHRU, files={"1/model.onnx": model("passthru.onnx")})
         cls.repo.add("half", HALF, files={"1/model.onnx": model("half.onnx")})
-        cls.server = Server(cls.repo.path).start()
-        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
-                                                    concurrency=8)
-        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.http.close()
-        cls.grpc.close()
-        cls.server.stop()
-        cls.repo.cleanup()
+        serve(cls, cls.repo.path, repo=cls.repo, concurrency=8)
 
     def check_add(self, result, x, y):
         np.testing.assert_array_equal(result.as_numpy("sum"), x + y)

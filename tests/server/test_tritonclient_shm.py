@@ -18,7 +18,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 import harness
-from harness import Repository, Server
+from harness import Repository
+from triton_fixture import serve
 
 IDENTITY = """name: "identity"
 backend: "builtin"
@@ -75,16 +76,7 @@ class SystemSharedMemory(harness.unittest.TestCase):
         cls.repo.add("identity", IDENTITY)
         cls.repo.add("slow", SLOW)
         cls.repo.add("strings", STRINGS)
-        cls.server = Server(cls.repo.path).start()
-        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port)
-        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.http.close()
-        cls.grpc.close()
-        cls.server.stop()
-        cls.repo.cleanup()
+        serve(cls, cls.repo.path, repo=cls.repo)
 
     def setUp(self):
         self.http.unregister_system_shared_memory()
