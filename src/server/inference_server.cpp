@@ -297,8 +297,9 @@ Result<std::optional<SharedMemoryTensor>> shared_memory_parameters(const Paramet
   auto offset = parameters.find("shared_memory_offset");
   if (region == parameters.end()) {
     if (size != parameters.end() || offset != parameters.end()) {
-      return invalid_argument_error(what + ": shared_memory_byte_size or shared_memory_offset "
-                                           "given without shared_memory_region");
+      return invalid_argument_error(what +
+                                    ": shared_memory_byte_size or shared_memory_offset "
+                                    "given without shared_memory_region");
     }
     return std::optional<SharedMemoryTensor>();
   }
@@ -455,32 +456,33 @@ InferenceServer::Completion InferenceServer::write_to_shared_memory(
   // Runs where the response is made (the engine's completion executor, or the caller's thread on
   // a cache hit), before the frontend encodes it. The regions stay mapped until then: the
   // requested outputs hold them.
-  return [requested = std::move(requested),
-          done = std::move(done)](Result<InferResponse> r) mutable {
-    if (r.ok()) {
-      for (InferOutput& o : r->outputs) {
-        if (o.requested < 0) continue;
-        const RequestedOutput& want = requested[static_cast<std::size_t>(o.requested)];
-        if (!want.region) continue;
-        const std::size_t n = o.tensor.byte_size();
-        if (n > want.shared_memory->byte_size) {
-          return done(invalid_argument_error(
-              "output '" + want.name + "' is " + std::to_string(n) + " bytes (" +
-              std::string(oip_datatype(o.tensor.dtype())) + shape_to_string(o.tensor.shape()) +
-              "), more than its shared_memory_byte_size " +
-              std::to_string(want.shared_memory->byte_size) + " in region '" +
-              want.shared_memory->region + "'"));
+  return
+      [requested = std::move(requested), done = std::move(done)](Result<InferResponse> r) mutable {
+        if (r.ok()) {
+          for (InferOutput& o : r->outputs) {
+            if (o.requested < 0) continue;
+            const RequestedOutput& want = requested[static_cast<std::size_t>(o.requested)];
+            if (!want.region) continue;
+            const std::size_t n = o.tensor.byte_size();
+            if (n > want.shared_memory->byte_size) {
+              return done(invalid_argument_error(
+                  "output '" + want.name + "' is " + std::to_string(n) + " bytes (" +
+                  std::string(oip_datatype(o.tensor.dtype())) + shape_to_string(o.tensor.shape()) +
+                  "), more than its shared_memory_byte_size " +
+                  std::to_string(want.shared_memory->byte_size) + " in region '" +
+                  want.shared_memory->region + "'"));
+            }
+            if (!o.tensor.is_host_accessible()) {
+              return done(internal_error("output '" + want.name + "' is not in host memory"));
+            }
+            if (n > 0)
+              std::memcpy(want.region->data() + want.shared_memory->offset, o.tensor.data(), n);
+            o.shared_memory =
+                SharedMemoryTensor{want.shared_memory->region, n, want.shared_memory->offset};
+          }
         }
-        if (!o.tensor.is_host_accessible()) {
-          return done(internal_error("output '" + want.name + "' is not in host memory"));
-        }
-        if (n > 0) std::memcpy(want.region->data() + want.shared_memory->offset, o.tensor.data(), n);
-        o.shared_memory = SharedMemoryTensor{want.shared_memory->region, n,
-                                             want.shared_memory->offset};
-      }
-    }
-    done(std::move(r));
-  };
+        done(std::move(r));
+      };
 }
 
 namespace {

@@ -272,8 +272,7 @@ class InferenceServer {
                               Finished finished = {});
   /// `done`, after writing each output that `requested` places in shared memory into its
   /// region (a response whose output does not fit its window fails with invalid_argument).
-  static Completion write_to_shared_memory(std::vector<RequestedOutput> requested,
-                                           Completion done);
+  static Completion write_to_shared_memory(std::vector<RequestedOutput> requested, Completion done);
   /// submit() for a model with response_cache enabled: a hit answers at once; a miss runs (or
   /// follows an identical request in flight) and fills the cache.
   Result<InflightRequest> submit_cached(const ModelRef& model, Inputs inputs,

@@ -253,7 +253,7 @@ TEST(InlinePath, AWatchdogOrAnotherDeviceKeepsTheStreamThread) {
   }
 }
 
-// ---- RequestOptions::inline_callback --------------------------------------------------------------
+// ---- RequestOptions::inline_callback -----------------------------------------------------------
 
 /// Where 10 callbacks (and 10 future continuations) of requests to builtin:identity on `spec`
 /// ran, with inline_callback `inline_cb`.
@@ -280,16 +280,17 @@ std::vector<std::string> callback_threads(const std::string& spec, bool inline_c
     auto& p = called[static_cast<std::size_t>(i)];
     continuations.push_back(p.get_future());
     EXPECT_TRUE((*engine)
-                    ->submit({*t},
-                             [&, i](const Result<Outputs>& r) {
-                               EXPECT_TRUE(r.ok()) << r.status();
-                               {
-                                 std::lock_guard lock(mu);
-                                 threads.push_back(this_thread_name());
-                               }
-                               called[static_cast<std::size_t>(i)].set_value(i);
-                             },
-                             ro)
+                    ->submit(
+                        {*t},
+                        [&, i](const Result<Outputs>& r) {
+                          EXPECT_TRUE(r.ok()) << r.status();
+                          {
+                            std::lock_guard lock(mu);
+                            threads.push_back(this_thread_name());
+                          }
+                          called[static_cast<std::size_t>(i)].set_value(i);
+                        },
+                        ro)
                     .ok());
     futures.push_back((*engine)->submit({*t}, ro));
     futures.back().on_complete([&](const Result<Outputs>&) {

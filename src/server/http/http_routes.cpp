@@ -231,8 +231,9 @@ void Session::handle_shared_memory(const std::vector<std::string_view>& p, bool 
       return respond(200, "[]");
     }
     if (action == "unregister") return respond(200, "", "");
-    return respond_error(501, "CUDA shared memory is not supported by this server; use system "
-                              "shared memory (/v2/systemsharedmemory)");
+    return respond_error(501,
+                         "CUDA shared memory is not supported by this server; use system "
+                         "shared memory (/v2/systemsharedmemory)");
   }
   SharedMemoryManager& shm = impl_.core.shared_memory();
   if (action == "status") {
@@ -290,9 +291,8 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   }
   ModelRef m = std::move(*mv);
   if (coding == ContentCoding::identity && request_.body().size() < kCodecInlineBytes) {
-    auto decoded =
-        decode_infer_request(*m, request_.body(), header_length, impl_.opt.max_json_depth,
-                             &impl_.core.shared_memory());
+    auto decoded = decode_infer_request(*m, request_.body(), header_length,
+                                        impl_.opt.max_json_depth, &impl_.core.shared_memory());
     request_.body() = std::string();  // the inputs were copied into tensors
     return on_decoded(m, std::move(decoded));
   }
@@ -315,9 +315,8 @@ void Session::handle_infer(const std::string& model, const std::string& version)
       Result<std::string> inflated = inflate_body(body, coding, self->impl_.opt.max_body_bytes);
       body = std::string();
       if (inflated.ok()) {
-        decoded =
-            decode_infer_request(*m, *inflated, header_length, self->impl_.opt.max_json_depth,
-                                 &self->impl_.core.shared_memory());
+        decoded = decode_infer_request(*m, *inflated, header_length, self->impl_.opt.max_json_depth,
+                                       &self->impl_.core.shared_memory());
       } else {
         too_large = inflated.status().code() == StatusCode::resource_exhausted;
         decoded = inflated.status();
