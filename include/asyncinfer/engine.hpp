@@ -60,6 +60,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -121,6 +122,16 @@ struct RequestOptions {
   /// post to the connection's strand (at one connection, server-side p50 77 → 37 us:
   /// docs/performance.md).
   bool inline_callback = false;
+  /// Decoupled models (ModelSignature::decoupled), where it is required: receives each response
+  /// the model sends before the final one, in the order sent, one host tensor per signature
+  /// output with this request's rows. The completion (future or callback) then carries the final
+  /// response, whose outputs may be empty (the final flag alone). It runs on the model's thread
+  /// while the batch runs, and may block to apply back-pressure (the model's send waits; a
+  /// watchdog counts that time). It must not call into this engine. A non-ok return says the
+  /// receiver is gone: the model's send returns it, and the request should be cancelled by its
+  /// owner. A decoupled request that has sent a response is never re-run (retry, a failed
+  /// batch's split, a replaced stream): it fails instead, as its client has part of an answer.
+  std::function<Status(Outputs)> on_response;
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own

@@ -56,6 +56,11 @@ struct ModelSignature {
   /// sets no limit (the engine then batches up to kDefaultMaxBatchSize unless told otherwise:
   /// BatchingOptions::max_batch_size in engine.hpp is the one rule). Ignored when not batched.
   std::int64_t max_batch_size = 0;
+  /// Decoupled (Triton's model_transaction_policy { decoupled: true }): the model sends zero, one
+  /// or many responses per request through BatchIO::responses while the batch runs, and its
+  /// final result (the batch's outputs at the completion point) may have no outputs at all: the
+  /// final flag alone. Requests need RequestOptions::on_response (engine.hpp).
+  bool decoupled = false;
 
   /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; batched, max_batch_size 64".
   std::string to_string() const;
@@ -65,6 +70,30 @@ struct ModelSignature {
 /// (when batched) that every input has the same dim 0 of at least 1 and at most max_batch_size.
 /// invalid_argument names the input, the expected and the received dtype/shape.
 Status validate_inputs(const ModelSignature& signature, std::span<const Tensor> inputs);
+
+/// How a decoupled model (ModelSignature::decoupled) sends the responses of the requests of one
+/// batch before their final one (Triton's response sender: TRITONBACKEND_ResponseSend, the Python
+/// backend's get_response_sender()). Made by the engine, one per batch; the model may call it
+/// from any thread until the batch's completion point, and from several threads at once.
+class ResponseSender {
+ public:
+  virtual ~ResponseSender() = default;
+  /// Requests in the batch, in batch order (their rows are consecutive in BatchIO's tensors).
+  virtual std::size_t requests() const noexcept = 0;
+  /// Rows (dim 0) of request `request` (1 for unbatched models). 0 for an index out of range.
+  virtual std::int64_t rows(std::size_t request) const noexcept = 0;
+  /// Sends one response of request `request`: one host tensor per signature output, in signature
+  /// order, with that request's rows only (dtypes and fixed dims as the signature says). Blocks
+  /// while the receiver holds as many responses as it buffers (back-pressure: a slow client
+  /// slows its model down instead of growing the server's memory). Errors: cancelled when the
+  /// request has ended (cancelled, timed out, its client gone: stop sending for it);
+  /// invalid_argument for an index out of range; internal for outputs that do not match the
+  /// signature (nothing is sent). Responses sent after the completion point are refused
+  /// (cancelled): the final response is always the last.
+  virtual Status send(std::size_t request, std::vector<Tensor> outputs) = 0;
+  /// Whether request `request` has ended (Triton's is_cancelled()). Never blocks.
+  virtual bool is_cancelled(std::size_t request) const noexcept = 0;
+};
 
 /// One batch's data, shared between the engine and the model's stream work.
 struct BatchIO {
@@ -82,6 +111,9 @@ struct BatchIO {
   /// Fires when every request of the batch has been cancelled or has timed out, or the engine is
   /// recycling the worker. Pass it to Kernel::stop so cancellable backends end early.
   std::stop_token stop;
+  /// Decoupled models only (null otherwise): sends responses before the final one. A decoupled
+  /// model may leave `outputs` empty, for a final flag without a response.
+  std::shared_ptr<ResponseSender> responses;
 };
 
 /// A model bound to one device and stream (one per engine worker).

@@ -83,6 +83,11 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
                                     "' is in device memory; pass host tensors");
     }
   }
+  if (sig_.decoupled && !o.on_response) {
+    return invalid_argument_error(context("bad option", o.tag) + ": model '" + model_->name() +
+                                  "' is decoupled (it sends many responses per request): set "
+                                  "RequestOptions::on_response to receive them");
+  }
   int level = o.priority == 0 ? opt_.default_priority : o.priority;
   if (level < 1 || level > opt_.priority_levels) {
     return invalid_argument_error(context("bad option", o.tag) + ": priority " +
@@ -96,6 +101,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->level = level - 1;
   r->tag = o.tag;
   r->sequence_key = o.sequence_key;
+  if (sig_.decoupled) r->on_response = o.on_response;
   r->deadline = effective_deadline(o, now);
   r->rows = sig_.batched ? inputs[0].dim(0) : 1;
   // Guarantee 6: the caller may overwrite its buffers once submit returns. A tensor still

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -147,6 +148,10 @@ struct Request {
   Engine::Callback callback;
   bool has_callback = false;
   bool inline_callback = false;  ///< RequestOptions::inline_callback (set before accept)
+  /// Decoupled models: RequestOptions::on_response, and how many responses it has taken (a
+  /// request that has sent one is never re-run).
+  std::function<Status(Outputs)> on_response;
+  std::atomic<std::uint64_t> responses_sent{0};
 
   // Timers and last_error, guarded by timer_mu (armed, disarmed and read from different threads).
   std::mutex timer_mu;

@@ -22,6 +22,46 @@ using detail::saturating_add;
 using detail::Stage;
 using detail::Worker;
 
+namespace {
+
+/// BatchIO::responses of a decoupled model's batch: hands each response to its request's
+/// RequestOptions::on_response while the request is running.
+class BatchResponseSender final : public ResponseSender {
+ public:
+  BatchResponseSender(const EngineCore& core, std::vector<std::shared_ptr<Request>> requests)
+      : core_(core), requests_(std::move(requests)) {}
+
+  std::size_t requests() const noexcept override { return requests_.size(); }
+  std::int64_t rows(std::size_t request) const noexcept override {
+    return request < requests_.size() ? requests_[request]->rows : 0;
+  }
+  bool is_cancelled(std::size_t request) const noexcept override {
+    return request >= requests_.size() ||
+           detail::is_final(requests_[request]->stage.load(std::memory_order_acquire));
+  }
+
+  Status send(std::size_t request, std::vector<Tensor> outputs) override {
+    if (request >= requests_.size()) {
+      return invalid_argument_error("response for request " + std::to_string(request) +
+                                    " of a batch of " + std::to_string(requests_.size()));
+    }
+    Request& r = *requests_[request];
+    // Checked first: a request that has ended may belong to an engine that is gone.
+    if (is_cancelled(request)) {
+      return cancelled_error(core_.context("the request has ended; no more responses", r.tag));
+    }
+    ASYNCINFER_RETURN_IF_ERROR(core_.check_outputs(outputs, r.rows));
+    r.responses_sent.fetch_add(1, std::memory_order_relaxed);
+    return r.on_response(std::move(outputs));
+  }
+
+ private:
+  const EngineCore& core_;
+  const std::vector<std::shared_ptr<Request>> requests_;
+};
+
+}  // namespace
+
 Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
   const std::string where = "worker " + std::to_string(w.index);
   StreamOptions so;
@@ -212,6 +252,8 @@ void EngineCore::launch(Worker& w, const std::shared_ptr<Batch>& batch) {
     return;
   }
   if (s.ok()) {
+    if (sig_.decoupled)
+      io->responses = std::make_shared<BatchResponseSender>(*this, batch->requests);
     batches_.fetch_add(1, std::memory_order_relaxed);
     w.batches.fetch_add(1, std::memory_order_relaxed);
     batch_size_.observe(static_cast<double>(batch->rows));
@@ -304,6 +346,7 @@ void EngineCore::fail_alone(const std::shared_ptr<Request>& r, Status s) {
 }
 
 Status EngineCore::enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io) {
+  if (sig_.decoupled && io.outputs.empty()) return Status();  // the final flag alone
   if (io.outputs.size() != sig_.outputs.size()) {
     return internal_error("model '" + model_->name() + "' gave " +
                           std::to_string(io.outputs.size()) + " outputs during enqueue on " +
@@ -413,7 +456,8 @@ void EngineCore::notify_progress() {
 void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us,
                           Clock::time_point now, Clock::time_point previous) {
   const std::vector<Tensor>& outs = unified_ ? batch->io->outputs : batch->host_outputs;
-  Status check = check_outputs(outs, batch->rows);
+  // A decoupled model's final result may carry no response: the final flag alone.
+  Status check = sig_.decoupled && outs.empty() ? Status() : check_outputs(outs, batch->rows);
   if (!check.ok()) {
     batch_failed(batch, check);
     return;
@@ -522,11 +566,11 @@ Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t r
       // splitting the batch and every encoder may walk them.
       auto size = serialized_bytes_size(t.data(), t.byte_size(), t.numel());
       if (!size.ok() || *size != t.byte_size()) {
-        return internal_error("model '" + model_->name() + "' returned BYTES output '" +
-                              spec.name + "' whose elements are malformed: " +
-                              (size.ok() ? std::to_string(t.byte_size() - *size) +
-                                               " bytes follow the last element"
-                                         : std::string(size.status().message())));
+        return internal_error(
+            "model '" + model_->name() + "' returned BYTES output '" + spec.name +
+            "' whose elements are malformed: " +
+            (size.ok() ? std::to_string(t.byte_size() - *size) + " bytes follow the last element"
+                       : std::string(size.status().message())));
       }
     }
   }
@@ -559,6 +603,7 @@ void EngineCore::batch_failed(const std::shared_ptr<Batch>& batch, const Status&
 
 void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo) {
   std::vector<std::shared_ptr<Request>> refused;
+  std::vector<std::shared_ptr<Request>> partial;
   std::optional<Status> unavailable;
   {
     std::unique_lock lock(qmu_);
@@ -567,6 +612,10 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
       const std::shared_ptr<Request>& r = *it;
       if (cancelling() || unavailable) {
         refused.push_back(r);
+        continue;
+      }
+      if (r->responses_sent.load(std::memory_order_relaxed) > 0) {
+        partial.push_back(r);  // its client has part of an answer: not run again
         continue;
       }
       if (!detail::transition(*r, Stage::running, Stage::queued, lock)) continue;
@@ -581,6 +630,17 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
   for (auto& r : refused) {
     end_unservable(r, unavailable, "engine shut down before the request completed");
   }
+  for (auto& r : partial) fail_partial(r, unavailable_error("its batch did not complete"));
+}
+
+void EngineCore::fail_partial(const std::shared_ptr<Request>& r, const Status& st) {
+  Status s(st.code() == StatusCode::ok ? StatusCode::internal : st.code(),
+           context(std::string(st.message()) + "; not run again, as " +
+                       std::to_string(r->responses_sent.load(std::memory_order_relaxed)) +
+                       " of its responses were sent (decoupled model)",
+                   r->tag));
+  const Status copy = s;
+  if (!try_resolve(r, detail::stage_for_error(s.code()), std::move(s))) late_failure(1, copy, *r);
 }
 
 void EngineCore::end_unservable(const std::shared_ptr<Request>& r,

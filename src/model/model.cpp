@@ -22,6 +22,7 @@ std::string ModelSignature::to_string() const {
   } else {
     out += "; not batched";
   }
+  if (decoupled) out += "; decoupled";
   return out;
 }
 
@@ -112,6 +113,7 @@ const std::vector<ModelBackend>& model_backend_registry() {
     {"builtin:identity", "builtin:identity", &load_builtin_model},
     {"builtin:fixed_cost", "builtin:fixed_cost?base_us=&per_item_us=...", &load_builtin_model},
     {"builtin:faulty", "builtin:faulty?mode=&code=&every=&first=&poison=...", &load_builtin_model},
+    {"builtin:stream", "builtin:stream?n=&interval_us=... (decoupled)", &load_builtin_model},
 #if defined(ASYNCINFER_HAVE_CUDA)
     {"builtin:gemm", "builtin:gemm?m=&n=&k=&dtype=... (cuda)", &load_gemm_model},
 #endif

@@ -1,11 +1,14 @@
 // Built-in models: identity, fixed_cost and faulty. One implementation with three presets:
 // every builtin copies its inputs to its outputs on the stream (a real device-side copy), may
-// occupy the device for a stated cost first, and may fail chosen calls.
+// occupy the device for a stated cost first, and may fail chosen calls. And builtin:stream, a
+// decoupled model (Triton's repeat example): n responses per request, interval_us apart.
 //
 // They run on every device through the device-neutral primitives only (Kernel with a duration,
 // Stream::copy), so the same model measures the engine on cpu, sim and cuda.
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 
 #include "core/params.hpp"
@@ -44,7 +47,7 @@ struct BuiltinConfig {
 constexpr std::string_view kForms =
     "builtin:identity, builtin:fixed_cost?base_us=<us>&per_item_us=<us>, "
     "builtin:faulty?mode=error|throw|hang&code=<status>&every=<k>&first=<n>&poison=<value>&"
-    "instances=<n>";
+    "instances=<n>, builtin:stream?n=<responses>&interval_us=<us>&fail_after=<k>";
 
 /// Value of element 0 of row `row` of a host tensor, as double.
 double first_element(const Tensor& t, std::int64_t row) {
@@ -234,6 +237,148 @@ Result<std::unique_ptr<ModelInstance>> BuiltinModel::create_instance(
       std::make_unique<BuiltinInstance>(shared_from_this(), device));
 }
 
+// ---- builtin:stream ------------------------------------------------------------------------
+
+struct StreamConfig {
+  DType dtype = DType::f32;
+  Shape item_shape = {-1};
+  std::int64_t max_batch_size = 64;
+  std::int64_t responses = 1;
+  double interval_us = 0;
+  std::int64_t fail_after = -1;  // >= 0: the batch fails (unavailable) after that many responses
+};
+
+/// Decoupled: for each request, `responses` responses (output0: its input; index: i32, the
+/// response's number from 0, one per row), interval_us apart, then the final flag alone;
+/// fail_after=k fails the batch (unavailable) after k responses. The
+/// responses of a batch's requests go out together, on the stream's thread, which the wait
+/// between them occupies as a model's own work would; it ends early when every request of the
+/// batch has ended.
+class StreamModel final : public Model, public std::enable_shared_from_this<StreamModel> {
+ public:
+  StreamModel(std::string name, StreamConfig cfg) : name_(std::move(name)), cfg_(std::move(cfg)) {
+    sig_.batched = cfg_.max_batch_size > 0;
+    sig_.max_batch_size = cfg_.max_batch_size;
+    sig_.decoupled = true;
+    TensorSpec in{"input0", cfg_.dtype, {}};
+    TensorSpec index{"index", DType::i32, {}};
+    if (sig_.batched) {
+      in.shape.push_back(-1);
+      index.shape.push_back(-1);
+    }
+    in.shape.insert(in.shape.end(), cfg_.item_shape.begin(), cfg_.item_shape.end());
+    index.shape.push_back(1);
+    TensorSpec out = in;
+    out.name = "output0";
+    sig_.inputs.push_back(std::move(in));
+    sig_.outputs = {std::move(out), std::move(index)};
+  }
+
+  const ModelSignature& signature() const noexcept override { return sig_; }
+  const std::string& name() const noexcept override { return name_; }
+  bool cancellable() const noexcept override { return true; }
+  Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
+                                                         const InstanceOptions& options) override;
+  const StreamConfig& config() const noexcept { return cfg_; }
+
+ private:
+  std::string name_;
+  StreamConfig cfg_;
+  ModelSignature sig_;
+};
+
+class StreamInstance final : public ModelInstance {
+ public:
+  explicit StreamInstance(std::shared_ptr<StreamModel> model) : model_(std::move(model)) {}
+
+  Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
+    io->outputs.clear();  // the final response is the flag alone
+    Kernel k;
+    k.name = model_->name();
+    k.stop = io->stop;
+    k.host_fn = [cfg = model_->config(), io](std::stop_token stop) -> Status {
+      return run(cfg, *io, stop);
+    };
+    return stream.enqueue(std::move(k));
+  }
+
+ private:
+  static Status run(const StreamConfig& cfg, const BatchIO& io, const std::stop_token& stop) {
+    ResponseSender& sender = *io.responses;
+    const std::size_t n = sender.requests();
+    std::vector<bool> gone(n, false);
+    const Tensor& input = io.host_inputs.at(0);
+    const bool batched = cfg.max_batch_size > 0;
+    std::mutex mu;
+    std::condition_variable_any cv;
+    for (std::int64_t k = 0; k < cfg.responses; ++k) {
+      if (k == cfg.fail_after) {
+        return unavailable_error("injected fault (builtin:stream): failed after " +
+                                 std::to_string(k) + " responses (fail_after)");
+      }
+      if (k > 0 && cfg.interval_us > 0) {
+        std::unique_lock lock(mu);
+        const auto wait = std::chrono::duration<double, std::micro>(cfg.interval_us);
+        if (cv.wait_for(lock, stop, std::chrono::duration_cast<nanoseconds>(wait),
+                        [] { return false; });
+            stop.stop_requested()) {
+          return cancelled_error("builtin:stream stopped: every request of the batch has ended");
+        }
+      }
+      std::int64_t offset = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t rows = sender.rows(i);
+        const std::int64_t begin = offset;
+        offset += rows;
+        if (gone[i] || sender.is_cancelled(i)) {
+          gone[i] = true;
+          continue;
+        }
+        // The request's rows of the batch's input (a view: no copy).
+        Result<Tensor> out = batched ? input.slice(begin, begin + rows) : Result<Tensor>(input);
+        if (!out.ok()) return out.status();
+        const Shape index_shape = batched ? Shape{rows, 1} : Shape{1};
+        const std::vector<std::int32_t> values(static_cast<std::size_t>(batched ? rows : 1),
+                                               static_cast<std::int32_t>(k));
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor index, Tensor::from_values(index_shape, values));
+        if (!sender.send(i, {std::move(*out), std::move(index)}).ok()) gone[i] = true;
+      }
+    }
+    return Status();
+  }
+
+  std::shared_ptr<StreamModel> model_;
+};
+
+Result<std::unique_ptr<ModelInstance>> StreamModel::create_instance(Device& /*device*/,
+                                                                    Stream& /*stream*/,
+                                                                    const InstanceOptions&) {
+  return std::unique_ptr<ModelInstance>(std::make_unique<StreamInstance>(shared_from_this()));
+}
+
+Result<std::shared_ptr<Model>> load_stream_model(std::string_view uri, std::string_view query) {
+  const std::string context = "builtin:stream";
+  ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(query, '&', context));
+  ASYNCINFER_RETURN_IF_ERROR(p.accept_alias("max_batch", "max_batch_size"));
+  ASYNCINFER_RETURN_IF_ERROR(
+      p.check_known({"dtype", "shape", "max_batch_size", "n", "interval_us", "fail_after"}));
+  StreamConfig cfg;
+  ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
+  auto parsed_dtype = parse_dtype(dtype);
+  if (!parsed_dtype.ok()) return parsed_dtype.status().with_context(context);
+  cfg.dtype = *parsed_dtype;
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.item_shape, p.get_int_list("shape", {-1}, 'x'));
+  for (std::int64_t d : cfg.item_shape) {
+    if (d < -1)
+      return invalid_argument_error(context + ": shape dims must be >= -1 (-1 = dynamic)");
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch_size, p.get_int("max_batch_size", 64, 0, 1 << 20));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.responses, p.get_int("n", 1, 0, 1 << 24));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.interval_us, p.get_double("interval_us", 0, 0, 3.6e9));
+  ASYNCINFER_ASSIGN_OR_RETURN(cfg.fail_after, p.get_int("fail_after", -1, -1, 1 << 24));
+  return std::shared_ptr<Model>(std::make_shared<StreamModel>(std::string(uri), std::move(cfg)));
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::string_view query,
@@ -241,6 +386,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
   BuiltinConfig cfg;
   cfg.kind = std::string(uri.substr(0, uri.find('?')).substr(std::string_view("builtin:").size()));
   const std::string context = "builtin:" + cfg.kind;
+  if (cfg.kind == "stream") return load_stream_model(uri, query);
   if (cfg.kind != "identity" && cfg.kind != "fixed_cost" && cfg.kind != "faulty") {
     return invalid_argument_error("unknown builtin model '" + cfg.kind + "': expected " +
                                   std::string(kForms));
