@@ -41,6 +41,9 @@ std::string dims_text(std::span<const std::int64_t> shape) {
   return s + "]";
 }
 
+/// The response carrying `outs` (the outputs asked for, in the order asked; all when none were).
+InferResponse make_response(const ModelRef& ref, std::string id,
+                            const std::vector<std::size_t>& selected, const Outputs& outs);
 }  // namespace
 
 InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, ServerOptions options)
@@ -346,6 +349,12 @@ Result<RequestOptions> InferenceServer::request_options(const Parameters& parame
   return o;
 }
 
+std::string decoupled_message(const std::string& model_name) {
+  return "model '" + model_name +
+         "' is decoupled (model_transaction_policy decoupled: true: many responses per "
+         "request): use gRPC ModelStreamInfer or HTTP POST .../generate_stream";
+}
+
 Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferRequest request,
                                                 Completion done) {
   // Found before a reload replaced it: its successor takes it (checked there to take the same
@@ -387,12 +396,20 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     }
     selected.push_back(index);
   }
+  if (sig.decoupled && !request.on_response) {
+    return failed_precondition_error(decoupled_message(model.model_name));
+  }
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
   if (request.deadline) options.deadline = *request.deadline;
   options.inline_callback = request.completion_hands_off;
   if (std::any_of(request.outputs.begin(), request.outputs.end(),
                   [](const RequestedOutput& o) { return o.region != nullptr; })) {
+    if (sig.decoupled) {
+      return invalid_argument_error("model '" + model.model_name +
+                                    "' is decoupled: its outputs cannot go to shared memory "
+                                    "(each response would overwrite the last)");
+    }
     options.inline_callback = false;  // the copies into the regions run in the continuation
     done = write_to_shared_memory(std::move(request.outputs), std::move(done));
   }
@@ -402,6 +419,13 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     ASYNCINFER_ASSIGN_OR_RETURN(next, successor(model, inputs));
   }
   const ModelRef& target = next ? next : ref;
+  if (sig.decoupled) {
+    // Each response before the final one, with the outputs asked for, on the model's thread.
+    options.on_response = [target, id = request.id, selected,
+                           send = std::move(request.on_response)](Outputs outs) {
+      return send(make_response(target, id, selected, outs));
+    };
+  }
   if (cache_ && target->response_cache) {
     options.inline_callback = false;  // filling the cache copies the outputs
     return submit_cached(target, std::move(inputs), options, std::move(request.id),
@@ -501,6 +525,7 @@ InferResponse make_response(const ModelRef& ref, std::string id,
     }
   } else {
     for (std::size_t k = 0; k < selected.size(); ++k) {
+      if (outs.empty()) break;  // a decoupled model's final flag alone: no outputs
       response.outputs.push_back(
           {&model.signature.outputs[selected[k]], outs[selected[k]], static_cast<int>(k)});
     }

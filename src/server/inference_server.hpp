@@ -29,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -70,6 +71,8 @@ struct RequestedOutput {
   SharedMemoryRef region;
 };
 
+struct InferResponse;
+
 struct InferRequest {
   std::string id;
   Parameters parameters;
@@ -83,7 +86,16 @@ struct InferRequest {
   /// thread that ends the request instead of the engine's completion executor
   /// (RequestOptions::inline_callback), one thread hand-off fewer.
   bool completion_hands_off = false;
+  /// Decoupled models (ModelSignature::decoupled), where it is required: each response before
+  /// the final one (which the Completion carries, maybe with no outputs: the final flag alone).
+  /// Runs on the model's thread; may block for back-pressure; a non-ok return says the client
+  /// is gone (RequestOptions::on_response). Must not call into the server.
+  std::function<Status(InferResponse)> on_response;
 };
+
+/// "model 'm' is decoupled: ..." — the answer to a one-response protocol call (HTTP infer, gRPC
+/// ModelInfer) on a decoupled model (Triton: 501 / UNIMPLEMENTED).
+std::string decoupled_message(const std::string& model_name);
 
 struct InferOutput {
   const TensorSpec* spec = nullptr;  ///< the model's description of it

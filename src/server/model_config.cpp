@@ -118,11 +118,6 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   if (c.has_ensemble_scheduling()) return bad(model, "ensemble_scheduling is not supported");
   if (!c.batch_input().empty()) return bad(model, "batch_input is not supported");
   if (!c.batch_output().empty()) return bad(model, "batch_output is not supported");
-  if (c.has_model_transaction_policy() && c.model_transaction_policy().decoupled()) {
-    return bad(model,
-               "model_transaction_policy decoupled is not supported (one response per "
-               "request)");
-  }
   if (c.has_model_repository_agents()) {
     return bad(model,
                "model_repository_agents is not supported (the model files are read as "
@@ -138,6 +133,12 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   ignore(c.has_optimization(), "optimization", "framework-specific tuning");
   ignore(!c.metric_tags().empty(), "metric_tags", "metrics carry the labels model and version");
   plan.response_cache = c.response_cache().enable();
+  plan.decoupled = c.model_transaction_policy().decoupled();
+  if (plan.decoupled && plan.response_cache) {
+    return bad(model,
+               "response_cache cannot be enabled on a decoupled model (model_transaction_policy "
+               "decoupled: true): only one-response models are cached, as in Triton");
+  }
   ignore(c.has_model_metrics(), "model_metrics", "fixed histogram buckets");
   ignore(c.has_model_operations(), "model_operations", "no custom operation libraries");
   ignore(!c.cc_model_filenames().empty(), "cc_model_filenames", "default_model_filename is used");

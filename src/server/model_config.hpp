@@ -93,6 +93,10 @@ struct ModelPlan {
   std::vector<WarmupSample> warmup;
   /// response_cache { enable: true }: its responses go in the server's cache (--cache-config).
   bool response_cache = false;
+  /// model_transaction_policy { decoupled: true }: zero, one or many responses per request
+  /// (ModelSignature::decoupled must agree), served by gRPC ModelStreamInfer and HTTP
+  /// generate / generate_stream only.
+  bool decoupled = false;
   /// The config.pbtxt as parsed (a serialized inference.ModelConfig), for applied_model_config.
   std::string config_binary;
   /// "device cpu, 2 workers, dynamic batching max 8 delay 100 us" for the load log line.

@@ -172,7 +172,7 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
   if (plan.backend != ModelPlan::Backend::builtin) {
     c.set_default_model_filename(plan.model_filename);
   }
-  c.mutable_model_transaction_policy();  // decoupled: false, printed
+  c.mutable_model_transaction_policy()->set_decoupled(plan.decoupled);  // printed either way
   // perf_analyzer reads response_cache.enable without checking that it exists.
   c.mutable_response_cache()->set_enable(plan.response_cache);
 

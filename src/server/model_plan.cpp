@@ -58,6 +58,13 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
                         ? " (a built-in model's URI sets it with max_batch=; 0 = no batch dim)"
                         : ""));
   }
+  if (plan.decoupled != sig.decoupled) {
+    return bad(model, plan.decoupled
+                          ? "model_transaction_policy says decoupled, but the loaded model sends "
+                            "one response per request (remove decoupled: true)"
+                          : "the loaded model is decoupled (it sends many responses per request): "
+                            "its config needs model_transaction_policy { decoupled: true }");
+  }
   if (batched && sig.max_batch_size > 0 && plan.max_batch_size > sig.max_batch_size) {
     return bad(model, "max_batch_size " + std::to_string(plan.max_batch_size) +
                           " is above the model's own limit " + std::to_string(sig.max_batch_size));
@@ -121,10 +128,10 @@ std::string_view oip_datatype(DType dtype) noexcept {
 
 Result<DType> dtype_from_oip(std::string_view name) {
   static constexpr std::pair<std::string_view, DType> kNames[] = {
-      {"FP32", DType::f32},     {"FP16", DType::f16},   {"BF16", DType::bf16},
-      {"FP64", DType::f64},     {"INT8", DType::i8},    {"UINT8", DType::u8},
-      {"INT16", DType::i16},    {"UINT16", DType::u16}, {"INT32", DType::i32},
-      {"UINT32", DType::u32},   {"INT64", DType::i64},  {"UINT64", DType::u64},
+      {"FP32", DType::f32},     {"FP16", DType::f16},    {"BF16", DType::bf16},
+      {"FP64", DType::f64},     {"INT8", DType::i8},     {"UINT8", DType::u8},
+      {"INT16", DType::i16},    {"UINT16", DType::u16},  {"INT32", DType::i32},
+      {"UINT32", DType::u32},   {"INT64", DType::i64},   {"UINT64", DType::u64},
       {"BOOL", DType::boolean}, {"BYTES", DType::bytes},
   };
   for (const auto& [n, d] : kNames) {

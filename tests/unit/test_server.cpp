@@ -151,7 +151,8 @@ TEST(ServerConfig, BehaviourChangingFieldsAreErrors) {
        "priority_queue_policy"},
       {"dynamic_batching { preferred_batch_size: [ 9 ] }", "preferred_batch_size 9"},
       {"dynamic_batching { priority_levels: 2 }", "default_priority_level 0"},
-      {"model_transaction_policy { decoupled: true }", "decoupled"},
+      {"model_transaction_policy { decoupled: true } response_cache { enable: true }",
+       "decoupled model"},
       {"instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU } ]", "different devices"},
       {"instance_group [ { kind: KIND_GPU, gpus: [ 0, 1 ] } ]", "lists 2 GPUs"},
       {"instance_group [ { kind: KIND_MODEL } ]", "KIND_MODEL"},
@@ -168,6 +169,30 @@ input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] }
 parameters { key: "uri" value { string_value: "builtin:identity" } })");
   ASSERT_FALSE(reshape.ok());
   EXPECT_NE(reshape.status().message().find("reshape is not supported"), std::string_view::npos);
+}
+
+TEST(ServerConfig, DecoupledMustAgreeWithTheModel) {
+  auto decoupled = plan(std::string(kIdentity) + "model_transaction_policy { decoupled: true }\n");
+  ASSERT_TRUE(decoupled.ok()) << decoupled.status();
+  EXPECT_TRUE(decoupled->decoupled);
+  auto identity = load_model("builtin:identity?shape=16&max_batch=8");
+  ASSERT_TRUE(identity.ok());
+  Status s = check_signature(*decoupled, (*identity)->signature());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("one response per request"), std::string_view::npos) << s;
+
+  auto plain = plan(R"(name: "m" backend: "builtin" max_batch_size: 8
+parameters { key: "uri" value { string_value: "builtin:stream?n=2&max_batch=8" } })");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto stream = load_model("builtin:stream?n=2&max_batch=8");
+  ASSERT_TRUE(stream.ok());
+  s = check_signature(*plain, (*stream)->signature());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model_transaction_policy { decoupled: true }"),
+            std::string_view::npos)
+      << s;
+  plain->decoupled = true;
+  EXPECT_TRUE(check_signature(*plain, (*stream)->signature()).ok());
 }
 
 TEST(ServerConfig, BackendsAndNames) {
@@ -210,9 +235,9 @@ TEST(ServerConfig, VersionPolicies) {
 }
 
 TEST(ServerConfig, DatatypeNames) {
-  for (DType d : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::u8, DType::i16,
-                  DType::u16, DType::i32, DType::u32, DType::i64, DType::u64, DType::boolean,
-                  DType::bytes}) {
+  for (DType d :
+       {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::u8, DType::i16,
+        DType::u16, DType::i32, DType::u32, DType::i64, DType::u64, DType::boolean, DType::bytes}) {
     auto back = dtype_from_oip(oip_datatype(d));
     ASSERT_TRUE(back.ok()) << oip_datatype(d);
     EXPECT_EQ(*back, d);

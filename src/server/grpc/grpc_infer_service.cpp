@@ -69,6 +69,10 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
     grpc::ByteBuffer buffer(request);  // shares the slices
     ParsedInfer parsed = parse_infer_request(buffer, impl_.core, "the request");
     if (!parsed.status.ok()) return finish(parsed.status);
+    if (parsed.model->signature.decoupled) {  // Triton: UNIMPLEMENTED, use ModelStreamInfer
+      return finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                 decoupled_message(parsed.model->model_name)));
+    }
     // The request's tensors count against the server's memory budget until the call ends.
     const std::size_t bytes = input_bytes(parsed.request);
     if (!lease_.reserve(bytes)) {
@@ -101,14 +105,15 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   }
 
   /// The last thing done with the call: OnDone may run (on another thread) as soon as it is in.
-  void finish(const Status& s) {
+  void finish(const Status& s) { finish(to_grpc(s)); }
+  void finish(grpc::Status s) {
     {
       std::lock_guard lock(mu_);
-      code_ = grpc_code(s.code());
+      code_ = static_cast<int>(s.error_code());
       micros_ = micros_since(start_);
       finished_ = true;
     }
-    Finish(to_grpc(s));
+    Finish(std::move(s));
   }
 
   GrpcServer::Impl& impl_;

@@ -1,6 +1,7 @@
 // ModelStreamInfer's reactor (StreamCall): Triton's bidirectional stream of inference requests,
 // read one after another while earlier ones run, each answered when it completes (grpc_server.hpp
 // has the design; the locking rule is on the class).
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -95,6 +96,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       writing_ = false;
       queued_lease_.hold(queued_lease_.bytes() - queue_.front().Length());
       queue_.pop_front();
+      room_.notify_all();
       if (!ok) {
         // The client is gone: nothing more can be written.
         broken_ = true;
@@ -178,6 +180,21 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (const std::size_t bytes = input_bytes(message.request); !lease.reserve(bytes)) {
       return fail(resource_exhausted_error(impl_.core.memory().exhausted_message(bytes)));
     }
+    // A decoupled model's responses (Triton's stream_infer_handler): each carries
+    // triton_final_response; the final flag alone is sent only when the client asked for it.
+    const bool decoupled = mv->signature.decoupled;
+    bool empty_final = false;
+    if (auto it = message.request.parameters.find("triton_enable_empty_final_response");
+        it != message.request.parameters.end()) {
+      auto b = parameter_bool(it->second, "triton_enable_empty_final_response");
+      if (!b.ok()) return fail(b.status());
+      empty_final = *b;
+    }
+    if (decoupled) {
+      message.request.on_response = [this, mv, id = message.id](InferResponse r) {
+        return send_response(*mv, id, r);
+      };
+    }
     std::uint64_t seq = 0;
     {
       // The gate: once the request is in inflight_ the stream cannot finish until it completes.
@@ -186,11 +203,13 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       seq = next_seq_++;
       inflight_.emplace(seq, Running{InflightRequest(), std::move(lease)});
     }
-    auto accepted =
-        impl_.core.submit(mv, std::move(message.request),
-                          [this, seq, start, mv, id = message.id](Result<InferResponse> r) mutable {
-                            complete(seq, start, *mv, id, std::move(r));
-                          });
+    const std::optional<bool> final_flag =
+        decoupled ? std::optional<bool>(empty_final) : std::nullopt;
+    auto accepted = impl_.core.submit(
+        mv, std::move(message.request),
+        [this, seq, start, mv, id = message.id, final_flag](Result<InferResponse> r) mutable {
+          complete(seq, start, *mv, id, final_flag, std::move(r));
+        });
     if (!accepted.ok()) {
       {
         std::lock_guard lock(mu_);
@@ -213,13 +232,40 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     cancel_now.cancel();
   }
 
-  /// On the engine's completion executor.
+  /// A decoupled model's response before its final one, on the model's thread. Back-pressure:
+  /// waits while max_stream_inflight responses of this stream are waiting to be written (so a
+  /// client that reads slowly slows its model down, and the server's memory stays bounded).
+  /// cancelled once the stream is gone: the model stops sending for this request.
+  Status send_response(const ModelVersion& mv, const std::string& id, const InferResponse& r) {
+    grpc::ByteBuffer out = encode_infer_response(r, true, false);
+    Status too_big = check_response_size(out, impl_.opt.max_message_bytes);
+    if (!too_big.ok()) out = encode_stream_error(too_big, mv.model_name, mv.version_text, id);
+    Actions a;
+    {
+      std::unique_lock lock(mu_);
+      room_.wait(lock, [&] {
+        return cancelled_ || broken_ || finished_ || queue_.size() < impl_.opt.max_stream_inflight;
+      });
+      if (cancelled_ || broken_ || finished_) {
+        return cancelled_error("the stream of request '" + id + "' has ended");
+      }
+      push_locked(std::move(out));
+      a = next_locked();
+    }
+    run(a);
+    return too_big;
+  }
+
+  /// On the engine's completion executor. `final_flag`: set for a decoupled model, whether the
+  /// client asked for an empty final response (triton_enable_empty_final_response).
   void complete(std::uint64_t seq, Clock::time_point start, const ModelVersion& mv,
-                const std::string& id, Result<InferResponse> r) {
+                const std::string& id, std::optional<bool> final_flag, Result<InferResponse> r) {
     grpc::ByteBuffer out;
     Status status = r.ok() ? Status() : r.status();
-    if (r.ok()) {
-      out = encode_infer_response(*r, true);
+    // A decoupled model's final flag without a response is written only when asked for.
+    const bool write = !r.ok() || !final_flag || *final_flag || !r->outputs.empty();
+    if (r.ok() && write) {
+      out = encode_infer_response(*r, true, final_flag ? std::optional<bool>(true) : std::nullopt);
       status = check_response_size(out, impl_.opt.max_message_bytes);
     }
     // A failed request is answered on the stream with error_message; the stream goes on.
@@ -237,7 +283,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::lock_guard lock(mu_);
       inflight_.erase(seq);
-      if (!cancelled_ && !broken_) push_locked(std::move(out));
+      if (!cancelled_ && !broken_ && (write || !status.ok())) push_locked(std::move(out));
       a = next_locked();
     }
     run(a);
@@ -251,6 +297,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   /// Drops the responses not yet written; the one being written stays until OnWriteDone.
   void drop_queued_locked() {
+    room_.notify_all();  // a model waiting to send finds the stream gone
     if (writing_) {
       queue_.erase(queue_.begin() + 1, queue_.end());
     } else {
@@ -329,6 +376,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   std::uint64_t received_ = 0;
 
   std::mutex mu_;
+  /// Signalled when queue_ shrinks or the stream ends (send_response's back-pressure).
+  std::condition_variable room_;
   /// A request of the stream in the engine, and its share of the server's memory budget.
   struct Running {
     InflightRequest request;

@@ -26,8 +26,6 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
-#include <string>
-
 #include <optional>
 #include <string>
 
@@ -59,7 +57,10 @@ ParsedInfer parse_infer_request(grpc::ByteBuffer& raw, const InferenceServer& se
 /// The serialized ModelInferResponse of `response`: model_name, model_version (the version that
 /// ran), id, outputs (name, datatype, shape) and raw_output_contents. With `stream` it is wrapped
 /// as ModelStreamInferResponse.infer_response (error_message empty).
-grpc::ByteBuffer encode_infer_response(const InferResponse& response, bool stream);
+/// `final_response`: a decoupled model's response carries the parameter triton_final_response
+/// (Triton's stream responses: true on the last one of a request).
+grpc::ByteBuffer encode_infer_response(const InferResponse& response, bool stream,
+                                       std::optional<bool> final_response = std::nullopt);
 
 /// A ModelStreamInferResponse carrying `error` and, in infer_response, the failed request's
 /// model_name, model_version and id (so the client can match it).

@@ -199,6 +199,10 @@ void Session::handle_api() {
     if (!need(http::verb::post)) return;
     return handle_infer(model, version);
   }
+  if (action == "generate" || action == "generate_stream") {
+    if (!need(http::verb::post)) return;
+    return handle_generate(model, version, action == "generate_stream");
+  }
   not_found(target);
 }
 
@@ -256,6 +260,7 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   is_infer_ = true;
   auto mv = impl_.core.find(model, version);
   if (!mv.ok()) return respond_status(mv.status());
+  if ((*mv)->signature.decoupled) return respond_error(501, decoupled_message(model));
   ContentCoding coding = ContentCoding::identity;
   if (auto it = request_.find(http::field::content_encoding); it != request_.end()) {
     // Several Content-Encoding lines mean codings applied one after another: not supported.

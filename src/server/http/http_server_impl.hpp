@@ -20,8 +20,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -96,6 +98,44 @@ struct HttpServer::Impl {
 
 // ---- one connection ----------------------------------------------------------------------------
 
+/// The responses of one generate / generate_stream request between the model's thread and the
+/// session's strand: at most kMaxQueuedEvents not yet written, then the model's send waits
+/// (back-pressure). Thread-safe.
+class EventQueue {
+ public:
+  static constexpr std::size_t kMaxQueuedEvents = 64;
+
+  /// On the model's thread: waits for room; false once the client is gone.
+  bool reserve() {
+    std::unique_lock lock(mu_);
+    room_.wait(lock, [&] { return gone_ || queued_ < kMaxQueuedEvents; });
+    if (gone_) return false;
+    ++queued_;
+    return true;
+  }
+  /// On the strand, once an event is written (or dropped).
+  void written() {
+    {
+      std::lock_guard lock(mu_);
+      if (queued_ > 0) --queued_;
+    }
+    room_.notify_all();
+  }
+  void close() {
+    {
+      std::lock_guard lock(mu_);
+      gone_ = true;
+    }
+    room_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable room_;
+  std::size_t queued_ = 0;
+  bool gone_ = false;
+};
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   enum class Phase : std::uint8_t { idle, header, body, handling, writing, closing };
@@ -152,6 +192,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_shared_memory(const std::vector<std::string_view>& path, bool cuda,
                             http::verb method);
   void on_repository_done(const Status& s);
+  // generate and generate_stream (http_generate.cpp).
+  void handle_generate(const std::string& model, const std::string& version, bool stream);
+  /// A decoupled model's response before the final one (its JSON, or why it has none).
+  void on_generate_response(Result<std::string> text, bool stream);
+  void on_generate_done(Result<InferResponse> r);
+  /// Writes what generate_stream has to write next: the header, an event, the last chunk.
+  void pump_events();
+  void on_event_written(beast::error_code ec, bool event);
   void on_infer_done(Result<InferResponse> r);
   void send_infer(EncodedResponse enc);
 
@@ -221,6 +269,19 @@ class Session : public std::enable_shared_from_this<Session> {
   bool is_infer_ = false;
   /// The coding of the current /infer response, from the request's Accept-Encoding.
   ContentCoding response_coding_ = ContentCoding::identity;
+  // generate / generate_stream: the responses on their way from the model (its back-pressure),
+  // the events not yet written, the chunked response's header.
+  std::shared_ptr<EventQueue> events_;
+  std::deque<std::string> sse_pending_;
+  std::optional<http::response<http::empty_body>> sse_header_;
+  std::optional<http::response_serializer<http::empty_body>> sse_serializer_;
+  Result<std::string> generate_answer_{std::string()};
+  std::uint64_t generated_ = 0;  ///< responses before the final one
+  bool generate_stream_ = false;
+  bool sse_started_ = false;  ///< the header is written (or being written)
+  bool sse_writing_ = false;
+  bool sse_final_ = false;  ///< the final response came: the last chunk follows the events
+  bool sse_last_ = false;   ///< the last chunk is being written
 };
 
 }  // namespace asyncinfer::server

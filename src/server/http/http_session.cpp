@@ -85,6 +85,7 @@ void Session::on_read_some(beast::error_code ec, std::size_t n) {
       inflight_.cancel();
     } else if (phase_ == Phase::writing) {
       client_gone_ = true;
+      if (events_) close();  // generate_stream: stop the model now, not at the next event
     } else if (phase_ == Phase::header || phase_ == Phase::body) {
       on_read_error(ec);
     } else {
@@ -386,6 +387,7 @@ void Session::close() {
   closed_ = true;
   phase_ = Phase::closing;
   lease_.release();
+  if (events_) events_->close();  // a model waiting to send a generate_stream event stops
   if (inflight_.valid()) inflight_.cancel();
   beast::error_code ec;
   clear_deadline();

@@ -1,0 +1,386 @@
+// Triton's generate extension (docs/protocol/extension_generate.md, provisional):
+// POST /v2/models/{m}[/versions/{v}]/generate answers one JSON object; /generate_stream answers
+// Server-Sent Events (text/event-stream, one `data: <json>` event per response) over a chunked
+// HTTP/1.1 response, for decoupled models above all.
+//
+// The request is a JSON object: a member naming a model input becomes that tensor (a scalar or a
+// 1-D array; a batched model gets a batch dim of 1 in front), `parameters` and every other member
+// become request parameters. A response is an object of id, model_name, model_version and one
+// member per output (a scalar for one element, else the flat list).
+//
+// Back-pressure: the model's responses wait in an EventQueue of at most kMaxQueuedEvents
+// events; when it is full the model's send waits (RequestOptions::on_response), so a client that
+// reads slowly slows its model down and the server's memory stays bounded. A client that goes
+// away (a read or write error, or --idle-timeout without progress on a write) ends the queue:
+// the waiting send returns cancelled and the request is cancelled in the engine.
+#include <cstring>
+
+#include "http_server_impl.hpp"
+#include "oip_json_internal.hpp"
+
+namespace asyncinfer::server {
+
+namespace {
+
+/// Element `i` of a host tensor as a JSON value (BYTES as a string: invalid UTF-8 replaced).
+json element(const Tensor& t, std::size_t i, const char*& bytes_cursor) {
+  switch (t.dtype()) {
+    case DType::f32:
+      return t.data_as<float>()[i];
+    case DType::f64:
+      return t.data_as<double>()[i];
+    case DType::i8:
+      return t.data_as<std::int8_t>()[i];
+    case DType::i16:
+      return t.data_as<std::int16_t>()[i];
+    case DType::i32:
+      return t.data_as<std::int32_t>()[i];
+    case DType::i64:
+      return t.data_as<std::int64_t>()[i];
+    case DType::u8:
+      return t.data_as<std::uint8_t>()[i];
+    case DType::u16:
+      return t.data_as<std::uint16_t>()[i];
+    case DType::u32:
+      return t.data_as<std::uint32_t>()[i];
+    case DType::u64:
+      return t.data_as<std::uint64_t>()[i];
+    case DType::boolean:
+      return t.data_as<bool>()[i];
+    case DType::bytes: {
+      std::uint32_t n = 0;
+      std::memcpy(&n, bytes_cursor, 4);  // checked at the completion point (check_outputs)
+      std::string s(bytes_cursor + 4, n);
+      bytes_cursor += 4 + n;
+      return json::parse(quote(s));
+    }
+    case DType::f16:
+    case DType::bf16:
+      break;
+  }
+  return nullptr;
+}
+
+/// One response as Triton's generate answers it.
+Result<std::string> generate_json(const InferResponse& r) {
+  json out = json::object();
+  if (!r.id.empty()) out["id"] = r.id;
+  out["model_name"] = r.model->model_name;
+  out["model_version"] = r.model->version_text;
+  for (const InferOutput& o : r.outputs) {
+    if (is_half(o.tensor.dtype())) {
+      return invalid_argument_error("output '" + o.spec->name + "' is " +
+                                    std::string(to_string(o.tensor.dtype())) +
+                                    ", which has no JSON form (use /infer with binary data)");
+    }
+    const std::size_t n = o.tensor.numel();
+    const char* cursor = static_cast<const char*>(o.tensor.data());
+    if (n == 1) {
+      out[o.spec->name] = element(o.tensor, 0, cursor);
+    } else {
+      json list = json::array();
+      for (std::size_t i = 0; i < n; ++i) list.push_back(element(o.tensor, i, cursor));
+      out[o.spec->name] = std::move(list);
+    }
+  }
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+/// A JSON scalar as a parameter; invalid_argument for arrays, objects and null.
+Result<ParameterValue> parameter_of(const std::string& key, const json& v) {
+  if (v.is_boolean()) return ParameterValue(v.get<bool>());
+  if (v.is_number_unsigned()) return ParameterValue(v.get<std::uint64_t>());
+  if (v.is_number_integer()) return ParameterValue(v.get<std::int64_t>());
+  if (v.is_number_float()) return ParameterValue(v.get<double>());
+  if (v.is_string()) return ParameterValue(v.get<std::string>());
+  return invalid_argument_error("'" + key +
+                                "' is neither a model input nor a scalar parameter (a string, "
+                                "number or boolean)");
+}
+
+/// A member naming input `spec` as its tensor.
+Result<Tensor> input_of(const TensorSpec& spec, const json& v, bool batched) {
+  const std::string what = "input '" + spec.name + "'";
+  const json list = v.is_array() ? v : json::array({v});
+  for (const json& e : list) {
+    if (e.is_array() || e.is_object() || e.is_null()) {
+      return invalid_argument_error(what + " must be a scalar or a 1-D array of scalars");
+    }
+  }
+  Shape shape;
+  if (batched) shape.push_back(1);
+  shape.push_back(static_cast<std::int64_t>(list.size()));
+  const DType d = spec.dtype;
+  if (d == DType::bytes) {
+    std::vector<std::string> elements;
+    for (const json& e : list) {
+      if (!e.is_string()) return invalid_argument_error(what + " is BYTES: give strings");
+      elements.push_back(e.get<std::string>());
+    }
+    return Tensor::from_strings(shape, elements);
+  }
+  if (is_half(d)) {
+    return invalid_argument_error(what + " is " + std::string(to_string(d)) +
+                                  ", which has no JSON form (use /infer with binary data)");
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::empty(d, shape));
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const json& e = list[i];
+    const bool number = e.is_number() || (d == DType::boolean && e.is_boolean());
+    if (!number) {
+      return invalid_argument_error(what + " is " + std::string(to_string(d)) + ": give numbers" +
+                                    (d == DType::boolean ? " or booleans" : ""));
+    }
+    auto put = [&]<class T>(T*) { static_cast<T*>(t.data())[i] = e.get<T>(); };
+    switch (d) {
+      case DType::f32:
+        put(static_cast<float*>(nullptr));
+        break;
+      case DType::f64:
+        put(static_cast<double*>(nullptr));
+        break;
+      case DType::i8:
+        put(static_cast<std::int8_t*>(nullptr));
+        break;
+      case DType::i16:
+        put(static_cast<std::int16_t*>(nullptr));
+        break;
+      case DType::i32:
+        put(static_cast<std::int32_t*>(nullptr));
+        break;
+      case DType::i64:
+        put(static_cast<std::int64_t*>(nullptr));
+        break;
+      case DType::u8:
+        put(static_cast<std::uint8_t*>(nullptr));
+        break;
+      case DType::u16:
+        put(static_cast<std::uint16_t*>(nullptr));
+        break;
+      case DType::u32:
+        put(static_cast<std::uint32_t*>(nullptr));
+        break;
+      case DType::u64:
+        put(static_cast<std::uint64_t*>(nullptr));
+        break;
+      case DType::boolean:
+        put(static_cast<bool*>(nullptr));
+        break;
+      default:
+        break;
+    }
+  }
+  return t;
+}
+
+/// The generate request body as an InferRequest.
+Result<InferRequest> decode_generate(const ModelVersion& model, std::string_view body,
+                                     int max_depth) {
+  ASYNCINFER_ASSIGN_OR_RETURN(json doc, parse_json(body, max_depth));
+  if (!doc.is_object()) {
+    return invalid_argument_error(
+        "the generate request must be a JSON object of inputs and "
+        "parameters");
+  }
+  InferRequest req;
+  for (auto& [key, value] : doc.items()) {
+    if (key == "parameters") {
+      if (!value.is_object()) return invalid_argument_error("'parameters' must be an object");
+      for (auto& [pk, pv] : value.items()) {
+        ASYNCINFER_ASSIGN_OR_RETURN(req.parameters[pk], parameter_of(pk, pv));
+      }
+      continue;
+    }
+    if (key == "id" && value.is_string()) {
+      req.id = value.get<std::string>();
+      continue;
+    }
+    auto spec = std::find_if(model.signature.inputs.begin(), model.signature.inputs.end(),
+                             [&](const TensorSpec& s) { return s.name == key; });
+    if (spec != model.signature.inputs.end()) {
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, input_of(*spec, value, model.signature.batched));
+      req.inputs.push_back({key, std::move(t)});
+      continue;
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(req.parameters[key], parameter_of(key, value));
+  }
+  return req;
+}
+
+std::string sse_event(std::string_view data) {
+  std::string e = "data: ";
+  e += data;
+  e += "\n\n";
+  return e;
+}
+
+}  // namespace
+
+// ---- the session's side -------------------------------------------------------------------------
+
+void Session::handle_generate(const std::string& model, const std::string& version, bool stream) {
+  is_infer_ = true;
+  auto mv = impl_.core.find(model, version);
+  if (!mv.ok()) return respond_status(mv.status());
+  if (request_.find(http::field::content_encoding) != request_.end()) {
+    return respond_error(400, "generate takes no Content-Encoding (send the JSON as it is)");
+  }
+  if (stream && version_ < 11) {
+    return respond_error(505, "generate_stream needs HTTP/1.1 (its events use chunked coding)");
+  }
+  ModelRef m = std::move(*mv);
+  auto decoded = decode_generate(*m, request_.body(), impl_.opt.max_json_depth);
+  request_.body() = std::string();
+  if (!decoded.ok()) return respond_status(decoded.status());
+  InferRequest req = std::move(*decoded);
+  lease_.hold(input_bytes(req));
+  auto self = shared_from_this();
+  events_ = std::make_shared<EventQueue>();
+  auto events = events_;
+  if (m->signature.decoupled) {
+    // Each response before the final one: an event (or, for /generate, one to count).
+    req.on_response = [self, events, stream](InferResponse r) -> Status {
+      if (!events->reserve()) return cancelled_error("the generate client has gone away");
+      Result<std::string> text = generate_json(r);
+      net::post(self->executor(), [self, stream, text = std::move(text)]() mutable {
+        self->on_generate_response(std::move(text), stream);
+      });
+      return Status();
+    };
+  }
+  generated_ = 0;
+  generate_stream_ = stream;
+  auto accepted = impl_.core.submit(m, std::move(req), [self](Result<InferResponse> r) mutable {
+    net::post(self->executor(),
+              [self, r = std::move(r)]() mutable { self->on_generate_done(std::move(r)); });
+  });
+  if (!accepted.ok()) {
+    events_.reset();
+    return respond_status(accepted.status());
+  }
+  inflight_ = std::move(*accepted);
+  phase_ = Phase::handling;
+  clear_deadline();
+  if (!reading_ && buffer_.size() == 0) read_some();
+}
+
+void Session::on_generate_response(Result<std::string> text, bool stream) {
+  if (closed_ || client_gone_ || !events_) {
+    if (events_) events_->written();
+    return;
+  }
+  ++generated_;
+  if (!stream) {
+    // /generate: one response is its answer; a second one is an error, given at the end.
+    if (generated_ == 1) generate_answer_ = std::move(text);
+    events_->written();
+    return;
+  }
+  if (!text.ok()) text = error_json(text.status().message());
+  sse_pending_.push_back(sse_event(*text));
+  pump_events();
+}
+
+void Session::on_generate_done(Result<InferResponse> r) {
+  inflight_ = InflightRequest();
+  if (closed_) return;
+  if (client_gone_) return close();
+  const bool final_has_data = r.ok() && !r->outputs.empty();
+  if (!generate_stream_) {
+    events_.reset();
+    if (!r.ok()) return respond_status(r.status());
+    const std::uint64_t total = generated_ + (final_has_data ? 1 : 0);
+    if (total != 1) {
+      return respond_error(400, "generate expects exactly one response, model '" +
+                                    r->model->model_name + "' sent " + std::to_string(total) +
+                                    " (use generate_stream)");
+    }
+    Result<std::string> text = final_has_data ? generate_json(*r) : std::move(generate_answer_);
+    generate_answer_ = std::string();
+    if (!text.ok()) return respond_status(text.status());
+    return respond(200, std::move(*text));
+  }
+  if (!r.ok() && !sse_started_) {  // nothing sent yet: a plain error answer, as Triton's
+    events_.reset();
+    return respond_status(r.status());
+  }
+  if (!r.ok()) {
+    sse_pending_.push_back(sse_event(error_json(r.status().message())));
+  } else if (final_has_data) {
+    Result<std::string> text = generate_json(*r);
+    sse_pending_.push_back(sse_event(text.ok() ? *text : error_json(text.status().message())));
+  }
+  sse_final_ = true;
+  pump_events();
+}
+
+void Session::pump_events() {
+  if (sse_writing_ || closed_) return;
+  if (!sse_started_) {
+    // The header: 200, text/event-stream, chunked (its status is the first response's).
+    sse_started_ = true;
+    sse_writing_ = true;
+    phase_ = Phase::writing;
+    if (kind_ == Kind::api) impl_.metrics.count_request(1);  // a 2xx
+    sse_header_.emplace(http::status::ok, version_);
+    sse_header_->set(http::field::content_type, "text/event-stream");
+    sse_header_->set(http::field::cache_control, "no-cache");
+    const bool keep = keep_alive_ && !draining_ && !impl_.draining.load(std::memory_order_acquire);
+    sse_header_->keep_alive(keep);
+    keep_alive_ = keep;
+    sse_header_->chunked(true);
+    sse_serializer_.emplace(*sse_header_);
+    set_deadline(impl_.opt.idle_timeout);
+    http::async_write_header(socket_, *sse_serializer_,
+                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                               self->on_event_written(ec, false);
+                             });
+    return;
+  }
+  if (!sse_pending_.empty()) {
+    sse_writing_ = true;
+    set_deadline(impl_.opt.idle_timeout);
+    net::async_write(socket_, http::make_chunk(net::buffer(sse_pending_.front())),
+                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                       self->on_event_written(ec, true);
+                     });
+    return;
+  }
+  if (sse_final_) {
+    sse_final_ = false;
+    sse_writing_ = true;
+    sse_last_ = true;
+    set_deadline(impl_.opt.idle_timeout);
+    net::async_write(socket_, http::make_chunk_last(),
+                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                       self->on_event_written(ec, false);
+                     });
+    return;
+  }
+  clear_deadline();  // waiting for the model, whose own deadline applies
+}
+
+void Session::on_event_written(beast::error_code ec, bool event) {
+  sse_writing_ = false;
+  if (event) {
+    sse_pending_.pop_front();
+    if (events_) events_->written();
+  }
+  if (closed_) return;
+  if (ec || client_gone_) {
+    if (events_) events_->close();
+    return close();
+  }
+  if (sse_last_) {
+    // The stream is whole: the request ends as any other.
+    sse_last_ = false;
+    sse_started_ = false;
+    sse_serializer_.reset();
+    sse_header_.reset();
+    events_.reset();
+    return on_write(ec);
+  }
+  pump_events();
+}
+
+}  // namespace asyncinfer::server
