@@ -64,6 +64,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -125,13 +126,15 @@ struct RequestOptions {
   /// Decoupled models (ModelSignature::decoupled), where it is required: receives each response
   /// the model sends before the final one, in the order sent, one host tensor per signature
   /// output with this request's rows. The completion (future or callback) then carries the final
-  /// response, whose outputs may be empty (the final flag alone). It runs on the model's thread
-  /// while the batch runs, and may block to apply back-pressure (the model's send waits; a
-  /// watchdog counts that time). It must not call into this engine. A non-ok return says the
-  /// receiver is gone: the model's send returns it, and the request should be cancelled by its
-  /// owner. A decoupled request that has sent a response is never re-run (retry, a failed
-  /// batch's split, a replaced stream): it fails instead, as its client has part of an answer.
-  std::function<Status(Outputs)> on_response;
+  /// response, whose outputs may be empty (the final flag alone), and is delivered only after any
+  /// call of on_response in progress has returned: no response follows the final one. It runs on
+  /// the model's thread while the batch runs, and may block to apply back-pressure (the model's
+  /// send waits; a watchdog counts that time), but then it must also wait on `stop`, which fires
+  /// when the request ends (cancelled, timed out, shut down), and return at once when it does. It
+  /// must not call into this engine. A non-ok return says the receiver is gone: the model's send
+  /// returns it. A decoupled request runs once: no retry, no split of a failed batch, no re-run
+  /// on a replaced stream (its client may hold part of an answer); it fails instead.
+  std::function<Status(Outputs, std::stop_token stop)> on_response;
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own

@@ -101,7 +101,10 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->level = level - 1;
   r->tag = o.tag;
   r->sequence_key = o.sequence_key;
-  if (sig_.decoupled) r->on_response = o.on_response;
+  if (sig_.decoupled) {
+    r->on_response = o.on_response;
+    r->response_stop = std::stop_source();
+  }
   r->deadline = effective_deadline(o, now);
   r->rows = sig_.batched ? inputs[0].dim(0) : 1;
   // Guarantee 6: the caller may overwrite its buffers once submit returns. A tensor still
@@ -323,6 +326,11 @@ bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result
     if (detail::is_final(cur)) return false;
     if (cur == Stage::running) {
       if (!detail::transition_running(*r, to)) continue;
+      if (r->on_response) {
+        // Decoupled: a send blocked on its receiver returns; one in progress ends first.
+        r->response_stop.request_stop();
+        std::lock_guard gate(r->response_mu);
+      }
       if (to != Stage::completed) {
         // Ended early: once every request of its batch has, stop the batch's device work.
         if (auto b = r->batch.lock()) {

@@ -211,8 +211,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// the attempt. With solo, each will run in a batch of its own.
   void requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo);
   void requeue_all(const std::shared_ptr<Batch>& batch);
-  /// Ends a decoupled request that has sent responses and whose batch failed (`st`): it is never
-  /// re-run, as its client holds part of an answer.
+  /// Ends a decoupled request whose batch failed (`st`): it is never re-run, as its client may
+  /// hold part of an answer.
   void fail_partial(const std::shared_ptr<Request>& r, const Status& st);
 
   /// Ends a request no worker will serve: failed with `unavailable` (every worker gave up), else

@@ -148,10 +148,14 @@ struct Request {
   Engine::Callback callback;
   bool has_callback = false;
   bool inline_callback = false;  ///< RequestOptions::inline_callback (set before accept)
-  /// Decoupled models: RequestOptions::on_response, and how many responses it has taken (a
-  /// request that has sent one is never re-run).
-  std::function<Status(Outputs)> on_response;
+  /// Decoupled models: RequestOptions::on_response, and how many responses it has taken. A send
+  /// holds response_mu while it checks the stage and calls on_response; ending the request fires
+  /// response_stop (so a blocked on_response returns) and then takes response_mu, so the final
+  /// result is delivered after any send in progress, never before one.
+  std::function<Status(Outputs, std::stop_token)> on_response;
   std::atomic<std::uint64_t> responses_sent{0};
+  std::mutex response_mu;
+  std::stop_source response_stop{std::nostopstate};
 
   // Timers and last_error, guarded by timer_mu (armed, disarmed and read from different threads).
   std::mutex timer_mu;

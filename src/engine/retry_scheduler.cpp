@@ -68,7 +68,7 @@ void EngineCore::retry_or_fail(const std::shared_ptr<Request>& r, const Status& 
     std::lock_guard tl(r->timer_mu);
     r->last_error = st;
   }
-  if (r->responses_sent.load(std::memory_order_relaxed) > 0) return fail_partial(r, st);
+  if (r->on_response) return fail_partial(r, st);  // decoupled: runs once
   const int attempts = r->attempts.load(std::memory_order_relaxed);
   const detail::RetryDecision d =
       retry_.decide(attempts, st.code(), r->deadline, Clock::now(), cancelling());

@@ -46,13 +46,16 @@ class BatchResponseSender final : public ResponseSender {
                                     " of a batch of " + std::to_string(requests_.size()));
     }
     Request& r = *requests_[request];
-    // Checked first: a request that has ended may belong to an engine that is gone.
+    // Under the request's gate (request.hpp): the stage cannot end, and the final result cannot
+    // be delivered, until on_response returns. Checked first: a request that has ended may
+    // belong to an engine that is gone.
+    std::lock_guard gate(r.response_mu);
     if (is_cancelled(request)) {
       return cancelled_error(core_.context("the request has ended; no more responses", r.tag));
     }
     ASYNCINFER_RETURN_IF_ERROR(core_.check_outputs(outputs, r.rows));
     r.responses_sent.fetch_add(1, std::memory_order_relaxed);
-    return r.on_response(std::move(outputs));
+    return r.on_response(std::move(outputs), r.response_stop.get_token());
   }
 
  private:
@@ -614,8 +617,8 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
         refused.push_back(r);
         continue;
       }
-      if (r->responses_sent.load(std::memory_order_relaxed) > 0) {
-        partial.push_back(r);  // its client has part of an answer: not run again
+      if (r->on_response) {
+        partial.push_back(r);  // decoupled: runs once (its client may have part of an answer)
         continue;
       }
       if (!detail::transition(*r, Stage::running, Stage::queued, lock)) continue;
@@ -634,11 +637,12 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
 }
 
 void EngineCore::fail_partial(const std::shared_ptr<Request>& r, const Status& st) {
-  Status s(st.code() == StatusCode::ok ? StatusCode::internal : st.code(),
-           context(std::string(st.message()) + "; not run again, as " +
-                       std::to_string(r->responses_sent.load(std::memory_order_relaxed)) +
-                       " of its responses were sent (decoupled model)",
-                   r->tag));
+  Status s(
+      st.code() == StatusCode::ok ? StatusCode::internal : st.code(),
+      context(std::string(st.message()) + "; not run again, as a decoupled request runs once (" +
+                  std::to_string(r->responses_sent.load(std::memory_order_relaxed)) +
+                  " of its responses were sent)",
+              r->tag));
   const Status copy = s;
   if (!try_resolve(r, detail::stage_for_error(s.code()), std::move(s))) late_failure(1, copy, *r);
 }

@@ -422,8 +422,9 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   if (sig.decoupled) {
     // Each response before the final one, with the outputs asked for, on the model's thread.
     options.on_response = [target, id = request.id, selected,
-                           send = std::move(request.on_response)](Outputs outs) {
-      return send(make_response(target, id, selected, outs));
+                           send = std::move(request.on_response)](Outputs outs,
+                                                                  std::stop_token stop) {
+      return send(make_response(target, id, selected, outs), std::move(stop));
     };
   }
   if (cache_ && target->response_cache) {

@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -87,10 +88,11 @@ struct InferRequest {
   /// (RequestOptions::inline_callback), one thread hand-off fewer.
   bool completion_hands_off = false;
   /// Decoupled models (ModelSignature::decoupled), where it is required: each response before
-  /// the final one (which the Completion carries, maybe with no outputs: the final flag alone).
-  /// Runs on the model's thread; may block for back-pressure; a non-ok return says the client
-  /// is gone (RequestOptions::on_response). Must not call into the server.
-  std::function<Status(InferResponse)> on_response;
+  /// the final one (which the Completion carries, maybe with no outputs: the final flag alone,
+  /// delivered after any on_response in progress has returned). Runs on the model's thread; may
+  /// block for back-pressure, waiting on `stop` too (it fires when the request ends); a non-ok
+  /// return says the client is gone (RequestOptions::on_response). Must not call into the server.
+  std::function<Status(InferResponse, std::stop_token stop)> on_response;
 };
 
 /// "model 'm' is decoupled: ..." — the answer to a one-response protocol call (HTTP infer, gRPC

@@ -126,7 +126,7 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
       const auto start = std::chrono::steady_clock::now();
       std::vector<Future<Outputs>> runs;
       RequestOptions ro;  // a decoupled model's responses are dropped, its final kept
-      if (sig.decoupled) ro.on_response = [](const Outputs&) { return Status(); };
+      if (sig.decoupled) ro.on_response = [](const Outputs&, std::stop_token) { return Status(); };
       for (std::uint32_t i = 0; i < w.count; ++i) runs.push_back(engine.submit(inputs, ro));
       for (Future<Outputs>& f : runs) {
         if (!f.wait_for(std::chrono::minutes(5))) {

@@ -223,6 +223,30 @@ class Decoupled(harness.unittest.TestCase):
         done.set()
         self.assertEqual(n, 3000)
 
+    def test_shutdown_with_a_client_that_does_not_read(self):
+        # A model waiting for room on a stream whose client reads nothing must not hold the
+        # server's shutdown: SIGTERM ends the process within its drain bounds.
+        server = harness.Server(self.repo.path).start()
+        self.addCleanup(server.stop)
+        channel = grpc.insecure_channel(server.grpc_target)
+        self.addCleanup(channel.close)
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="big", id="stuck")
+        request.inputs.add(name="input0", datatype="FP32", shape=[1, 16384])
+        request.raw_input_contents.append(np.zeros(16384, dtype=np.float32).tobytes())
+        done = threading.Event()
+        self.addCleanup(done.set)
+
+        def requests():
+            yield request
+            done.wait(60)
+
+        responses = stub.ModelStreamInfer(requests(), timeout=60)
+        self.assertEqual(responses.initial_metadata() is not None, True)
+        time.sleep(1)  # the model is blocked on the full stream by now
+        server.signal()
+        self.assertIsNotNone(server.wait(timeout=40), "the server did not exit")
+
     # ---- HTTP: generate and generate_stream (Triton's generate extension) ----------------------
 
     def post(self, path, body, timeout=30):

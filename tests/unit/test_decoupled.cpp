@@ -27,8 +27,8 @@ struct Received {
   std::condition_variable cv;
   std::vector<Outputs> responses;
 
-  std::function<Status(Outputs)> handler() {
-    return [this](Outputs o) {
+  std::function<Status(Outputs, std::stop_token)> handler() {
+    return [this](Outputs o, std::stop_token) {
       std::lock_guard lock(mu);
       responses.push_back(std::move(o));
       cv.notify_all();
@@ -184,7 +184,7 @@ TEST_P(DecoupledOnDevice, AReceiverThatIsGoneStopsItsRequestOnly) {
   ASSERT_TRUE(engine);
   std::atomic<int> refused{0};
   RequestOptions gone;
-  gone.on_response = [&](Outputs) {
+  gone.on_response = [&](Outputs, std::stop_token) {
     refused.fetch_add(1);
     return cancelled_error("the client went away");
   };
@@ -220,7 +220,7 @@ TEST_P(DecoupledOnDevice, ABlockingReceiverSlowsTheModelDown) {
   int allowed = 1;
   int seen = 0;
   RequestOptions ro;
-  ro.on_response = [&](Outputs) {
+  ro.on_response = [&](Outputs, std::stop_token) {
     std::unique_lock lock(mu);
     ++seen;
     cv.notify_all();
@@ -280,14 +280,49 @@ TEST(Decoupled, ARequestThatSentResponsesIsNotRunAgain) {
   EXPECT_NE(r.status().message().find("fail_after"), std::string_view::npos) << r.status();
   ASSERT_EQ(got.count(), 3u) << "a response was sent twice";
   EXPECT_EQ(engine->metrics().retries, 0u);
-  // A failure before any response is retried as usual.
+  // A decoupled request runs once, even when it failed before its first response.
   auto retried = make_engine("builtin:stream?n=10&fail_after=0", o);
   Received none;
   RequestOptions ro2;
   ro2.on_response = none.handler();
   auto r2 = get_within(retried->submit({row_values({1.0F})}, ro2));
   ASSERT_FALSE(r2.ok());
-  EXPECT_EQ(retried->metrics().retries, 2u);
+  EXPECT_EQ(retried->metrics().retries, 0u);
+  EXPECT_NE(r2.status().message().find("0 of its responses"), std::string_view::npos)
+      << r2.status();
+}
+
+TEST_P(DecoupledOnDevice, AReceiverWaitingForRoomIsReleasedWhenTheRequestEnds) {
+  // A receiver that waits (back-pressure) on `stop` as the contract says: cancelling, a deadline
+  // and shutdown each release it, and the final result comes after it has returned.
+  for (const char* how : {"cancel", "deadline", "shutdown"}) {
+    SCOPED_TRACE(how);
+    auto engine = make_engine("builtin:stream?n=10", options(), device());
+    ASSERT_TRUE(engine);
+    std::atomic<bool> inside{false};
+    std::atomic<bool> returned{false};
+    RequestOptions ro;
+    if (std::string(how) == "deadline") ro.timeout = std::chrono::milliseconds(100);
+    ro.on_response = [&](Outputs, std::stop_token stop) {
+      inside = true;
+      std::mutex mu;
+      std::condition_variable_any cv;
+      std::unique_lock lock(mu);
+      cv.wait(lock, stop, [] { return false; });  // no room, ever
+      std::this_thread::sleep_for(20ms);          // still inside while the request ends
+      returned = true;
+      return cancelled_error("released");
+    };
+    Future<Outputs> f = engine->submit({row_values({1.0F})}, ro);
+    for (int i = 0; i < 1000 && !inside; ++i) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(inside.load());
+    if (std::string(how) == "cancel") f.cancel();
+    if (std::string(how) == "shutdown") engine->shutdown(ShutdownMode::cancel);
+    auto r = get_within(f, 10s);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(returned.load()) << "the final result came before on_response returned";
+    engine->shutdown();
+  }
 }
 
 }  // namespace

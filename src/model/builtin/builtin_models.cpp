@@ -5,6 +5,7 @@
 //
 // They run on every device through the device-neutral primitives only (Kernel with a duration,
 // Stream::copy), so the same model measures the engine on cpu, sim and cuda.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -343,6 +344,7 @@ class StreamInstance final : public ModelInstance {
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor index, Tensor::from_values(index_shape, values));
         if (!sender.send(i, {std::move(*out), std::move(index)}).ok()) gone[i] = true;
       }
+      if (n > 0 && std::all_of(gone.begin(), gone.end(), [](bool g) { return g; })) break;
     }
     return Status();
   }

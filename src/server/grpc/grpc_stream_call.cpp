@@ -191,8 +191,11 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       empty_final = *b;
     }
     if (decoupled) {
-      message.request.on_response = [this, mv, id = message.id](InferResponse r) {
-        return send_response(*mv, id, r);
+      // `this` outlives the call: the request is in inflight_ until complete(), which the
+      // engine runs only after on_response has returned (RequestOptions::on_response).
+      message.request.on_response = [this, mv, id = message.id](InferResponse r,
+                                                                std::stop_token stop) {
+        return send_response(*mv, id, r, stop);
       };
     }
     std::uint64_t seq = 0;
@@ -235,18 +238,20 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// A decoupled model's response before its final one, on the model's thread. Back-pressure:
   /// waits while max_stream_inflight responses of this stream are waiting to be written (so a
   /// client that reads slowly slows its model down, and the server's memory stays bounded).
-  /// cancelled once the stream is gone: the model stops sending for this request.
-  Status send_response(const ModelVersion& mv, const std::string& id, const InferResponse& r) {
+  /// cancelled once the stream is gone or the request has ended (`stop`): the model stops
+  /// sending for this request.
+  Status send_response(const ModelVersion& mv, const std::string& id, const InferResponse& r,
+                       const std::stop_token& stop) {
     grpc::ByteBuffer out = encode_infer_response(r, true, false);
     Status too_big = check_response_size(out, impl_.opt.max_message_bytes);
     if (!too_big.ok()) out = encode_stream_error(too_big, mv.model_name, mv.version_text, id);
     Actions a;
     {
       std::unique_lock lock(mu_);
-      room_.wait(lock, [&] {
+      room_.wait(lock, stop, [&] {
         return cancelled_ || broken_ || finished_ || queue_.size() < impl_.opt.max_stream_inflight;
       });
-      if (cancelled_ || broken_ || finished_) {
+      if (cancelled_ || broken_ || finished_ || stop.stop_requested()) {
         return cancelled_error("the stream of request '" + id + "' has ended");
       }
       push_locked(std::move(out));
@@ -377,7 +382,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   std::mutex mu_;
   /// Signalled when queue_ shrinks or the stream ends (send_response's back-pressure).
-  std::condition_variable room_;
+  std::condition_variable_any room_;
   /// A request of the stream in the engine, and its share of the server's memory budget.
   struct Running {
     InflightRequest request;

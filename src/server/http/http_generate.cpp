@@ -239,11 +239,11 @@ void Session::handle_generate(const std::string& model, const std::string& versi
   auto events = events_;
   if (m->signature.decoupled) {
     // Each response before the final one: an event (or, for /generate, one to count).
-    req.on_response = [self, events, stream](InferResponse r) -> Status {
-      if (!events->reserve()) return cancelled_error("the generate client has gone away");
+    req.on_response = [self, events, stream](InferResponse r, std::stop_token stop) -> Status {
+      if (!events->reserve(stop)) return cancelled_error("the generate client has gone away");
       Result<std::string> text = generate_json(r);
-      net::post(self->executor(), [self, stream, text = std::move(text)]() mutable {
-        self->on_generate_response(std::move(text), stream);
+      net::post(self->executor(), [self, events, stream, text = std::move(text)]() mutable {
+        self->on_generate_response(events, std::move(text), stream);
       });
       return Status();
     };
@@ -264,9 +264,10 @@ void Session::handle_generate(const std::string& model, const std::string& versi
   if (!reading_ && buffer_.size() == 0) read_some();
 }
 
-void Session::on_generate_response(Result<std::string> text, bool stream) {
-  if (closed_ || client_gone_ || !events_) {
-    if (events_) events_->written();
+void Session::on_generate_response(const std::shared_ptr<EventQueue>& events,
+                                   Result<std::string> text, bool stream) {
+  if (closed_ || client_gone_ || events != events_) {  // gone, or another request's by now
+    events->written();
     return;
   }
   ++generated_;
@@ -287,6 +288,7 @@ void Session::on_generate_done(Result<InferResponse> r) {
   if (client_gone_) return close();
   const bool final_has_data = r.ok() && !r->outputs.empty();
   if (!generate_stream_) {
+    events_->close();
     events_.reset();
     if (!r.ok()) return respond_status(r.status());
     const std::uint64_t total = generated_ + (final_has_data ? 1 : 0);
@@ -301,6 +303,7 @@ void Session::on_generate_done(Result<InferResponse> r) {
     return respond(200, std::move(*text));
   }
   if (!r.ok() && !sse_started_) {  // nothing sent yet: a plain error answer, as Triton's
+    events_->close();
     events_.reset();
     return respond_status(r.status());
   }
@@ -377,6 +380,7 @@ void Session::on_event_written(beast::error_code ec, bool event) {
     sse_started_ = false;
     sse_serializer_.reset();
     sse_header_.reset();
+    events_->close();
     events_.reset();
     return on_write(ec);
   }

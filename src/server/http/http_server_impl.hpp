@@ -105,11 +105,12 @@ class EventQueue {
  public:
   static constexpr std::size_t kMaxQueuedEvents = 64;
 
-  /// On the model's thread: waits for room; false once the client is gone.
-  bool reserve() {
+  /// On the model's thread: waits for room; false once the client is gone or the request has
+  /// ended (`stop`).
+  bool reserve(const std::stop_token& stop) {
     std::unique_lock lock(mu_);
-    room_.wait(lock, [&] { return gone_ || queued_ < kMaxQueuedEvents; });
-    if (gone_) return false;
+    room_.wait(lock, stop, [&] { return gone_ || queued_ < kMaxQueuedEvents; });
+    if (gone_ || stop.stop_requested()) return false;
     ++queued_;
     return true;
   }
@@ -131,7 +132,7 @@ class EventQueue {
 
  private:
   std::mutex mu_;
-  std::condition_variable room_;
+  std::condition_variable_any room_;
   std::size_t queued_ = 0;
   bool gone_ = false;
 };
@@ -195,7 +196,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // generate and generate_stream (http_generate.cpp).
   void handle_generate(const std::string& model, const std::string& version, bool stream);
   /// A decoupled model's response before the final one (its JSON, or why it has none).
-  void on_generate_response(Result<std::string> text, bool stream);
+  void on_generate_response(const std::shared_ptr<EventQueue>& events, Result<std::string> text,
+                            bool stream);
   void on_generate_done(Result<InferResponse> r);
   /// Writes what generate_stream has to write next: the header, an event, the last chunk.
   void pump_events();
