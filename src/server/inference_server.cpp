@@ -569,13 +569,14 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
   future.on_complete([model = std::move(model), id = std::move(id), selected = std::move(selected),
                       done = std::move(done),
                       finished = std::move(finished)](const Result<Outputs>& r) mutable {
-    // This request's answer first; then the cache's bookkeeping (and its followers).
+    // The cache's bookkeeping first (the entry, the cache_miss statistic, the followers), so
+    // that a client holding its answer finds them counted; then this request's answer.
+    if (finished) finished(r);
     if (!r.ok()) {
       done(r.status());
     } else {
       done(make_response(model, std::move(id), selected, *r));
     }
-    if (finished) finished(r);
   });
   return InflightRequest(std::move(future));
 }
