@@ -569,11 +569,11 @@ Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t r
       // splitting the batch and every encoder may walk them.
       auto size = serialized_bytes_size(t.data(), t.byte_size(), t.numel());
       if (!size.ok() || *size != t.byte_size()) {
-        return internal_error(
-            "model '" + model_->name() + "' returned BYTES output '" + spec.name +
-            "' whose elements are malformed: " +
-            (size.ok() ? std::to_string(t.byte_size() - *size) + " bytes follow the last element"
-                       : std::string(size.status().message())));
+        return internal_error("model '" + model_->name() + "' returned BYTES output '" +
+                              spec.name + "' whose elements are malformed: " +
+                              (size.ok() ? std::to_string(t.byte_size() - *size) +
+                                               " bytes follow the last element"
+                                         : std::string(size.status().message())));
       }
     }
   }
