@@ -520,13 +520,13 @@ InferResponse make_response(const ModelRef& ref, std::string id,
   InferResponse response;
   response.model = ref;
   response.id = std::move(id);
+  if (outs.empty()) return response;  // a decoupled model's final flag alone: no outputs
   if (selected.empty()) {
     for (std::size_t i = 0; i < outs.size(); ++i) {
       response.outputs.push_back({&model.signature.outputs[i], outs[i], -1});
     }
   } else {
     for (std::size_t k = 0; k < selected.size(); ++k) {
-      if (outs.empty()) break;  // a decoupled model's final flag alone: no outputs
       response.outputs.push_back(
           {&model.signature.outputs[selected[k]], outs[selected[k]], static_cast<int>(k)});
     }

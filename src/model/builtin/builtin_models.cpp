@@ -86,6 +86,23 @@ double first_element(const Tensor& t, std::int64_t row) {
   return 0;
 }
 
+/// The keys every builtin reads the same way: dtype (default f32) and shape (the dims after the
+/// batch dim, default -1); invalid_argument starting with `context` for a bad value.
+Status parse_tensor_keys(const Params& p, const std::string& context, DType* dtype,
+                         Shape* item_shape) {
+  ASYNCINFER_ASSIGN_OR_RETURN(std::string name, p.get_string("dtype", "f32"));
+  auto parsed = parse_dtype(name);
+  if (!parsed.ok()) return parsed.status().with_context(context);
+  *dtype = *parsed;
+  ASYNCINFER_ASSIGN_OR_RETURN(*item_shape, p.get_int_list("shape", {-1}, 'x'));
+  for (std::int64_t d : *item_shape) {
+    if (d < -1) {
+      return invalid_argument_error(context + ": shape dims must be >= -1 (-1 = dynamic)");
+    }
+  }
+  return Status();
+}
+
 class BuiltinModel final : public Model, public std::enable_shared_from_this<BuiltinModel> {
  public:
   BuiltinModel(std::string name, BuiltinConfig cfg) : name_(std::move(name)), cfg_(std::move(cfg)) {
@@ -365,15 +382,7 @@ Result<std::shared_ptr<Model>> load_stream_model(std::string_view uri, std::stri
   ASYNCINFER_RETURN_IF_ERROR(
       p.check_known({"dtype", "shape", "max_batch_size", "n", "interval_us", "fail_after"}));
   StreamConfig cfg;
-  ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
-  auto parsed_dtype = parse_dtype(dtype);
-  if (!parsed_dtype.ok()) return parsed_dtype.status().with_context(context);
-  cfg.dtype = *parsed_dtype;
-  ASYNCINFER_ASSIGN_OR_RETURN(cfg.item_shape, p.get_int_list("shape", {-1}, 'x'));
-  for (std::int64_t d : cfg.item_shape) {
-    if (d < -1)
-      return invalid_argument_error(context + ": shape dims must be >= -1 (-1 = dynamic)");
-  }
+  ASYNCINFER_RETURN_IF_ERROR(parse_tensor_keys(p, context, &cfg.dtype, &cfg.item_shape));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch_size, p.get_int("max_batch_size", 64, 0, 1 << 20));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.responses, p.get_int("n", 1, 0, 1 << 24));
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.interval_us, p.get_double("interval_us", 0, 0, 3.6e9));
@@ -403,16 +412,7 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
     known.insert({"mode", "code", "every", "first", "poison", "fail_at", "instances"});
   ASYNCINFER_RETURN_IF_ERROR(p.check_known(known));
 
-  ASYNCINFER_ASSIGN_OR_RETURN(std::string dtype, p.get_string("dtype", "f32"));
-  auto parsed_dtype = parse_dtype(dtype);
-  if (!parsed_dtype.ok()) return parsed_dtype.status().with_context(context);
-  cfg.dtype = *parsed_dtype;
-  ASYNCINFER_ASSIGN_OR_RETURN(cfg.item_shape, p.get_int_list("shape", {-1}, 'x'));
-  for (std::int64_t d : cfg.item_shape) {
-    if (d < -1) {
-      return invalid_argument_error(context + ": shape dims must be >= -1 (-1 = dynamic)");
-    }
-  }
+  ASYNCINFER_RETURN_IF_ERROR(parse_tensor_keys(p, context, &cfg.dtype, &cfg.item_shape));
   ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t inputs, p.get_int("inputs", 1, 1, 64));
   cfg.inputs = static_cast<int>(inputs);
   ASYNCINFER_ASSIGN_OR_RETURN(cfg.max_batch_size, p.get_int("max_batch_size", 64, 0, 1 << 20));

@@ -184,13 +184,13 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     // triton_final_response; the final flag alone is sent only when the client asked for it.
     const bool decoupled = mv->signature.decoupled;
     bool empty_final = false;
-    if (auto it = message.request.parameters.find("triton_enable_empty_final_response");
-        it != message.request.parameters.end()) {
-      auto b = parameter_bool(it->second, "triton_enable_empty_final_response");
-      if (!b.ok()) return fail(b.status());
-      empty_final = *b;
-    }
     if (decoupled) {
+      if (auto it = message.request.parameters.find("triton_enable_empty_final_response");
+          it != message.request.parameters.end()) {
+        auto b = parameter_bool(it->second, "triton_enable_empty_final_response");
+        if (!b.ok()) return fail(b.status());
+        empty_final = *b;
+      }
       // `this` outlives the call: the request is in inflight_ until complete(), which the
       // engine runs only after on_response has returned (RequestOptions::on_response).
       message.request.on_response = [this, mv, id = message.id](InferResponse r,
