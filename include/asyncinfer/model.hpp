@@ -18,7 +18,8 @@
 // Other backends: "torch:<path>.pt" or a path ending in .pt (TorchScript through libtorch, where
 // built); "openvino:<path>" or a path ending in .onnx or .xml (ONNX and OpenVINO IR through
 // OpenVINO's runtime, where built; docs/backends.md); "builtin:gemm?m=&n=&k=&dtype=" (cuBLAS on the
-// cuda device, where built).
+// cuda device, where built); "python:<path>/model.py" (a Triton model.py, each instance in its own
+// Python process; docs/serving.md).
 //
 // Thread safety: Model is immutable after load and may be shared; each ModelInstance is used by
 // one worker thread at a time.
@@ -108,6 +109,10 @@ struct BatchIO {
   std::vector<Tensor> outputs;
   /// Batch size (dim 0 of the inputs), 1 for unbatched models.
   std::int64_t batch_size = 1;
+  /// Rows (dim 0) of each request of the batch, in batch order: their rows are consecutive in
+  /// `inputs` and must be in `outputs` (1 each for unbatched models). Sums to batch_size. For
+  /// backends that hand a model its requests one by one (the python backend's execute(requests)).
+  std::vector<std::int64_t> request_rows;
   /// Fires when every request of the batch has been cancelled or has timed out, or the engine is
   /// recycling the worker. Pass it to Kernel::stop so cancellable backends end early.
   std::stop_token stop;
@@ -186,6 +191,13 @@ struct ModelOptions {
   int intra_op_threads = 0;
   /// TorchScript: forward passes run at instance creation (excluded from measurements).
   int warmup_runs = 2;
+  /// python: the model sends its responses through a response sender (Triton's
+  /// model_transaction_policy { decoupled: true }); ModelSignature::decoupled. The other backends
+  /// ignore it (a built-in model's kind says whether it is decoupled).
+  bool decoupled = false;
+  /// python: the model's configuration as Triton's JSON form, handed to model.py as
+  /// args["model_config"]; empty = one made from the signature. The other backends ignore it.
+  std::string model_config_json;
   /// Settings of the backend's own library, by name, as Triton's config.pbtxt `parameters`
   /// carry them to a backend. openvino: NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT
   /// (Triton's OpenVINO backend's keys) and any other OpenVINO CPU property by its name; the
@@ -194,7 +206,8 @@ struct ModelOptions {
 };
 
 /// Loads a model by URI: "builtin:<kind>?...", "torch:<path>", a path ending in ".pt",
-/// "openvino:<path>", or a path ending in ".onnx" or ".xml".
+/// "openvino:<path>", a path ending in ".onnx" or ".xml", or "python:<path>" or a path ending in
+/// "model.py" (a Triton model.py run in its own Python processes; docs/serving.md).
 /// invalid_argument names what was wrong in the URI and the accepted forms; not_found for a
 /// missing file; unavailable for a backend that was not built.
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options = {});

@@ -312,6 +312,8 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
     if (batch.requests.empty()) return Status();
   }
   io.batch_size = sig_.batched ? batch.rows : 1;
+  io.request_rows.reserve(batch.requests.size());
+  for (const auto& r : batch.requests) io.request_rows.push_back(sig_.batched ? r->rows : 1);
   try {
     if (batch.requests.size() == 1) {
       io.host_inputs = batch.requests[0]->inputs;

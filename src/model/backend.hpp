@@ -7,10 +7,10 @@
 //
 // A URI names its kind: "builtin:<name>[?<query>]" is kind "builtin:<name>"; "torch:<path>" and a
 // path ending in ".pt" are kind "torch"; "openvino:<path>" and a path ending in ".onnx" or ".xml"
-// are kind "openvino". load_model looks the kind up in the table and hands the
-// loader the rest (the query, or the path). Optional backends (torch; openvino; cuda's
-// builtin:gemm) are their own CMake targets and appear in the table only when built; load_model
-// says how to build a known kind that is missing.
+// are kind "openvino"; "python:<path>" and a path ending in "model.py" are kind "python".
+// load_model looks the kind up in the table and hands the loader the rest (the query, or the path).
+// Optional backends (torch; openvino; cuda's builtin:gemm) are their own CMake targets and appear
+// in the table only when built; load_model says how to build a known kind that is missing.
 #pragma once
 
 #include <memory>
@@ -58,6 +58,11 @@ Result<std::shared_ptr<Model>> load_torch_model(std::string_view uri, std::strin
 /// An ONNX file or OpenVINO IR through OpenVINO's runtime (model/openvino/).
 Result<std::shared_ptr<Model>> load_openvino_model(std::string_view uri, std::string_view path,
                                                    const ModelOptions& options);
+#endif
+#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
+/// A Triton model.py, each instance in its own Python process (model/python/).
+Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::string_view path,
+                                                 const ModelOptions& options);
 #endif
 #if defined(ASYNCINFER_HAVE_CUDA)
 /// builtin:gemm, cuBLAS on the cuda device (model/cuda/).

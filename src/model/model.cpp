@@ -123,6 +123,9 @@ const std::vector<ModelBackend>& model_backend_registry() {
 #if defined(ASYNCINFER_HAVE_OPENVINO)
     {"openvino", "openvino:<file> or a path ending in .onnx or .xml", &load_openvino_model},
 #endif
+#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
+    {"python", "python:<model.py> or a path ending in model.py", &load_python_model},
+#endif
   };
   return registry;
 }
@@ -137,6 +140,9 @@ ModelUri parse_model_uri(std::string_view uri) noexcept {
   constexpr std::string_view kOpenVino = "openvino:";
   if (uri.starts_with(kTorch)) return {"torch", uri.substr(kTorch.size())};
   if (uri.starts_with(kOpenVino)) return {"openvino", uri.substr(kOpenVino.size())};
+  constexpr std::string_view kPython = "python:";
+  if (uri.starts_with(kPython)) return {"python", uri.substr(kPython.size())};
+  if (uri == "model.py" || uri.ends_with("/model.py")) return {"python", uri};
   if (uri.size() > 3 && uri.ends_with(".pt")) return {"torch", uri};
   if ((uri.size() > 5 && uri.ends_with(".onnx")) || (uri.size() > 4 && uri.ends_with(".xml"))) {
     return {"openvino", uri};
@@ -154,11 +160,11 @@ std::vector<std::string> model_backends() {
 
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
   const detail::ModelUri parsed = detail::parse_model_uri(uri);
-  if (!options.backend_parameters.empty() && parsed.kind != "openvino") {
+  if (!options.backend_parameters.empty() && parsed.kind != "openvino" && parsed.kind != "python") {
     return invalid_argument_error("model '" + std::string(uri) + "': backend parameter '" +
                                   options.backend_parameters.front().first +
-                                  "' given, but only the openvino backend takes backend "
-                                  "parameters");
+                                  "' given, but only the openvino and python backends take "
+                                  "backend parameters");
   }
   for (const auto& b : detail::model_backend_registry()) {
     if (b.kind == parsed.kind) return b.load(uri, parsed.args, options);
@@ -174,6 +180,11 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
     return unavailable_error("model '" + std::string(uri) +
                              "': the torch backend was not built into this library (install "
                              "Debian's libtorch-dev and rebuild with -DASYNCINFER_WITH_TORCH=ON)");
+  }
+  if (parsed.kind == "python") {
+    return unavailable_error("model '" + std::string(uri) +
+                             "': the python backend was not built into this library (it needs "
+                             "Linux and nlohmann_json's headers: Debian's nlohmann-json3-dev)");
   }
   if (parsed.kind == "openvino") {
     return unavailable_error("model '" + std::string(uri) +

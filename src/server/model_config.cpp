@@ -190,6 +190,21 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                  "from <version>/" +
                      plan.model_filename);
     }
+  } else if (backend == "python") {
+    // Triton's Python backend: <version>/model.py, each instance in its own process.
+    if (!platform.empty()) {
+      return bad(model, "platform \"" + platform + "\" and backend \"python\" disagree");
+    }
+    plan.backend = ModelPlan::Backend::python;
+    plan.platform = "python";
+    plan.model_filename = "model.py";
+    if (!c.default_model_filename().empty()) plan.model_filename = c.default_model_filename();
+    if (!plan.builtin_uri.empty()) {
+      return bad(model,
+                 "parameters \"uri\" is for backend \"builtin\"; a python model is loaded "
+                 "from <version>/" +
+                     plan.model_filename);
+    }
   } else if (backend == "builtin" || platform == "asyncinfer_builtin") {
     plan.backend = ModelPlan::Backend::builtin;
     plan.platform = "asyncinfer_builtin";
@@ -205,24 +220,37 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   } else if (platform.empty() && backend.empty()) {
     return bad(model,
                "neither platform nor backend is set (platform: \"pytorch_libtorch\", "
-               "backend: \"openvino\", platform: \"onnxruntime_onnx\" or backend: "
-               "\"builtin\")");
+               "backend: \"openvino\", platform: \"onnxruntime_onnx\", backend: \"python\" "
+               "or backend: \"builtin\")");
   } else {
     return bad(model, "platform \"" + platform + "\" / backend \"" + backend +
                           "\" is not supported (platform: \"pytorch_libtorch\" or backend: "
                           "\"pytorch\" for TorchScript; backend: \"openvino\" or platform: "
-                          "\"onnxruntime_onnx\" for OpenVINO IR and ONNX; backend: \"builtin\")");
+                          "\"onnxruntime_onnx\" for OpenVINO IR and ONNX; backend: \"python\" "
+                          "for model.py; backend: \"builtin\")");
   }
-  if (plan.backend != ModelPlan::Backend::openvino) warn_backend_parameters(model, plan, warnings);
+  // openvino takes the other parameters as OpenVINO properties; python hands them to model.py
+  // (args["model_config"]["parameters"]).
+  if (plan.backend != ModelPlan::Backend::openvino && plan.backend != ModelPlan::Backend::python) {
+    warn_backend_parameters(model, plan, warnings);
+  }
 
   ASYNCINFER_RETURN_IF_ERROR(plan_batching(c, model, plan, warnings));
   ASYNCINFER_RETURN_IF_ERROR(plan_tensors(c, model, plan, warnings));
-  if (plan.backend == ModelPlan::Backend::torch && (plan.inputs.empty() || plan.outputs.empty())) {
+  if ((plan.backend == ModelPlan::Backend::torch || plan.backend == ModelPlan::Backend::python) &&
+      (plan.inputs.empty() || plan.outputs.empty())) {
     return bad(model,
-               "a pytorch_libtorch model needs input and output lists (name, data_type, "
-               "dims)");
+               std::string("a ") +
+                   (plan.backend == ModelPlan::Backend::torch ? "pytorch_libtorch" : "python") +
+                   " model needs input and output lists (name, data_type, dims)");
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));
+  if (plan.backend == ModelPlan::Backend::python) {
+    // Its instances are host processes, whatever instance_group's kind (as in Triton, where a
+    // KIND_GPU python model's model.py picks its GPU itself).
+    plan.device = "cpu";
+    plan.device_auto = false;
+  }
   ASYNCINFER_RETURN_IF_ERROR(plan_warmup(c, model, plan));
 
   if (c.has_version_policy()) {

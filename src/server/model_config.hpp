@@ -60,21 +60,22 @@ struct WarmupSample {
 
 /// Everything needed to load and serve one model's versions.
 struct ModelPlan {
-  enum class Backend : std::uint8_t { torch, builtin, openvino };
+  enum class Backend : std::uint8_t { torch, builtin, openvino, python };
   std::string name;
   Backend backend = Backend::builtin;
   /// What model metadata reports as "platform": "pytorch_libtorch", "openvino" (also for a
-  /// config written for "onnxruntime_onnx", which the openvino backend serves) or
+  /// config written for "onnxruntime_onnx", which the openvino backend serves), "python" or
   /// "asyncinfer_builtin".
   std::string platform;
   /// builtin: the model URI ("builtin:identity?..."), from parameters { key: "uri" }.
   std::string builtin_uri;
-  /// torch, openvino: the file inside each version folder (default_model_filename, else
-  /// "model.pt" for torch, "model.xml" for openvino as in Triton's OpenVINO backend, and
-  /// "model.onnx" for a config written for onnxruntime_onnx).
+  /// torch, openvino, python: the file inside each version folder (default_model_filename, else
+  /// "model.pt" for torch, "model.xml" for openvino as in Triton's OpenVINO backend,
+  /// "model.onnx" for a config written for onnxruntime_onnx, "model.py" for python).
   std::string model_filename = "model.pt";
   /// openvino: the config's parameters that are not asyncinfer's own, passed to OpenVINO by name
   /// (NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT, ...; ModelOptions::backend_parameters).
+  /// python: passed to the backend (python_interpreter) and, with the whole config, to model.py.
   /// Other backends: warned about and dropped.
   BackendParameters backend_parameters;
   /// Device spec for open_device ("cpu", "cuda:1", "sim", "sim:..."); empty with device_auto.

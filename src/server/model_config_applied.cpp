@@ -127,6 +127,10 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
     case ModelPlan::Backend::builtin:
       c.set_backend("builtin");
       break;
+    case ModelPlan::Backend::python:
+      c.set_backend("python");
+      c.clear_platform();  // Triton's python models have a backend and no platform
+      break;
   }
   c.set_max_batch_size(static_cast<std::int32_t>(plan.max_batch_size));
   if (!c.has_version_policy()) c.mutable_version_policy()->mutable_latest()->set_num_versions(1);

@@ -759,7 +759,21 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       mo.inputs = plan->inputs;
       mo.outputs = plan->outputs;
       mo.max_batch_size = plan->max_batch_size > 0 ? plan->max_batch_size : -1;
-      if (plan->backend == ModelPlan::Backend::openvino) {
+      if (plan->backend == ModelPlan::Backend::python) {
+        // model.py gets the configuration as /config shows it (args["model_config"]).
+        ModelSignature sig;
+        sig.inputs = plan->inputs;
+        sig.outputs = plan->outputs;
+        sig.batched = plan->max_batch_size > 0;
+        sig.max_batch_size = plan->max_batch_size;
+        sig.decoupled = plan->decoupled;
+        ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig shown, applied_model_config(*plan, sig, "cpu"));
+        mo.batched = sig.batched;
+        mo.decoupled = plan->decoupled;
+        mo.model_config_json = std::move(shown.json);
+        mo.backend_parameters = plan->backend_parameters;
+        model = asyncinfer::load_model("python:" + file.string(), mo);
+      } else if (plan->backend == ModelPlan::Backend::openvino) {
         // Triton's rule: max_batch_size > 0 says dim 0 is the batch dim, whatever the file.
         mo.batched = plan->max_batch_size > 0;
         mo.backend_parameters = plan->backend_parameters;

@@ -1,0 +1,679 @@
+// PythonProcess (python_process.hpp): start, control messages, arenas, execute, end.
+#include "model/python/python_process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+
+#include "asyncinfer/log.hpp"
+
+extern char** environ;  // NOLINT(readability-redundant-declaration): posix_spawn's environment
+
+namespace asyncinfer::detail {
+
+extern const std::string_view kPythonStubSource;   // asyncinfer_python_stub.py (generated)
+extern const std::string_view kPythonUtilsSource;  // triton_python_backend_utils.py (generated)
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Runs the stub's text, which arrives as the first message on fd 3 (python_process.hpp).
+constexpr const char* kBootstrap =
+    "import socket\n"
+    "_asyncinfer_sock = socket.socket(fileno=3)\n"
+    "exec(compile(_asyncinfer_sock.recv(1 << 20).decode(), 'asyncinfer_python_stub.py', "
+    "'exec'))\n";
+
+constexpr std::size_t kMaxMessage = 1 << 20;
+constexpr std::size_t kAlign = 64;
+constexpr std::size_t kMinArena = 1 << 20;
+constexpr auto kFinalizeWait = std::chrono::seconds(5);
+constexpr auto kExitWait = std::chrono::seconds(2);
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+constexpr std::pair<std::string_view, DType> kDatatypes[] = {
+    {"FP32", DType::f32},   {"FP16", DType::f16},  {"FP64", DType::f64},   {"INT8", DType::i8},
+    {"UINT8", DType::u8},   {"INT16", DType::i16}, {"UINT16", DType::u16}, {"INT32", DType::i32},
+    {"UINT32", DType::u32}, {"INT64", DType::i64}, {"UINT64", DType::u64}, {"BOOL", DType::boolean},
+    {"BYTES", DType::bytes}};
+
+std::string_view datatype_name(DType d) {
+  for (const auto& [name, dtype] : kDatatypes) {
+    if (dtype == d) return name;
+  }
+  return "?";
+}
+std::optional<DType> datatype_of(std::string_view name) {
+  for (const auto& [n, dtype] : kDatatypes) {
+    if (n == name) return dtype;
+  }
+  return std::nullopt;
+}
+
+// pb_utils.TritonError's codes -> ours.
+StatusCode code_of_triton_error(int code) {
+  switch (code) {
+    case 2:
+      return StatusCode::not_found;
+    case 3:
+      return StatusCode::invalid_argument;
+    case 4:
+      return StatusCode::unavailable;
+    case 5:
+      return StatusCode::failed_precondition;  // UNSUPPORTED
+    case 6:
+      return StatusCode::already_exists;
+    case 7:
+      return StatusCode::cancelled;
+    default:
+      return StatusCode::internal;  // UNKNOWN, INTERNAL
+  }
+}
+
+// Owns the descriptors that came with a message.
+struct Fds {
+  std::vector<int> fds;
+  Fds() = default;
+  Fds(Fds&& o) noexcept : fds(std::exchange(o.fds, {})) {}
+  Fds& operator=(Fds&& o) noexcept {
+    std::swap(fds, o.fds);
+    return *this;
+  }
+  ~Fds() {
+    for (int fd : fds) ::close(fd);
+  }
+};
+
+std::string shape_text(const json& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ",";
+    s += shape[i].is_number_integer() ? std::to_string(shape[i].get<std::int64_t>()) : "?";
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+struct PythonProcess::Message {
+  json body;
+  Fds fds;
+  std::string op() const {
+    auto it = body.find("op");
+    return it != body.end() && it->is_string() ? it->get<std::string>() : std::string();
+  }
+};
+
+Result<std::unique_ptr<PythonProcess>> PythonProcess::start(
+    std::shared_ptr<const PythonSetup> setup, std::string instance_name) {
+  std::unique_ptr<PythonProcess> p(new PythonProcess(std::move(setup), std::move(instance_name)));
+  ASYNCINFER_RETURN_IF_ERROR(p->spawn());
+  return p;
+}
+
+Status PythonProcess::fail(StatusCode code, const std::string& what) {
+  return Status(
+      code, "python model '" + setup_->model_name + "' instance " + instance_name_ + ": " + what);
+}
+
+Status PythonProcess::spawn() {
+  const PythonSetup& s = *setup_;
+  wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_ < 0) return fail(StatusCode::internal, "eventfd: " + errno_text(errno));
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    return fail(StatusCode::internal, "socketpair: " + errno_text(errno));
+  }
+  sock_ = sv[0];
+  int child = sv[1];
+  if (child == 3) {  // dup2(3, 3) would leave it close-on-exec
+    child = ::fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
+    ::close(sv[1]);
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_adddup2(&actions, child, 3);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  sigset_t none;
+  sigset_t all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  // Own process group; no signal blocked or ignored because the server's threads had it so.
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  std::string arg0 = s.interpreter;
+  std::string dash_c = "-c";
+  std::string bootstrap = kBootstrap;
+  std::string name = "asyncinfer-python-stub";
+  std::string model_py = s.model_py;
+  std::string instance = instance_name_;
+  std::array<char*, 7> argv = {arg0.data(),     dash_c.data(),   bootstrap.data(), name.data(),
+                               model_py.data(), instance.data(), nullptr};
+  const int rc = ::posix_spawn(&pid_, s.interpreter.c_str(), &actions, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(child);
+  if (rc != 0) {
+    pid_ = -1;
+    return fail(StatusCode::unavailable,
+                "cannot start the interpreter '" + s.interpreter + "': " + errno_text(rc) +
+                    " (config.pbtxt parameters { key: \"python_interpreter\" } picks another)");
+  }
+  ASYNCINFER_RETURN_IF_ERROR(send_message(std::string(kPythonStubSource)));
+  ASYNCINFER_RETURN_IF_ERROR(send_message(std::string(kPythonUtilsSource)));
+  json args = {
+      {"model_config", s.config_json},
+      {"model_instance_kind", "CPU"},
+      {"model_instance_name", instance_name_},
+      {"model_instance_device_id", "0"},
+      {"model_repository", s.model_repository},
+      {"model_version", s.model_version},
+      {"model_name", s.model_name},
+  };
+  json init = {{"op", "init"}, {"args", std::move(args)}, {"model_py", s.model_py}};
+  ASYNCINFER_RETURN_IF_ERROR(send_message(init.dump()));
+  Result<Message> m = receive(nullptr, Clock::now() + s.initialize_timeout);
+  if (!m.ok()) {
+    if (m.status().code() == StatusCode::deadline_exceeded) {
+      kill_and_reap();
+      return fail(StatusCode::unavailable, "initialize did not return within " +
+                                               std::to_string(s.initialize_timeout.count()) +
+                                               " ms; the process was killed");
+    }
+    return Status(StatusCode::unavailable, std::string(m.status().message()) +
+                                               " while loading model.py and running initialize "
+                                               "(its output is in the server's log)");
+  }
+  const std::string op = m->op();
+  if (op == "ready") return Status();
+  if (op == "error") {
+    const std::string message = m->body.value("message", std::string("?"));
+    const std::string tb = m->body.value("traceback", std::string());
+    if (!tb.empty()) {
+      log(LogLevel::error, "python model '" + s.model_name + "' instance " + instance_name_ +
+                               ": initialize failed:\n" + tb);
+    }
+    kill_and_reap();
+    return fail(StatusCode::unavailable, "initialize failed: " + message);
+  }
+  kill_and_reap();
+  return fail(StatusCode::internal, "the stub answered init with '" + op + "'");
+}
+
+PythonProcess::~PythonProcess() {
+  if (pid_ > 0 && !reaped_ && !broken_) {
+    // finalize(), bounded: a model that does not return from it is killed like a stuck one.
+    if (send_message(json{{"op", "finalize"}}.dump()).ok()) {
+      Result<Message> m = receive(nullptr, Clock::now() + kFinalizeWait);
+      (void)m;
+    }
+  }
+  if (pid_ > 0 && !reaped_) kill_and_reap();
+  if (in_map_ != nullptr) ::munmap(in_map_, in_size_);
+  if (out_map_ != nullptr) ::munmap(out_map_, out_size_);
+  if (in_fd_ >= 0) ::close(in_fd_);
+  if (sock_ >= 0) ::close(sock_);
+  if (wake_ >= 0) ::close(wake_);
+}
+
+Status PythonProcess::send_message(const std::string& text, int fd) {
+  if (text.size() > kMaxMessage) {
+    return fail(StatusCode::internal,
+                "a control message of " + std::to_string(text.size()) + " bytes is over the limit");
+  }
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  for (;;) {
+    const ssize_t n = ::sendmsg(sock_, &msg, MSG_NOSIGNAL);
+    if (n >= 0) return Status();
+    if (errno == EINTR) continue;
+    const int e = errno;
+    const std::string how = kill_and_reap();
+    return fail(StatusCode::unavailable,
+                "the Python process " + how + " (sending to it failed: " + errno_text(e) + ")");
+  }
+}
+
+Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* stop,
+                                                      Clock::time_point deadline) {
+  auto wake = [fd = wake_] {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof(one));
+  };
+  std::optional<std::stop_callback<decltype(wake)>> on_stop;
+  if (stop != nullptr) on_stop.emplace(*stop, wake);
+  bool stopping = false;
+  Clock::time_point grace_end = Clock::time_point::max();
+  std::string buffer(kMaxMessage, '\0');
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    const Clock::time_point until = std::min(deadline, grace_end);
+    if (now >= until) {
+      const std::string how = kill_and_reap();
+      if (stopping) {
+        return fail(StatusCode::cancelled,
+                    "every request of the batch ended, and model.py had not returned " +
+                        std::to_string(setup_->stop_grace.count()) +
+                        " ms later: the process was stopped (" + how +
+                        ") and is restarted at the next batch");
+      }
+      return fail(StatusCode::deadline_exceeded, "no answer in time; the process " + how);
+    }
+    int timeout_ms = -1;
+    if (until != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
+      timeout_ms = static_cast<int>(std::min<long long>(left, INT_MAX));
+    }
+    std::array<pollfd, 2> fds = {pollfd{sock_, POLLIN, 0}, pollfd{wake_, POLLIN, 0}};
+    const int r = ::poll(fds.data(), stopping ? 1 : 2, timeout_ms);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return fail(StatusCode::internal, "poll: " + errno_text(errno));
+    }
+    if (!stopping && (fds[1].revents & POLLIN) != 0) {
+      std::uint64_t n = 0;
+      [[maybe_unused]] const ssize_t got = ::read(wake_, &n, sizeof(n));
+      if (stop != nullptr && stop->stop_requested()) {
+        stopping = true;
+        grace_end = Clock::now() + setup_->stop_grace;
+      }
+      continue;
+    }
+    if (fds[0].revents == 0) continue;
+    iovec iov{buffer.data(), buffer.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(sock_, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      const int e = errno;
+      return fail(StatusCode::unavailable,
+                  "the Python process " + kill_and_reap() + " (" + errno_text(e) + ")");
+    }
+    Message m;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < count; ++i) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          m.fds.fds.push_back(fd);
+        }
+      }
+    }
+    if (n == 0) {
+      // The stub closed its end: it exited (or crashed). Give it a moment to be reaped.
+      return fail(StatusCode::unavailable, "the Python process " + exit_description());
+    }
+    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+      return fail(StatusCode::internal, "the stub sent a message over " +
+                                            std::to_string(kMaxMessage) + " bytes; the process " +
+                                            kill_and_reap());
+    }
+    m.body = json::parse(buffer.data(), buffer.data() + n, nullptr, /*allow_exceptions=*/false);
+    if (!m.body.is_object()) {
+      return fail(
+          StatusCode::internal,
+          "the stub sent a message that is not a JSON object; the process " + kill_and_reap());
+    }
+    return m;
+  }
+}
+
+std::string PythonProcess::exit_description() {
+  // After EOF the process is exiting: wait for it (bounded), then kill what is left.
+  if (pid_ > 0 && !reaped_) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      while (::poll(&p, 1, static_cast<int>(kExitWait / std::chrono::milliseconds(1))) < 0 &&
+             errno == EINTR) {
+      }
+      ::close(pidfd);
+    }
+  }
+  return kill_and_reap();
+}
+
+std::string PythonProcess::kill_and_reap() {
+  broken_ = true;
+  if (pid_ <= 0) return "is not running";
+  if (!reaped_) {
+    int st = 0;
+    pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == 0) {
+      ::kill(-pid_, SIGKILL);  // the whole group: what model.py started goes too
+      ::kill(pid_, SIGKILL);
+      do {
+        r = ::waitpid(pid_, &st, 0);
+      } while (r < 0 && errno == EINTR);
+    } else {
+      ::kill(-pid_, SIGKILL);
+    }
+    status_ = st;
+    reaped_ = true;
+  }
+  if (WIFEXITED(status_)) return "exited with status " + std::to_string(WEXITSTATUS(status_));
+  if (WIFSIGNALED(status_)) {
+    const int sig = WTERMSIG(status_);
+    const char* name = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) +
+           (name != nullptr ? " (SIG" + std::string(name) + ")" : std::string());
+  }
+  return "ended";
+}
+
+Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json, bool* new_arena) {
+  const ModelSignature& sig = setup_->signature;
+  const std::vector<std::int64_t> one{io.batch_size};
+  const std::vector<std::int64_t>& rows = io.request_rows.empty() ? one : io.request_rows;
+  struct Part {
+    Tensor tensor;
+    std::size_t offset;
+  };
+  std::vector<Part> parts;
+  parts.reserve(rows.size() * sig.inputs.size());
+  std::size_t total = 0;
+  std::int64_t begin = 0;
+  const bool split = sig.batched && rows.size() > 1;
+  for (const std::int64_t r : rows) {
+    for (std::size_t i = 0; i < sig.inputs.size(); ++i) {
+      Tensor t = io.host_inputs.at(i);
+      if (split) {
+        ASYNCINFER_ASSIGN_OR_RETURN(t, t.slice(begin, begin + r));
+      }
+      parts.push_back({t, total});
+      total += align_up(t.byte_size());
+    }
+    begin += r;
+  }
+  *new_arena = false;
+  if (total > in_size_) {
+    const std::size_t size = std::max({total, 2 * in_size_, kMinArena});
+    const int fd = ::memfd_create("asyncinfer-python-input", MFD_CLOEXEC);
+    if (fd < 0) return fail(StatusCode::resource_exhausted, "memfd_create: " + errno_text(errno));
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return fail(StatusCode::resource_exhausted,
+                  "an input arena of " + std::to_string(size) + " bytes: " + errno_text(e));
+    }
+    void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return fail(StatusCode::resource_exhausted, "mmap: " + errno_text(e));
+    }
+    if (in_map_ != nullptr) ::munmap(in_map_, in_size_);
+    if (in_fd_ >= 0) ::close(in_fd_);
+    in_fd_ = fd;
+    in_map_ = map;
+    in_size_ = size;
+    *new_arena = true;
+  }
+  json requests = json::array();
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    json inputs = json::array();
+    for (std::size_t i = 0; i < sig.inputs.size(); ++i, ++k) {
+      const Part& p = parts[k];
+      if (p.tensor.byte_size() > 0) {
+        std::memcpy(static_cast<char*>(in_map_) + p.offset, p.tensor.data(), p.tensor.byte_size());
+      }
+      inputs.push_back({{"name", sig.inputs[i].name},
+                        {"datatype", datatype_name(p.tensor.dtype())},
+                        {"shape", p.tensor.shape()},
+                        {"offset", p.offset},
+                        {"size", p.tensor.byte_size()}});
+    }
+    requests.push_back({{"inputs", std::move(inputs)}});
+  }
+  json msg = {{"op", "execute"}, {"requests", std::move(requests)}};
+  if (*new_arena) msg["arena"] = in_size_;
+  *requests_json = msg.dump();
+  return Status();
+}
+
+Status PythonProcess::map_output_arena(const Message& m) {
+  auto it = m.body.find("arena");
+  if (it == m.body.end()) return Status();
+  if (!it->is_number_unsigned() || m.fds.fds.size() != 1) {
+    return fail(StatusCode::internal, "the stub sent a new output arena without its descriptor");
+  }
+  const std::size_t size = it->get<std::size_t>();
+  struct stat st {};
+  if (::fstat(m.fds.fds[0], &st) != 0 || st.st_size < 0 ||
+      static_cast<std::size_t>(st.st_size) < size || size == 0) {
+    return fail(StatusCode::internal, "the stub's output arena is smaller than it says");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, m.fds.fds[0], 0);
+  if (map == MAP_FAILED) return fail(StatusCode::resource_exhausted, "mmap: " + errno_text(errno));
+  if (out_map_ != nullptr) ::munmap(out_map_, out_size_);
+  out_map_ = map;
+  out_size_ = size;
+  return Status();
+}
+
+Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, std::int64_t rows,
+                                                        std::size_t request) {
+  const json& specs = *static_cast<const json*>(specs_ptr);
+  const ModelSignature& sig = setup_->signature;
+  const std::string who = "model.py's response to request " + std::to_string(request) + ": ";
+  auto bad = [&](const std::string& what) { return fail(StatusCode::internal, who + what); };
+  if (!specs.is_array()) return bad("no output list");
+  std::vector<Tensor> out(sig.outputs.size());
+  for (const json& s : specs) {
+    if (!s.is_object() || !s.contains("name") || !s["name"].is_string()) {
+      return bad("an output without a name");
+    }
+    const std::string name = s["name"].get<std::string>();
+    std::size_t k = 0;
+    while (k < sig.outputs.size() && sig.outputs[k].name != name) ++k;
+    if (k == sig.outputs.size()) continue;  // not in the config: dropped, as Triton does
+    const TensorSpec& want = sig.outputs[k];
+    if (out[k].defined()) return bad("output '" + name + "' appears twice");
+    const std::string datatype = s.value("datatype", std::string());
+    const std::optional<DType> dtype = datatype_of(datatype);
+    if (!dtype || *dtype != want.dtype) {
+      return bad("output '" + name + "' is " + (datatype.empty() ? "?" : datatype) +
+                 ", the config says " + std::string(datatype_name(want.dtype)));
+    }
+    const json& js = s.value("shape", json());
+    Shape shape;
+    bool ok = js.is_array() && js.size() == want.shape.size();
+    for (std::size_t d = 0; ok && d < js.size(); ++d) {
+      ok = js[d].is_number_integer() && js[d].get<std::int64_t>() >= 0;
+      if (!ok) break;
+      const std::int64_t v = js[d].get<std::int64_t>();
+      if (sig.batched && d == 0) {
+        ok = v == rows;
+      } else {
+        ok = want.shape[d] < 0 || want.shape[d] == v;
+      }
+      shape.push_back(v);
+    }
+    if (!ok) {
+      Shape expected = want.shape;
+      if (sig.batched && !expected.empty()) expected[0] = rows;
+      return bad("output '" + name + "' has shape " + shape_text(js) + ", expected " +
+                 shape_to_string(expected) + " (-1: any)" +
+                 (sig.batched ? " with dim 0 the request's " + std::to_string(rows) + " row(s)"
+                              : std::string()));
+    }
+    if (!s.contains("offset") || !s["offset"].is_number_unsigned() || !s.contains("size") ||
+        !s["size"].is_number_unsigned()) {
+      return bad("output '" + name + "' has no offset or size");
+    }
+    const std::size_t offset = s["offset"].get<std::size_t>();
+    const std::size_t size = s["size"].get<std::size_t>();
+    if (offset > out_size_ || size > out_size_ - offset) {
+      return bad("output '" + name + "' lies outside the output arena");
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
+                                Storage::allocate_host(std::max<std::size_t>(size, 1)));
+    if (size > 0) std::memcpy(storage->data(), static_cast<const char*>(out_map_) + offset, size);
+    Result<Tensor> t = Tensor::from_storage(std::move(storage), *dtype, shape);
+    if (!t.ok()) return bad("output '" + name + "': " + std::string(t.status().message()));
+    if (t->byte_size() != size) {
+      return bad("output '" + name + "' has " + std::to_string(size) + " bytes for shape " +
+                 shape_to_string(shape) + " (" + std::to_string(t->byte_size()) + " expected)");
+    }
+    out[k] = std::move(*t);
+  }
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    if (!out[k].defined()) {
+      return bad("no output '" + sig.outputs[k].name + "' (the config lists it)");
+    }
+  }
+  return out;
+}
+
+Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
+  if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
+  std::uint64_t drained = 0;
+  [[maybe_unused]] const ssize_t got = ::read(wake_, &drained, sizeof(drained));  // stale wake-ups
+  const ModelSignature& sig = setup_->signature;
+  const std::size_t requests = io.request_rows.empty() ? 1 : io.request_rows.size();
+  std::string text;
+  bool new_arena = false;
+  ASYNCINFER_RETURN_IF_ERROR(write_inputs(io, &text, &new_arena));
+  ASYNCINFER_RETURN_IF_ERROR(send_message(text, new_arena ? in_fd_ : -1));
+  Status first_error;
+  for (;;) {
+    ASYNCINFER_ASSIGN_OR_RETURN(Message m, receive(&stop, Clock::time_point::max()));
+    const std::string op = m.op();
+    if (op == "is_cancelled") {
+      const std::size_t r = m.body.value("request", std::size_t{0});
+      const bool value = io.responses ? io.responses->is_cancelled(r) : stop.stop_requested();
+      ASYNCINFER_RETURN_IF_ERROR(send_message(json{{"op", "cancelled"}, {"value", value}}.dump()));
+      continue;
+    }
+    if (op == "send") {
+      json reply = {{"op", "sent"}};
+      const std::size_t r = m.body.value("request", requests);
+      Status s;
+      if (!io.responses) {
+        s = fail(StatusCode::internal, "model.py used a response sender, but it is not decoupled");
+      } else if (r >= requests) {
+        s = fail(StatusCode::internal, "model.py sent a response for request " + std::to_string(r) +
+                                           " of " + std::to_string(requests));
+      } else if (m.body.contains("error")) {
+        s = Status(code_of_triton_error(m.body.value("code", 1)),
+                   "model.py: " + m.body.value("error", std::string("?")));
+      } else if (m.body.contains("outputs")) {
+        s = map_output_arena(m);
+        if (s.ok()) {
+          Result<std::vector<Tensor>> outs =
+              read_outputs(&m.body["outputs"], io.responses->rows(r), r);
+          s = outs.ok() ? io.responses->send(r, std::move(*outs)) : outs.status();
+          if (s.code() == StatusCode::cancelled) {
+            s = Status();  // the request has ended: the model learns it from is_cancelled
+            reply["cancelled"] = true;
+          }
+        }
+      }
+      if (!s.ok()) {
+        if (first_error.ok()) first_error = s;
+        reply["error"] = std::string(s.message());
+      }
+      if (!reply.contains("cancelled"))
+        reply["cancelled"] = io.responses && r < requests && io.responses->is_cancelled(r);
+      ASYNCINFER_RETURN_IF_ERROR(send_message(reply.dump()));
+      continue;
+    }
+    if (op != "done") {
+      return fail(StatusCode::internal,
+                  "the stub sent '" + op + "' during execute; the process " + kill_and_reap());
+    }
+    if (m.body.contains("error")) {
+      const std::string tb = m.body.value("traceback", std::string());
+      if (!tb.empty()) {
+        log(LogLevel::error, "python model '" + setup_->model_name + "' instance " +
+                                 instance_name_ + ": execute raised:\n" + tb);
+      }
+      return fail(StatusCode::internal,
+                  "execute raised " + m.body.value("error", std::string("an exception")));
+    }
+    if (sig.decoupled) return first_error;
+    ASYNCINFER_RETURN_IF_ERROR(map_output_arena(m));
+    const json& responses = m.body.value("responses", json::array());
+    if (!responses.is_array() || responses.size() != requests) {
+      return fail(StatusCode::internal,
+                  "execute returned " +
+                      std::to_string(responses.is_array() ? responses.size() : 0) +
+                      " responses for " + std::to_string(requests) + " requests");
+    }
+    std::vector<std::vector<Tensor>> per_request;
+    per_request.reserve(requests);
+    for (std::size_t j = 0; j < requests; ++j) {
+      const json& resp = responses[j];
+      if (resp.contains("error")) {
+        return Status(
+            code_of_triton_error(resp.value("code", 1)),
+            "python model '" + setup_->model_name + "': " + resp.value("error", std::string("?")));
+      }
+      const std::int64_t rows = io.request_rows.empty() ? io.batch_size : io.request_rows[j];
+      const json specs = resp.value("outputs", json());
+      ASYNCINFER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, read_outputs(&specs, rows, j));
+      per_request.push_back(std::move(outs));
+    }
+    io.outputs.clear();
+    for (std::size_t k = 0; k < sig.outputs.size(); ++k) {
+      if (requests == 1) {
+        io.outputs.push_back(std::move(per_request[0][k]));
+        continue;
+      }
+      std::vector<Tensor> parts;
+      parts.reserve(requests);
+      for (auto& outs : per_request) parts.push_back(std::move(outs[k]));
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, concat_dim0(parts));
+      io.outputs.push_back(std::move(t));
+    }
+    return Status();
+  }
+}
+
+}  // namespace asyncinfer::detail

@@ -1,0 +1,113 @@
+// python_process.hpp (internal) — one Python process that runs one instance of a Triton
+// model.py: its start, the control channel, the shared-memory arenas, and its end.
+//
+// Design (after Triton's Python backend, which runs each instance in its own stub process so that
+// one interpreter's GIL does not serialise the server's models, and a model.py that crashes, leaks
+// or hangs takes only its own process down):
+//   - the process is <interpreter> -c <bootstrap>, in its own process group (a terminal's Ctrl-C
+//     reaches the server, which then shuts its models down in order), dying with the server
+//     (PR_SET_PDEATHSIG);
+//   - control: a SOCK_SEQPACKET socketpair (message boundaries kept), one JSON object per message
+//     (asyncinfer_python_stub.py documents the protocol);
+//   - tensors: two memfd regions mapped by both processes, the input arena (this side writes and
+//     grows it) and the output arena (the stub writes and grows it); a grown one's descriptor is
+//     passed with SCM_RIGHTS. One copy in, one copy out, whatever the tensors' size.
+//
+// Thread safety: none; the instance that owns a PythonProcess uses it from one thread at a time
+// (its stream's host function).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "asyncinfer/model.hpp"
+
+namespace asyncinfer::detail {
+
+/// What every instance of one python model shares.
+struct PythonSetup {
+  std::string uri;          ///< the model's name (its URI)
+  std::string model_py;     ///< absolute path of model.py
+  std::string interpreter;  ///< e.g. /usr/bin/python3
+  std::string model_name;   ///< args["model_name"]
+  std::string model_version;
+  std::string model_repository;  ///< args["model_repository"]: the model's folder
+  std::string config_json;       ///< args["model_config"]
+  ModelSignature signature;
+  /// How long initialize() may take before the load fails.
+  std::chrono::milliseconds initialize_timeout{120'000};
+  /// How long an execute may go on once every request of its batch has ended (cancelled, timed
+  /// out, its client gone) or its stream is being replaced, before the process is killed and
+  /// restarted at the next batch.
+  std::chrono::milliseconds stop_grace{2'000};
+};
+
+class PythonProcess {
+ public:
+  /// Starts the process and runs model.py's initialize(args). unavailable with the traceback's
+  /// last line when initialize (or the import of model.py) raises, or the process exits or does
+  /// not answer within initialize_timeout; the process is then gone.
+  static Result<std::unique_ptr<PythonProcess>> start(std::shared_ptr<const PythonSetup> setup,
+                                                      std::string instance_name);
+  /// Asks model.py to finalize() (up to a few seconds) unless the process is stuck, then kills it
+  /// and reaps it.
+  ~PythonProcess();
+  PythonProcess(const PythonProcess&) = delete;
+  PythonProcess& operator=(const PythonProcess&) = delete;
+
+  /// Runs one batch: writes its inputs to the input arena, hands the stub its requests (one per
+  /// io.request_rows entry), serves the stub's sends and questions until it is done, and fills
+  /// io.outputs (not decoupled) or sends through io.responses (decoupled). Blocks; `stop` ends it
+  /// early (after PythonSetup::stop_grace). Errors name the model; after an error that leaves the
+  /// process unusable (it exited, was killed, broke the protocol) alive() is false.
+  Status execute(BatchIO& io, const std::stop_token& stop);
+
+  bool alive() const noexcept { return pid_ > 0 && !broken_; }
+  pid_t pid() const noexcept { return pid_; }
+
+ private:
+  struct Message;
+  PythonProcess(std::shared_ptr<const PythonSetup> setup, std::string instance_name)
+      : setup_(std::move(setup)), instance_name_(std::move(instance_name)) {}
+
+  Status spawn();
+  Status send_message(const std::string& text, int fd = -1);
+  /// The next message. `stop` (may be null) starts the grace period; `deadline` bounds the wait.
+  Result<Message> receive(const std::stop_token* stop,
+                          std::chrono::steady_clock::time_point deadline);
+  /// Marks the process unusable, kills it and describes how it ended ("exited with status 1",
+  /// "killed by signal 11 (SIGSEGV)").
+  std::string kill_and_reap();
+  std::string exit_description();
+  Status fail(StatusCode code, const std::string& what);
+  Status write_inputs(const BatchIO& io, std::string* requests_json, bool* new_arena);
+  Status map_output_arena(const Message& m);
+  /// Copies a response's tensors out of the output arena, checked against the signature for a
+  /// request of `rows` rows (batched) or the full shapes (not batched).
+  Result<std::vector<Tensor>> read_outputs(const void* specs, std::int64_t rows,
+                                           std::size_t request);
+
+  std::shared_ptr<const PythonSetup> setup_;
+  std::string instance_name_;
+  pid_t pid_ = -1;
+  int sock_ = -1;
+  int wake_ = -1;  // eventfd: a stop callback writes it to wake receive()
+  bool broken_ = false;
+  int status_ = 0;  // waitpid status once reaped
+  bool reaped_ = false;
+  // Input arena (this side owns it).
+  int in_fd_ = -1;
+  void* in_map_ = nullptr;
+  std::size_t in_size_ = 0;
+  // Output arena (the stub's; mapped read-only here).
+  void* out_map_ = nullptr;
+  std::size_t out_size_ = 0;
+};
+
+}  // namespace asyncinfer::detail

@@ -1,0 +1,498 @@
+"""Python models (backend: "python", <version>/model.py) through `asyncinfer serve`, checked with
+Triton's own client (tritonclient, pinned in scripts/requirements-tritonclient.txt).
+
+Each model.py below is written as for Triton's Python backend: `import triton_python_backend_utils
+as pb_utils`, class TritonPythonModel with initialize / execute / finalize. What is checked: the
+answers over HTTP and gRPC, one process per instance, several requests per execute under dynamic
+batching, BYTES tensors, args and the config's parameters, errors from initialize and execute and
+from an InferenceResponse, a process that exits or segfaults (restarted), one that hangs (the
+watchdog replaces it), outputs of the wrong dtype or shape or too few responses, decoupled models
+through get_response_sender(), a client that cancels its stream, and finalize() on unload."""
+
+import json
+import os
+import queue
+import textwrap
+import threading
+import time
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import harness
+from harness import Repository, Server
+from triton_fixture import serve
+
+
+def tensors(ts):
+    return ", ".join('{ name: "%s", data_type: %s, dims: [ %s ] }'
+                     % (n, t, ", ".join(str(d) for d in dims)) for n, t, dims in ts)
+
+
+def python_config(name, inputs, outputs, max_batch_size=8, extra=""):
+    return ('name: "%s"\nbackend: "python"\nmax_batch_size: %d\ninput [ %s ]\noutput [ %s ]\n'
+            % (name, max_batch_size, tensors(inputs), tensors(outputs))) + extra
+
+
+def add_python(repo, name, config, source):
+    repo.add(name, config)
+    with open(os.path.join(repo.path, name, "1", "model.py"), "w") as f:
+        f.write(textwrap.dedent(source))
+
+
+FP32x4 = [("INPUT0", "TYPE_FP32", [4]), ("INPUT1", "TYPE_FP32", [4])]
+OUT_FP32x4 = [("OUTPUT0", "TYPE_FP32", [4]), ("OUTPUT1", "TYPE_FP32", [4])]
+
+# Triton's python_backend examples/add_sub/model.py, as its users write it.
+ADD_SUB = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_config = model_config = json.loads(args["model_config"])
+        output0_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
+        output1_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
+        self.output0_dtype = pb_utils.triton_string_to_numpy(output0_config["data_type"])
+        self.output1_dtype = pb_utils.triton_string_to_numpy(output1_config["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            out_0, out_1 = (in_0.as_numpy() + in_1.as_numpy(),
+                            in_0.as_numpy() - in_1.as_numpy())
+            out_tensor_0 = pb_utils.Tensor("OUTPUT0", out_0.astype(self.output0_dtype))
+            out_tensor_1 = pb_utils.Tensor("OUTPUT1", out_1.astype(self.output1_dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out_tensor_0, out_tensor_1]))
+        return responses
+
+    def finalize(self):
+        pb_utils.Logger.log_info("add_sub finalize called")
+'''
+
+# Reports what it was given: its pid, len(requests) of the execute, args and a parameter.
+WHOAMI = '''
+import json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+        self.greeting = json.loads(args["model_config"])["parameters"]["greeting"]["string_value"]
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            rows = x.shape[0]
+            info = json.dumps({"pid": os.getpid(), "batch": len(requests),
+                               "name": self.args["model_name"],
+                               "version": self.args["model_version"],
+                               "instance": self.args["model_instance_name"],
+                               "repository": self.args["model_repository"],
+                               "greeting": self.greeting})
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("info", np.array([[info]] * rows, dtype=np.object_)),
+                pb_utils.Tensor("y", x * 2)]))
+        return out
+'''
+
+STRINGS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            s = pb_utils.get_input_tensor_by_name(r, "text").as_numpy()
+            upper = np.array([[v.decode("utf-8").upper() for v in row] for row in s],
+                             dtype=np.object_)
+            lengths = np.array([[len(v) for v in row] for row in s], dtype=np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("upper", upper),
+                                                   pb_utils.Tensor("length", lengths)]))
+        return out
+'''
+
+# x[0] selects a fault: 1 raise, 2 TritonError response, 3 os._exit(1), 4 segfault, 5 sleep for
+# ever, 6 wrong dtype, 7 wrong shape, 8 too few responses, 9 missing output; else identity.
+FAULTY = '''
+import ctypes, os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            mode = int(x[0, 0])
+            if mode == 1:
+                raise RuntimeError("mode 1 asked me to raise")
+            if mode == 3:
+                os._exit(1)
+            if mode == 4:
+                ctypes.string_at(0)
+            if mode == 5:
+                time.sleep(10 ** 6)
+            if mode == 8:
+                return []
+            if mode == 2:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "mode 2 is a bad row", pb_utils.TritonError.INVALID_ARG)))
+            elif mode == 6:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x.astype(np.float64))]))
+            elif mode == 7:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", np.zeros((x.shape[0], 3), np.float32))]))
+            elif mode == 9:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("other", x)]))
+            else:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x.copy())]))
+        return out
+'''
+
+BROKEN_INIT = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        raise ValueError("no weights in " + args["model_name"])
+
+    def execute(self, requests):
+        return []
+'''
+
+# Decoupled: for input n, n responses (out = i) from a thread of its own, then the final flag.
+REPEAT = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            n = int(pb_utils.get_input_tensor_by_name(r, "n").as_numpy()[0])
+            sender = r.get_response_sender()
+            threading.Thread(target=self.run, args=(n, sender)).start()
+        return None
+
+    def run(self, n, sender):
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("out", np.array([i], np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+# Decoupled, sends until the request is cancelled.
+ENDLESS = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            i = 0
+            while not sender.is_cancelled():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("out", np.array([i], np.int32))]))
+                i += 1
+                time.sleep(0.005)
+            pb_utils.Logger.log_info("endless saw is_cancelled after %d responses" % i)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+
+
+def stub_pids(server_pid):
+    """pids of the server's python instance processes, by model name."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server_pid and b"asyncinfer-python-stub" in argv:
+            model = argv[argv.index(b"asyncinfer-python-stub") + 1].decode()
+            out.setdefault(model.split("/")[-3], []).append(int(entry))
+    return out
+
+
+def wait_for_processes(server, model, count, timeout=15):
+    """The pids of `model`'s instance processes once there are `count` of them (a replaced
+    instance's process ends within the backend's 2 s grace)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = stub_pids(server.proc.pid).get(model, [])
+        if len(pids) == count or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
+
+
+class Collector:
+    def __init__(self):
+        self.items = queue.Queue()
+
+    def __call__(self, result, error):
+        self.items.put((result, error))
+
+    def take(self, n, timeout=20):
+        deadline = time.monotonic() + timeout
+        return [self.items.get(timeout=max(0.01, deadline - time.monotonic())) for _ in range(n)]
+
+
+def http_input(name, x, datatype="FP32"):
+    i = httpclient.InferInput(name, list(x.shape), datatype)
+    i.set_data_from_numpy(x)
+    return i
+
+
+def grpc_input(name, x, datatype="FP32"):
+    i = grpcclient.InferInput(name, list(x.shape), datatype)
+    i.set_data_from_numpy(x)
+    return i
+
+
+class PythonModels(harness.unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        add_python(cls.repo, "add_sub", python_config(
+            "add_sub", FP32x4, OUT_FP32x4,
+            extra="instance_group [ { count: 2, kind: KIND_CPU } ]\n"), ADD_SUB)
+        add_python(cls.repo, "whoami", python_config(
+            "whoami", [("x", "TYPE_FP32", [2])],
+            [("info", "TYPE_STRING", [1]), ("y", "TYPE_FP32", [2])],
+            extra='dynamic_batching { max_queue_delay_microseconds: 300000 }\n'
+                  'parameters { key: "greeting" value { string_value: "hello" } }\n'), WHOAMI)
+        add_python(cls.repo, "strings", python_config(
+            "strings", [("text", "TYPE_STRING", [-1])],
+            [("upper", "TYPE_STRING", [-1]), ("length", "TYPE_INT32", [-1])]), STRINGS)
+        add_python(cls.repo, "faulty", python_config(
+            "faulty", [("x", "TYPE_FP32", [2])], [("y", "TYPE_FP32", [2])],
+            extra='parameters { key: "watchdog_ms" value { string_value: "1500" } }\n'), FAULTY)
+        add_python(cls.repo, "repeat", python_config(
+            "repeat", [("n", "TYPE_INT32", [1])], [("out", "TYPE_INT32", [1])],
+            max_batch_size=0, extra=DECOUPLED), REPEAT)
+        add_python(cls.repo, "endless", python_config(
+            "endless", [("n", "TYPE_INT32", [1])], [("out", "TYPE_INT32", [1])],
+            max_batch_size=0, extra=DECOUPLED), ENDLESS)
+        add_python(cls.repo, "broken_init", python_config(
+            "broken_init", [("x", "TYPE_FP32", [2])], [("y", "TYPE_FP32", [2])]), BROKEN_INIT)
+        serve(cls, cls.repo.path, repo=cls.repo)
+
+    def add_sub_inputs(self, make):
+        a = np.array([[1, 2, 3, 4]], dtype=np.float32)
+        b = np.array([[0.5, 0.5, 10, -1]], dtype=np.float32)
+        return a, b, [make("INPUT0", a), make("INPUT1", b)]
+
+    def test_add_sub_over_http_and_grpc(self):
+        a, b, inputs = self.add_sub_inputs(http_input)
+        r = self.http.infer("add_sub", inputs)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+        a, b, inputs = self.add_sub_inputs(grpc_input)
+        r = self.grpc.infer("add_sub", inputs)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+
+    def test_metadata_and_config(self):
+        m = self.http.get_model_metadata("add_sub")
+        self.assertEqual(m["platform"], "python")
+        c = self.http.get_model_config("add_sub")
+        self.assertEqual(c["backend"], "python")
+        self.assertEqual(c["default_model_filename"], "model.py")
+
+    def test_each_instance_is_a_process_of_its_own(self):
+        pids = stub_pids(self.server.proc.pid)
+        self.assertEqual(len(pids["add_sub"]), 2, pids)
+        self.assertEqual(len(pids["whoami"]), 1, pids)
+        self.assertNotIn("broken_init", pids)
+
+    def test_args_parameters_and_batches_of_several_requests(self):
+        results = []
+        def one(i):
+            x = np.array([[i, i + 0.5]], dtype=np.float32)
+            r = self.grpc.infer("whoami", [grpc_input("x", x)])
+            np.testing.assert_array_equal(r.as_numpy("y"), x * 2)
+            results.append(json.loads(r.as_numpy("info")[0][0]))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(len(results), 6)
+        first = results[0]
+        self.assertEqual(first["name"], "whoami")
+        self.assertEqual(first["version"], "1")
+        self.assertEqual(first["instance"], "whoami_0_0")
+        self.assertEqual(first["greeting"], "hello")
+        self.assertEqual(first["repository"], os.path.join(self.repo.path, "whoami"))
+        self.assertNotEqual(first["pid"], self.server.proc.pid)
+        # max_queue_delay 300 ms: the six requests sent at once meet in few executes.
+        self.assertGreater(max(r["batch"] for r in results), 1, results)
+
+    def test_bytes_in_and_out(self):
+        text = np.array([["héllo".encode(), b"", b"abc"]], dtype=np.object_)
+        r = self.http.infer("strings", [http_input("text", text, "BYTES")])
+        self.assertEqual(r.as_numpy("upper").tolist(), [["HÉLLO".encode(), b"", b"ABC"]])
+        self.assertEqual(r.as_numpy("length").tolist(), [[6, 0, 3]])  # UTF-8 bytes
+        r = self.grpc.infer("strings", [grpc_input("text", text, "BYTES")])
+        self.assertEqual(r.as_numpy("upper").tolist(), [["HÉLLO".encode(), b"", b"ABC"]])
+
+    def faulty(self, mode):
+        x = np.array([[mode, 7]], dtype=np.float32)
+        return self.http.infer("faulty", [http_input("x", x)])
+
+    def assert_faulty_serves(self):
+        r = self.faulty(0)
+        self.assertEqual(r.as_numpy("y").tolist(), [[0, 7]])
+
+    def test_initialize_raising_leaves_that_model_unavailable(self):
+        index = {m["name"]: m for m in self.http.get_model_repository_index()}
+        self.assertEqual(index["broken_init"]["state"], "UNAVAILABLE")
+        self.assertIn("ValueError: no weights in broken_init", index["broken_init"]["reason"])
+        self.assertTrue(self.http.is_model_ready("add_sub"))
+        self.server.wait_line(r"Traceback")
+
+    def test_execute_raising_fails_that_request_only(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.faulty(1)
+        self.assertIn("RuntimeError: mode 1 asked me to raise", str(e.exception))
+        self.assert_faulty_serves()
+        self.server.wait_line(r"execute raised:")
+
+    def test_error_response_reaches_its_request(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.faulty(2)
+        self.assertIn("mode 2 is a bad row", str(e.exception))
+        self.assertEqual(e.exception.status(), "400")  # TritonError.INVALID_ARG
+        self.assert_faulty_serves()
+
+    def test_exit_and_segfault_restart_the_instance(self):
+        before = wait_for_processes(self.server, "faulty", 1)
+        with self.assertRaises(InferenceServerException) as e:
+            self.faulty(3)
+        self.assertIn("exited with status 1", str(e.exception))
+        self.assert_faulty_serves()
+        with self.assertRaises(InferenceServerException) as e:
+            self.faulty(4)
+        self.assertIn("SIGSEGV", str(e.exception))
+        self.assert_faulty_serves()
+        after = wait_for_processes(self.server, "faulty", 1)
+        self.assertEqual(len(after), 1)
+        self.assertNotEqual(before, after)
+        self.server.wait_line(r"instance faulty_0_0: restarted")
+
+    def test_a_hung_instance_is_replaced_by_the_watchdog(self):
+        start = time.monotonic()
+        with self.assertRaises(InferenceServerException):
+            self.faulty(5)
+        self.assertLess(time.monotonic() - start, 10)
+        deadline = time.monotonic() + 30
+        while True:  # the worker is replaced in the background: it serves again shortly
+            try:
+                self.assert_faulty_serves()
+                break
+            except InferenceServerException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        # The hung process is killed (after the 2 s grace), the new one serves.
+        self.assertEqual(len(wait_for_processes(self.server, "faulty", 1)), 1)
+
+    def test_wrong_outputs_are_errors_naming_them(self):
+        cases = {6: "output 'y' is FP64, the config says FP32",
+                 7: "output 'y' has shape [1,3]",
+                 8: "execute returned 0 response(s) for 1 request(s)",
+                 9: "no output 'y'"}
+        for mode, message in cases.items():
+            with self.subTest(mode=mode):
+                with self.assertRaises(InferenceServerException) as e:
+                    self.faulty(mode)
+                self.assertIn(message, str(e.exception))
+        self.assert_faulty_serves()
+
+    def stream(self):
+        c = grpcclient.InferenceServerClient(self.server.grpc_target)
+        self.addCleanup(c.close)
+        got = Collector()
+        c.start_stream(callback=got)
+        return c, got
+
+    def test_decoupled_responses_from_a_thread_of_the_model(self):
+        c, got = self.stream()
+        self.addCleanup(c.stop_stream)
+        for n in (3, 0):
+            c.async_stream_infer("repeat", [grpc_input("n", np.array([n], np.int32), "INT32")],
+                                 request_id="n%d" % n, enable_empty_final_response=True)
+            items = got.take(n + 1)
+            for i, (result, error) in enumerate(items):
+                self.assertIsNone(error)
+                self.assertEqual(result.get_response().id, "n%d" % n)
+                final = result.get_response().parameters["triton_final_response"].bool_param
+                self.assertEqual(final, i == n)
+                if i < n:
+                    self.assertEqual(result.as_numpy("out").tolist(), [i])
+
+    def test_decoupled_is_unimplemented_on_unary_infer(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.infer("repeat", [grpc_input("n", np.array([1], np.int32), "INT32")])
+        self.assertIn("decoupled", str(e.exception))
+
+    def test_cancelling_the_stream_is_seen_by_is_cancelled(self):
+        for round in range(2):  # the instance is free again after a cancelled stream
+            c, got = self.stream()
+            c.async_stream_infer("endless", [grpc_input("n", np.array([0], np.int32), "INT32")])
+            got.take(3)
+            c.stop_stream(cancel_requests=True)
+            c.close()
+            self.server.wait_line(r"endless saw is_cancelled after \d+ responses", timeout=20)
+            with self.server._cond:
+                self.server.lines = [l for l in self.server.lines if "endless saw" not in l]
+
+
+class Finalize(harness.unittest.TestCase):
+    def test_unload_calls_finalize_and_ends_the_processes(self):
+        repo = Repository()
+        self.addCleanup(repo.cleanup)
+        add_python(repo, "add_sub", python_config(
+            "add_sub", FP32x4, OUT_FP32x4,
+            extra="instance_group [ { count: 2, kind: KIND_CPU } ]\n"), ADD_SUB)
+        with Server(repo.path, "--model-control-mode", "explicit", "--load-model", "add_sub") as s:
+            self.assertEqual(len(stub_pids(s.proc.pid)["add_sub"]), 2)
+            client = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+            self.addCleanup(client.close)
+            client.unload_model("add_sub")
+            deadline = time.monotonic() + 20
+            while stub_pids(s.proc.pid).get("add_sub") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(stub_pids(s.proc.pid), {})
+            self.assertEqual(s.log().count("add_sub finalize called"), 2)
+            client.load_model("add_sub")
+            a = np.ones((1, 4), np.float32)
+            r = client.infer("add_sub", [http_input("INPUT0", a), http_input("INPUT1", a)])
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + a)
+
+
+if __name__ == "__main__":
+    harness.main()

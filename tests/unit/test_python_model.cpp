@@ -1,0 +1,253 @@
+// The python backend through the engine: model.py files (Triton's interface) written to a
+// temporary model repository folder and loaded as "python:<path>", each instance its own process
+// of /usr/bin/python3 (Debian's, with numpy). Covers the values, requests handed to execute one
+// by one under dynamic batching, errors of load, execute and responses, a process that exits (the
+// next batch restarts it), a hang ended by the request's deadline (the process is stopped after
+// the grace period), and decoupled sends from a thread of the model. Every wait is bounded.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <asyncinfer/asyncinfer.hpp>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace asyncinfer {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class PythonModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    root_ = fs::temp_directory_path() /
+            ("asyncinfer-test-python-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!root_.empty()) fs::remove_all(root_, ec);
+  }
+
+  // <root>/<name>/1/model.py
+  std::string write_model(const std::string& name, const std::string& source) {
+    const fs::path dir = root_ / name / "1";
+    fs::create_directories(dir);
+    std::ofstream(dir / "model.py") << source;
+    return "python:" + (dir / "model.py").string();
+  }
+
+  static ModelOptions fp32_options(bool decoupled = false) {
+    ModelOptions mo;
+    mo.inputs = {TensorSpec{"x", DType::f32, Shape{-1, 2}}};
+    mo.outputs = {TensorSpec{"y", DType::f32, Shape{-1, 2}}};
+    mo.max_batch_size = 8;
+    mo.decoupled = decoupled;
+    return mo;
+  }
+
+  static std::unique_ptr<Engine> engine(const std::shared_ptr<Model>& model,
+                                        EngineOptions options = {}) {
+    auto device = open_device("cpu");
+    EXPECT_TRUE(device.ok());
+    if (options.workers == 0) options.workers = 1;
+    auto e = Engine::create(model, *device, options);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  static Tensor row(float a, float b) {
+    return *Tensor::from_values(Shape{1, 2}, std::vector<float>{a, b});
+  }
+
+  fs::path root_;
+};
+
+constexpr const char* kScale = R"(
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            if x[0, 0] == 13:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "13 is unlucky", pb_utils.TritonError.INVALID_ARG)))
+                continue
+            if x[0, 0] == 99:
+                os._exit(3)
+            if x[0, 0] == 77:
+                raise KeyError("seventy-seven")
+            # y = x * len(requests): the test sees how many requests one execute got.
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * len(requests))]))
+        return out
+)";
+
+TEST_F(PythonModelTest, ComputesAndHandsExecuteEachRequest) {
+  auto model = load_model(write_model("scale", kScale), fp32_options());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_TRUE((*model)->signature().batched);
+  EngineOptions o;
+  o.batching.max_queue_delay = 200ms;  // the requests below meet in one batch
+  auto e = engine(*model, o);
+  ASSERT_TRUE(e);
+  std::vector<Future<Outputs>> futures;
+  for (int i = 0; i < 4; ++i) {
+    futures.push_back(e->submit({row(static_cast<float>(i), 0.5F)}));
+  }
+  int batched = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(futures[static_cast<std::size_t>(i)].wait_for(30s));
+    auto r = futures[static_cast<std::size_t>(i)].get();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const float* y = static_cast<const float*>((*r)[0].data());
+    const float n = y[1] / 0.5F;  // len(requests) of that execute
+    EXPECT_FLOAT_EQ(y[0], static_cast<float>(i) * n);
+    if (n > 1) ++batched;
+  }
+  EXPECT_GT(batched, 0) << "dynamic batching handed execute several requests";
+}
+
+TEST_F(PythonModelTest, ErrorsOfResponsesAndExecuteReachTheirRequests) {
+  auto model = load_model(write_model("scale", kScale), fp32_options());
+  ASSERT_TRUE(model.ok());
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  auto bad = e->infer({row(13, 0)});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(bad.status().message().find("13 is unlucky"), std::string_view::npos);
+  auto raised = e->infer({row(77, 0)});
+  ASSERT_FALSE(raised.ok());
+  EXPECT_NE(raised.status().message().find("KeyError: 'seventy-seven'"), std::string_view::npos)
+      << raised.status().to_string();
+  auto good = e->infer({row(2, 3)});
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_FLOAT_EQ(static_cast<const float*>((*good)[0].data())[1], 3.0F);
+}
+
+TEST_F(PythonModelTest, AProcessThatExitsIsRestartedForTheNextBatch) {
+  auto model = load_model(write_model("scale", kScale), fp32_options());
+  ASSERT_TRUE(model.ok());
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  auto crashed = e->infer({row(99, 0)});
+  ASSERT_FALSE(crashed.ok());
+  EXPECT_NE(crashed.status().message().find("exited with status 3"), std::string_view::npos)
+      << crashed.status().to_string();
+  auto good = e->infer({row(1, 1)});
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+}
+
+TEST_F(PythonModelTest, LoadErrorsNameWhatIsWrong) {
+  ModelOptions none;
+  auto no_signature = load_model(write_model("scale", kScale), none);
+  ASSERT_FALSE(no_signature.ok());
+  EXPECT_NE(no_signature.status().message().find("inputs and outputs must be given"),
+            std::string_view::npos);
+  EXPECT_EQ(load_model("python:/nonexistent/model.py", fp32_options()).status().code(),
+            StatusCode::not_found);
+
+  auto raises = load_model(write_model("raises", R"(
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("cannot find weights for " + args["model_name"])
+)"),
+                           fp32_options());
+  ASSERT_TRUE(raises.ok());  // initialize runs per instance, when the engine starts it
+  auto device = open_device("cpu");
+  auto e = Engine::create(*raises, *device, EngineOptions{});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("RuntimeError: cannot find weights for raises"),
+            std::string_view::npos)
+      << e.status().to_string();
+
+  ModelOptions other = fp32_options();
+  other.backend_parameters = {{"python_interpreter", "/nonexistent/python3"}};
+  auto missing = load_model(write_model("scale", kScale), other);
+  ASSERT_TRUE(missing.ok());
+  auto e2 = Engine::create(*missing, *device, EngineOptions{});
+  ASSERT_FALSE(e2.ok());
+  EXPECT_NE(e2.status().message().find("/nonexistent/python3"), std::string_view::npos);
+}
+
+TEST_F(PythonModelTest, AHangIsStoppedOnceItsRequestsHaveEnded) {
+  auto model = load_model(write_model("sleeper", R"(
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        if x[0, 0] == 1:
+            time.sleep(3600)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]) for _ in requests]
+)"),
+                          fp32_options());
+  ASSERT_TRUE(model.ok());
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  RequestOptions ro;
+  ro.timeout = 200ms;
+  const auto start = std::chrono::steady_clock::now();
+  auto hung = e->infer({row(1, 0)}, ro);
+  ASSERT_FALSE(hung.ok());
+  EXPECT_EQ(hung.status().code(), StatusCode::deadline_exceeded);
+  // The worker is free again after the 2 s grace: the process was killed and is restarted.
+  auto good = e->infer({row(2, 0)});
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+TEST_F(PythonModelTest, DecoupledSendsFromAThreadOfTheModel) {
+  auto model = load_model(write_model("repeat", R"(
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            threading.Thread(target=self.run, args=(x, r.get_response_sender())).start()
+        return None
+
+    def run(self, x, sender):
+        for i in range(int(x[0, 1])):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x + i)]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+)"),
+                          fp32_options(/*decoupled=*/true));
+  ASSERT_TRUE(model.ok());
+  EXPECT_TRUE((*model)->signature().decoupled);
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  std::mutex mu;
+  std::vector<float> got;
+  RequestOptions ro;
+  ro.on_response = [&](Outputs outs, std::stop_token) {
+    std::lock_guard lock(mu);
+    got.push_back(static_cast<const float*>(outs[0].data())[0]);
+    return Status();
+  };
+  auto final_result = e->infer({row(10, 4)}, ro);
+  ASSERT_TRUE(final_result.ok()) << final_result.status().to_string();
+  EXPECT_TRUE(final_result->empty());
+  std::lock_guard lock(mu);
+  EXPECT_EQ(got, (std::vector<float>{10, 11, 12, 13}));
+}
+
+}  // namespace
+}  // namespace asyncinfer
