@@ -9,6 +9,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "asyncinfer/detail/chrono.hpp"
 #include "model_config.hpp"
 
 namespace asyncinfer::server {
@@ -98,7 +99,7 @@ Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view m
   std::vector<ModelRef> out;
   auto loaded = [&](const ServedModel& m) {
     for (const auto& v : m.versions) {
-      if (v->engine) out.push_back(v);
+      if (v->engine || v->ensemble) out.push_back(v);
     }
   };
   auto snap = repository_->snapshot();
@@ -361,7 +362,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   // inputs and give the same outputs, once the inputs are in order).
   const bool replaced = ref->retired.load(std::memory_order_acquire);
   const ModelVersion& model = *ref;
-  if (!model.engine) {
+  if (!model.engine && !model.ensemble) {
     return unavailable_error("model '" + model.model_name + "' version " + model.version_text +
                              " is not ready");
   }
@@ -545,6 +546,10 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
                                              const RequestOptions& options, std::string id,
                                              std::vector<std::size_t> selected, Completion done,
                                              Finished finished) {
+  if (model->ensemble) {
+    return run_ensemble(std::move(model), std::move(inputs), options, std::move(id),
+                        std::move(selected), std::move(done));
+  }
   // Where versions can be replaced, a shallow copy (Tensors share their storage) of the inputs
   // survives a refusal by a version retired between the check and the submit.
   Inputs again;
@@ -824,6 +829,165 @@ std::string InferenceServer::metrics_text() const {
     for (const auto& [name, p] : protocols_) p->collect(families);
   }
   return serialize_metrics(families);
+}
+
+
+/// One request to an ensemble (ensemble.hpp): its tensors, the steps still waiting for theirs,
+/// and the step requests in flight. Shared by the step requests' completions, which run on their
+/// models' completion executors; every change is under `mu_`, and nothing is called under it.
+class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
+                                           public std::enable_shared_from_this<EnsembleRun> {
+ public:
+  EnsembleRun(InferenceServer& server, ModelRef model, RequestOptions step_options, std::string id,
+              std::vector<std::size_t> selected, Completion done)
+      : server_(server),
+        model_(std::move(model)),
+        graph_(*model_->ensemble),
+        options_(std::move(step_options)),
+        id_(std::move(id)),
+        selected_(std::move(selected)),
+        done_(std::move(done)),
+        start_(Clock::now()),
+        tensors_(graph_.tensors.size()),
+        waiting_(graph_.steps.size()) {}
+
+  void start(Inputs inputs) {
+    std::vector<std::size_t> ready;
+    {
+      std::lock_guard lock(mu_);
+      for (std::size_t i = 0; i < inputs.size(); ++i) tensors_[graph_.inputs[i]] = std::move(inputs[i]);
+      for (std::size_t j = 0; j < graph_.steps.size(); ++j) {
+        waiting_[j] = graph_.steps[j].waits_for;
+        if (waiting_[j] == 0) ready.push_back(j);
+      }
+    }
+    launch(ready);
+  }
+
+  void cancel() override { end(cancelled_error("the request was cancelled")); }
+
+ private:
+  void launch(const std::vector<std::size_t>& ready) {
+    for (std::size_t j : ready) {
+      const EnsembleGraph::Step& step = graph_.steps[j];
+      Inputs inputs;
+      {
+        std::lock_guard lock(mu_);
+        if (ended_) return;
+        inputs.reserve(step.inputs.size());
+        for (std::size_t t : step.inputs) inputs.push_back(tensors_[t]);  // shared, not copied
+      }
+      Result<ModelRef> ref = server_.find(step.model, step.version);
+      if (ref.ok() && (*ref)->signature.decoupled) {
+        ref = failed_precondition_error("model '" + step.model +
+                                        "' is now decoupled; an ensemble step cannot be");
+      }
+      if (!ref.ok()) return end(ref.status().with_context(step_context(j)));
+      auto self = shared_from_this();
+      Result<InflightRequest> call =
+          server_.run(std::move(*ref), std::move(inputs), options_, id_, {},
+                      [self, j](Result<InferResponse> out) { self->step_done(j, std::move(out)); });
+      if (!call.ok()) return end(call.status().with_context(step_context(j)));
+      bool cancel_now = false;
+      {
+        std::lock_guard lock(mu_);
+        cancel_now = ended_;
+        if (!ended_ && !finished_[j]) inflight_.emplace_back(j, std::move(*call));
+      }
+      if (cancel_now) call->cancel();
+    }
+  }
+
+  void step_done(std::size_t j, Result<InferResponse> out) {
+    if (!out.ok()) return end(out.status().with_context(step_context(j)));
+    std::vector<std::size_t> ready;
+    Outputs outputs;
+    bool last = false;
+    {
+      std::lock_guard lock(mu_);
+      if (ended_) return;
+      finished_[j] = true;
+      std::erase_if(inflight_, [j](const auto& p) { return p.first == j; });
+      const EnsembleGraph::Step& step = graph_.steps[j];
+      for (std::size_t k = 0; k < out->outputs.size() && k < step.outputs.size(); ++k) {
+        if (step.outputs[k] != EnsembleGraph::npos) {
+          tensors_[step.outputs[k]] = std::move(out->outputs[k].tensor);
+        }
+      }
+      for (const auto& [consumer, count] : step.feeds) {
+        waiting_[consumer] -= count;
+        if (waiting_[consumer] == 0) ready.push_back(consumer);
+      }
+      if (++steps_done_ == graph_.steps.size()) {
+        last = true;
+        ended_ = true;
+        outputs.reserve(graph_.outputs.size());
+        for (std::size_t t : graph_.outputs) outputs.push_back(tensors_[t]);
+      }
+    }
+    if (last) {
+      model_->ensemble_counters->record(true, ns_since(start_));
+      Completion done = std::move(done_);
+      return done(make_response(model_, id_, selected_, outputs));
+    }
+    launch(ready);
+  }
+
+  /// Ends the request with `s` (once): the steps in flight are cancelled, none is started.
+  void end(Status s) {
+    std::vector<std::pair<std::size_t, InflightRequest>> calls;
+    Completion done;
+    {
+      std::lock_guard lock(mu_);
+      if (ended_) return;
+      ended_ = true;
+      calls.swap(inflight_);
+      done = std::move(done_);
+    }
+    for (auto& [j, call] : calls) call.cancel();
+    model_->ensemble_counters->record(false, ns_since(start_));
+    done(Status(s.code(), "ensemble '" + model_->model_name + "': " + std::string(s.message())));
+  }
+
+  std::string step_context(std::size_t j) const { return graph_.steps[j].label; }
+
+  InferenceServer& server_;
+  const ModelRef model_;
+  const EnsembleGraph& graph_;  // owned by model_
+  const RequestOptions options_;
+  const std::string id_;
+  const std::vector<std::size_t> selected_;
+  Completion done_;
+  const Clock::time_point start_;
+  std::mutex mu_;
+  std::vector<Tensor> tensors_;         // by tensor index; under mu_
+  std::vector<std::size_t> waiting_;    // per step: inputs not made yet; under mu_
+  std::vector<bool> finished_ = std::vector<bool>(graph_.steps.size(), false);  // under mu_
+  std::vector<std::pair<std::size_t, InflightRequest>> inflight_;  // under mu_
+  std::size_t steps_done_ = 0;                                     // under mu_
+  bool ended_ = false;                                             // under mu_
+};
+
+Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inputs,
+                                                      const RequestOptions& options,
+                                                      std::string id,
+                                                      std::vector<std::size_t> selected,
+                                                      Completion done) {
+  ASYNCINFER_RETURN_IF_ERROR(validate_inputs(model->signature, inputs)
+                                 .with_context("ensemble '" + model->model_name + "'"));
+  // One deadline for every step: the request's, however long the steps before took.
+  RequestOptions steps = options;
+  if (options.timeout && *options.timeout != std::chrono::microseconds::max()) {
+    const Clock::time_point by = detail::saturating_add(Clock::now(), *options.timeout);
+    steps.deadline = options.deadline ? std::min(*options.deadline, by) : by;
+  }
+  steps.timeout.reset();
+  steps.inline_callback = false;  // a step's completion submits the next steps
+  steps.on_response = nullptr;
+  auto run = std::make_shared<EnsembleRun>(*this, std::move(model), std::move(steps), std::move(id),
+                                           std::move(selected), std::move(done));
+  run->start(std::move(inputs));
+  return InflightRequest(std::shared_ptr<InflightRequest::Handle>(std::move(run)));
 }
 
 }  // namespace asyncinfer::server

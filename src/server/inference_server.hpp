@@ -275,6 +275,7 @@ class InferenceServer {
 
  private:
   class CacheFollower;
+  class EnsembleRun;
   /// Called with the engine's result before `done` (the response cache's bookkeeping).
   using Finished = detail::UniqueFunction<void(const Result<Outputs>&)>;
 
@@ -284,6 +285,13 @@ class InferenceServer {
   Result<InflightRequest> run(ModelRef model, Inputs inputs, const RequestOptions& options,
                               std::string id, std::vector<std::size_t> selected, Completion done,
                               Finished finished = {});
+  /// run() for an ensemble (ensemble_run.cpp): its steps, each submitted to its model as soon as
+  /// the tensors it reads exist, under the request's deadline and priority; the request's
+  /// cancellation cancels the steps in flight. A step's failure fails the request, naming the
+  /// step. invalid_argument for inputs the ensemble's signature refuses.
+  Result<InflightRequest> run_ensemble(ModelRef model, Inputs inputs, const RequestOptions& options,
+                                       std::string id, std::vector<std::size_t> selected,
+                                       Completion done);
   /// `done`, after writing each output that `requested` places in shared memory into its
   /// region (a response whose output does not fit its window fails with invalid_argument).
   static Completion write_to_shared_memory(std::vector<RequestedOutput> requested, Completion done);

@@ -115,7 +115,9 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   }
   // Behaviour-changing fields asyncinfer does not support.
   if (c.has_sequence_batching()) return bad(model, "sequence_batching is not supported");
-  if (c.has_ensemble_scheduling()) return bad(model, "ensemble_scheduling is not supported");
+  if (c.has_ensemble_scheduling() && c.platform() != "ensemble") {
+    return bad(model, "ensemble_scheduling needs platform: \"ensemble\"");
+  }
   if (!c.batch_input().empty()) return bad(model, "batch_input is not supported");
   if (!c.batch_output().empty()) return bad(model, "batch_output is not supported");
   if (c.has_model_repository_agents()) {
@@ -190,6 +192,41 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                  "from <version>/" +
                      plan.model_filename);
     }
+  } else if (platform == "ensemble") {
+    // Triton's ensembles: a graph of steps over other models, no model file of its own.
+    if (!backend.empty()) {
+      return bad(model, "platform \"ensemble\" takes no backend (got \"" + backend + "\")");
+    }
+    if (!c.has_ensemble_scheduling()) {
+      return bad(model, "platform \"ensemble\" needs ensemble_scheduling { step [ ... ] }");
+    }
+    if (c.has_dynamic_batching()) {
+      return bad(model,
+                 "an ensemble has no dynamic_batching of its own (its steps' models batch)");
+    }
+    if (plan.response_cache) {
+      return bad(model, "response_cache on an ensemble is not supported");
+    }
+    if (plan.decoupled) return bad(model, "a decoupled ensemble is not supported");
+    if (!plan.builtin_uri.empty()) {
+      return bad(model, "parameters \"uri\" is for backend \"builtin\", not an ensemble");
+    }
+    plan.backend = ModelPlan::Backend::ensemble;
+    plan.platform = "ensemble";
+    for (const inference::ModelEnsembling::Step& st : c.ensemble_scheduling().step()) {
+      EnsembleStep step;
+      step.model_name = st.model_name();
+      step.model_version = st.model_version() == 0 ? -1 : st.model_version();
+      if (step.model_version < -1) {
+        return bad(model, "ensemble step model '" + st.model_name() + "': model_version " +
+                              std::to_string(st.model_version()) + " (-1 or a version >= 1)");
+      }
+      for (const auto& [k, v] : st.input_map()) step.input_map.emplace_back(k, v);
+      for (const auto& [k, v] : st.output_map()) step.output_map.emplace_back(k, v);
+      std::sort(step.input_map.begin(), step.input_map.end());
+      std::sort(step.output_map.begin(), step.output_map.end());
+      plan.ensemble_steps.push_back(std::move(step));
+    }
   } else if (backend == "python") {
     // Triton's Python backend: <version>/model.py, each instance in its own process.
     if (!platform.empty()) {
@@ -233,6 +270,11 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   // (args["model_config"]["parameters"]).
   if (plan.backend != ModelPlan::Backend::openvino && plan.backend != ModelPlan::Backend::python) {
     warn_backend_parameters(model, plan, warnings);
+  }
+  if (plan.backend == ModelPlan::Backend::ensemble && c.instance_group_size() > 0) {
+    warnings->push_back("model '" + model +
+                        "': instance_group is ignored on an ensemble (its steps' models have "
+                        "their instances)");
   }
 
   ASYNCINFER_RETURN_IF_ERROR(plan_batching(c, model, plan, warnings));

@@ -40,6 +40,20 @@ struct VersionPolicy {
   std::vector<std::int64_t> select(std::vector<std::int64_t> available) const;
 };
 
+/// One step of an ensemble (Triton's ModelEnsembling.Step): a model, the version it runs
+/// (-1 = the highest ready one), and which ensemble tensors feed its inputs and receive its
+/// outputs. The maps are sorted by the step model's tensor name.
+struct EnsembleStep {
+  std::string model_name;
+  std::int64_t model_version = -1;
+  /// (step model's input, ensemble tensor)
+  std::vector<std::pair<std::string, std::string>> input_map;
+  /// (step model's output, ensemble tensor)
+  std::vector<std::pair<std::string, std::string>> output_map;
+  /// "step 2 (model 'preprocess')" for messages.
+  std::string label(std::size_t index) const;
+};
+
 /// One model_warmup entry (Triton's ModelWarmup): `count` runs of one request of `batch_size` rows
 /// (no batch dim when the model has none) whose inputs hold zeros, random values, or the bytes of
 /// <model>/warmup/<input_data_file>.
@@ -60,7 +74,7 @@ struct WarmupSample {
 
 /// Everything needed to load and serve one model's versions.
 struct ModelPlan {
-  enum class Backend : std::uint8_t { torch, builtin, openvino, python };
+  enum class Backend : std::uint8_t { torch, builtin, openvino, python, ensemble };
   std::string name;
   Backend backend = Backend::builtin;
   /// What model metadata reports as "platform": "pytorch_libtorch", "openvino" (also for a
@@ -98,11 +112,20 @@ struct ModelPlan {
   /// (ModelSignature::decoupled must agree), served by gRPC ModelStreamInfer and HTTP
   /// generate / generate_stream only.
   bool decoupled = false;
+  /// platform: "ensemble": its steps (ensemble_scheduling), in config order; the graph they form
+  /// is checked by check_ensemble_graph.
+  std::vector<EnsembleStep> ensemble_steps;
   /// The config.pbtxt as parsed (a serialized inference.ModelConfig), for applied_model_config.
   std::string config_binary;
   /// "device cpu, 2 workers, dynamic batching max 8 delay 100 us" for the load log line.
   std::string summary() const;
 };
+
+/// Checks an ensemble's graph of tensors and steps without looking at the step models: every
+/// tensor a step reads has exactly one producer (an ensemble input or one step's output), every
+/// ensemble output has one, and the steps form no cycle. invalid_argument naming the step and
+/// the tensor otherwise. Returns the steps in an order where each comes after its producers.
+Result<std::vector<std::size_t>> check_ensemble_graph(const ModelPlan& plan);
 
 /// Parses the text of a config.pbtxt (`source`, the file's path, starts the messages) and checks
 /// it against asyncinfer's subset. `dir_name` is the model's folder (Triton requires `name`, when

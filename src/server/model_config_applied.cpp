@@ -131,6 +131,12 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
       c.set_backend("python");
       c.clear_platform();  // Triton's python models have a backend and no platform
       break;
+    case ModelPlan::Backend::ensemble:
+      c.clear_backend();  // platform "ensemble", no backend, no instances
+      for (auto& step : *c.mutable_ensemble_scheduling()->mutable_step()) {
+        if (step.model_version() == 0) step.set_model_version(-1);  // Triton's default
+      }
+      break;
   }
   c.set_max_batch_size(static_cast<std::int32_t>(plan.max_batch_size));
   if (!c.has_version_policy()) c.mutable_version_policy()->mutable_latest()->set_num_versions(1);
@@ -153,7 +159,11 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
   }
   // The device chosen: KIND_GPU on cuda:N, KIND_CPU on the host; the simulated accelerator
   // (parameters "device") is KIND_MODEL, Triton's kind for a device the model picks itself.
-  if (c.instance_group().empty()) c.add_instance_group()->set_count(plan.engine.workers);
+  const bool ensemble = plan.backend == ModelPlan::Backend::ensemble;
+  if (ensemble) c.clear_instance_group();
+  if (c.instance_group().empty() && !ensemble) {
+    c.add_instance_group()->set_count(plan.engine.workers);
+  }
   int index = 0;
   for (inference::ModelInstanceGroup& g : *c.mutable_instance_group()) {
     if (g.name().empty()) g.set_name(plan.name + "_" + std::to_string(index));
@@ -173,7 +183,7 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
       g.set_kind(inference::ModelInstanceGroup::KIND_MODEL);
     }
   }
-  if (plan.backend != ModelPlan::Backend::builtin) {
+  if (plan.backend != ModelPlan::Backend::builtin && !ensemble) {
     c.set_default_model_filename(plan.model_filename);
   }
   c.mutable_model_transaction_policy()->set_decoupled(plan.decoupled);  // printed either way

@@ -2,6 +2,7 @@
 // summary, a loaded model's signature checked against the plan, and the OIP's datatype names.
 // No protobuf here.
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -90,6 +91,92 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
   };
   ASYNCINFER_RETURN_IF_ERROR(compare("input", plan.inputs, sig.inputs));
   return compare("output", plan.outputs, sig.outputs);
+}
+
+std::string EnsembleStep::label(std::size_t index) const {
+  return "step " + std::to_string(index) + " (model '" + model_name + "')";
+}
+
+Result<std::vector<std::size_t>> check_ensemble_graph(const ModelPlan& plan) {
+  const std::vector<EnsembleStep>& steps = plan.ensemble_steps;
+  if (steps.empty()) return bad(plan.name, "ensemble_scheduling lists no step");
+  // Who produces each tensor: -1 = the ensemble's input, else the step.
+  std::map<std::string, long, std::less<>> producer;
+  for (const TensorSpec& in : plan.inputs) producer[in.name] = -1;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const EnsembleStep& s = steps[i];
+    if (s.model_name.empty()) return bad(plan.name, s.label(i) + " has no model_name");
+    if (s.model_name == plan.name) {
+      return bad(plan.name, s.label(i) + " names the ensemble itself");
+    }
+    if (s.output_map.empty()) return bad(plan.name, s.label(i) + " has an empty output_map");
+    for (const auto& [output, tensor] : s.output_map) {
+      auto [it, fresh] = producer.emplace(tensor, static_cast<long>(i));
+      if (!fresh) {
+        return bad(plan.name,
+                   "tensor '" + tensor + "' has two producers: " +
+                       (it->second < 0 ? std::string("the ensemble's input")
+                                       : steps[static_cast<std::size_t>(it->second)].label(
+                                             static_cast<std::size_t>(it->second)) +
+                                             "'s output") +
+                       " and " + s.label(i) + "'s output '" + output + "'");
+      }
+    }
+  }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    for (const auto& [input, tensor] : steps[i].input_map) {
+      if (!producer.contains(tensor)) {
+        return bad(plan.name, steps[i].label(i) + " input '" + input + "' reads tensor '" +
+                                  tensor +
+                                  "', which nothing produces (no ensemble input and no step "
+                                  "output has that name)");
+      }
+    }
+  }
+  for (const TensorSpec& out : plan.outputs) {
+    auto it = producer.find(out.name);
+    if (it == producer.end() || it->second < 0) {
+      return bad(plan.name, "ensemble output '" + out.name +
+                                "' is not produced by any step (no output_map maps to it)");
+    }
+  }
+  // Kahn's algorithm; what is left over lies on a cycle.
+  std::vector<std::size_t> waiting(steps.size(), 0);
+  std::vector<std::vector<std::size_t>> consumers(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    for (const auto& [input, tensor] : steps[i].input_map) {
+      const long p = producer.at(tensor);
+      if (p >= 0) {
+        ++waiting[i];
+        consumers[static_cast<std::size_t>(p)].push_back(i);
+      }
+    }
+  }
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (waiting[i] == 0) order.push_back(i);
+  }
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    for (std::size_t c : consumers[order[k]]) {
+      if (--waiting[c] == 0) order.push_back(c);
+    }
+  }
+  if (order.size() != steps.size()) {
+    std::string cycle;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (waiting[i] == 0) continue;
+      for (const auto& [input, tensor] : steps[i].input_map) {
+        const long p = producer.at(tensor);
+        if (p >= 0 && waiting[static_cast<std::size_t>(p)] > 0) {
+          cycle += (cycle.empty() ? "" : "; ") + steps[i].label(i) + " reads '" + tensor +
+                   "' from " +
+                   steps[static_cast<std::size_t>(p)].label(static_cast<std::size_t>(p));
+        }
+      }
+    }
+    return bad(plan.name, "the steps form a cycle: " + cycle);
+  }
+  return order;
 }
 
 std::string_view oip_datatype(DType dtype) noexcept {

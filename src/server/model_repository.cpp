@@ -199,10 +199,13 @@ ModelRef ServedModel::find_version(std::int64_t version) const noexcept {
   return nullptr;
 }
 
-bool ModelVersion::serving() const { return ready() && engine && engine->health().ready; }
+bool ModelVersion::serving() const {
+  return ready() && ((engine && engine->health().ready) || ensemble);
+}
 
 std::string ModelVersion::unready_reason() const {
   if (!ready()) return reason;
+  if (ensemble) return std::string();
   if (!engine) return "no engine";
   EngineHealth h = engine->health();
   return h.ready ? std::string() : std::move(h.reason);
@@ -577,6 +580,14 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
                              (root / n).string());
     }
   }
+  // Ensembles after the models they run (Triton loads an ensemble's steps first).
+  std::stable_partition(names.begin(), names.end(), [&](const std::string& name) {
+    auto text = read_file(root / name / "config.pbtxt");
+    if (!text.ok()) return true;
+    std::vector<std::string> ignored;
+    auto plan = plan_model_config(*text, "config.pbtxt", name, &ignored);
+    return !plan.ok() || plan->backend != ModelPlan::Backend::ensemble;
+  });
   for (const std::string& name : names) {
     const bool wanted =
         all || std::find(o.load_models.begin(), o.load_models.end(), name) != o.load_models.end();
@@ -749,6 +760,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   std::error_code ec;
   auto open = [this](const std::string& spec) { return open_device_once(spec); };
   Status s = [&]() -> Status {
+    if (plan->backend == ModelPlan::Backend::ensemble) return load_ensemble(*mv, *plan);
     Result<std::shared_ptr<Model>> model = internal_error("unset");
     if (plan->backend == ModelPlan::Backend::builtin) {
       model = asyncinfer::load_model(plan->builtin_uri);
@@ -824,7 +836,10 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     }
     return last;
   }();
-  if (s.ok()) {
+  if (s.ok() && mv->ensemble) {
+    mv->state = ModelState::ready;
+    log(head + "READY (ensemble of " + std::to_string(mv->ensemble->steps.size()) + " steps)");
+  } else if (s.ok()) {
     mv->state = ModelState::ready;
     ModelPlan shown = *plan;
     shown.device = mv->device;
@@ -836,6 +851,36 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     log(head + "UNAVAILABLE: " + mv->reason);
   }
   return s.code();
+}
+
+Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
+  // The step models as they are served now; a request finds them again when it runs, so a
+  // step model reloaded later serves the ensemble's requests in its new version.
+  auto signature_of = [this](const EnsembleStep& s) -> Result<ModelSignature> {
+    std::shared_ptr<const ServedModel> m = current(s.model_name);
+    if (!m) return not_found_error("the repository has no model '" + s.model_name + "'");
+    ModelRef v = s.model_version > 0 ? m->find_version(s.model_version) : m->default_version();
+    if (!v || !v->ready()) {
+      const std::string which =
+          s.model_version > 0 ? "version " + std::to_string(s.model_version) : "no version";
+      return unavailable_error("model '" + s.model_name + "': " + which +
+                               " is loaded and ready (the ensemble loads after its steps" +
+                               (m->reason.empty() ? std::string() : ": " + m->reason) + ")");
+    }
+    return v->signature;
+  };
+  ASYNCINFER_ASSIGN_OR_RETURN(mv.ensemble, resolve_ensemble(plan, signature_of));
+  mv.ensemble_counters = std::make_shared<EnsembleCounters>();
+  mv.signature.inputs = plan.inputs;
+  mv.signature.outputs = plan.outputs;
+  mv.signature.batched = plan.max_batch_size > 0;
+  mv.signature.max_batch_size = plan.max_batch_size;
+  ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
+                              applied_model_config(plan, mv.signature, "ensemble"));
+  mv.config_json = std::move(applied.json);
+  mv.config_binary = std::move(applied.binary);
+  mv.device = "ensemble";
+  return Status();
 }
 
 void ModelRepository::reload(const std::string& name, const std::optional<std::string>& config_json,

@@ -45,6 +45,7 @@
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/status.hpp"
+#include "ensemble.hpp"
 #include "response_cache.hpp"
 
 namespace asyncinfer::server {
@@ -108,7 +109,11 @@ struct ModelVersion {
   ModelSignature signature;
   /// The config's max_batch_size (0 = no batch dim): the largest dim 0 a request may have.
   std::int64_t max_batch_size = 0;
-  std::unique_ptr<Engine> engine;  ///< null unless ready
+  std::unique_ptr<Engine> engine;  ///< null unless ready; null for an ensemble
+  /// platform "ensemble": its steps, resolved when it loaded (it has no engine of its own), and
+  /// the statistics of its requests.
+  std::shared_ptr<const EnsembleGraph> ensemble;
+  std::shared_ptr<EnsembleCounters> ensemble_counters;
   /// The configuration it runs with (applied_model_config): Triton's JSON form and the
   /// serialized inference.ModelConfig. Set when ready.
   std::string config_json;
@@ -138,7 +143,9 @@ struct ModelVersion {
   /// count as Triton counts them (not as inferences or executions). What GET .../stats, gRPC
   /// ModelStatistics and /metrics report. Thread-safe.
   InferenceStats statistics(InferenceStats engine) const;
-  InferenceStats statistics() const { return statistics(engine->metrics().stats); }
+  InferenceStats statistics() const {
+    return statistics(ensemble ? ensemble_counters->stats() : engine->metrics().stats);
+  }
 };
 
 /// A request's hold on the version it runs on; keeps it whole until the request ends.
@@ -272,6 +279,8 @@ class ModelRepository {
   /// Poll mode: loads new folders, reloads changed ones, unloads removed ones.
   void poll();
   std::shared_ptr<const ServedModel> current(std::string_view name) const;
+  /// An ensemble version: its steps resolved against the models served now (no engine).
+  Status load_ensemble(ModelVersion& version, const ModelPlan& plan);
   /// Replaces (or adds) `model` in the snapshot.
   void publish(std::shared_ptr<const ServedModel> model);
   void publish_locked(std::shared_ptr<const ServedModel> model);
