@@ -200,10 +200,6 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     if (!c.has_ensemble_scheduling()) {
       return bad(model, "platform \"ensemble\" needs ensemble_scheduling { step [ ... ] }");
     }
-    if (c.has_dynamic_batching()) {
-      return bad(model,
-                 "an ensemble has no dynamic_batching of its own (its steps' models batch)");
-    }
     if (plan.response_cache) {
       return bad(model, "response_cache on an ensemble is not supported");
     }
@@ -279,12 +275,17 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
 
   ASYNCINFER_RETURN_IF_ERROR(plan_batching(c, model, plan, warnings));
   ASYNCINFER_RETURN_IF_ERROR(plan_tensors(c, model, plan, warnings));
-  if ((plan.backend == ModelPlan::Backend::torch || plan.backend == ModelPlan::Backend::python) &&
+  if ((plan.backend == ModelPlan::Backend::torch || plan.backend == ModelPlan::Backend::python ||
+       plan.backend == ModelPlan::Backend::ensemble) &&
       (plan.inputs.empty() || plan.outputs.empty())) {
-    return bad(model,
-               std::string("a ") +
-                   (plan.backend == ModelPlan::Backend::torch ? "pytorch_libtorch" : "python") +
-                   " model needs input and output lists (name, data_type, dims)");
+    const char* kind = plan.backend == ModelPlan::Backend::torch    ? "pytorch_libtorch"
+                       : plan.backend == ModelPlan::Backend::python ? "python"
+                                                                    : "ensemble";
+    return bad(model, std::string("a ") + kind +
+                          " model needs input and output lists (name, data_type, dims)");
+  }
+  if (plan.backend == ModelPlan::Backend::ensemble) {
+    ASYNCINFER_RETURN_IF_ERROR(check_ensemble_graph(plan).status());
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));
   if (plan.backend == ModelPlan::Backend::python) {

@@ -863,9 +863,13 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
     if (!v || !v->ready()) {
       const std::string which =
           s.model_version > 0 ? "version " + std::to_string(s.model_version) : "no version";
+      std::string why = m->reason;
+      for (const ModelRef& failed : m->versions) {
+        if (!failed->ready() && !failed->reason.empty()) why = failed->reason;
+      }
       return unavailable_error("model '" + s.model_name + "': " + which +
                                " is loaded and ready (the ensemble loads after its steps" +
-                               (m->reason.empty() ? std::string() : ": " + m->reason) + ")");
+                               (why.empty() ? std::string() : "; " + why) + ")");
     }
     return v->signature;
   };

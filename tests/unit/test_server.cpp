@@ -16,11 +16,13 @@
 #include <fstream>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 
 #include <thread>
 #include <vector>
 
+#include "ensemble.hpp"
 #include "http/oip_json.hpp"
 #include "inference_server.hpp"
 #include "limits.hpp"
@@ -193,6 +195,115 @@ parameters { key: "uri" value { string_value: "builtin:stream?n=2&max_batch=8" }
       << s;
   plain->decoupled = true;
   EXPECT_TRUE(check_signature(*plain, (*stream)->signature()).ok());
+}
+
+// Ensembles: what check_ensemble_graph finds in the config alone, and what resolve_ensemble
+// finds against the step models' signatures.
+constexpr const char* kEnsembleHead = R"(name: "m" platform: "ensemble" max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Z" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)";
+
+std::string ensemble(const std::string& steps) {
+  return std::string(kEnsembleHead) + "ensemble_scheduling { step [ " + steps + " ] }\n";
+}
+
+std::string step(const std::string& model, const std::string& in, const std::string& from,
+                 const std::string& out, const std::string& to) {
+  return "{ model_name: \"" + model + "\" model_version: -1 input_map { key: \"" + in +
+         "\" value: \"" + from + "\" } output_map { key: \"" + out + "\" value: \"" + to +
+         "\" } }";
+}
+
+TEST(ServerConfig, EnsembleGraphErrorsNameTheStepAndTheTensor) {
+  auto good = plan(ensemble(step("pre", "x", "A", "y", "T") + ", " + step("net", "x", "T", "y", "Z")));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->backend, ModelPlan::Backend::ensemble);
+  EXPECT_EQ(good->platform, "ensemble");
+  ASSERT_EQ(good->ensemble_steps.size(), 2U);
+  EXPECT_EQ(good->ensemble_steps[1].input_map[0], (std::pair<std::string, std::string>("x", "T")));
+  auto order = check_ensemble_graph(*good);
+  ASSERT_TRUE(order.ok());
+  EXPECT_EQ(*order, (std::vector<std::size_t>{0, 1}));
+
+  auto expect_error = [](const std::string& text, const std::vector<std::string>& parts) {
+    auto p = plan(text);
+    ASSERT_FALSE(p.ok()) << text;
+    for (const std::string& part : parts) {
+      EXPECT_NE(p.status().message().find(part), std::string_view::npos)
+          << p.status() << "\nexpected: " << part;
+    }
+  };
+  expect_error(ensemble(step("pre", "x", "NOPE", "y", "Z")),
+               {"step 0 (model 'pre') input 'x' reads tensor 'NOPE', which nothing produces"});
+  expect_error(ensemble(step("pre", "x", "A", "y", "Z") + ", " + step("net", "x", "A", "y", "Z")),
+               {"tensor 'Z' has two producers", "step 0 (model 'pre')",
+                "step 1 (model 'net')'s output 'y'"});
+  expect_error(ensemble(step("pre", "x", "A", "y", "A")),
+               {"tensor 'A' has two producers: the ensemble's input"});
+  expect_error(ensemble(step("p", "x", "U", "y", "T") + ", " + step("q", "x", "T", "y", "U") +
+                        ", " + step("r", "x", "T", "y", "Z")),
+               {"the steps form a cycle", "step 0 (model 'p') reads 'U' from step 1 (model 'q')",
+                "step 1 (model 'q') reads 'T' from step 0 (model 'p')"});
+  expect_error(ensemble(step("pre", "x", "A", "y", "T")),
+               {"ensemble output 'Z' is not produced by any step"});
+  expect_error(std::string(kEnsembleHead), {"needs ensemble_scheduling"});
+  expect_error(std::string(kEnsembleHead) + "ensemble_scheduling { }\n", {"lists no step"});
+  expect_error(R"(name: "m" backend: "builtin" max_batch_size: 8
+parameters { key: "uri" value { string_value: "builtin:identity" } }
+ensemble_scheduling { step [ { model_name: "x" } ] })",
+               {"ensemble_scheduling needs platform: \"ensemble\""});
+  expect_error(ensemble(step("pre", "x", "A", "y", "Z")) +
+                   "dynamic_batching { }\n",
+               {"dynamic_batching\" is specified along with field \"ensemble_scheduling"});
+}
+
+TEST(ServerConfig, EnsembleResolvedAgainstItsStepModels) {
+  auto p = plan(ensemble(step("pre", "x", "A", "y", "T") + ", " + step("net", "x", "T", "y", "Z")));
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto spec = [](const char* name, DType dtype, Shape shape) {
+    return TensorSpec{name, dtype, std::move(shape)};
+  };
+  std::map<std::string, ModelSignature> models;
+  models["pre"] = ModelSignature{{spec("x", DType::f32, {-1, 4})}, {spec("y", DType::f32, {-1, 4})}};
+  models["net"] = ModelSignature{{spec("x", DType::f32, {-1, -1})}, {spec("y", DType::f32, {-1, 4})}};
+  auto lookup = [&](const EnsembleStep& s) -> Result<ModelSignature> {
+    auto it = models.find(s.model_name);
+    if (it == models.end()) return not_found_error("no model '" + s.model_name + "'");
+    return it->second;
+  };
+  auto g = resolve_ensemble(*p, lookup);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ((*g)->steps.size(), 2U);
+  EXPECT_EQ((*g)->steps[0].waits_for, 0U);
+  EXPECT_EQ((*g)->steps[1].waits_for, 1U);
+  ASSERT_EQ((*g)->steps[0].feeds.size(), 1U);
+  EXPECT_EQ((*g)->steps[0].feeds[0], (std::pair<std::size_t, std::size_t>(1, 1)));
+
+  auto expect_error = [&](const std::vector<std::string>& parts) {
+    auto r = resolve_ensemble(*p, lookup);
+    ASSERT_FALSE(r.ok());
+    for (const std::string& part : parts) {
+      EXPECT_NE(r.status().message().find(part), std::string_view::npos)
+          << r.status() << "\nexpected: " << part;
+    }
+  };
+  models["net"].inputs[0].dtype = DType::f16;
+  expect_error({"tensor 'T': step 0 (model 'pre') output 'y' is FP32[-1,4]",
+                "step 1 (model 'net') input 'x' expects FP16[-1,-1]"});
+  models["net"].inputs[0] = spec("x", DType::f32, {-1, 5});
+  expect_error({"tensor 'T'", "expects FP32[-1,5]"});
+  models["net"].inputs[0] = spec("other", DType::f32, {-1, 4});
+  expect_error({"step 1 (model 'net') input_map names input 'x', which the model does not have "
+                "(it has other)"});
+  models["net"].inputs = {spec("x", DType::f32, {-1, 4}), spec("extra", DType::f32, {-1, 4})};
+  expect_error({"step 1 (model 'net') input 'extra' is not in its input_map"});
+  models["net"].inputs = {spec("x", DType::f32, {-1, 4})};
+  models["net"].outputs[0] = spec("y", DType::i32, {-1, 4});
+  expect_error({"output 'Z' is listed as FP32[-1,4], but step 1 (model 'net') output 'y' is "
+                "INT32[-1,4]"});
+  models.erase("net");
+  expect_error({"step 1 (model 'net'): no model 'net'"});
 }
 
 TEST(ServerConfig, BackendsAndNames) {

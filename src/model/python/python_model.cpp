@@ -105,7 +105,7 @@ class PythonInstance final : public ModelInstance {
   Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
     io->outputs.clear();  // filled by the host function (decoupled: left empty, the final flag)
     Kernel k;
-    k.name = slot_->setup->uri;
+    k.name = "model.py";  // errors name the model and instance themselves
     k.stop = io->stop;
     k.host_fn = [slot = slot_, io](std::stop_token stop) -> Status { return slot->run(*io, stop); };
     return stream.enqueue(std::move(k));
