@@ -208,8 +208,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void batch_failed(const std::shared_ptr<Batch>& batch, const Status& st);
 
   /// Puts running requests back at the front of their levels (in their order), without counting
-  /// the attempt. With solo, each will run in a batch of its own.
-  void requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo);
+  /// the attempt. With solo, each will run in a batch of its own. A decoupled request is not put
+  /// back (it runs once): it fails with `cause` (fail_partial), or "its batch did not complete".
+  void requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo,
+               const Status* cause = nullptr);
   void requeue_all(const std::shared_ptr<Batch>& batch);
   /// Ends a decoupled request whose batch failed (`st`): it is never re-run, as its client may
   /// hold part of an answer.

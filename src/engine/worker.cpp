@@ -600,13 +600,14 @@ void EngineCore::batch_failed(const std::shared_ptr<Batch>& batch, const Status&
       code != StatusCode::cancelled && code != StatusCode::aborted &&
       code != StatusCode::deadline_exceeded) {
     split_batches_.fetch_add(1, std::memory_order_relaxed);
-    requeue(live, /*solo=*/true);
+    requeue(live, /*solo=*/true, &st);
     return;
   }
   for (const auto& r : live) retry_or_fail(r, st);
 }
 
-void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo) {
+void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo,
+                         const Status* cause) {
   std::vector<std::shared_ptr<Request>> refused;
   std::vector<std::shared_ptr<Request>> partial;
   std::optional<Status> unavailable;
@@ -635,7 +636,9 @@ void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool s
   for (auto& r : refused) {
     end_unservable(r, unavailable, "engine shut down before the request completed");
   }
-  for (auto& r : partial) fail_partial(r, unavailable_error("its batch did not complete"));
+  for (auto& r : partial) {
+    fail_partial(r, cause != nullptr ? *cause : unavailable_error("its batch did not complete"));
+  }
 }
 
 void EngineCore::fail_partial(const std::shared_ptr<Request>& r, const Status& st) {

@@ -161,6 +161,62 @@ class TritonPythonModel:
         return out
 '''
 
+# What a hostile or careless model.py does (from an adversarial review), by x[0]: 20 truncates
+# the server's input arena, 21 forks a child that keeps the control socket and exits, 23 answers
+# with a 300 KB error message, 24 with an error whose code is not a number. Every call keeps a
+# view of its input and reads the previous one (arrays kept past their execute).
+HOSTILE = '''
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.kept = None
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        previous = float(self.kept.sum()) if self.kept is not None else 0.0
+        self.kept = x
+        mode = int(x[0, 0])
+        if mode == 20:
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if "asyncinfer-python-input" in os.readlink("/proc/self/fd/" + fd):
+                        os.ftruncate(int(fd), 0)
+                except OSError:
+                    pass
+        if mode == 21:
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+            os._exit(1)
+        if mode == 23:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("x" * 300000))]
+        if mode == 24:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("no code", None))]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x + previous * 0)])]
+'''
+
+# Decoupled, sends every 50 ms and never looks at is_cancelled().
+DEAF = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        n = int(pb_utils.get_input_tensor_by_name(requests[0], "n").as_numpy()[0])
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("out", np.array([i], np.int32))]))
+            time.sleep(0.05)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
 BROKEN_INIT = '''
 import triton_python_backend_utils as pb_utils
 
@@ -296,6 +352,11 @@ class PythonModels(harness.unittest.TestCase):
         add_python(cls.repo, "endless", python_config(
             "endless", [("n", "TYPE_INT32", [1])], [("out", "TYPE_INT32", [1])],
             max_batch_size=0, extra=DECOUPLED), ENDLESS)
+        add_python(cls.repo, "hostile", python_config(
+            "hostile", [("x", "TYPE_FP32", [-1])], [("y", "TYPE_FP32", [-1])]), HOSTILE)
+        add_python(cls.repo, "deaf", python_config(
+            "deaf", [("n", "TYPE_INT32", [1])], [("out", "TYPE_INT32", [1])],
+            max_batch_size=0, extra=DECOUPLED), DEAF)
         add_python(cls.repo, "broken_init", python_config(
             "broken_init", [("x", "TYPE_FP32", [2])], [("y", "TYPE_FP32", [2])]), BROKEN_INIT)
         serve(cls, cls.repo.path, repo=cls.repo)
@@ -432,6 +493,62 @@ class PythonModels(harness.unittest.TestCase):
                 self.assertIn(message, str(e.exception))
         self.assert_faulty_serves()
 
+    def hostile(self, mode, size=4):
+        x = np.zeros((1, size), dtype=np.float32)
+        x[0, 0] = mode
+        return self.http.infer("hostile", [http_input("x", x)])
+
+    def test_a_model_that_truncates_its_input_arena_does_not_crash_the_server(self):
+        self.hostile(20)
+        self.hostile(0)
+        self.assertIsNone(self.server.proc.poll())
+
+    def test_an_exit_is_seen_while_a_forked_child_holds_the_socket(self):
+        start = time.monotonic()
+        with self.assertRaises(InferenceServerException) as e:
+            self.hostile(21)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertIn("exited with status 1", str(e.exception))
+        self.hostile(0)
+
+    def test_arrays_kept_past_execute_survive_a_larger_arena(self):
+        self.hostile(0)
+        self.hostile(0, size=600000)  # 2.4 MB: a new input arena
+        self.hostile(0)
+        self.assertIsNone(self.server.proc.poll())
+
+    def test_long_and_odd_error_responses(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.hostile(23)
+        self.assertIn("xxxx", str(e.exception))
+        with self.assertRaises(InferenceServerException) as e:
+            self.hostile(24)
+        self.assertIn("no code", str(e.exception))
+        self.hostile(0)
+
+    def test_a_process_killed_between_requests_is_restarted_for_the_next(self):
+        self.hostile(0)
+        pid = wait_for_processes(self.server, "hostile", 1)[0]
+        os.kill(pid, 9)
+        time.sleep(0.2)
+        r = self.hostile(0)
+        self.assertEqual(r.as_numpy("y").shape, (1, 4))
+
+    def test_the_grace_period_is_not_renewed_by_sends(self):
+        # A decoupled model that ignores is_cancelled(): once its stream is cancelled, it is
+        # stopped 2 s later (restarted for the next request), however often it sends.
+        c, got = self.stream()
+        c.async_stream_infer("deaf", [grpc_input("n", np.array([100000], np.int32), "INT32")])
+        got.take(2)
+        c.stop_stream(cancel_requests=True)
+        c2, got2 = self.stream()
+        self.addCleanup(c2.stop_stream)
+        start = time.monotonic()
+        c2.async_stream_infer("deaf", [grpc_input("n", np.array([1], np.int32), "INT32")])
+        result, error = got2.take(1, timeout=15)[0]
+        self.assertIsNone(error)
+        self.assertLess(time.monotonic() - start, 8)
+
     def stream(self):
         c = grpcclient.InferenceServerClient(self.server.grpc_target)
         self.addCleanup(c.close)
@@ -489,7 +606,23 @@ class Finalize(harness.unittest.TestCase):
             self.assertEqual(stub_pids(s.proc.pid), {})
             self.assertEqual(s.log().count("add_sub finalize called"), 2)
             client.load_model("add_sub")
+            # A restarted process (after a crash) is finalized too: its spawning thread is gone
+            # by then, which must not kill it first.
+            for pid in stub_pids(s.proc.pid)["add_sub"]:
+                os.kill(pid, 9)
             a = np.ones((1, 4), np.float32)
+            for _ in range(4):  # both instances restart on their next batch
+                try:
+                    client.infer("add_sub", [http_input("INPUT0", a), http_input("INPUT1", a)])
+                except InferenceServerException:
+                    pass
+            self.assertEqual(len(wait_for_processes(s, "add_sub", 2)), 2)
+            client.unload_model("add_sub")
+            deadline = time.monotonic() + 20
+            while stub_pids(s.proc.pid).get("add_sub") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(s.log().count("add_sub finalize called"), 4)
+            client.load_model("add_sub")
             r = client.infer("add_sub", [http_input("INPUT0", a), http_input("INPUT1", a)])
             np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + a)
 

@@ -1,8 +1,10 @@
 """The process that runs one instance of a Triton model.py for asyncinfer's python backend.
 
-Started by the server (src/model/python/python_model.cpp) as
+Started by the server (src/model/python/python_process.cpp) as
     <interpreter> -c <bootstrap> asyncinfer-python-stub <model.py> <instance name>
-with a SOCK_SEQPACKET socket on fd 3. The bootstrap receives this file's text as the first
+with a SOCK_SEQPACKET socket on fd 3, and on fd 4 the read end of a pipe whose write end only the
+server holds: when it reaches EOF the server is gone, and a watcher thread kills this process
+group. The bootstrap receives this file's text as the first
 message and runs it; this stub then receives the text of triton_python_backend_utils and installs
 it as that module. Each later message is one JSON object; file descriptors ride along as
 SCM_RIGHTS. The protocol (each request gets exactly one reply, in order):
@@ -25,10 +27,10 @@ server copies a response's tensors out before it answers `sent` or reads the nex
 each message may reuse the output arena from offset 0.
 """
 
-import ctypes
 import importlib.util
 import json
 import linecache
+import fcntl
 import mmap
 import os
 import signal
@@ -65,7 +67,7 @@ def send(obj, fds=()):
         SOCK.send(data)
 
 
-def _clip(text, limit=60000):
+def _clip(text, limit=16000):
     return text if len(text) <= limit else text[:limit // 2] + "\n...\n" + text[-limit // 2:]
 
 
@@ -76,7 +78,12 @@ def _error_fields(exc):
         frames = frames.tb_next  # the stub's own frames say nothing about model.py
     tb = "".join(traceback.format_exception(type(exc), exc, frames)).rstrip("\n")
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return {"message": _clip(last, 4000), "traceback": _clip(tb)}
+    return {"message": _clip(last, 4000), "traceback": _clip(tb, 60000)}
+
+
+def _error_code(err):
+    code = err.code()
+    return code if isinstance(code, int) and not isinstance(code, bool) else 1
 
 
 class OutputArena:
@@ -98,11 +105,13 @@ class OutputArena:
         extra = {}
         if offset > self.size:
             size = max(offset, 2 * self.size, 1 << 20)
-            fd = os.memfd_create("asyncinfer-python-output", os.MFD_CLOEXEC)
+            fd = os.memfd_create("asyncinfer-python-output",
+                                 os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             os.ftruncate(fd, size)
-            if self.mm is not None:
-                self.mm.close()
-            self.mm = mmap.mmap(fd, size)
+            # The server maps it only sealed against resizing (a shrink would SIGBUS it).
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self.mm = mmap.mmap(fd, size)  # the old one is unmapped when nothing views it
             self.size = size
             fds = [fd]
             extra["arena"] = size
@@ -181,8 +190,8 @@ class Stub:
     def execute(self, msg, fds):
         utils = self.utils
         if fds:
-            if self.input is not None:
-                self.input.close()
+            # Not closed: arrays model.py kept from it stay valid (and it is unmapped when the
+            # last goes).
             self.input = mmap.mmap(fds[0], msg["arena"])
             for fd in fds:
                 os.close(fd)
@@ -245,7 +254,7 @@ class Stub:
         for response, e in zip(result, encoded):
             if e is None:
                 err = response.error()
-                out.append({"error": err.message(), "code": err.code()})
+                out.append({"error": _clip(str(err.message())), "code": _error_code(err)})
             else:
                 out.append({"outputs": specs[k:k + len(e)]})
                 k += len(e)
@@ -315,21 +324,21 @@ class ResponseSender:
         final = bool(flags & utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if flags & ~utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             raise utils.TritonModelException("send: unknown flags %d" % flags)
-        if self._final or self._closed:
-            raise utils.TritonModelException(
-                "send: request %d already ended (its final flag was sent)" % self._index)
         if response is None and not final:
             raise utils.TritonModelException("send: a response, or the final flag, is needed")
         if response is not None and not isinstance(response, utils.InferenceResponse):
             raise utils.TritonModelException(
                 "send: expected an InferenceResponse, got %s" % type(response).__name__)
         msg = {"op": "send", "request": self._index, "final": final}
-        with self._stub.rpc:
+        with self._stub.rpc:  # the check, the message and the final flag together, once
+            if self._final or self._closed:
+                raise utils.TritonModelException(
+                    "send: request %d already ended (its final flag was sent)" % self._index)
             fds = []
             if response is not None:
                 if response.has_error():
-                    msg["error"] = response.error().message()
-                    msg["code"] = response.error().code()
+                    msg["error"] = _clip(str(response.error().message()))
+                    msg["code"] = _error_code(response.error())
                 else:
                     specs, fds, extra = self._stub.output.layout(self._stub.encode(response))
                     msg["outputs"] = specs
@@ -338,10 +347,10 @@ class ResponseSender:
             for fd in fds:
                 os.close(fd)
             reply, _ = recv()
-        self._cancelled = bool(reply.get("cancelled", False))
-        if final:
-            self._final = True
-            self._stub.request_final()
+            self._cancelled = bool(reply.get("cancelled", False))
+            if final:
+                self._final = True
+                self._stub.request_final()
         if reply.get("error"):
             raise utils.TritonModelException(reply["error"])
 
@@ -359,15 +368,22 @@ _np = None
 _DATATYPE_OF = {}
 
 
+def _watch_server():
+    # fd 4 reaches EOF when the server is gone (however it ended): end this process group, what
+    # model.py started included.
+    try:
+        while os.read(4, 1):
+            pass
+    except OSError:
+        pass
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def main():
     global _np, _NUMPY_OF
-    # Die with the server, and leave its terminal's Ctrl-C to the server (which then shuts this
-    # instance down in order).
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    # Leave a terminal's Ctrl-C to the server, which then shuts this instance down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_server, name="asyncinfer-watch-server", daemon=True).start()
     utils_text = SOCK.recv(MAX_MESSAGE).decode()
     utils = types.ModuleType("triton_python_backend_utils")
     utils.__file__ = "triton_python_backend_utils.py"

@@ -82,10 +82,15 @@ struct Slot {
   std::unique_ptr<PythonProcess> process;
 
   Status run(BatchIO& io, const std::stop_token& stop) {
-    if (!process || !process->alive()) {
-      // It crashed, hung or was stopped during an earlier batch: a new process, initialize again.
+    if (!process || !process->alive() || process->exited()) {
+      // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
+      // process, initialize again.
+      if (process && process->alive()) {
+        log(LogLevel::warning, "python model '" + setup->model_name + "' instance " +
+                                   instance_name + ": its process ended between batches");
+      }
       process.reset();
-      Result<std::unique_ptr<PythonProcess>> p = PythonProcess::start(setup, instance_name);
+      Result<std::unique_ptr<PythonProcess>> p = PythonProcess::start(setup, instance_name, &stop);
       if (!p.ok()) {
         return Status(p.status().code(),
                       "restarting the instance failed: " + std::string(p.status().message()));

@@ -43,10 +43,11 @@ constexpr const char* kBootstrap =
     "exec(compile(_asyncinfer_sock.recv(1 << 20).decode(), 'asyncinfer_python_stub.py', "
     "'exec'))\n";
 
-constexpr std::size_t kMaxMessage = 1 << 20;
+// A SOCK_SEQPACKET message must fit the socket's send buffer (wmem_default, 208 KiB on Debian);
+// the stub clips its error texts so that its messages stay well below this.
+constexpr std::size_t kMaxMessage = 160 * 1024;
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kMinArena = 1 << 20;
-constexpr auto kFinalizeWait = std::chrono::seconds(5);
 constexpr auto kExitWait = std::chrono::seconds(2);
 
 std::string errno_text(int e) { return std::strerror(e); }
@@ -127,9 +128,10 @@ struct PythonProcess::Message {
 };
 
 Result<std::unique_ptr<PythonProcess>> PythonProcess::start(
-    std::shared_ptr<const PythonSetup> setup, std::string instance_name) {
+    std::shared_ptr<const PythonSetup> setup, std::string instance_name,
+    const std::stop_token* stop) {
   std::unique_ptr<PythonProcess> p(new PythonProcess(std::move(setup), std::move(instance_name)));
-  ASYNCINFER_RETURN_IF_ERROR(p->spawn());
+  ASYNCINFER_RETURN_IF_ERROR(p->spawn(stop));
   return p;
 }
 
@@ -138,8 +140,9 @@ Status PythonProcess::fail(StatusCode code, const std::string& what) {
       code, "python model '" + setup_->model_name + "' instance " + instance_name_ + ": " + what);
 }
 
-Status PythonProcess::spawn() {
+Status PythonProcess::spawn(const std::stop_token* stop) {
   const PythonSetup& s = *setup_;
+  buffer_.assign(kMaxMessage, '\0');
   wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_ < 0) return fail(StatusCode::internal, "eventfd: " + errno_text(errno));
   int sv[2];
@@ -152,11 +155,28 @@ Status PythonProcess::spawn() {
     child = ::fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
     ::close(sv[1]);
   }
+  int life[2];
+  if (::pipe2(life, O_CLOEXEC) != 0) {
+    ::close(child);
+    return fail(StatusCode::internal, "pipe2: " + errno_text(errno));
+  }
+  life_ = life[1];
+  int life_child = life[0];
+  if (life_child == 3 || life_child == 4) {  // keep it clear of the fds being set up
+    life_child = ::fcntl(life[0], F_DUPFD_CLOEXEC, 5);
+    ::close(life[0]);
+  }
+  if (child == 4) {
+    const int moved = ::fcntl(child, F_DUPFD_CLOEXEC, 5);
+    ::close(child);
+    child = moved;
+  }
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_adddup2(&actions, child, 3);
+  posix_spawn_file_actions_adddup2(&actions, life_child, 4);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   sigset_t none;
   sigset_t all;
@@ -176,15 +196,27 @@ Status PythonProcess::spawn() {
   std::string instance = instance_name_;
   std::array<char*, 7> argv = {arg0.data(),     dash_c.data(),   bootstrap.data(), name.data(),
                                model_py.data(), instance.data(), nullptr};
-  const int rc = ::posix_spawn(&pid_, s.interpreter.c_str(), &actions, &attr, argv.data(), environ);
+  // A bare name ("python3") is looked up on PATH, as a shell would.
+  const bool search = s.interpreter.find('/') == std::string::npos;
+  const int rc = search ? ::posix_spawnp(&pid_, s.interpreter.c_str(), &actions, &attr,
+                                         argv.data(), environ)
+                        : ::posix_spawn(&pid_, s.interpreter.c_str(), &actions, &attr,
+                                        argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(child);
+  ::close(life_child);
   if (rc != 0) {
     pid_ = -1;
     return fail(StatusCode::unavailable,
                 "cannot start the interpreter '" + s.interpreter + "': " + errno_text(rc) +
                     " (config.pbtxt parameters { key: \"python_interpreter\" } picks another)");
+  }
+  pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  if (pidfd_ < 0) {
+    const int e = errno;
+    kill_and_reap();
+    return fail(StatusCode::internal, "pidfd_open: " + errno_text(e));
   }
   ASYNCINFER_RETURN_IF_ERROR(send_message(std::string(kPythonStubSource)));
   ASYNCINFER_RETURN_IF_ERROR(send_message(std::string(kPythonUtilsSource)));
@@ -199,7 +231,7 @@ Status PythonProcess::spawn() {
   };
   json init = {{"op", "init"}, {"args", std::move(args)}, {"model_py", s.model_py}};
   ASYNCINFER_RETURN_IF_ERROR(send_message(init.dump()));
-  Result<Message> m = receive(nullptr, Clock::now() + s.initialize_timeout);
+  Result<Message> m = receive(stop, Clock::now() + s.initialize_timeout);
   if (!m.ok()) {
     if (m.status().code() == StatusCode::deadline_exceeded) {
       kill_and_reap();
@@ -231,7 +263,7 @@ PythonProcess::~PythonProcess() {
   if (pid_ > 0 && !reaped_ && !broken_) {
     // finalize(), bounded: a model that does not return from it is killed like a stuck one.
     if (send_message(json{{"op", "finalize"}}.dump()).ok()) {
-      Result<Message> m = receive(nullptr, Clock::now() + kFinalizeWait);
+      Result<Message> m = receive(nullptr, Clock::now() + setup_->stop_grace);
       (void)m;
     }
   }
@@ -241,6 +273,14 @@ PythonProcess::~PythonProcess() {
   if (in_fd_ >= 0) ::close(in_fd_);
   if (sock_ >= 0) ::close(sock_);
   if (wake_ >= 0) ::close(wake_);
+  if (pidfd_ >= 0) ::close(pidfd_);
+  if (life_ >= 0) ::close(life_);
+}
+
+bool PythonProcess::exited() const noexcept {
+  if (pid_ <= 0 || reaped_ || pidfd_ < 0) return true;
+  pollfd p{pidfd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
 }
 
 Status PythonProcess::send_message(const std::string& text, int fd) {
@@ -280,16 +320,13 @@ Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* sto
     [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof(one));
   };
   std::optional<std::stop_callback<decltype(wake)>> on_stop;
-  if (stop != nullptr) on_stop.emplace(*stop, wake);
-  bool stopping = false;
-  Clock::time_point grace_end = Clock::time_point::max();
-  std::string buffer(kMaxMessage, '\0');
+  if (stop != nullptr && !stopping_) on_stop.emplace(*stop, wake);
   for (;;) {
     const Clock::time_point now = Clock::now();
-    const Clock::time_point until = std::min(deadline, grace_end);
+    const Clock::time_point until = std::min(deadline, grace_end_);
     if (now >= until) {
       const std::string how = kill_and_reap();
-      if (stopping) {
+      if (stopping_ && now >= grace_end_) {
         return fail(StatusCode::cancelled,
                     "every request of the batch ended, and model.py had not returned " +
                         std::to_string(setup_->stop_grace.count()) +
@@ -303,30 +340,39 @@ Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* sto
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
       timeout_ms = static_cast<int>(std::min<long long>(left, INT_MAX));
     }
-    std::array<pollfd, 2> fds = {pollfd{sock_, POLLIN, 0}, pollfd{wake_, POLLIN, 0}};
-    const int r = ::poll(fds.data(), stopping ? 1 : 2, timeout_ms);
+    // The socket first: a message written just before the process exited is still read.
+    std::array<pollfd, 3> fds = {pollfd{sock_, POLLIN, 0}, pollfd{pidfd_, POLLIN, 0},
+                                 pollfd{wake_, POLLIN, 0}};
+    const int r = ::poll(fds.data(), stopping_ ? 2 : 3, timeout_ms);
     if (r < 0) {
       if (errno == EINTR) continue;
       return fail(StatusCode::internal, "poll: " + errno_text(errno));
     }
-    if (!stopping && (fds[1].revents & POLLIN) != 0) {
+    if (!stopping_ && (fds[2].revents & POLLIN) != 0) {
       std::uint64_t n = 0;
       [[maybe_unused]] const ssize_t got = ::read(wake_, &n, sizeof(n));
       if (stop != nullptr && stop->stop_requested()) {
-        stopping = true;
-        grace_end = Clock::now() + setup_->stop_grace;
+        stopping_ = true;  // once per batch: later messages do not renew the grace period
+        grace_end_ = Clock::now() + setup_->stop_grace;
       }
       continue;
     }
-    if (fds[0].revents == 0) continue;
-    iovec iov{buffer.data(), buffer.size()};
+    if ((fds[0].revents & POLLIN) == 0) {
+      if (fds[0].revents != 0 || (fds[1].revents & POLLIN) != 0) {
+        // The process exited (a child of model.py may still hold the socket open) or the socket
+        // broke.
+        return fail(StatusCode::unavailable, "the Python process " + exit_description());
+      }
+      continue;
+    }
+    iovec iov{buffer_.data(), buffer_.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(sock_, &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t n = ::recvmsg(sock_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       const int e = errno;
@@ -345,19 +391,19 @@ Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* sto
       }
     }
     if (n == 0) {
-      // The stub closed its end: it exited (or crashed). Give it a moment to be reaped.
+      // The stub closed its end: it exited (or crashed).
       return fail(StatusCode::unavailable, "the Python process " + exit_description());
     }
     if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
-      return fail(StatusCode::internal, "the stub sent a message over " +
-                                            std::to_string(kMaxMessage) + " bytes; the process " +
-                                            kill_and_reap());
+      return fail(StatusCode::internal,
+                  "the stub sent a message over " + std::to_string(kMaxMessage) +
+                      " bytes; the process " + kill_and_reap());
     }
-    m.body = json::parse(buffer.data(), buffer.data() + n, nullptr, /*allow_exceptions=*/false);
+    m.body = json::parse(buffer_.data(), buffer_.data() + n, nullptr, /*allow_exceptions=*/false);
     if (!m.body.is_object()) {
-      return fail(
-          StatusCode::internal,
-          "the stub sent a message that is not a JSON object; the process " + kill_and_reap());
+      return fail(StatusCode::internal,
+                  "the stub sent a message that is not a JSON object; the process " +
+                      kill_and_reap());
     }
     return m;
   }
@@ -365,14 +411,10 @@ Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* sto
 
 std::string PythonProcess::exit_description() {
   // After EOF the process is exiting: wait for it (bounded), then kill what is left.
-  if (pid_ > 0 && !reaped_) {
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-    if (pidfd >= 0) {
-      pollfd p{pidfd, POLLIN, 0};
-      while (::poll(&p, 1, static_cast<int>(kExitWait / std::chrono::milliseconds(1))) < 0 &&
-             errno == EINTR) {
-      }
-      ::close(pidfd);
+  if (pid_ > 0 && !reaped_ && pidfd_ >= 0) {
+    pollfd p{pidfd_, POLLIN, 0};
+    while (::poll(&p, 1, static_cast<int>(kExitWait / std::chrono::milliseconds(1))) < 0 &&
+           errno == EINTR) {
     }
   }
   return kill_and_reap();
@@ -382,17 +424,15 @@ std::string PythonProcess::kill_and_reap() {
   broken_ = true;
   if (pid_ <= 0) return "is not running";
   if (!reaped_) {
+    // Until it is reaped its pid (and so its process group id) cannot be reused: kill the whole
+    // group (what model.py started goes too), then reap it.
+    ::kill(-pid_, SIGKILL);
+    ::kill(pid_, SIGKILL);
     int st = 0;
-    pid_t r = ::waitpid(pid_, &st, WNOHANG);
-    if (r == 0) {
-      ::kill(-pid_, SIGKILL);  // the whole group: what model.py started goes too
-      ::kill(pid_, SIGKILL);
-      do {
-        r = ::waitpid(pid_, &st, 0);
-      } while (r < 0 && errno == EINTR);
-    } else {
-      ::kill(-pid_, SIGKILL);
-    }
+    pid_t r = 0;
+    do {
+      r = ::waitpid(pid_, &st, 0);
+    } while (r < 0 && errno == EINTR);
     status_ = st;
     reaped_ = true;
   }
@@ -433,9 +473,10 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
   *new_arena = false;
   if (total > in_size_) {
     const std::size_t size = std::max({total, 2 * in_size_, kMinArena});
-    const int fd = ::memfd_create("asyncinfer-python-input", MFD_CLOEXEC);
+    const int fd = ::memfd_create("asyncinfer-python-input", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return fail(StatusCode::resource_exhausted, "memfd_create: " + errno_text(errno));
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
       const int e = errno;
       ::close(fd);
       return fail(StatusCode::resource_exhausted,
@@ -484,6 +525,12 @@ Status PythonProcess::map_output_arena(const Message& m) {
     return fail(StatusCode::internal, "the stub sent a new output arena without its descriptor");
   }
   const std::size_t size = it->get<std::size_t>();
+  // Sealed, so that model.py cannot shrink it while this side reads it (a SIGBUS here).
+  const int seals = ::fcntl(m.fds.fds[0], F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return fail(StatusCode::internal,
+                "the stub's output arena is not sealed against resizing (F_SEAL_SHRINK)");
+  }
   struct stat st {};
   if (::fstat(m.fds.fds[0], &st) != 0 || st.st_size < 0 ||
       static_cast<std::size_t>(st.st_size) < size || size == 0) {
@@ -573,6 +620,17 @@ Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, s
 
 Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
   if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
+  stopping_ = false;
+  grace_end_ = Clock::time_point::max();
+  try {
+    return execute_messages(io, stop);
+  } catch (const std::exception& e) {  // a message whose fields have the wrong types
+    return fail(StatusCode::internal, std::string("the stub sent a malformed message (") +
+                                          e.what() + "); the process " + kill_and_reap());
+  }
+}
+
+Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop) {
   std::uint64_t drained = 0;
   [[maybe_unused]] const ssize_t got = ::read(wake_, &drained, sizeof(drained));  // stale wake-ups
   const ModelSignature& sig = setup_->signature;
@@ -601,8 +659,14 @@ Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
         s = fail(StatusCode::internal, "model.py sent a response for request " + std::to_string(r) +
                                            " of " + std::to_string(requests));
       } else if (m.body.contains("error")) {
-        s = Status(code_of_triton_error(m.body.value("code", 1)),
-                   "model.py: " + m.body.value("error", std::string("?")));
+        // An error response (Triton's way to fail one request). The engine ends a decoupled
+        // batch's requests together, so it becomes the batch's result: the requests of this
+        // batch fail with it once model.py is done. The model's send succeeds.
+        if (first_error.ok()) {
+          first_error = Status(code_of_triton_error(m.body.value("code", 1)),
+                               "python model '" + setup_->model_name +
+                                   "': " + m.body.value("error", std::string("?")));
+        }
       } else if (m.body.contains("outputs")) {
         s = map_output_arena(m);
         if (s.ok()) {

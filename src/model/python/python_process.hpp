@@ -5,13 +5,19 @@
 // one interpreter's GIL does not serialise the server's models, and a model.py that crashes, leaks
 // or hangs takes only its own process down):
 //   - the process is <interpreter> -c <bootstrap>, in its own process group (a terminal's Ctrl-C
-//     reaches the server, which then shuts its models down in order), dying with the server
-//     (PR_SET_PDEATHSIG);
+//     reaches the server, which then shuts its models down in order). It dies with the server:
+//     fd 4 is the read end of a pipe only the server holds the write end of, and the stub's
+//     watcher thread kills its process group when that pipe reaches EOF. The server watches the
+//     process through a pidfd, so an exit is seen even when a child of model.py still holds the
+//     socket;
 //   - control: a SOCK_SEQPACKET socketpair (message boundaries kept), one JSON object per message
 //     (asyncinfer_python_stub.py documents the protocol);
 //   - tensors: two memfd regions mapped by both processes, the input arena (this side writes and
 //     grows it) and the output arena (the stub writes and grows it); a grown one's descriptor is
-//     passed with SCM_RIGHTS. One copy in, one copy out, whatever the tensors' size.
+//     passed with SCM_RIGHTS. Both are sealed against shrinking and growing (F_SEAL_SHRINK,
+//     F_SEAL_GROW), so that model.py cannot truncate one under the server's feet (a SIGBUS in the
+//     server); an output arena without those seals is refused. One copy in, one copy out,
+//     whatever the tensors' size.
 //
 // Thread safety: none; the instance that owns a PythonProcess uses it from one thread at a time
 // (its stream's host function).
@@ -44,7 +50,7 @@ struct PythonSetup {
   std::chrono::milliseconds initialize_timeout{120'000};
   /// How long an execute may go on once every request of its batch has ended (cancelled, timed
   /// out, its client gone) or its stream is being replaced, before the process is killed and
-  /// restarted at the next batch.
+  /// restarted at the next batch. Also how long finalize() may take.
   std::chrono::milliseconds stop_grace{2'000};
 };
 
@@ -52,10 +58,12 @@ class PythonProcess {
  public:
   /// Starts the process and runs model.py's initialize(args). unavailable with the traceback's
   /// last line when initialize (or the import of model.py) raises, or the process exits or does
-  /// not answer within initialize_timeout; the process is then gone.
+  /// not answer within initialize_timeout (or `stop`, if given, fires: after stop_grace); the
+  /// process is then gone.
   static Result<std::unique_ptr<PythonProcess>> start(std::shared_ptr<const PythonSetup> setup,
-                                                      std::string instance_name);
-  /// Asks model.py to finalize() (up to a few seconds) unless the process is stuck, then kills it
+                                                      std::string instance_name,
+                                                      const std::stop_token* stop = nullptr);
+  /// Asks model.py to finalize() (up to stop_grace) unless the process is stuck, then kills it
   /// and reaps it.
   ~PythonProcess();
   PythonProcess(const PythonProcess&) = delete;
@@ -69,6 +77,8 @@ class PythonProcess {
   Status execute(BatchIO& io, const std::stop_token& stop);
 
   bool alive() const noexcept { return pid_ > 0 && !broken_; }
+  /// Whether the process has exited (or was killed) since the last batch; never blocks.
+  bool exited() const noexcept;
   pid_t pid() const noexcept { return pid_; }
 
  private:
@@ -76,11 +86,14 @@ class PythonProcess {
   PythonProcess(std::shared_ptr<const PythonSetup> setup, std::string instance_name)
       : setup_(std::move(setup)), instance_name_(std::move(instance_name)) {}
 
-  Status spawn();
+  Status spawn(const std::stop_token* stop);
   Status send_message(const std::string& text, int fd = -1);
-  /// The next message. `stop` (may be null) starts the grace period; `deadline` bounds the wait.
+  /// The next message. `stop` (may be null) starts the grace period (once per batch: the
+  /// messages that come meanwhile do not renew it); `deadline` bounds the wait.
   Result<Message> receive(const std::stop_token* stop,
                           std::chrono::steady_clock::time_point deadline);
+  /// execute() after its checks: the conversation (nlohmann's exceptions pass through).
+  Status execute_messages(BatchIO& io, const std::stop_token& stop);
   /// Marks the process unusable, kills it and describes how it ended ("exited with status 1",
   /// "killed by signal 11 (SIGSEGV)").
   std::string kill_and_reap();
@@ -97,7 +110,12 @@ class PythonProcess {
   std::string instance_name_;
   pid_t pid_ = -1;
   int sock_ = -1;
-  int wake_ = -1;  // eventfd: a stop callback writes it to wake receive()
+  int wake_ = -1;    // eventfd: a stop callback writes it to wake receive()
+  int pidfd_ = -1;   // readable once the process has exited
+  int life_ = -1;    // write end of the pipe whose EOF tells the stub the server is gone
+  bool stopping_ = false;  // the current batch's stop has fired: the grace period runs
+  std::chrono::steady_clock::time_point grace_end_ = std::chrono::steady_clock::time_point::max();
+  std::string buffer_;  // receive()'s, kept between messages
   bool broken_ = false;
   int status_ = 0;  // waitpid status once reaped
   bool reaped_ = false;
