@@ -7,7 +7,8 @@
 # tests), h2load, wrk and nginx (with its stream module) for its tests and benchmarks; for the Python module: pybind11, the Python headers, numpy, dlpack,
 # pip/setuptools/venv for `pip install .`, pytest + pytest-asyncio for its tests); zlib for HTTP
 # compression; python3-onnx (the openvino backend's test models) and python3-torchvision (ResNet-50
-# for bench/bench_openvino.py); python3-psutil (bench/compare_servers.py). Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
+# for bench/bench_openvino.py); python3-psutil (bench/compare_servers.py); python3-pil (the PNG
+# decoder of examples/model_repository_ensemble's Python pre-processing model). Then Triton's own Python client from PyPI (scripts/requirements-tritonclient.txt,
 # every version pinned) in its own virtual environment, .venv/tritonclient, made from Debian's
 # interpreter without its packages (tritonclient's grpcio and protobuf are newer than Debian's,
 # which the build and the other tests use), and OpenVINO's runtime from PyPI
@@ -28,6 +29,7 @@ packages=(
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
   libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx python3-torchvision python3-psutil
+  python3-pil
 )
 
 # pinned_venv NAME REQUIREMENTS [--system-site-packages]: .venv/NAME, made from Debian's
