@@ -57,8 +57,9 @@ def load_example(name):
 
 
 def stages(digits):
-    """The example's pre- and post-processing as plain functions (sidecar beside the model)."""
-    pre_cls, post_cls = load_example("preprocess"), load_example("postprocess")
+    """The example's pre-processing (its own code) and post-processing (the same arithmetic) as
+    plain functions; the sidecar is read from beside the model."""
+    pre_cls = load_example("preprocess")
     with open(digits + ".json") as f:
         side = json.load(f)
     import numpy as np

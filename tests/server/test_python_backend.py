@@ -11,7 +11,6 @@ through get_response_sender(), a client that cancels its stream, and finalize() 
 
 import json
 import os
-import queue
 import textwrap
 import threading
 import time
@@ -23,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 import harness
 from harness import Repository, Server
-from triton_fixture import serve
+from triton_fixture import Collector, serve
 
 
 def tensors(ts):
@@ -302,18 +301,6 @@ def wait_for_processes(server, model, count, timeout=15):
         if len(pids) == count or time.monotonic() > deadline:
             return pids
         time.sleep(0.05)
-
-
-class Collector:
-    def __init__(self):
-        self.items = queue.Queue()
-
-    def __call__(self, result, error):
-        self.items.put((result, error))
-
-    def take(self, n, timeout=20):
-        deadline = time.monotonic() + timeout
-        return [self.items.get(timeout=max(0.01, deadline - time.monotonic())) for _ in range(n)]
 
 
 def http_input(name, x, datatype="FP32"):

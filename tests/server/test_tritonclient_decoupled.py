@@ -7,7 +7,6 @@ client that does not read, and HTTP generate / generate_stream (Server-Sent Even
 The model is builtin:stream (n responses per request, interval_us apart)."""
 
 import json
-import queue
 import threading
 import time
 
@@ -21,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 import harness
 from harness import Repository
-from triton_fixture import serve
+from triton_fixture import Collector, serve
 
 DECOUPLED = 'model_transaction_policy { decoupled: true }\n'
 
@@ -37,31 +36,6 @@ def fp32_input(x):
     i = grpcclient.InferInput("input0", list(x.shape), "FP32")
     i.set_data_from_numpy(x)
     return i
-
-
-class Collector:
-    """tritonclient's stream callback: every result or error, in arrival order."""
-
-    def __init__(self):
-        self.items = queue.Queue()
-
-    def __call__(self, result, error):
-        self.items.put((result, error))
-
-    def take(self, n, timeout=20):
-        out = []
-        deadline = time.monotonic() + timeout
-        while len(out) < n:
-            out.append(self.items.get(timeout=max(0.01, deadline - time.monotonic())))
-        return out
-
-    def none_within(self, seconds):
-        try:
-            item = self.items.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        self.items.put(item)
-        return False
 
 
 def final_flag(result):
@@ -282,7 +256,7 @@ class Decoupled(harness.unittest.TestCase):
 
     def test_generate_stream_reports_a_later_error_as_an_event(self):
         r = self.post("/v2/models/failing/generate_stream", {"input0": [1, 1, 1, 1]})
-        self.assertEqual(r.status, 200)
+        self.assertEqual(r.status, 200, r.read() if r.status != 200 else b"")
         events = self.events(r)
         self.assertEqual([e.get("index") for e in events[:2]], [0, 1])
         self.assertIn("fail_after", events[2]["error"])

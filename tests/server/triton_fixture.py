@@ -2,6 +2,9 @@
 .venv/tritonclient) share: one `asyncinfer serve` per test class, with tritonclient's HTTP and
 gRPC clients connected to it."""
 
+import queue
+import time
+
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -23,3 +26,28 @@ def serve(cls, path, *server_args, repo=None, **http_options):
     cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
                                                 **http_options)
     cls.addClassCleanup(cls.http.close)
+
+
+class Collector:
+    """tritonclient's stream callback: every result or error, in arrival order."""
+
+    def __init__(self):
+        self.items = queue.Queue()
+
+    def __call__(self, result, error):
+        self.items.put((result, error))
+
+    def take(self, n, timeout=20):
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            out.append(self.items.get(timeout=max(0.01, deadline - time.monotonic())))
+        return out
+
+    def none_within(self, seconds):
+        try:
+            item = self.items.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        self.items.put(item)
+        return False
