@@ -6,6 +6,9 @@
   unary   builtin:identity of the same tensor (one response per request) over ModelInfer, with
           --streams calls in flight.
 
+With --stream-model unary, the streams carry the unary model instead (one response a request:
+issue 28's ModelStreamInfer at 64 streams against ModelInfer at 64 calls in flight).
+
 Reported: responses/s, and for the streams the time to the first response and the gap between
 responses (p50, p99). The client is Triton's (tritonclient.grpc.aio, one event loop); its CPU
 time is reported apart, since it shares the cores with the server.
@@ -56,7 +59,7 @@ def tensor():
     return i
 
 
-async def streams(target, n_streams, seconds, n):
+async def streams(target, n_streams, seconds, n, model="stream"):
     firsts, gaps = [], []
     counts = [0]
     stop_at = time.perf_counter() + seconds
@@ -76,7 +79,7 @@ async def streams(target, n_streams, seconds, n):
             responses = client.stream_infer(requests())
             while time.perf_counter() < stop_at:
                 sent = time.perf_counter()
-                await queue.put({"model_name": "stream", "inputs": [tensor()]})
+                await queue.put({"model_name": model, "inputs": [tensor()]})
                 last = None
                 got = 0
                 while got < n:
@@ -98,9 +101,10 @@ async def streams(target, n_streams, seconds, n):
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(n_streams)))
     took = time.perf_counter() - t0
-    return {"responses_per_s": counts[0] / took,
-            "first_response_us": {"p50": pct(firsts, 0.5) * 1e6, "p99": pct(firsts, 0.99) * 1e6},
-            "gap_us": {"p50": pct(gaps, 0.5) * 1e6, "p99": pct(gaps, 0.99) * 1e6}}
+    def us(values):
+        return {"p50": pct(values, 0.5) * 1e6, "p99": pct(values, 0.99) * 1e6} if values else None
+    return {"responses_per_s": counts[0] / took, "first_response_us": us(firsts),
+            "gap_us": us(gaps)}
 
 
 async def unary(target, in_flight, seconds):
@@ -126,6 +130,7 @@ def main():
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--responses", type=int, default=100)
     p.add_argument("--seconds", type=float, default=5)
+    p.add_argument("--stream-model", choices=("stream", "unary"), default="stream")
     args = p.parse_args()
     repo = tempfile.mkdtemp(prefix="asyncinfer-bench-decoupled-")
     try:
@@ -149,15 +154,16 @@ def main():
         threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
         target = "127.0.0.1:%d" % port
         try:
-            for name, run in (("stream", lambda: streams(target, args.streams, args.seconds,
-                                                          args.responses)),
+            n = args.responses if args.stream_model == "stream" else 1
+            for name, run in (("stream", lambda: streams(target, args.streams, args.seconds, n,
+                                                          args.stream_model)),
                               ("unary", lambda: unary(target, args.streams, args.seconds))):
-                asyncio.run(run() if name == "unary" else streams(target, args.streams, 1,
-                                                                    args.responses))  # warm-up
+                asyncio.run(run() if name == "unary" else streams(
+                    target, args.streams, 1, n, args.stream_model))  # warm-up
                 c0 = time.process_time()
                 result = asyncio.run(run())
                 result["client_cpu_s"] = time.process_time() - c0
-                result["design"] = name
+                result["design"] = name if name == "unary" else "stream of " + args.stream_model
                 result["streams_or_calls"] = args.streams
                 print(json.dumps(result), flush=True)
         finally:
