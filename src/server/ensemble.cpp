@@ -66,7 +66,12 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
     step.label = s.label(i);
     step.model = s.model_name;
     step.version = s.model_version > 0 ? std::to_string(s.model_version) : std::string();
-    step.outputs.assign(sig->outputs.size(), EnsembleGraph::npos);
+    if (plan.max_batch_size > 0 && sig->batched && sig->max_batch_size > 0 &&
+        plan.max_batch_size > sig->max_batch_size) {
+      return bad_ensemble(plan, "max_batch_size " + std::to_string(plan.max_batch_size) +
+                                    " is above " + step.label + "'s " +
+                                    std::to_string(sig->max_batch_size));
+    }
     for (const auto& [output, tensor] : s.output_map) {
       auto it = std::find_if(sig->outputs.begin(), sig->outputs.end(),
                              [&](const TensorSpec& t) { return t.name == output; });
@@ -76,9 +81,10 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
         return bad_ensemble(plan, step.label + " output_map names output '" + output +
                                       "', which the model does not have (it has " + names + ")");
       }
-      const auto k = static_cast<std::size_t>(it - sig->outputs.begin());
       const std::size_t id = id_of(tensor);
-      step.outputs[k] = id;
+      step.output_names.push_back(output);
+      step.output_dtypes.push_back(it->dtype);
+      step.outputs.push_back(id);
       made[id] = {*it, step.label + " output '" + output + "'", static_cast<long>(i)};
     }
     g->steps.push_back(std::move(step));
@@ -88,7 +94,7 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
     const EnsembleStep& s = plan.ensemble_steps[i];
     EnsembleGraph::Step& step = g->steps[i];
     const ModelSignature& sig = sigs[i];
-    step.inputs.assign(sig.inputs.size(), EnsembleGraph::npos);
+    std::vector<bool> mapped(sig.inputs.size(), false);
     for (const auto& [input, tensor] : s.input_map) {
       auto it = std::find_if(sig.inputs.begin(), sig.inputs.end(),
                              [&](const TensorSpec& t) { return t.name == input; });
@@ -106,7 +112,13 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
                                       describe(m.spec) + ", but " + step.label + " input '" +
                                       input + "' expects " + describe(*it));
       }
-      step.inputs[k] = id;
+      if (mapped[k]) {
+        return bad_ensemble(plan, step.label + " input '" + input + "' is mapped twice");
+      }
+      mapped[k] = true;
+      step.input_names.push_back(input);
+      step.input_dtypes.push_back(it->dtype);
+      step.inputs.push_back(id);
       if (m.step >= 0) {
         ++step.waits_for;
         auto& feeds = g->steps[static_cast<std::size_t>(m.step)].feeds;
@@ -119,8 +131,8 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
         }
       }
     }
-    for (std::size_t k = 0; k < step.inputs.size(); ++k) {
-      if (step.inputs[k] == EnsembleGraph::npos) {
+    for (std::size_t k = 0; k < mapped.size(); ++k) {
+      if (!mapped[k]) {
         return bad_ensemble(plan, step.label + " input '" + sig.inputs[k].name +
                                       "' is not in its input_map (every input of the model "
                                       "needs a tensor)");
@@ -139,8 +151,9 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
   return std::shared_ptr<const EnsembleGraph>(std::move(g));
 }
 
-void EnsembleCounters::record(bool ok, std::uint64_t ns) noexcept {
+void EnsembleCounters::record(bool ok, std::uint64_t ns, std::uint64_t rows) noexcept {
   if (ok) {
+    inference_count.fetch_add(rows, std::memory_order_relaxed);
     success_count.fetch_add(1, std::memory_order_relaxed);
     success_ns.fetch_add(ns, std::memory_order_relaxed);
   } else {
@@ -156,7 +169,7 @@ void EnsembleCounters::record(bool ok, std::uint64_t ns) noexcept {
 InferenceStats EnsembleCounters::stats() const {
   InferenceStats s;
   const std::uint64_t n = success_count.load(std::memory_order_relaxed);
-  s.inference_count = n;
+  s.inference_count = inference_count.load(std::memory_order_relaxed);
   s.execution_count = n;
   s.last_inference_ms = last_inference_ms.load(std::memory_order_relaxed);
   s.success = {n, success_ns.load(std::memory_order_relaxed)};

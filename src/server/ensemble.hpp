@@ -30,10 +30,14 @@ struct EnsembleGraph {
     std::string label;    ///< "step 0 (model 'preprocess')"
     std::string model;    ///< the step model's name
     std::string version;  ///< "" = its highest ready version, else the number
-    /// The tensor fed to each input of the step model, in its signature's order.
+    /// The step model's inputs (names and dtypes as resolved) and the tensor fed to each. A
+    /// request matches them by name against the version it finds (which a reload may change).
+    std::vector<std::string> input_names;
+    std::vector<DType> input_dtypes;
     std::vector<std::size_t> inputs;
-    /// The tensor each output of the step model becomes, in its signature's order; npos for an
-    /// output the ensemble does not use.
+    /// The step model's outputs the ensemble uses, and the tensor each becomes.
+    std::vector<std::string> output_names;
+    std::vector<DType> output_dtypes;
     std::vector<std::size_t> outputs;
     /// The steps that read this step's outputs, each with how many of its inputs do.
     std::vector<std::pair<std::size_t, std::size_t>> feeds;
@@ -64,7 +68,9 @@ struct EnsembleCounters {
   std::atomic<std::uint64_t> fail_ns{0};
   std::atomic<std::int64_t> last_inference_ms{0};
 
-  void record(bool ok, std::uint64_t ns) noexcept;
+  /// One request ended: ok or not, its duration, and its rows (Triton counts inferences by rows).
+  void record(bool ok, std::uint64_t ns, std::uint64_t rows) noexcept;
+  std::atomic<std::uint64_t> inference_count{0};
   InferenceStats stats() const;
 };
 

@@ -90,7 +90,17 @@ std::string InferenceServer::unready_reason() const {
 
 void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
   draining_.store(true, std::memory_order_release);
-  repository_->shutdown(mode, drain_timeout);
+  const Clock::time_point start = Clock::now();
+  if (mode == ShutdownMode::drain) {
+    // Ensemble requests in flight still need their later steps' engines: let them finish (within
+    // the drain timeout) before the engines stop taking requests.
+    std::unique_lock lock(ensembles_mu_);
+    ensembles_cv_.wait_until(lock, detail::saturating_add(start, drain_timeout),
+                             [this] { return live_ensembles_ == 0; });
+  }
+  const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  repository_->shutdown(mode, drain_timeout > spent ? drain_timeout - spent
+                                                    : std::chrono::milliseconds(0));
   stopped_.store(true, std::memory_order_release);
 }
 
@@ -839,7 +849,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
                                            public std::enable_shared_from_this<EnsembleRun> {
  public:
   EnsembleRun(InferenceServer& server, ModelRef model, RequestOptions step_options, std::string id,
-              std::vector<std::size_t> selected, Completion done)
+              std::vector<std::size_t> selected, Completion done, int depth)
       : server_(server),
         model_(std::move(model)),
         graph_(*model_->ensemble),
@@ -848,8 +858,16 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
         selected_(std::move(selected)),
         done_(std::move(done)),
         start_(Clock::now()),
+        depth_(depth),
         tensors_(graph_.tensors.size()),
-        waiting_(graph_.steps.size()) {}
+        waiting_(graph_.steps.size()) {
+    std::lock_guard lock(server_.ensembles_mu_);
+    ++server_.live_ensembles_;
+  }
+  ~EnsembleRun() override {
+    std::lock_guard lock(server_.ensembles_mu_);
+    if (--server_.live_ensembles_ == 0) server_.ensembles_cv_.notify_all();
+  }
 
   void start(Inputs inputs) {
     std::vector<std::size_t> ready;
@@ -870,23 +888,37 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   void launch(const std::vector<std::size_t>& ready) {
     for (std::size_t j : ready) {
       const EnsembleGraph::Step& step = graph_.steps[j];
-      Inputs inputs;
+      Result<ModelRef> ref = server_.find(step.model, step.version);
+      if (!ref.ok()) return end(ref.status().with_context(step_context(j)));
+      // The step model as it is served now (it may have been reloaded since the ensemble
+      // loaded): its inputs and outputs are found by name, and must still be what the ensemble
+      // was checked against.
+      const ModelSignature& sig = (*ref)->signature;
+      Status fits = sig.decoupled ? failed_precondition_error(
+                                        "model '" + step.model + "' is now decoupled")
+                                  : step_fits(step, sig);
+      if (!fits.ok()) return end(fits.with_context(step_context(j)));
+      if ((*ref)->ensemble && depth_ >= kMaxEnsembleDepth) {
+        return end(failed_precondition_error(
+            "ensembles nest more than " + std::to_string(kMaxEnsembleDepth) +
+            " deep (a cycle through ensembles reloaded since they loaded?)"));
+      }
+      Inputs inputs(sig.inputs.size());
       {
         std::lock_guard lock(mu_);
         if (ended_) return;
-        inputs.reserve(step.inputs.size());
-        for (std::size_t t : step.inputs) inputs.push_back(tensors_[t]);  // shared, not copied
+        for (std::size_t k = 0; k < step.inputs.size(); ++k) {
+          inputs[index_of(sig.inputs, step.input_names[k])] = tensors_[step.inputs[k]];  // shared
+        }
       }
-      Result<ModelRef> ref = server_.find(step.model, step.version);
-      if (ref.ok() && (*ref)->signature.decoupled) {
-        ref = failed_precondition_error("model '" + step.model +
-                                        "' is now decoupled; an ensemble step cannot be");
-      }
-      if (!ref.ok()) return end(ref.status().with_context(step_context(j)));
       auto self = shared_from_this();
+      auto done = [self, j](Result<InferResponse> out) { self->step_done(j, std::move(out)); };
       Result<InflightRequest> call =
-          server_.run(std::move(*ref), std::move(inputs), options_, id_, {},
-                      [self, j](Result<InferResponse> out) { self->step_done(j, std::move(out)); });
+          (*ref)->ensemble
+              ? server_.run_ensemble(std::move(*ref), std::move(inputs), options_, id_, {},
+                                     std::move(done), depth_ + 1)
+              : server_.run(std::move(*ref), std::move(inputs), options_, id_, {},
+                            std::move(done));
       if (!call.ok()) return end(call.status().with_context(step_context(j)));
       bool cancel_now = false;
       {
@@ -896,6 +928,38 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       }
       if (cancel_now) call->cancel();
     }
+  }
+
+  static std::size_t index_of(const std::vector<TensorSpec>& specs, const std::string& name) {
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].name == name) return i;
+    }
+    return specs.size();
+  }
+
+  /// Whether `sig` still has the inputs and outputs the step was resolved with: every input
+  /// mapped (and no other), every mapped output, with the same dtypes.
+  static Status step_fits(const EnsembleGraph::Step& step, const ModelSignature& sig) {
+    auto stale = [&](const std::string& what) {
+      return failed_precondition_error("model '" + step.model + "' was reloaded with " + what +
+                                       " since the ensemble loaded (reload the ensemble)");
+    };
+    if (sig.inputs.size() != step.input_names.size()) return stale("other inputs");
+    for (std::size_t k = 0; k < step.input_names.size(); ++k) {
+      const std::size_t i = index_of(sig.inputs, step.input_names[k]);
+      if (i == sig.inputs.size()) return stale("no input '" + step.input_names[k] + "'");
+      if (sig.inputs[i].dtype != step.input_dtypes[k]) {
+        return stale("another dtype for input '" + step.input_names[k] + "'");
+      }
+    }
+    for (std::size_t k = 0; k < step.output_names.size(); ++k) {
+      const std::size_t i = index_of(sig.outputs, step.output_names[k]);
+      if (i == sig.outputs.size()) return stale("no output '" + step.output_names[k] + "'");
+      if (sig.outputs[i].dtype != step.output_dtypes[k]) {
+        return stale("another dtype for output '" + step.output_names[k] + "'");
+      }
+    }
+    return Status();
   }
 
   void step_done(std::size_t j, Result<InferResponse> out) {
@@ -909,9 +973,12 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       finished_[j] = true;
       std::erase_if(inflight_, [j](const auto& p) { return p.first == j; });
       const EnsembleGraph::Step& step = graph_.steps[j];
-      for (std::size_t k = 0; k < out->outputs.size() && k < step.outputs.size(); ++k) {
-        if (step.outputs[k] != EnsembleGraph::npos) {
-          tensors_[step.outputs[k]] = std::move(out->outputs[k].tensor);
+      // By name: the outputs of the version that ran (step_fits checked they are all there).
+      for (InferOutput& o : out->outputs) {
+        for (std::size_t k = 0; k < step.output_names.size(); ++k) {
+          if (o.spec->name == step.output_names[k]) {
+            tensors_[step.outputs[k]] = std::move(o.tensor);
+          }
         }
       }
       for (const auto& [consumer, count] : step.feeds) {
@@ -926,7 +993,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       }
     }
     if (last) {
-      model_->ensemble_counters->record(true, ns_since(start_));
+      model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs));
       Completion done = std::move(done_);
       return done(make_response(model_, id_, selected_, outputs));
     }
@@ -945,11 +1012,18 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       done = std::move(done_);
     }
     for (auto& [j, call] : calls) call.cancel();
-    model_->ensemble_counters->record(false, ns_since(start_));
+    model_->ensemble_counters->record(false, ns_since(start_), 0);
     done(Status(s.code(), "ensemble '" + model_->model_name + "': " + std::string(s.message())));
   }
 
   std::string step_context(std::size_t j) const { return graph_.steps[j].label; }
+  std::uint64_t rows_of(const Outputs& outputs) const {
+    if (!model_->signature.batched || outputs.empty() || outputs[0].rank() == 0) return 1;
+    return static_cast<std::uint64_t>(outputs[0].shape()[0]);
+  }
+
+  /// Ensembles inside ensembles, at most this deep (a guard against a cycle that reloads made).
+  static constexpr int kMaxEnsembleDepth = 8;
 
   InferenceServer& server_;
   const ModelRef model_;
@@ -959,6 +1033,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   const std::vector<std::size_t> selected_;
   Completion done_;
   const Clock::time_point start_;
+  const int depth_;
   std::mutex mu_;
   std::vector<Tensor> tensors_;         // by tensor index; under mu_
   std::vector<std::size_t> waiting_;    // per step: inputs not made yet; under mu_
@@ -972,7 +1047,7 @@ Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inp
                                                       const RequestOptions& options,
                                                       std::string id,
                                                       std::vector<std::size_t> selected,
-                                                      Completion done) {
+                                                      Completion done, int depth) {
   ASYNCINFER_RETURN_IF_ERROR(validate_inputs(model->signature, inputs)
                                  .with_context("ensemble '" + model->model_name + "'"));
   // One deadline for every step: the request's, however long the steps before took.
@@ -985,7 +1060,7 @@ Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inp
   steps.inline_callback = false;  // a step's completion submits the next steps
   steps.on_response = nullptr;
   auto run = std::make_shared<EnsembleRun>(*this, std::move(model), std::move(steps), std::move(id),
-                                           std::move(selected), std::move(done));
+                                           std::move(selected), std::move(done), depth);
   run->start(std::move(inputs));
   return InflightRequest(std::shared_ptr<InflightRequest::Handle>(std::move(run)));
 }

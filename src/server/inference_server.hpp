@@ -285,13 +285,14 @@ class InferenceServer {
   Result<InflightRequest> run(ModelRef model, Inputs inputs, const RequestOptions& options,
                               std::string id, std::vector<std::size_t> selected, Completion done,
                               Finished finished = {});
-  /// run() for an ensemble (ensemble_run.cpp): its steps, each submitted to its model as soon as
-  /// the tensors it reads exist, under the request's deadline and priority; the request's
-  /// cancellation cancels the steps in flight. A step's failure fails the request, naming the
-  /// step. invalid_argument for inputs the ensemble's signature refuses.
+  /// run() for an ensemble (EnsembleRun, at the end of inference_server.cpp): its steps, each
+  /// submitted to its model as soon as the tensors it reads exist, under the request's deadline
+  /// and priority; the request's cancellation cancels the steps in flight. A step's failure fails
+  /// the request, naming the step. invalid_argument for inputs the ensemble's signature refuses.
+  /// `depth`: how many ensembles this one is inside.
   Result<InflightRequest> run_ensemble(ModelRef model, Inputs inputs, const RequestOptions& options,
                                        std::string id, std::vector<std::size_t> selected,
-                                       Completion done);
+                                       Completion done, int depth = 0);
   /// `done`, after writing each output that `requested` places in shared memory into its
   /// region (a response whose output does not fit its window fails with invalid_argument).
   static Completion write_to_shared_memory(std::vector<RequestedOutput> requested, Completion done);
@@ -321,6 +322,11 @@ class InferenceServer {
   mutable ConnectionBudget connections_;
   mutable ListenerHealth listeners_;
   mutable std::mutex metrics_mu_;
+  // Ensemble requests in flight (EnsembleRun): a draining shutdown waits for them before the
+  // step models' engines stop taking requests.
+  std::mutex ensembles_mu_;
+  std::condition_variable ensembles_cv_;
+  std::int64_t live_ensembles_ = 0;  // under ensembles_mu_
   std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
 };
 

@@ -4,7 +4,10 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -337,6 +340,40 @@ bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
   return std::find(list.begin(), list.end(), v) != list.end();
 }
 
+void order_for_loading(const fs::path& root, std::vector<std::string>& names) {
+  // Ensembles after the models they run, and after the ensembles they run (Triton loads an
+  // ensemble's steps first): plain models in their order, then ensembles depth first.
+  std::map<std::string, std::vector<std::string>> ensembles;  // name -> its steps' models
+  std::vector<std::string> plain;
+  for (const std::string& name : names) {
+    auto text = read_file(root / name / "config.pbtxt");
+    std::vector<std::string> ignored;
+    auto plan = text.ok() ? plan_model_config(*text, "config.pbtxt", name, &ignored)
+                          : Result<ModelPlan>(text.status());
+    if (!plan.ok() || plan->backend != ModelPlan::Backend::ensemble) {
+      plain.push_back(name);
+      continue;
+    }
+    auto& steps = ensembles[name];
+    for (const EnsembleStep& st : plan->ensemble_steps) steps.push_back(st.model_name);
+  }
+  std::vector<std::string> ordered = plain;
+  std::set<std::string> placed;
+  std::set<std::string> visiting;  // a cycle is left for the load to refuse
+  std::function<void(const std::string&)> place = [&](const std::string& name) {
+    if (placed.contains(name) || visiting.contains(name)) return;
+    visiting.insert(name);
+    for (const std::string& step : ensembles[name]) {
+      if (ensembles.contains(step)) place(step);
+    }
+    visiting.erase(name);
+    placed.insert(name);
+    ordered.push_back(name);
+  };
+  for (const auto& [name, steps] : ensembles) place(name);
+  names = std::move(ordered);
+}
+
 }  // namespace
 
 // ---- the control thread -------------------------------------------------------------------------
@@ -580,14 +617,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
                              (root / n).string());
     }
   }
-  // Ensembles after the models they run (Triton loads an ensemble's steps first).
-  std::stable_partition(names.begin(), names.end(), [&](const std::string& name) {
-    auto text = read_file(root / name / "config.pbtxt");
-    if (!text.ok()) return true;
-    std::vector<std::string> ignored;
-    auto plan = plan_model_config(*text, "config.pbtxt", name, &ignored);
-    return !plan.ok() || plan->backend != ModelPlan::Backend::ensemble;
-  });
+  order_for_loading(root, names);
   for (const std::string& name : names) {
     const bool wanted =
         all || std::find(o.load_models.begin(), o.load_models.end(), name) != o.load_models.end();
@@ -856,19 +886,45 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
 Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
   // The step models as they are served now; a request finds them again when it runs, so a
   // step model reloaded later serves the ensemble's requests in its new version.
-  auto signature_of = [this](const EnsembleStep& s) -> Result<ModelSignature> {
+  // The version a step names, as served now.
+  auto version_of = [this](const std::string& model, std::int64_t version) -> ModelRef {
+    std::shared_ptr<const ServedModel> m = current(model);
+    if (!m) return nullptr;
+    return version > 0 ? m->find_version(version) : m->default_version();
+  };
+  // Whether ensemble `v` runs `name`, through its steps and theirs (a cycle of ensembles would
+  // recurse for ever at request time).
+  auto leads_to = [&version_of](const ModelVersion& v, const std::string& name) {
+    std::vector<const ModelVersion*> todo{&v};
+    for (std::size_t seen = 0; !todo.empty() && seen < 1024; ++seen) {
+      const ModelVersion* e = todo.back();
+      todo.pop_back();
+      for (const EnsembleGraph::Step& st : e->ensemble->steps) {
+        if (st.model == name) return true;
+        ModelRef next = version_of(st.model, st.version.empty() ? -1 : std::stoll(st.version));
+        if (next && next->ensemble) todo.push_back(next.get());
+      }
+    }
+    return false;
+  };
+  auto signature_of = [&, this](const EnsembleStep& s) -> Result<ModelSignature> {
     std::shared_ptr<const ServedModel> m = current(s.model_name);
     if (!m) return not_found_error("the repository has no model '" + s.model_name + "'");
     ModelRef v = s.model_version > 0 ? m->find_version(s.model_version) : m->default_version();
+    if (v && v->ready() && v->ensemble && leads_to(*v, plan.name)) {
+      return invalid_argument_error("ensemble '" + s.model_name + "' runs '" + plan.name +
+                                    "' in turn: ensembles may not form a cycle");
+    }
     if (!v || !v->ready()) {
-      const std::string which =
-          s.model_version > 0 ? "version " + std::to_string(s.model_version) : "no version";
+      const std::string which = s.model_version > 0
+                                    ? "version " + std::to_string(s.model_version) + " is not"
+                                    : "no version is";
       std::string why = m->reason;
       for (const ModelRef& failed : m->versions) {
         if (!failed->ready() && !failed->reason.empty()) why = failed->reason;
       }
       return unavailable_error("model '" + s.model_name + "': " + which +
-                               " is loaded and ready (the ensemble loads after its steps" +
+                               " loaded and ready (the ensemble loads after its steps" +
                                (why.empty() ? std::string() : "; " + why) + ")");
     }
     return v->signature;
@@ -1044,11 +1100,19 @@ void ModelRepository::poll() {
     return;
   }
   std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
+  std::vector<std::string> in_order = names;
+  order_for_loading(root_, in_order);
+  bool changed = false;
+  for (const std::string& name : in_order) {
     std::shared_ptr<const ServedModel> m = current(name);
     // (Not requested: unloaded when its folder went; back now.)
     if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
+      reload(name, std::nullopt, epoch_of(name), nullptr);
+      changed = true;
+    } else if (changed && m->platform == "ensemble" && !m->all_ready()) {
+      // An ensemble that failed to load, perhaps for want of a step model that this scan loaded.
+      log_("poll: ensemble '" + name + "' is not ready and models changed: loading it again");
       reload(name, std::nullopt, epoch_of(name), nullptr);
     }
   }

@@ -218,5 +218,141 @@ class Ensembles(harness.unittest.TestCase):
         self.assertTrue(self.http.is_model_ready("chain"))
 
 
+# y = a - b, and y2 = a + b when the config lists y2.
+SUB = """
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.two = len(json.loads(args["model_config"])["output"]) == 2
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "a").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "b").as_numpy()
+            ts = [pb_utils.Tensor("y", a - b)]
+            if self.two:
+                ts.append(pb_utils.Tensor("y2", a + b))
+            out.append(pb_utils.InferenceResponse(ts))
+        return out
+"""
+
+
+def f4(name):
+    return (name, "TYPE_FP32", [4])
+
+
+def write_config(repo, name, text):
+    with open(os.path.join(repo.path, name, "config.pbtxt"), "w") as f:
+        f.write(text)
+
+
+def python_config_text(name, inputs, outputs):
+    return ('name: "%s"\nbackend: "python"\nmax_batch_size: 8\ninput [ %s ]\noutput [ %s ]\n'
+            % (name, tensors(inputs), tensors(outputs)))
+
+
+class Changes(harness.unittest.TestCase):
+    """Step models and ensembles that change while the server runs (found by an adversarial
+    review): reloads, cycles through ensembles, nested ensembles, poll mode, a draining stop."""
+
+    def explicit_server(self, repo):
+        s = harness.Server(repo.path, "--model-control-mode", "explicit", "--load-model", "*")
+        s.start()
+        self.addCleanup(s.stop)
+        client = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+        self.addCleanup(client.close)
+        return s, client
+
+    def test_a_reloaded_step_model_is_matched_by_name(self):
+        repo = Repository()
+        self.addCleanup(repo.cleanup)
+        python_model(repo, "sub", [f4("a"), f4("b")], [f4("y"), f4("y2")], SUB)
+        ensemble(repo, "ens", [f4("X"), f4("W")], [f4("Z"), f4("S")],
+                 [step("sub", {"a": "X", "b": "W"}, {"y": "Z", "y2": "S"})])
+        _, client = self.explicit_server(repo)
+        x, w = np.full((1, 4), 10, np.float32), np.ones((1, 4), np.float32)
+        r = client.infer("ens", [http_input("X", x), http_input("W", w)])
+        self.assertEqual(r.as_numpy("Z").tolist(), [[9] * 4])
+        # The same model with its inputs listed the other way round: the same answers.
+        write_config(repo, "sub", python_config_text("sub", [f4("b"), f4("a")],
+                                                     [f4("y"), f4("y2")]))
+        client.load_model("sub")
+        r = client.infer("ens", [http_input("X", x), http_input("W", w)])
+        self.assertEqual(r.as_numpy("Z").tolist(), [[9] * 4])
+        self.assertEqual(r.as_numpy("S").tolist(), [[11] * 4])
+        # Without an output the ensemble reads: an error naming it, not an empty answer.
+        write_config(repo, "sub", python_config_text("sub", [f4("a"), f4("b")], [f4("y")]))
+        client.load_model("sub")
+        with self.assertRaises(InferenceServerException) as e:
+            client.infer("ens", [http_input("X", x), http_input("W", w)])
+        self.assertIn("model 'sub' was reloaded with no output 'y2'", str(e.exception))
+
+    def test_a_cycle_through_ensembles_is_refused_and_nesting_loads_in_order(self):
+        repo = Repository()
+        self.addCleanup(repo.cleanup)
+        repo.add("idm", harness.builtin_config(
+            "idm", "builtin:identity?shape=4&max_batch=8", [("input0", "TYPE_FP32", [4])],
+            [("output0", "TYPE_FP32", [4])]))
+        # "ea" runs "eb", which runs idm: "ea" sorts first but must load after "eb".
+        ensemble(repo, "ea", [f4("A")], [f4("Z")], [step("eb", {"A": "A"}, {"Z": "Z"})])
+        ensemble(repo, "eb", [f4("A")], [f4("Z")],
+                 [step("idm", {"input0": "A"}, {"output0": "Z"})])
+        s, client = self.explicit_server(repo)
+        a = np.ones((1, 4), np.float32)
+        self.assertEqual(client.infer("ea", [http_input("A", a)]).as_numpy("Z").tolist(),
+                         [[1] * 4])
+        ensemble(repo, "eb", [f4("A")], [f4("Z")], [step("ea", {"A": "A"}, {"Z": "Z"})])
+        with self.assertRaises(InferenceServerException) as e:
+            client.load_model("eb")
+        self.assertIn("ensembles may not form a cycle", str(e.exception))
+        self.assertEqual(client.infer("ea", [http_input("A", a)]).as_numpy("Z").tolist(),
+                         [[1] * 4])
+        self.assertIsNone(s.proc.poll())
+
+    def test_poll_mode_loads_an_ensemble_once_its_step_model_comes(self):
+        repo = Repository()
+        self.addCleanup(repo.cleanup)
+        ensemble(repo, "aens", [f4("A")], [f4("Z")],
+                 [step("zstep", {"input0": "A"}, {"output0": "Z"})])
+        s = harness.Server(repo.path, "--model-control-mode", "poll",
+                           "--repository-poll-secs", "1", "--strict-readiness", "false")
+        s.start()
+        self.addCleanup(s.stop)
+        client = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+        self.addCleanup(client.close)
+        self.assertFalse(client.is_model_ready("aens"))
+        repo.add("zstep", harness.builtin_config(
+            "zstep", "builtin:identity?shape=4&max_batch=8", [("input0", "TYPE_FP32", [4])],
+            [("output0", "TYPE_FP32", [4])]))
+        deadline = time.monotonic() + 20
+        while not client.is_model_ready("aens") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertTrue(client.is_model_ready("aens"))
+
+    def test_a_draining_stop_lets_ensemble_requests_finish(self):
+        repo = Repository()
+        self.addCleanup(repo.cleanup)
+        scale_model(repo, "slow_first", 1, delay=1.0)
+        scale_model(repo, "then", 2)
+        ensemble(repo, "two", [f4("A")], [f4("Z")],
+                 [step("slow_first", {"x": "A"}, {"y": "T"}), step("then", {"x": "T"}, {"y": "Z"})])
+        s = harness.Server(repo.path)
+        s.start()
+        self.addCleanup(s.stop)
+        client = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port, concurrency=4)
+        self.addCleanup(client.close)
+        a = np.ones((1, 4), np.float32)
+        running = [client.async_infer("two", [http_input("A", a)]) for _ in range(4)]
+        time.sleep(0.3)
+        s.signal()  # SIGTERM: drain
+        for r in running:
+            self.assertEqual(r.get_result(timeout=30).as_numpy("Z").tolist(), [[2] * 4])
+        s.wait(30)
+
+
 if __name__ == "__main__":
     harness.main()
