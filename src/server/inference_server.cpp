@@ -864,10 +864,6 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     std::lock_guard lock(server_.ensembles_mu_);
     ++server_.live_ensembles_;
   }
-  ~EnsembleRun() override {
-    std::lock_guard lock(server_.ensembles_mu_);
-    if (--server_.live_ensembles_ == 0) server_.ensembles_cv_.notify_all();
-  }
 
   void start(Inputs inputs) {
     std::vector<std::size_t> ready;
@@ -995,7 +991,8 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     if (last) {
       model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs));
       Completion done = std::move(done_);
-      return done(make_response(model_, id_, selected_, outputs));
+      done(make_response(model_, id_, selected_, outputs));
+      return ended();
     }
     launch(ready);
   }
@@ -1014,6 +1011,14 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     for (auto& [j, call] : calls) call.cancel();
     model_->ensemble_counters->record(false, ns_since(start_), 0);
     done(Status(s.code(), "ensemble '" + model_->model_name + "': " + std::string(s.message())));
+    ended();
+  }
+
+  /// The request has been answered (once, by step_done or end): a draining shutdown need not
+  /// wait for it any more, whoever still holds this object.
+  void ended() {
+    std::lock_guard lock(server_.ensembles_mu_);
+    if (--server_.live_ensembles_ == 0) server_.ensembles_cv_.notify_all();
   }
 
   std::string step_context(std::size_t j) const { return graph_.steps[j].label; }
