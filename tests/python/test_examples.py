@@ -19,8 +19,13 @@ EXPECT = {
 }
 
 
+# Clients of `asyncinfer serve`, run by the server tests (they need a server and Triton's client).
+SERVER_CLIENTS = {"ensemble_client.py": "tests/server/test_ensemble_digits.py"}
+
+
 def test_every_example_is_listed():
-    assert sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == sorted(EXPECT)
+    assert sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == sorted(
+        list(EXPECT) + list(SERVER_CLIENTS))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))

@@ -61,7 +61,7 @@ def test_backend_parameters_reach_openvino():
         assert engine.options["workers"] == 1
     with pytest.raises(asyncinfer.InvalidArgument, match="NO_SUCH_PROPERTY"):
         asyncinfer.load_model(ADD, backend_parameters={"NO_SUCH_PROPERTY": "1"})
-    with pytest.raises(asyncinfer.InvalidArgument, match="only the openvino backend"):
+    with pytest.raises(asyncinfer.InvalidArgument, match="only the openvino and python backends"):
         asyncinfer.load_model("builtin:identity", backend_parameters={"NUM_STREAMS": "1"})
 
 
