@@ -59,8 +59,9 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
                                              std::string(sig.status().message()));
     }
     if (sig->decoupled) {
-      return bad_ensemble(plan, s.label(i) + " is decoupled; ensembles of decoupled models are "
-                                             "not supported");
+      return bad_ensemble(plan, s.label(i) +
+                                    " is decoupled; ensembles of decoupled models are "
+                                    "not supported");
     }
     EnsembleGraph::Step step;
     step.label = s.label(i);
@@ -108,9 +109,9 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
       const std::size_t id = ids.at(tensor);  // check_ensemble_graph: every read tensor exists
       const Made& m = made.at(id);
       if (!compatible(m.spec, *it)) {
-        return bad_ensemble(plan, "tensor '" + tensor + "': " + m.by + " is " +
-                                      describe(m.spec) + ", but " + step.label + " input '" +
-                                      input + "' expects " + describe(*it));
+        return bad_ensemble(plan, "tensor '" + tensor + "': " + m.by + " is " + describe(m.spec) +
+                                      ", but " + step.label + " input '" + input + "' expects " +
+                                      describe(*it));
       }
       if (mapped[k]) {
         return bad_ensemble(plan, step.label + " input '" + input + "' is mapped twice");
@@ -122,8 +123,8 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
       if (m.step >= 0) {
         ++step.waits_for;
         auto& feeds = g->steps[static_cast<std::size_t>(m.step)].feeds;
-        auto f = std::find_if(feeds.begin(), feeds.end(),
-                              [&](const auto& p) { return p.first == i; });
+        auto f =
+            std::find_if(feeds.begin(), feeds.end(), [&](const auto& p) { return p.first == i; });
         if (f == feeds.end()) {
           feeds.emplace_back(i, 1);
         } else {

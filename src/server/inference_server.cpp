@@ -99,8 +99,8 @@ void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
                              [this] { return live_ensembles_ == 0; });
   }
   const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  repository_->shutdown(mode, drain_timeout > spent ? drain_timeout - spent
-                                                    : std::chrono::milliseconds(0));
+  repository_->shutdown(
+      mode, drain_timeout > spent ? drain_timeout - spent : std::chrono::milliseconds(0));
   stopped_.store(true, std::memory_order_release);
 }
 
@@ -841,7 +841,6 @@ std::string InferenceServer::metrics_text() const {
   return serialize_metrics(families);
 }
 
-
 /// One request to an ensemble (ensemble.hpp): its tensors, the steps still waiting for theirs,
 /// and the step requests in flight. Shared by the step requests' completions, which run on their
 /// models' completion executors; every change is under `mu_`, and nothing is called under it.
@@ -869,7 +868,8 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     std::vector<std::size_t> ready;
     {
       std::lock_guard lock(mu_);
-      for (std::size_t i = 0; i < inputs.size(); ++i) tensors_[graph_.inputs[i]] = std::move(inputs[i]);
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        tensors_[graph_.inputs[i]] = std::move(inputs[i]);
       for (std::size_t j = 0; j < graph_.steps.size(); ++j) {
         waiting_[j] = graph_.steps[j].waits_for;
         if (waiting_[j] == 0) ready.push_back(j);
@@ -890,9 +890,9 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       // loaded): its inputs and outputs are found by name, and must still be what the ensemble
       // was checked against.
       const ModelSignature& sig = (*ref)->signature;
-      Status fits = sig.decoupled ? failed_precondition_error(
-                                        "model '" + step.model + "' is now decoupled")
-                                  : step_fits(step, sig);
+      Status fits = sig.decoupled
+                        ? failed_precondition_error("model '" + step.model + "' is now decoupled")
+                        : step_fits(step, sig);
       if (!fits.ok()) return end(fits.with_context(step_context(j)));
       if ((*ref)->ensemble && depth_ >= kMaxEnsembleDepth) {
         return end(failed_precondition_error(
@@ -913,8 +913,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
           (*ref)->ensemble
               ? server_.run_ensemble(std::move(*ref), std::move(inputs), options_, id_, {},
                                      std::move(done), depth_ + 1)
-              : server_.run(std::move(*ref), std::move(inputs), options_, id_, {},
-                            std::move(done));
+              : server_.run(std::move(*ref), std::move(inputs), options_, id_, {}, std::move(done));
       if (!call.ok()) return end(call.status().with_context(step_context(j)));
       bool cancel_now = false;
       {
@@ -1040,17 +1039,16 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   const Clock::time_point start_;
   const int depth_;
   std::mutex mu_;
-  std::vector<Tensor> tensors_;         // by tensor index; under mu_
-  std::vector<std::size_t> waiting_;    // per step: inputs not made yet; under mu_
+  std::vector<Tensor> tensors_;       // by tensor index; under mu_
+  std::vector<std::size_t> waiting_;  // per step: inputs not made yet; under mu_
   std::vector<bool> finished_ = std::vector<bool>(graph_.steps.size(), false);  // under mu_
-  std::vector<std::pair<std::size_t, InflightRequest>> inflight_;  // under mu_
-  std::size_t steps_done_ = 0;                                     // under mu_
-  bool ended_ = false;                                             // under mu_
+  std::vector<std::pair<std::size_t, InflightRequest>> inflight_;               // under mu_
+  std::size_t steps_done_ = 0;                                                  // under mu_
+  bool ended_ = false;                                                          // under mu_
 };
 
 Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inputs,
-                                                      const RequestOptions& options,
-                                                      std::string id,
+                                                      const RequestOptions& options, std::string id,
                                                       std::vector<std::size_t> selected,
                                                       Completion done, int depth) {
   ASYNCINFER_RETURN_IF_ERROR(validate_inputs(model->signature, inputs)

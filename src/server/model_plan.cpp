@@ -126,8 +126,7 @@ Result<std::vector<std::size_t>> check_ensemble_graph(const ModelPlan& plan) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     for (const auto& [input, tensor] : steps[i].input_map) {
       if (!producer.contains(tensor)) {
-        return bad(plan.name, steps[i].label(i) + " input '" + input + "' reads tensor '" +
-                                  tensor +
+        return bad(plan.name, steps[i].label(i) + " input '" + input + "' reads tensor '" + tensor +
                                   "', which nothing produces (no ensemble input and no step "
                                   "output has that name)");
       }

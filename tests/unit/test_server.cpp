@@ -211,12 +211,12 @@ std::string ensemble(const std::string& steps) {
 std::string step(const std::string& model, const std::string& in, const std::string& from,
                  const std::string& out, const std::string& to) {
   return "{ model_name: \"" + model + "\" model_version: -1 input_map { key: \"" + in +
-         "\" value: \"" + from + "\" } output_map { key: \"" + out + "\" value: \"" + to +
-         "\" } }";
+         "\" value: \"" + from + "\" } output_map { key: \"" + out + "\" value: \"" + to + "\" } }";
 }
 
 TEST(ServerConfig, EnsembleGraphErrorsNameTheStepAndTheTensor) {
-  auto good = plan(ensemble(step("pre", "x", "A", "y", "T") + ", " + step("net", "x", "T", "y", "Z")));
+  auto good =
+      plan(ensemble(step("pre", "x", "A", "y", "T") + ", " + step("net", "x", "T", "y", "Z")));
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->backend, ModelPlan::Backend::ensemble);
   EXPECT_EQ(good->platform, "ensemble");
@@ -253,8 +253,7 @@ TEST(ServerConfig, EnsembleGraphErrorsNameTheStepAndTheTensor) {
 parameters { key: "uri" value { string_value: "builtin:identity" } }
 ensemble_scheduling { step [ { model_name: "x" } ] })",
                {"ensemble_scheduling needs platform: \"ensemble\""});
-  expect_error(ensemble(step("pre", "x", "A", "y", "Z")) +
-                   "dynamic_batching { }\n",
+  expect_error(ensemble(step("pre", "x", "A", "y", "Z")) + "dynamic_batching { }\n",
                {"dynamic_batching\" is specified along with field \"ensemble_scheduling"});
 }
 
@@ -265,8 +264,10 @@ TEST(ServerConfig, EnsembleResolvedAgainstItsStepModels) {
     return TensorSpec{name, dtype, std::move(shape)};
   };
   std::map<std::string, ModelSignature> models;
-  models["pre"] = ModelSignature{{spec("x", DType::f32, {-1, 4})}, {spec("y", DType::f32, {-1, 4})}};
-  models["net"] = ModelSignature{{spec("x", DType::f32, {-1, -1})}, {spec("y", DType::f32, {-1, 4})}};
+  models["pre"] =
+      ModelSignature{{spec("x", DType::f32, {-1, 4})}, {spec("y", DType::f32, {-1, 4})}};
+  models["net"] =
+      ModelSignature{{spec("x", DType::f32, {-1, -1})}, {spec("y", DType::f32, {-1, 4})}};
   auto lookup = [&](const EnsembleStep& s) -> Result<ModelSignature> {
     auto it = models.find(s.model_name);
     if (it == models.end()) return not_found_error("no model '" + s.model_name + "'");
@@ -294,14 +295,16 @@ TEST(ServerConfig, EnsembleResolvedAgainstItsStepModels) {
   models["net"].inputs[0] = spec("x", DType::f32, {-1, 5});
   expect_error({"tensor 'T'", "expects FP32[-1,5]"});
   models["net"].inputs[0] = spec("other", DType::f32, {-1, 4});
-  expect_error({"step 1 (model 'net') input_map names input 'x', which the model does not have "
-                "(it has other)"});
+  expect_error(
+      {"step 1 (model 'net') input_map names input 'x', which the model does not have "
+       "(it has other)"});
   models["net"].inputs = {spec("x", DType::f32, {-1, 4}), spec("extra", DType::f32, {-1, 4})};
   expect_error({"step 1 (model 'net') input 'extra' is not in its input_map"});
   models["net"].inputs = {spec("x", DType::f32, {-1, 4})};
   models["net"].outputs[0] = spec("y", DType::i32, {-1, 4});
-  expect_error({"output 'Z' is listed as FP32[-1,4], but step 1 (model 'net') output 'y' is "
-                "INT32[-1,4]"});
+  expect_error(
+      {"output 'Z' is listed as FP32[-1,4], but step 1 (model 'net') output 'y' is "
+       "INT32[-1,4]"});
   models.erase("net");
   expect_error({"step 1 (model 'net'): no model 'net'"});
 }

@@ -198,10 +198,9 @@ Status PythonProcess::spawn(const std::stop_token* stop) {
                                model_py.data(), instance.data(), nullptr};
   // A bare name ("python3") is looked up on PATH, as a shell would.
   const bool search = s.interpreter.find('/') == std::string::npos;
-  const int rc = search ? ::posix_spawnp(&pid_, s.interpreter.c_str(), &actions, &attr,
-                                         argv.data(), environ)
-                        : ::posix_spawn(&pid_, s.interpreter.c_str(), &actions, &attr,
-                                        argv.data(), environ);
+  const int rc =
+      search ? ::posix_spawnp(&pid_, s.interpreter.c_str(), &actions, &attr, argv.data(), environ)
+             : ::posix_spawn(&pid_, s.interpreter.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(child);
@@ -395,15 +394,15 @@ Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* sto
       return fail(StatusCode::unavailable, "the Python process " + exit_description());
     }
     if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
-      return fail(StatusCode::internal,
-                  "the stub sent a message over " + std::to_string(kMaxMessage) +
-                      " bytes; the process " + kill_and_reap());
+      return fail(StatusCode::internal, "the stub sent a message over " +
+                                            std::to_string(kMaxMessage) + " bytes; the process " +
+                                            kill_and_reap());
     }
     m.body = json::parse(buffer_.data(), buffer_.data() + n, nullptr, /*allow_exceptions=*/false);
     if (!m.body.is_object()) {
-      return fail(StatusCode::internal,
-                  "the stub sent a message that is not a JSON object; the process " +
-                      kill_and_reap());
+      return fail(
+          StatusCode::internal,
+          "the stub sent a message that is not a JSON object; the process " + kill_and_reap());
     }
     return m;
   }

@@ -110,9 +110,9 @@ class PythonProcess {
   std::string instance_name_;
   pid_t pid_ = -1;
   int sock_ = -1;
-  int wake_ = -1;    // eventfd: a stop callback writes it to wake receive()
-  int pidfd_ = -1;   // readable once the process has exited
-  int life_ = -1;    // write end of the pipe whose EOF tells the stub the server is gone
+  int wake_ = -1;          // eventfd: a stop callback writes it to wake receive()
+  int pidfd_ = -1;         // readable once the process has exited
+  int life_ = -1;          // write end of the pipe whose EOF tells the stub the server is gone
   bool stopping_ = false;  // the current batch's stop has fired: the grace period runs
   std::chrono::steady_clock::time_point grace_end_ = std::chrono::steady_clock::time_point::max();
   std::string buffer_;  // receive()'s, kept between messages
