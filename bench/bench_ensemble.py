@@ -91,19 +91,23 @@ def images_of(digits, requests):
     return [data[i % len(data)] for i in range(requests)]
 
 
+def measure(design, run_all, pngs):
+    """images/s of `run_all` (a list of PNGs -> a list of results) after 200 images of warm-up."""
+    run_all(pngs[:200])
+    t0 = time.perf_counter()
+    results = run_all(pngs)
+    took = time.perf_counter() - t0
+    assert len(results) == len(pngs)
+    return {"design": design, "images": len(pngs), "images_per_s": len(pngs) / took}
+
+
 def run_pipeline(digits, pngs):
     import asyncinfer
     preprocess, postprocess = stages(digits)
     with asyncinfer.Engine(digits, "cpu", workers=2, max_queue_delay_us=200) as engine:
         with asyncinfer.Pipeline([preprocess, engine, lambda outs: postprocess(outs[0])],
                                  window=64) as p:
-            p.run(pngs[:200])  # warm-up
-            t0 = time.perf_counter()
-            results = p.run(pngs)
-            took = time.perf_counter() - t0
-    assert len(results) == len(pngs)
-    return {"design": "pipeline (in-process asyncinfer.Pipeline)", "images": len(pngs),
-            "images_per_s": len(pngs) / took}
+            return measure("pipeline (in-process asyncinfer.Pipeline)", p.run, pngs)
 
 
 def run_article(digits, pngs):
@@ -129,13 +133,7 @@ def run_article(digits, pngs):
             return [self.infer(raw) for raw in raw_data_list]
 
     pipe = InferencePipeline(preprocess, model, postprocess)
-    pipe.infer_batch(pngs[:200])
-    t0 = time.perf_counter()
-    results = pipe.infer_batch(pngs)
-    took = time.perf_counter() - t0
-    assert len(results) == len(pngs)
-    return {"design": "article §4.1 InferencePipeline (no streams on CPU)", "images": len(pngs),
-            "images_per_s": len(pngs) / took}
+    return measure("article §4.1 InferencePipeline (no streams on CPU)", pipe.infer_batch, pngs)
 
 
 def cpu_seconds(pid):
