@@ -54,6 +54,7 @@ std::string errno_text(int e) { return std::strerror(e); }
 
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// The protocol's datatype names, as the stub reads them (parse_dtype reads them back).
 constexpr std::pair<std::string_view, DType> kDatatypes[] = {
     {"FP32", DType::f32},   {"FP16", DType::f16},  {"FP64", DType::f64},   {"INT8", DType::i8},
     {"UINT8", DType::u8},   {"INT16", DType::i16}, {"UINT16", DType::u16}, {"INT32", DType::i32},
@@ -65,12 +66,6 @@ std::string_view datatype_name(DType d) {
     if (dtype == d) return name;
   }
   return "?";
-}
-std::optional<DType> datatype_of(std::string_view name) {
-  for (const auto& [n, dtype] : kDatatypes) {
-    if (n == name) return dtype;
-  }
-  return std::nullopt;
 }
 
 // pb_utils.TritonError's codes -> ours.
@@ -562,8 +557,8 @@ Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, s
     const TensorSpec& want = sig.outputs[k];
     if (out[k].defined()) return bad("output '" + name + "' appears twice");
     const std::string datatype = s.value("datatype", std::string());
-    const std::optional<DType> dtype = datatype_of(datatype);
-    if (!dtype || *dtype != want.dtype) {
+    const Result<DType> dtype = parse_dtype(datatype);  // the protocol's names ("FP32", "BYTES")
+    if (!dtype.ok() || *dtype != want.dtype) {
       return bad("output '" + name + "' is " + (datatype.empty() ? "?" : datatype) +
                  ", the config says " + std::string(datatype_name(want.dtype)));
     }
