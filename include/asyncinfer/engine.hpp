@@ -292,6 +292,14 @@ class Engine {
   /// request returns a future that is already complete with the reason.
   [[nodiscard]] Future<Outputs> submit(Inputs inputs, const RequestOptions& options = {});
 
+  /// As submit(inputs, options), but a refused request returns its error here instead of a
+  /// ready future. Use it where a refusal must be told apart from a request that was accepted
+  /// and has already ended (a fast request's future may be complete, with an error, by the time
+  /// submit returns: it ran, and a decoupled one may have sent responses). Never blocks (except
+  /// with QueueFullPolicy::block). Thread-safe.
+  [[nodiscard]] Result<Future<Outputs>> try_submit(Inputs inputs,
+                                                   const RequestOptions& options = {});
+
   /// Asynchronous inference with a callback (§2.1). The callback runs exactly once on the
   /// completion executor with the result; ok means accepted. When refused, the error is returned
   /// here and the callback is destroyed without being called.

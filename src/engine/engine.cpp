@@ -223,10 +223,14 @@ Status EngineCore::reject(const char* reason, Status s) {
 }
 
 Future<Outputs> EngineCore::submit_future(Inputs&& inputs, const RequestOptions& o) {
+  Result<Future<Outputs>> f = try_submit_future(std::move(inputs), o);
+  if (!f.ok()) return make_ready_future<Outputs>(f.status());
+  return std::move(*f);
+}
+
+Result<Future<Outputs>> EngineCore::try_submit_future(Inputs&& inputs, const RequestOptions& o) {
   auto prepared = prepare(std::move(inputs), o);
-  if (!prepared.ok()) {
-    return make_ready_future<Outputs>(reject("bad_request", prepared.status()));
-  }
+  if (!prepared.ok()) return reject("bad_request", prepared.status());
   std::shared_ptr<Request> r = std::move(*prepared);
   r->promise.emplace();
   Future<Outputs> f = r->promise->get_future();
@@ -240,7 +244,7 @@ Future<Outputs> EngineCore::submit_future(Inputs&& inputs, const RequestOptions&
     }
   });
   Status s = accept(r);
-  if (!s.ok()) r->promise->set_error(std::move(s));
+  if (!s.ok()) return s;  // refused: the future is dropped unseen
   return f;
 }
 

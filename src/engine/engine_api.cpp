@@ -158,6 +158,10 @@ Future<Outputs> Engine::submit(Inputs inputs, const RequestOptions& options) {
   return core_->submit_future(std::move(inputs), options);
 }
 
+Result<Future<Outputs>> Engine::try_submit(Inputs inputs, const RequestOptions& options) {
+  return core_->try_submit_future(std::move(inputs), options);
+}
+
 Status Engine::submit(Inputs inputs, Callback callback, const RequestOptions& options) {
   return core_->submit_callback(std::move(inputs), std::move(callback), options);
 }

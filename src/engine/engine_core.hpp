@@ -107,6 +107,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// The three submit forms of engine.hpp: prepare (validate, copy shared inputs), then accept.
   Future<Outputs> submit_future(Inputs&& inputs, const RequestOptions& o);
+  /// As submit_future, with a refusal returned as the error rather than as a ready future.
+  Result<Future<Outputs>> try_submit_future(Inputs&& inputs, const RequestOptions& o);
 
   /// Future continuations run on the completion executor. With ordered delivery the promise is
   /// already set on a completion thread, in order, so its continuations run right there (posting

@@ -564,23 +564,22 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
   // survives a refusal by a version retired between the check and the submit.
   Inputs again;
   if (repository_->options().control_mode != ModelControlMode::none) again = inputs;
-  Future<Outputs> future = model->engine->submit(std::move(inputs), options);
-  if (future.is_ready()) {
-    // Refused at submit (the engine completes such a future at once).
-    Result<Outputs> r = future.get();
-    if (!r.ok()) {
-      if (!again.empty() && model->retired.load(std::memory_order_acquire) &&
-          r.status().code() == StatusCode::unavailable) {
-        auto next = successor(*model, again);
-        if (next.ok() && *next != model) {
-          return run(std::move(*next), std::move(again), options, std::move(id),
-                     std::move(selected), std::move(done), std::move(finished));
-        }
+  // A refusal comes back here; an accepted request that has already ended (it may have run, and
+  // a decoupled one may have sent responses) is answered through its future as any other.
+  Result<Future<Outputs>> accepted = model->engine->try_submit(std::move(inputs), options);
+  if (!accepted.ok()) {
+    if (!again.empty() && model->retired.load(std::memory_order_acquire) &&
+        accepted.status().code() == StatusCode::unavailable) {
+      auto next = successor(*model, again);
+      if (next.ok() && *next != model) {
+        return run(std::move(*next), std::move(again), options, std::move(id),
+                   std::move(selected), std::move(done), std::move(finished));
       }
-      if (finished) finished(r);
-      return r.status();
     }
+    if (finished) finished(accepted.status());
+    return accepted.status();
   }
+  Future<Outputs> future = std::move(*accepted);
   future.on_complete([model = std::move(model), id = std::move(id), selected = std::move(selected),
                       done = std::move(done),
                       finished = std::move(finished)](const Result<Outputs>& r) mutable {

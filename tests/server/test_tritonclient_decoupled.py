@@ -6,6 +6,7 @@ the one-response calls refused as Triton refuses them, the client cancelling, ba
 client that does not read, and HTTP generate / generate_stream (Server-Sent Events).
 The model is builtin:stream (n responses per request, interval_us apart)."""
 
+import http.client
 import json
 import threading
 import time
@@ -132,6 +133,27 @@ class Decoupled(harness.unittest.TestCase):
         c.async_stream_infer("stream", [fp32_input(x)], request_id="next")
         self.assertEqual([r.get_response().id for r, e in got.take(5)], ["next"] * 5)
 
+    def test_fast_failing_requests_keep_their_responses_on_a_stream(self):
+        # Many requests in flight at once, batched together: each sends two responses and then
+        # fails. A request can end before its submit call has returned; it was accepted all the
+        # same, and its responses and its error all reach the client.
+        c, got = self.stream()
+        x = np.ones((1, 4), dtype=np.float32)
+        n = 200
+        for i in range(n):
+            c.async_stream_infer("failing", [fp32_input(x)], request_id=f"f{i}")
+        items = got.take(3 * n)
+        errors = [e for r, e in items if e is not None]
+        self.assertEqual(len(errors), n)
+        for e in errors:
+            self.assertIn("fail_after", e.message())
+        indices = {}
+        for r, e in items:
+            if e is None:
+                resp = r.get_response()
+                indices.setdefault(resp.id, []).append(int(r.as_numpy("index")[0][0]))
+        self.assertEqual(indices, {f"f{i}": [0, 1] for i in range(n)})
+
     def test_one_response_calls_are_refused_as_triton_does(self):
         x = np.ones((1, 4), dtype=np.float32)
         with self.assertRaises(InferenceServerException) as e:
@@ -224,7 +246,6 @@ class Decoupled(harness.unittest.TestCase):
     # ---- HTTP: generate and generate_stream (Triton's generate extension) ----------------------
 
     def post(self, path, body, timeout=30):
-        import http.client
         c = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=timeout)
         self.addCleanup(c.close)
         c.request("POST", path, body=json.dumps(body) if not isinstance(body, str) else body,
@@ -261,6 +282,39 @@ class Decoupled(harness.unittest.TestCase):
         self.assertEqual([e.get("index") for e in events[:2]], [0, 1])
         self.assertIn("fail_after", events[2]["error"])
         self.assertEqual(len(events), 3)
+
+    def test_generate_stream_errors_of_fast_requests_are_events_too(self):
+        # 8 clients at once, so that requests batch and some end before their submit returns:
+        # such a request was accepted, and its client gets 200 with its two events and the error
+        # (it once got a plain 503, its events dropped).
+        failures = []
+
+        def client():
+            for _ in range(40):
+                c = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=30)
+                try:
+                    c.request("POST", "/v2/models/failing/generate_stream",
+                              body=json.dumps({"input0": [1, 1, 1, 1]}),
+                              headers={"Content-Type": "application/json"})
+                    r = c.getresponse()
+                    text = r.read().decode()
+                    if r.status != 200:
+                        failures.append(f"{r.status}: {text}")
+                        continue
+                    events = [json.loads(b[len("data: "):]) for b in text.split("\n\n")[:-1]]
+                    if [e.get("index") for e in events[:2]] != [0, 1] or len(events) != 3 \
+                            or "fail_after" not in events[2].get("error", ""):
+                        failures.append(text)
+                finally:
+                    c.close()
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        self.assertFalse(any(t.is_alive() for t in threads), "a client did not finish")
+        self.assertEqual(failures, [], f"{len(failures)} of 320 requests: {failures[:2]}")
 
     def test_generate_needs_exactly_one_response(self):
         r = self.post("/v2/models/stream/generate", {"input0": [1, 2, 3, 4]})

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -187,6 +188,35 @@ TEST(Engine, QueueFullRejectsAtOnce) {
   EXPECT_NE(refused.get().status().message().find("queue_capacity 4"), std::string_view::npos);
   engine->shutdown(ShutdownMode::cancel);
   for (auto& f : fs) EXPECT_TRUE(f.is_ready());
+}
+
+TEST(Engine, TrySubmitReturnsRefusalsAndNeverAnAcceptedRequestsError) {
+  // A refusal is try_submit's error; an accepted request's outcome, however fast it comes (here
+  // every request fails at once, and many have ended before try_submit returns), only ever
+  // reaches its future. submit() cannot tell those two apart: both are ready futures.
+  auto engine = make_engine("builtin:faulty?mode=error&code=internal&every=1");
+  ASSERT_TRUE(engine);
+  auto bad = engine->try_submit(one(1), RequestOptions{.priority = 9});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);
+  int ended_before_return = 0;
+  for (int i = 0; i < 2000; ++i) {
+    auto accepted = engine->try_submit(one(1));
+    ASSERT_TRUE(accepted.ok()) << accepted.status();
+    if (accepted->is_ready()) ++ended_before_return;
+    auto r = get_within(*accepted);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::internal) << r.status();
+  }
+  const auto m = engine->metrics();
+  EXPECT_EQ(m.rejected, 1u);
+  EXPECT_EQ(m.submitted, 2000u);
+  std::printf("requests that had ended before try_submit returned: %d of 2000\n",
+              ended_before_return);
+  engine->shutdown(ShutdownMode::drain);
+  auto after = engine->try_submit(one(1));
+  ASSERT_FALSE(after.ok());
+  EXPECT_NE(after.status().code(), StatusCode::ok);
 }
 
 TEST(Engine, BlockedProducerIsReleasedByShutdown) {
