@@ -572,8 +572,8 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
         accepted.status().code() == StatusCode::unavailable) {
       auto next = successor(*model, again);
       if (next.ok() && *next != model) {
-        return run(std::move(*next), std::move(again), options, std::move(id),
-                   std::move(selected), std::move(done), std::move(finished));
+        return run(std::move(*next), std::move(again), options, std::move(id), std::move(selected),
+                   std::move(done), std::move(finished));
       }
     }
     if (finished) finished(accepted.status());
