@@ -48,7 +48,8 @@
 // Guarantees (docs/design.md): every accepted request ends in exactly one terminal state
 // (completed, failed, timed_out, cancelled, shut_down); its future is fulfilled once and its
 // callback runs once, on the completion executor, with no engine lock held (a callback may submit
-// or wait on other futures); a request refused at submit gets its error synchronously and is
+// or wait on other futures, except, with ordered delivery, on a later request of its own key: see
+// EngineOptions::ordered_delivery); a request refused at submit gets its error synchronously and is
 // never half-registered; threads are fixed by the options; queue, in-flight window and result
 // store are bounded; after submit returns the caller may reuse its input buffers (the engine holds
 // reference-counted tensors — do not write into a tensor you submitted; pass a copy if you must).
@@ -225,9 +226,14 @@ struct EngineOptions {
   std::chrono::microseconds priority_aging{0};
   BatchingOptions batching;
   /// Results reach futures and callbacks in submit order (per sequence key). A callback of an
-  /// ordered request must not wait for a LATER request of the same key: that request is
-  /// delivered only after this callback returns, so the wait would never end (waiting for other
-  /// keys, or unordered engines, is fine).
+  /// ordered request (or a continuation of its future) cannot wait for a LATER request of the
+  /// same key: that request is delivered only after the callback returns. Such a wait returns at
+  /// once instead of never: Future::get() and Engine::result() give failed_precondition naming
+  /// both requests and the key, Future::wait_for()/wait_until() return false and wait() returns
+  /// with the result unset; the later request is delivered as usual once the callback returns.
+  /// The check covers the engine's own futures (submit, try_submit) and ids (result), not a
+  /// future derived from them with then() or when_all(), whose wait blocks up to its timeout.
+  /// Waiting for other keys, or on unordered engines, is fine.
   bool ordered_delivery = false;
 
   /// Default request timeout (none when unset or max()). A request may only shorten it unless

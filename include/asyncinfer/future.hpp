@@ -26,6 +26,13 @@
 // A Promise destroyed without a result resolves its future with `internal` ("broken promise"),
 // so no future is left pending forever.
 //
+// A wait that could never end on the waiting thread: a producer may give the state a check
+// (Promise::set_wait_check) that names such a wait. The engine does so with ordered delivery,
+// where a callback waiting for a later request of its own key would wait for itself. Then, while
+// the result is not set and the check says so, wait() returns at once, wait_for()/wait_until()
+// return false at once and get() returns the check's error; the future stays valid and gets its
+// result later as usual.
+//
 // Thread safety: every member of Future and Promise may be called from any thread. A Future is
 // move-only (one owner), but get() may be called any number of times (it returns a copy).
 #pragma once
@@ -116,8 +123,19 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   /// Valid only once is_ready() is true.
   const Result<T>& result() const noexcept { return *result_; }
 
+  /// Set by the producer before the future is handed out (Promise::set_wait_check).
+  void set_wait_check(UniqueFunction<Status()> check) noexcept { wait_check_ = std::move(check); }
+
+  /// ok, or why a wait for the result on this thread would never end (the result is not set and
+  /// the producer's check says so).
+  Status wait_would_never_end() {
+    if (!wait_check_ || is_ready()) return Status();
+    return wait_check_();
+  }
+
   void wait() {
     if (is_ready()) return;
+    if (!wait_would_never_end().ok()) return;
     std::unique_lock lock(mu_);
     ++waiters_;
     cv_.wait(lock, [this] { return ready_.load(std::memory_order_relaxed); });
@@ -127,6 +145,7 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   /// Blocks until ready or `deadline`; time_point::max() waits without a limit.
   bool wait_until(std::chrono::steady_clock::time_point deadline) {
     if (is_ready()) return true;
+    if (!wait_would_never_end().ok()) return false;
     if (no_limit(deadline)) {
       wait();
       return true;
@@ -223,6 +242,7 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   CancelHandler first_cancel_;
   std::vector<CancelHandler> more_cancel_;
   Executor* callback_executor_ = nullptr;
+  UniqueFunction<Status()> wait_check_;  // set before the state is shared; read-only afterwards
 };
 }  // namespace detail
 
@@ -246,7 +266,8 @@ class [[nodiscard]] Future {
   /// True once the result is set. Never blocks.
   bool is_ready() const noexcept { return state_ && state_->is_ready(); }
 
-  /// Blocks until the result is set.
+  /// Blocks until the result is set (or returns at once, the result unset, when the wait could
+  /// never end on this thread: see the header comment).
   void wait() const {
     if (state_) state_->wait();
   }
@@ -263,9 +284,12 @@ class [[nodiscard]] Future {
     return !state_ || state_->wait_until(detail::to_steady(deadline));
   }
 
-  /// Blocks until the result is set and returns a copy of it. May be called repeatedly.
+  /// Blocks until the result is set and returns a copy of it. May be called repeatedly. Returns
+  /// the producer's error at once instead when the wait could never end on this thread (see the
+  /// header comment; the engine's ordered delivery).
   Result<T> get() const {
     if (!state_) return failed_precondition_error("Future::get on an invalid future");
+    if (Status never = state_->wait_would_never_end(); !never.ok()) return never;
     state_->wait();
     return state_->result();
   }
@@ -345,6 +369,13 @@ class Promise {
     if (state_) state_->set_callback_executor(executor);
   }
   bool is_cancel_requested() const noexcept { return state_ && state_->cancel_requested(); }
+  /// Gives waits a check, called on the waiting thread while the result is not set: a non-ok
+  /// Status says that this thread's wait could never end, and the wait returns at once (get()
+  /// with that Status). Call before handing out the future. `check` must be cheap, must not
+  /// block, and may run on any thread that waits.
+  void set_wait_check(detail::UniqueFunction<Status()> check) noexcept {
+    if (state_) state_->set_wait_check(std::move(check));
+  }
   /// Runs `h` when the consumer cancels (at once, on this thread, if it already did). Dropped
   /// unrun once the result is set.
   void on_cancel(detail::UniqueFunction<void()> h) {

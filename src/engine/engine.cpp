@@ -23,7 +23,41 @@ using detail::Worker;
 namespace {
 /// The CallbackBatch alive on this thread, if any.
 thread_local EngineCore::CallbackBatch* tl_callbacks = nullptr;
+
+/// The ordered delivery this thread is running user code for, if any (drain_order): which
+/// engine, which key, and the number of the request being delivered.
+struct OrderedDrain {
+  const EngineCore* core = nullptr;
+  const std::string* key = nullptr;
+  std::uint64_t delivering = 0;
+};
+thread_local const OrderedDrain* tl_drain = nullptr;
 }  // namespace
+
+Status EngineCore::ordered_wait_would_never_end(const Request& r) const {
+  const OrderedDrain* d = tl_drain;
+  if (d == nullptr || d->core != this || r.sequence_key != *d->key ||
+      r.order_seq <= d->delivering) {
+    return Status();
+  }
+  return failed_precondition_error(context(
+      "waiting, inside the ordered callback of request #" + std::to_string(d->delivering) +
+          " of sequence key '" + r.sequence_key + "', for its later request #" +
+          std::to_string(r.order_seq) +
+          ", which is delivered only after that callback returns (EngineOptions::"
+          "ordered_delivery): the wait could never end, so it returns at once",
+      r.tag));
+}
+
+void EngineCore::add_ordered_wait_check(Promise<Outputs>& p, const std::shared_ptr<Request>& r) {
+  if (!opt_.ordered_delivery) return;
+  p.set_wait_check([core = weak_from_this(), weak = std::weak_ptr<Request>(r)]() -> Status {
+    if (tl_drain == nullptr) return Status();  // the common case: not inside a delivery
+    auto c = core.lock();
+    auto req = weak.lock();
+    return c && req ? c->ordered_wait_would_never_end(*req) : Status();
+  });
+}
 
 EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                        EngineOptions options, std::int64_t max_rows)
@@ -235,6 +269,7 @@ Result<Future<Outputs>> EngineCore::try_submit_future(Inputs&& inputs, const Req
   r->promise.emplace();
   Future<Outputs> f = r->promise->get_future();
   if (!o.inline_callback) set_callback_executor(*r->promise);
+  add_ordered_wait_check(*r->promise, r);
   r->promise->on_cancel([weak_core = weak_from_this(), weak_r = std::weak_ptr<Request>(r)] {
     auto core = weak_core.lock();
     auto req = weak_r.lock();
@@ -275,6 +310,7 @@ Status EngineCore::submit_id(std::string&& id, Inputs&& inputs, const RequestOpt
   r->promise.emplace();
   r->future_state = r->promise->get_future().state();
   set_callback_executor(*r->promise);
+  add_ordered_wait_check(*r->promise, r);
   Status s = store_.insert(r);
   if (!s.ok())
     return reject(s.code() == StatusCode::already_exists ? "duplicate_id" : "store_full", s);
@@ -291,6 +327,7 @@ Status EngineCore::submit_id(std::string&& id, Inputs&& inputs, const RequestOpt
 Result<Outputs> EngineCore::result(std::string_view id, std::chrono::nanoseconds timeout) {
   ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Request> r, store_.find(id));
   auto& state = *r->future_state;
+  if (Status never = state.wait_would_never_end(); !never.ok()) return never;
   if (timeout == std::chrono::nanoseconds::max()) {
     state.wait();
   } else if (!state.wait_until(saturating_add(Clock::now(), timeout))) {
@@ -475,10 +512,20 @@ void EngineCore::deliver_ordered(const std::shared_ptr<Request>& r, Result<Outpu
 }
 
 void EngineCore::drain_order(const std::string& key) {
+  // User code below (callbacks, the futures' continuations) learns, through tl_drain, that it
+  // runs inside this key's delivery (ordered_wait_would_never_end). Nested drains restore it.
+  OrderedDrain here{this, &key, 0};
+  const OrderedDrain* outer = tl_drain;
+  tl_drain = &here;
+  struct Restore {
+    const OrderedDrain* outer;
+    ~Restore() { tl_drain = outer; }
+  } restore{outer};
   for (;;) {
     std::vector<Pending> run = order_.take_ready(key);
     if (run.empty()) return;
     for (Pending& p : run) {
+      here.delivering = p.request->order_seq;
       if (p.request->has_callback) {
         invoke_callback(*p.request, p.result);
       } else if (p.request->promise) {

@@ -107,6 +107,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// The three submit forms of engine.hpp: prepare (validate, copy shared inputs), then accept.
   Future<Outputs> submit_future(Inputs&& inputs, const RequestOptions& o);
+  /// With ordered delivery: gives the promise's waits the check below.
+  void add_ordered_wait_check(Promise<Outputs>& p, const std::shared_ptr<detail::Request>& r);
+  /// failed_precondition when the calling thread is delivering (drain_order) an earlier request
+  /// of r's key on this engine: r is delivered only after that callback returns, so a wait for
+  /// it there would never end (EngineOptions::ordered_delivery). ok otherwise.
+  Status ordered_wait_would_never_end(const detail::Request& r) const;
   /// As submit_future, with a refusal returned as the error rather than as a ready future.
   Result<Future<Outputs>> try_submit_future(Inputs&& inputs, const RequestOptions& o);
 

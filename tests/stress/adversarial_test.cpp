@@ -3,9 +3,10 @@
 // device.hpp and pipeline.hpp. Every wait is bounded (a test fails instead of hanging) and no
 // test asserts speed.
 //
-// Eleven of these found defects that are now fixed (each comment says what it caught). One stays
-// DISABLED_: with ordered delivery, a callback that waits for a later request of its own key
-// cannot finish by design (that request is delivered after it); engine.hpp documents the rule.
+// Eleven of these found defects that are now fixed; each comment starting "Caught (fixed)" says
+// what it caught. None is disabled. A rule rather than a defect: with ordered delivery, a callback
+// cannot wait for a later request of its own key (delivered after it); that wait now fails at
+// once with failed_precondition, and OrderedCallbackWaitingForALaterRequest... tests it.
 #include <gtest/gtest.h>
 
 #include <any>
@@ -191,7 +192,7 @@ TEST(AdvEngine, ConcurrentSubmitOnEveryApiWhileCancelAndDrainShutdownsRace) {
   }
 }
 
-// DEFECT (arguable; design): Engine::shutdown serialises on shutdown_mu_ (engine.cpp, the
+// Caught (fixed; arguably design): Engine::shutdown serialises on shutdown_mu_ (engine.cpp, the
 // lock_guard at the top of EngineCore::shutdown), so a shutdown(cancel) issued while another
 // thread is inside shutdown(drain) blocks until the whole drain has finished (up to
 // drain_timeout, 30 s by default) and then returns as a no-op: "cancel resolves it as shut_down
@@ -397,14 +398,14 @@ void id_race(bool check_balance) {
 // no crash, no data race, no hang.
 TEST(AdvEngine, CancelReleaseAndResultByIdRaceOnTheSameIds) { id_race(/*check_balance=*/false); }
 
-// DEFECT: the same race, counting terminal states: some requests end twice (see
-// DISABLED_CancelByIdWhileItsSubmitIsBlockedNeverRunsIt below for the cause). Observed under TSan
+// Caught (fixed): the same race, counting terminal states: some requests end twice (see
+// CancelByIdWhileItsSubmitIsBlockedNeverRunsIt below for the cause). Observed under TSan
 // in 1.5 s: "submitted 7427 ... ended 7469", inflight_requests -42.
 TEST(AdvEngine, CancelReleaseAndResultByIdRaceEndsEveryRequestOnce) {
   id_race(/*check_balance=*/true);
 }
 
-// DEFECT (fixed twice): cancel(id) racing the submit(id) that registers it. EngineCore::submit_id
+// Caught (fixed twice): cancel(id) racing the submit(id) that registers it. EngineCore::submit_id
 // inserts the request into the result store *before* accept() queues it, and with
 // QueueFullPolicy::block accept() waits for room with the id already registered, so a
 // cancel(id) lands inside submit deterministically. First it ended the request twice (cancelled,
@@ -535,7 +536,7 @@ TEST(AdvEngine, CallbackRegisteredBeforeCompletionMayDestroyItsFuture) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// DEFECT: a callback registered on a future that is already complete runs at once on the
+// Caught (fixed): a callback registered on a future that is already complete runs at once on the
 // registering thread (future.hpp, FutureState::add_callback -> run_callback) without holding a
 // reference to the shared state. If the callback destroys the Future it was registered on (the
 // same "erase from the map of pending futures" pattern as above, which is safe when the callback
@@ -632,33 +633,97 @@ TEST(AdvEngine, OrderedDeliveryPerKeyHoldsWithRandomCancelsAndTimeouts) {
   expect_balanced(engine->metrics(), "ordered");
 }
 
-// DEFECT: with ordered delivery, a callback (or continuation) that waits on another future of
-// the same engine deadlocks, although engine.hpp promises "a callback may submit or wait on
-// other futures". EngineCore::drain_order (engine.cpp) delivers every ready result of a key in
-// a loop on a completion thread, invoking the callbacks inline; while one callback blocks, the
-// key's `draining` flag stays set, so the result the callback waits for is only parked in
-// OrderQueue::ready (deliver_ordered returns early) and can only be delivered by the very loop
-// that is blocked. Any number of completion threads deadlocks the same way (here it is broken
-// only by the 5 s bound on the inner wait).
-TEST(AdvEngine, DISABLED_OrderedDeliveryCallbackMayWaitOnAnotherFuture) {
+// With ordered delivery, a callback cannot wait for a later request of its own key: that request
+// is delivered only after the callback returns (EngineOptions::ordered_delivery). The rule's
+// outcome is bounded: the wait returns at once with failed_precondition naming both requests and
+// the key, through each way of waiting (future get, wait_for, wait, a continuation's get, and
+// Engine::result by id); the later request is then delivered as usual. Waiting for another key
+// inside the same callback does block, and ends. (This test once hung until its inner 5 s bound.)
+TEST(AdvEngine, OrderedCallbackWaitingForALaterRequestOfItsKeyGetsAnErrorAtOnce) {
   EngineOptions o;
   o.ordered_delivery = true;
   o.completion_threads = 2;
   auto engine = make_engine("builtin:identity", "sim", o);
   ASSERT_TRUE(engine);
-  Promise<bool> outer;
+  struct Seen {
+    Status get;
+    bool wait_for = true;
+    bool ready_after_wait = true;
+    Status by_id;
+    Status continuation_get;
+    float other_key = -1;
+    std::chrono::steady_clock::duration took{};
+  };
+  Promise<Seen> outer;
   auto outer_f = outer.get_future();
+  Future<Outputs> inner;  // the later request of key "k", submitted from the callback
+  RequestOptions k;
+  k.sequence_key = "k";
   ASSERT_TRUE(engine
                   ->submit(one(1),
                            [&](const Result<Outputs>&) {
-                             auto inner = engine->submit(one(42));
-                             outer.set_value(inner.wait_for(5s));
-                           })
+                             Seen seen;
+                             const auto t0 = std::chrono::steady_clock::now();
+                             inner = engine->submit(one(42), k);
+                             seen.get = inner.get().status();
+                             seen.wait_for = inner.wait_for(5s);
+                             inner.wait();
+                             seen.ready_after_wait = inner.is_ready();
+                             EXPECT_TRUE(engine->submit("later-id", one(43), k).ok());
+                             seen.by_id = engine->result("later-id", 5s).status();
+                             // Another key's request is not behind this callback: its wait
+                             // blocks, on the other completion thread's delivery, and ends.
+                             RequestOptions other;
+                             other.sequence_key = "other";
+                             auto o2 = engine->submit(one(7), other).get();
+                             if (o2.ok()) seen.other_key = first_value(*o2);
+                             seen.took = std::chrono::steady_clock::now() - t0;
+                             outer.set_value(std::move(seen));
+                           },
+                           k)
                   .ok());
   auto r = get_within(outer_f, 20'000ms);
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(*r) << "the inner future was not delivered while the callback waited for it";
-  engine->shutdown(ShutdownMode::cancel);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->get.code(), StatusCode::failed_precondition) << r->get;
+  EXPECT_NE(r->get.message().find("sequence key 'k'"), std::string_view::npos) << r->get;
+  EXPECT_NE(r->get.message().find("ordered_delivery"), std::string_view::npos) << r->get;
+  EXPECT_FALSE(r->wait_for);
+  EXPECT_FALSE(r->ready_after_wait);
+  EXPECT_EQ(r->by_id.code(), StatusCode::failed_precondition) << r->by_id;
+  EXPECT_EQ(r->other_key, 7.0f);  // another key's wait blocks, and ends
+  EXPECT_LT(r->took, 2s);         // nothing waited for its 5 s bound
+  // Once the callback has returned, the later requests are delivered in order as usual.
+  auto later = get_within(inner, 10'000ms);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(first_value(*later), 42.0f);
+  auto by_id = engine->result("later-id", 10s);
+  ASSERT_TRUE(by_id.ok()) << by_id.status();
+  EXPECT_EQ(first_value(*by_id), 43.0f);
+  // Outside a delivery the same future waits normally.
+  auto plain = engine->submit(one(5), k);
+  EXPECT_EQ(first_value(*plain.get()), 5.0f);
+  engine->shutdown(ShutdownMode::drain);
+  expect_balanced(engine->metrics(), "ordered wait");
+}
+
+// A continuation of an ordered future (then) runs inside the delivery too: its wait for a later
+// request of the key is refused the same way.
+TEST(AdvEngine, OrderedContinuationWaitingForALaterRequestOfItsKeyGetsAnErrorAtOnce) {
+  EngineOptions o;
+  o.ordered_delivery = true;
+  auto engine = make_engine("builtin:identity", "sim", o);
+  ASSERT_TRUE(engine);
+  Future<Outputs> later;
+  auto chained = engine->submit(one(1)).then([&](const Result<Outputs>&) -> Result<int> {
+    later = engine->submit(one(2));
+    Status s = later.get().status();
+    return s.code() == StatusCode::failed_precondition ? 1 : 0;
+  });
+  auto r = get_within(chained, 20'000ms);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+  EXPECT_EQ(first_value(*get_within(later, 10'000ms)), 2.0f);
+  engine->shutdown(ShutdownMode::drain);
 }
 
 // Issue 13: cancels racing blocked and unblocked submits on several keys, with shutdown racing
@@ -846,7 +911,7 @@ TEST(AdvEngine, RetryDeadlineWatchdogAndBreakerTogetherEndEveryRequestOnce) {
   }
 }
 
-// DEFECT: the hang watchdog also fails every batch that is merely queued on the stream behind a
+// Caught (fixed): the hang watchdog also fails every batch that is merely queued on the stream behind a
 // hung batch. EngineCore::launch (worker.cpp) arms each batch's watchdog at
 // `compute_start + watchdog` where compute_start is the time the batch was *enqueued* on the
 // worker's stream, not when it began to run; a batch launched right behind a hung one (with the
@@ -993,7 +1058,7 @@ TEST(AdvPipeline, RandomCancelsDeadlinesAndThrowingStagesThroughAWindowOfOne) {
   p->shutdown(ShutdownMode::drain);
 }
 
-// DEFECT (data race, lost window slot): PipelineCore::submit (pipeline.cpp) publishes the item in
+// Caught (fixed; data race, lost window slot): PipelineCore::submit (pipeline.cpp) publishes the item in
 // active_ under window_mu_ and then, after unlocking, still initialises it: item->submitted and
 // item->deadline (pipeline.cpp:269-273), the promise's callback executor, the deadline timer, and
 // finally push() into stage 0. A concurrent shutdown(cancel) takes the item from active_ and
@@ -1097,7 +1162,7 @@ TEST(AdvPipeline, EngineStageCallbackAfterThePipelineIsGone) {
   EXPECT_EQ(engine->metrics().cancelled, 1u);
 }
 
-// DEFECT: PipelineOptions::drain_timeout = milliseconds::max() (the natural "wait as long as it
+// Caught (fixed): PipelineOptions::drain_timeout = milliseconds::max() (the natural "wait as long as it
 // takes") makes shutdown(drain) cancel every item at once. PipelineCore::shutdown
 // (pipeline.cpp) passes the timeout to condition_variable::wait_for, which adds it to
 // steady_clock::now() in nanoseconds: milliseconds::max() overflows (signed overflow, UB; UBSan
@@ -1242,7 +1307,7 @@ TEST(AdvInput, BadInputsAreClearErrorsNeverCrashes) {
   expect_balanced(engine->metrics(), "bad input");
 }
 
-// DEFECT: a request timeout too large for nanoseconds makes the request time out AT ONCE.
+// Caught (fixed): a request timeout too large for nanoseconds makes the request time out AT ONCE.
 // EngineCore::effective_deadline (engine.cpp) computes `now + *timeout` on steady_clock's
 // nanosecond time_point: microseconds::max() (a natural "no timeout") overflows (signed
 // overflow, UB; UBSan aborts) and wraps to a point in the past. The same arithmetic is applied
@@ -1258,7 +1323,7 @@ TEST(AdvInput, RequestTimeoutOfMicrosecondsMaxIsNoDeadline) {
   EXPECT_TRUE(r.ok()) << r.status();
 }
 
-// DEFECT: EngineOptions::watchdog = milliseconds::max() (accepted by validate_options) fails
+// Caught (fixed): EngineOptions::watchdog = milliseconds::max() (accepted by validate_options) fails
 // every batch at once: EngineCore::launch (worker.cpp) arms the watchdog at
 // `batch->compute_start + opt_.watchdog`, which overflows to a point in the past, so the timer
 // fires immediately, the batch is failed with deadline_exceeded ("hang watchdog") and the worker
@@ -1451,7 +1516,7 @@ TEST(AdvExecutor, TimerAndPoolTasksThatScheduleMoreDuringShutdown) {
   }
 }
 
-// DEFECT: ThreadPool::shutdown (executor.cpp) is documented idempotent and thread-safe, but two
+// Caught (fixed): ThreadPool::shutdown (executor.cpp) is documented idempotent and thread-safe, but two
 // concurrent calls both pass the `stopping_ && threads_.empty()` check (threads_ is only cleared
 // after the joins) and both call join() on the same std::jthread objects: a data race on the
 // thread handles (TSan) and, when one join finishes first, std::system_error from the other

@@ -49,6 +49,37 @@ TEST(Future, WaitForTimesOutThenSucceeds) {
   EXPECT_EQ(*f.get(), 1);
 }
 
+TEST(Future, AWaitCheckMakesAWaitThatCouldNeverEndReturnAtOnce) {
+  Promise<int> p;
+  auto f = p.get_future();
+  std::atomic<bool> here_it_never_ends{true};
+  std::atomic<int> checks{0};
+  p.set_wait_check([&]() -> Status {
+    ++checks;
+    return here_it_never_ends ? failed_precondition_error("this thread produces it") : Status();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(f.get().status().code(), StatusCode::failed_precondition);
+  EXPECT_FALSE(f.wait_for(10s));
+  f.wait();
+  EXPECT_FALSE(f.is_ready());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // Where the check allows it, the wait blocks and ends with the result.
+  here_it_never_ends = false;
+  std::thread producer([&] {
+    std::this_thread::sleep_for(20ms);
+    p.set_value(3);
+  });
+  EXPECT_EQ(*f.get(), 3);
+  producer.join();
+  // Once set, the result is returned without asking the check.
+  const int before = checks.load();
+  here_it_never_ends = true;
+  EXPECT_EQ(*f.get(), 3);
+  EXPECT_TRUE(f.wait_for(0s));
+  EXPECT_EQ(checks.load(), before);
+}
+
 TEST(Future, InvalidFutureReportsFailedPrecondition) {
   Future<int> f;
   EXPECT_FALSE(f.valid());
