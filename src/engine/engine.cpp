@@ -40,13 +40,13 @@ Status EngineCore::ordered_wait_would_never_end(const Request& r) const {
       r.order_seq <= d->delivering) {
     return Status();
   }
-  return failed_precondition_error(context(
-      "waiting, inside the ordered callback of request #" + std::to_string(d->delivering) +
-          " of sequence key '" + r.sequence_key + "', for its later request #" +
-          std::to_string(r.order_seq) +
-          ", which is delivered only after that callback returns (EngineOptions::"
-          "ordered_delivery): the wait could never end, so it returns at once",
-      r.tag));
+  return failed_precondition_error(
+      context("waiting, inside the ordered callback of request #" + std::to_string(d->delivering) +
+                  " of sequence key '" + r.sequence_key + "', for its later request #" +
+                  std::to_string(r.order_seq) +
+                  ", which is delivered only after that callback returns (EngineOptions::"
+                  "ordered_delivery): the wait could never end, so it returns at once",
+              r.tag));
 }
 
 void EngineCore::add_ordered_wait_check(Promise<Outputs>& p, const std::shared_ptr<Request>& r) {

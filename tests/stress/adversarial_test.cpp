@@ -660,27 +660,28 @@ TEST(AdvEngine, OrderedCallbackWaitingForALaterRequestOfItsKeyGetsAnErrorAtOnce)
   RequestOptions k;
   k.sequence_key = "k";
   ASSERT_TRUE(engine
-                  ->submit(one(1),
-                           [&](const Result<Outputs>&) {
-                             Seen seen;
-                             const auto t0 = std::chrono::steady_clock::now();
-                             inner = engine->submit(one(42), k);
-                             seen.get = inner.get().status();
-                             seen.wait_for = inner.wait_for(5s);
-                             inner.wait();
-                             seen.ready_after_wait = inner.is_ready();
-                             EXPECT_TRUE(engine->submit("later-id", one(43), k).ok());
-                             seen.by_id = engine->result("later-id", 5s).status();
-                             // Another key's request is not behind this callback: its wait
-                             // blocks, on the other completion thread's delivery, and ends.
-                             RequestOptions other;
-                             other.sequence_key = "other";
-                             auto o2 = engine->submit(one(7), other).get();
-                             if (o2.ok()) seen.other_key = first_value(*o2);
-                             seen.took = std::chrono::steady_clock::now() - t0;
-                             outer.set_value(std::move(seen));
-                           },
-                           k)
+                  ->submit(
+                      one(1),
+                      [&](const Result<Outputs>&) {
+                        Seen seen;
+                        const auto t0 = std::chrono::steady_clock::now();
+                        inner = engine->submit(one(42), k);
+                        seen.get = inner.get().status();
+                        seen.wait_for = inner.wait_for(5s);
+                        inner.wait();
+                        seen.ready_after_wait = inner.is_ready();
+                        EXPECT_TRUE(engine->submit("later-id", one(43), k).ok());
+                        seen.by_id = engine->result("later-id", 5s).status();
+                        // Another key's request is not behind this callback: its wait
+                        // blocks, on the other completion thread's delivery, and ends.
+                        RequestOptions other;
+                        other.sequence_key = "other";
+                        auto o2 = engine->submit(one(7), other).get();
+                        if (o2.ok()) seen.other_key = first_value(*o2);
+                        seen.took = std::chrono::steady_clock::now() - t0;
+                        outer.set_value(std::move(seen));
+                      },
+                      k)
                   .ok());
   auto r = get_within(outer_f, 20'000ms);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -911,15 +912,15 @@ TEST(AdvEngine, RetryDeadlineWatchdogAndBreakerTogetherEndEveryRequestOnce) {
   }
 }
 
-// Caught (fixed): the hang watchdog also fails every batch that is merely queued on the stream behind a
-// hung batch. EngineCore::launch (worker.cpp) arms each batch's watchdog at
-// `compute_start + watchdog` where compute_start is the time the batch was *enqueued* on the
-// worker's stream, not when it began to run; a batch launched right behind a hung one (with the
-// default max_inflight_per_worker = 2 that is simply the next request) reaches its watchdog at
-// the same moment as the hung batch, and on_watchdog fails it with deadline_exceeded ("did not
-// reach its completion point ... hang watchdog") and counts a second watchdog firing, before the
-// recycle can abort it and re-run it through requeue_all as recycle()'s comment promises. Under
-// TSan: behind=deadline_exceeded, watchdog_fired=2, in 8 runs of 8 (max_inflight 2 and 4).
+// Caught (fixed): the hang watchdog also fails every batch that is merely queued on the stream
+// behind a hung batch. EngineCore::launch (worker.cpp) arms each batch's watchdog at `compute_start
+// + watchdog` where compute_start is the time the batch was *enqueued* on the worker's stream, not
+// when it began to run; a batch launched right behind a hung one (with the default
+// max_inflight_per_worker = 2 that is simply the next request) reaches its watchdog at the same
+// moment as the hung batch, and on_watchdog fails it with deadline_exceeded ("did not reach its
+// completion point ... hang watchdog") and counts a second watchdog firing, before the recycle can
+// abort it and re-run it through requeue_all as recycle()'s comment promises. Under TSan:
+// behind=deadline_exceeded, watchdog_fired=2, in 8 runs of 8 (max_inflight 2 and 4).
 // tests/unit/test_faults.cpp (Watchdog.*) does not see it because it uses
 // max_inflight_per_worker = 1.
 TEST(AdvEngine, BatchQueuedBehindAHungBatchIsRerunNotFailed) {
@@ -1058,10 +1059,10 @@ TEST(AdvPipeline, RandomCancelsDeadlinesAndThrowingStagesThroughAWindowOfOne) {
   p->shutdown(ShutdownMode::drain);
 }
 
-// Caught (fixed; data race, lost window slot): PipelineCore::submit (pipeline.cpp) publishes the item in
-// active_ under window_mu_ and then, after unlocking, still initialises it: item->submitted and
-// item->deadline (pipeline.cpp:269-273), the promise's callback executor, the deadline timer, and
-// finally push() into stage 0. A concurrent shutdown(cancel) takes the item from active_ and
+// Caught (fixed; data race, lost window slot): PipelineCore::submit (pipeline.cpp) publishes the
+// item in active_ under window_mu_ and then, after unlocking, still initialises it: item->submitted
+// and item->deadline (pipeline.cpp:269-273), the promise's callback executor, the deadline timer,
+// and finally push() into stage 0. A concurrent shutdown(cancel) takes the item from active_ and
 // end()s it in between: deliver() reads item->submitted (pipeline.cpp:598) while the producer
 // writes it (TSan: data race, write at pipeline.cpp:269 by the producer, read at :598 by the
 // shutting-down thread), FutureState::set reads callback_executor_ while set_callback_executor
@@ -1162,8 +1163,8 @@ TEST(AdvPipeline, EngineStageCallbackAfterThePipelineIsGone) {
   EXPECT_EQ(engine->metrics().cancelled, 1u);
 }
 
-// Caught (fixed): PipelineOptions::drain_timeout = milliseconds::max() (the natural "wait as long as it
-// takes") makes shutdown(drain) cancel every item at once. PipelineCore::shutdown
+// Caught (fixed): PipelineOptions::drain_timeout = milliseconds::max() (the natural "wait as long
+// as it takes") makes shutdown(drain) cancel every item at once. PipelineCore::shutdown
 // (pipeline.cpp) passes the timeout to condition_variable::wait_for, which adds it to
 // steady_clock::now() in nanoseconds: milliseconds::max() overflows (signed overflow, UB; UBSan
 // aborts) and wraps to a deadline in the past. The engine special-cases max(); the pipeline does
@@ -1323,8 +1324,8 @@ TEST(AdvInput, RequestTimeoutOfMicrosecondsMaxIsNoDeadline) {
   EXPECT_TRUE(r.ok()) << r.status();
 }
 
-// Caught (fixed): EngineOptions::watchdog = milliseconds::max() (accepted by validate_options) fails
-// every batch at once: EngineCore::launch (worker.cpp) arms the watchdog at
+// Caught (fixed): EngineOptions::watchdog = milliseconds::max() (accepted by validate_options)
+// fails every batch at once: EngineCore::launch (worker.cpp) arms the watchdog at
 // `batch->compute_start + opt_.watchdog`, which overflows to a point in the past, so the timer
 // fires immediately, the batch is failed with deadline_exceeded ("hang watchdog") and the worker
 // is recycled after every batch.
@@ -1516,10 +1517,10 @@ TEST(AdvExecutor, TimerAndPoolTasksThatScheduleMoreDuringShutdown) {
   }
 }
 
-// Caught (fixed): ThreadPool::shutdown (executor.cpp) is documented idempotent and thread-safe, but two
-// concurrent calls both pass the `stopping_ && threads_.empty()` check (threads_ is only cleared
-// after the joins) and both call join() on the same std::jthread objects: a data race on the
-// thread handles (TSan) and, when one join finishes first, std::system_error from the other
+// Caught (fixed): ThreadPool::shutdown (executor.cpp) is documented idempotent and thread-safe, but
+// two concurrent calls both pass the `stopping_ && threads_.empty()` check (threads_ is only
+// cleared after the joins) and both call join() on the same std::jthread objects: a data race on
+// the thread handles (TSan) and, when one join finishes first, std::system_error from the other
 // (join of a non-joinable thread) thrown out of shutdown() -> std::terminate. A destructor racing
 // an explicit shutdown() from another thread hits the same path.
 TEST(AdvExecutor, ConcurrentThreadPoolShutdownIsSafe) {
