@@ -174,12 +174,16 @@ int run_serve(const ServeOptions& o) {
   ho.body_timeout = ms(o.body_timeout_s);
   ho.idle_timeout = ms(o.idle_timeout_s);
   ho.max_connections = o.max_connections;
+  // The order of shutdown is decided here (frontend.hpp): the engines stop before the frontends
+  // whose connections their callbacks write to.
+  auto refuse = [&core](const Status& s) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n", s.to_string().c_str());
+    core.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+    return s.code() == StatusCode::invalid_argument ? kExitUsage : kExitRunFailed;
+  };
   HttpServer http(core, ho);
   Status s = http.start();
-  if (!s.ok()) {
-    std::fprintf(stderr, "asyncinfer serve: error: %s\n", s.to_string().c_str());
-    return s.code() == StatusCode::invalid_argument ? kExitUsage : kExitRunFailed;
-  }
+  if (!s.ok()) return refuse(s);
   log_line("http: listening on " + o.host + ":" + std::to_string(http.http_port()) + " (" +
            std::to_string(ho.threads > 0 ? ho.threads
                                          : static_cast<int>(
@@ -205,10 +209,7 @@ int run_serve(const ServeOptions& o) {
     go.memory_bytes = o.grpc_memory_bytes;
     grpc.emplace(core, go);
     s = grpc->start();
-    if (!s.ok()) {
-      std::fprintf(stderr, "asyncinfer serve: error: %s\n", s.to_string().c_str());
-      return s.code() == StatusCode::invalid_argument ? kExitUsage : kExitRunFailed;
-    }
+    if (!s.ok()) return refuse(s);
     log_line("grpc: listening on " + o.host + ":" + std::to_string(grpc->grpc_port()) +
              " (inference.GRPCInferenceService, grpc.health.v1.Health; max message " +
              std::to_string(go.max_message_bytes) + " bytes, " +

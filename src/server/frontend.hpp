@@ -16,12 +16,20 @@
 // blocked them, before any thread is started, so no thread is interrupted and no handler runs
 // in signal context.
 //
+// Nothing polls: the sequence waits on one condition variable that a signal, the end of the
+// drain and each connection that closes (Frontend::on_close) notify, with the drain timeout as
+// its deadline. The order is decided here, not in the frontends: stop accepting, drain the
+// engines (InferenceServer::shutdown), let the frontends finish writing, then stop them. A
+// frontend's stop() never shuts an engine down; whoever owns the frontends shuts the engines
+// down first (an engine's callbacks write to the frontend's connections).
+//
 // Thread safety: Frontend members may be called from any thread; run_until_signalled is called
 // once, from the thread that owns the frontends.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -46,7 +54,29 @@ class Frontend {
   /// "connection", "call": what open_connections() counts, for log lines.
   virtual std::string open_unit() const { return "connection"; }
   /// Closes every connection and stops the frontend's threads. Blocks until they have ended.
+  /// Precondition: the engines whose callbacks reach this frontend have stopped
+  /// (InferenceServer::shutdown); stop() does not stop them.
   virtual void stop() = 0;
+
+  /// Calls `listener` each time a connection (HTTP) or call (gRPC) closes, so that a wait for
+  /// open_connections() to reach 0 needs no polling. Any thread; the listener runs on the
+  /// frontend's threads with no frontend lock held and must not block. One listener; an empty
+  /// function removes it.
+  void on_close(std::function<void()> listener) {
+    std::lock_guard lock(close_mu_);
+    close_listener_ = std::move(listener);
+  }
+
+ protected:
+  /// For implementations: a connection or call has closed (call with no lock held).
+  void closed() {
+    std::lock_guard lock(close_mu_);
+    if (close_listener_) close_listener_();
+  }
+
+ private:
+  std::mutex close_mu_;
+  std::function<void()> close_listener_;
 };
 
 /// Blocks SIGTERM and SIGINT in the calling thread, so threads started afterwards inherit the

@@ -55,7 +55,9 @@ bool GrpcServer::Impl::wait_shutdown(std::chrono::milliseconds timeout) {
 // ---- GrpcServer -------------------------------------------------------------------------------
 
 GrpcServer::GrpcServer(InferenceServer& server, GrpcOptions options)
-    : impl_(std::make_unique<Impl>(server, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(server, std::move(options))) {
+  impl_->on_closed = [this] { closed(); };
+}
 
 GrpcServer::~GrpcServer() { stop(); }
 
@@ -169,8 +171,6 @@ void GrpcServer::stop() {
   if (im.stopped || !im.server) return;
   im.stopped = true;
   im.core.listeners().remove_observer(im.health_observer);
-  // Engine callbacks finish our reactors: every engine ends (and answers) before the server.
-  if (im.core.live()) im.core.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
   im.draining.store(true, std::memory_order_release);
   im.stop_refresher();
   im.refresh_health();

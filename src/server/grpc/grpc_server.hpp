@@ -39,7 +39,8 @@
 // until the client lets go. stop() is bounded by the grace and its own reactors' ends.
 //
 // Thread safety: start/stop_accepting/stop may be called from any thread; the InferenceServer
-// must outlive stop().
+// must outlive stop(). Its owner shuts the engines down (InferenceServer::shutdown) before stop()
+// and before destroying it: the engines' callbacks finish its reactors.
 #pragma once
 
 #include <chrono>

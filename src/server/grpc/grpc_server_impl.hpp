@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -140,10 +141,14 @@ struct GrpcServer::Impl {
   }
   void add(Call* c) { add(c, calls); }
   void remove(Call* c, std::unordered_set<Call*>& set) {
-    std::lock_guard lock(mu);
-    set.erase(c);
+    {
+      std::lock_guard lock(mu);
+      set.erase(c);
+    }
+    if (&set == &calls && on_closed) on_closed();
   }
   void remove(Call* c) { remove(c, calls); }
+  std::function<void()> on_closed;  ///< Frontend::closed of the GrpcServer (set before start)
   /// The calls of `set` now, each with a reference the caller releases.
   std::vector<Call*> snapshot(const std::unordered_set<Call*>& set) {
     std::lock_guard lock(mu);

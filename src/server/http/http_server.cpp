@@ -265,8 +265,12 @@ void HttpServer::Impl::add(const std::shared_ptr<Session>& s) {
 }
 
 void HttpServer::Impl::remove(Session* s) {
-  std::lock_guard lock(mu);
-  sessions.erase(s);
+  {
+    std::lock_guard lock(mu);
+    sessions.erase(s);
+    sessions_closed.notify_all();
+  }
+  if (on_closed) on_closed();
 }
 
 std::vector<std::shared_ptr<Session>> HttpServer::Impl::snapshot() const {
@@ -285,6 +289,7 @@ HttpServer::HttpServer(InferenceServer& server, HttpOptions options) {
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   impl_ = std::make_unique<Impl>(server, std::move(options));
+  impl_->on_closed = [this] { closed(); };
 }
 
 HttpServer::~HttpServer() { stop(); }
@@ -368,17 +373,16 @@ void HttpServer::stop() {
   Impl& im = *impl_;
   if (im.stopped) return;
   im.stopped = true;
-  // Engine callbacks post to sessions' strands: no engine may outlive the io_context.
-  if (im.core.live()) im.core.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
   im.draining.store(true, std::memory_order_release);
   if (im.http_listener) im.http_listener->close();
   if (im.metrics_listener) im.metrics_listener->close();
   for (auto& s : im.snapshot()) net::post(s->executor(), [s] { s->on_stop(); });
   im.work.reset();
   // Closing finishes every session's pending operations; give it a moment, then stop.
-  const auto until = Clock::now() + std::chrono::milliseconds(1000);
-  while (open_connections() > 0 && Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  {
+    std::unique_lock lock(im.mu);
+    im.sessions_closed.wait_for(lock, std::chrono::milliseconds(1000),
+                                [&im] { return im.sessions.empty(); });
   }
   // Decodes and encodes still queued are dropped (their sessions are closed); one running ends.
   im.codec_pool.stop();

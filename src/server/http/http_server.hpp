@@ -18,7 +18,8 @@
 // max_connections (429), JSON nesting over max_json_depth (400).
 //
 // Thread safety: start/stop_accepting/stop may be called from any thread; the server must stay
-// alive until stop() has returned.
+// alive until stop() has returned. Its owner shuts the engines down (InferenceServer::shutdown)
+// before stop() and before destroying it: the engines' callbacks post to its sessions.
 #pragma once
 
 #include <chrono>

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -73,6 +74,8 @@ struct HttpServer::Impl {
   // destructors use these.
   mutable std::mutex mu;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+  std::condition_variable sessions_closed;  ///< notified (under mu) as each session goes
+  std::function<void()> on_closed;          ///< Frontend::closed of the HttpServer
   std::atomic<std::size_t> connections{0};  ///< API connections admitted
   std::atomic<std::size_t> rejecting{0};    ///< refused connections being answered 429
   std::atomic<bool> draining{false};
