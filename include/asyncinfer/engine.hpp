@@ -40,7 +40,9 @@
 //     its submit returns the error — and takes no place, so it can never hold up its key.
 //   - Worker recovery (RecoveryOptions, policy.hpp): bounded replacement attempts with backoff; a
 //     worker that cannot get a model instance is reported unhealthy (health(), metrics()); with
-//     none left, queued requests and new submits fail `unavailable` naming the cause.
+//     none left, queued requests and new submits fail `unavailable` naming the cause. Each change
+//     of a worker's health, and the start of shutdown, is pushed to
+//     EngineOptions::on_health_change.
 //   - Time: every duration and time point taken here may be `max()` for "no limit" (an option
 //     holding `max()` of its own type; functions take any unit); nothing overflows
 //     (detail/chrono.hpp). Messages go through the log hook (log.hpp).
@@ -251,6 +253,17 @@ struct EngineOptions {
   std::chrono::milliseconds watchdog{0};
   /// Bounded replacement of a worker's stream and model instance, and of abandoned work.
   RecoveryOptions recovery;
+  /// Told when EngineHealth::ready may have changed, so that a server can push its readiness
+  /// instead of asking for it on a timer: a worker's health changed (the hang watchdog took it
+  /// out to be recycled, a recycle succeeded, it gave up, abandoned work it waited for ended) or
+  /// shutdown began (live turns false). A hint, not the state: it may come when ready did not
+  /// flip; health() gives the value. Runs on the engine's thread that made the change (the
+  /// deadline timer, a worker, a reaper) or on the thread calling shutdown(), with no engine
+  /// lock held: it may call health() and metrics(). Within shutdown() it runs inside that call,
+  /// so it must not call shutdown() nor destroy the engine. Must not block (it holds up that
+  /// thread: the timer's deadlines, a worker's recovery); an exception from it is reported on
+  /// the log hook and dropped. Empty: none.
+  std::function<void()> on_health_change;
 
   /// Result store of the id-based API: finished entries beyond capacity are evicted oldest
   /// first; finished entries older than result_ttl expire (max(): only capacity evicts).

@@ -572,12 +572,15 @@ void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_tim
     guard.lock();
   }
   if (state() == EngineState::stopped) return;
+  bool was_running = false;
   {
     std::unique_lock lock(qmu_);
     const EngineState want =
         mode == ShutdownMode::cancel ? EngineState::cancelling : EngineState::draining;
+    was_running = state() == EngineState::running;
     if (state() < want) set_state(want, lock);
   }
+  if (was_running) health_changed();  // not live, so not ready, from now on
   wake_everyone();
   if (state() == EngineState::draining) {
     std::unique_lock lock(qmu_);
@@ -617,11 +620,14 @@ void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_tim
 }
 
 void EngineCore::escalate_to_cancel() {
+  bool was_running = false;
   {
     std::unique_lock lock(qmu_);
     if (state() >= EngineState::cancelling) return;  // its shutdown cancels what is left
+    was_running = state() == EngineState::running;  // that shutdown has not changed it yet
     set_state(EngineState::cancelling, lock);
   }
+  if (was_running) health_changed();
   wake_everyone();
   cancel_all();
 }

@@ -270,6 +270,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// A worker's health and why (under w.mu).
   std::pair<WorkerHealth, std::string> health_of(const Worker& w) const;
+  /// Calls EngineOptions::on_health_change (if any): after a worker's health changed, or when
+  /// shutdown begins. With no engine lock held (shutdown_mu_ aside, inside shutdown()); an
+  /// exception is reported and dropped.
+  void health_changed() noexcept;
   void breaker_success(Worker& w);
   void breaker_failure(Worker& w, StatusCode code);
 

@@ -1,5 +1,6 @@
 // A worker's recovery (worker.hpp): the hang watchdog, replacing a hung worker's stream and model
-// instance (recycle), giving up after bounded attempts, its health, and the circuit breaker.
+// instance (recycle), giving up after bounded attempts, its health (and telling
+// EngineOptions::on_health_change when it changes), and the circuit breaker.
 #include <algorithm>
 
 #include "asyncinfer/detail/chrono.hpp"
@@ -43,13 +44,16 @@ void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
   if (batch->done.exchange(true)) return;
   watchdog_fired_.fetch_add(1, std::memory_order_relaxed);
   Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+  bool taken_out = false;  // healthy (or paused) until now, recovering from now
   {
     std::lock_guard lock(w.mu);
     if (batch->generation == w.generation) {
+      taken_out = !w.recycle && !w.gave_up;
       w.recycle = true;
       w.recycle_wanted.store(true, std::memory_order_release);
     }
   }
+  if (taken_out) health_changed();
   w.failed_batches.fetch_add(1, std::memory_order_relaxed);
   breaker_failure(w, StatusCode::deadline_exceeded);
   { std::lock_guard lock(qmu_); }  // a worker waiting for work in next_batch sees the flag
@@ -77,7 +81,7 @@ void EngineCore::recycle(Worker& w) {
   }
   if (abandon) {
     w.recycles.fetch_add(1, std::memory_order_relaxed);
-    Task reap([&w, s = std::move(old_stream), i = std::move(old_instance)]() mutable {
+    Task reap([this, &w, s = std::move(old_stream), i = std::move(old_instance)]() mutable {
       s.reset();  // waits for its running work where the backend cannot stop it
       i.reset();
       {
@@ -85,6 +89,7 @@ void EngineCore::recycle(Worker& w) {
         --w.abandoned;
       }
       w.cv.notify_all();
+      health_changed();  // a worker paused for its abandoned work may serve again
     });
     if (!reaper_.post(std::move(reap))) reap();  // NOLINT(bugprone-use-after-move)
   }
@@ -115,9 +120,13 @@ void EngineCore::recycle(Worker& w) {
       }
     }
   }
-  if (s.ok()) return;
+  if (s.ok()) {
+    health_changed();  // healthy again (or paused until its abandoned work ends)
+    return;
+  }
   w.recycle_attempts_failed.fetch_add(1, std::memory_order_relaxed);
   if (gave_up) {
+    health_changed();  // recovering -> unhealthy for good
     worker_gave_up(w, last_worker,
                    "worker " + std::to_string(w.index) + " is unhealthy: no model instance after " +
                        std::to_string(failures) + " attempt" + (failures == 1 ? "" : "s") +
@@ -156,6 +165,15 @@ void EngineCore::worker_gave_up(Worker& w, bool last_worker, const std::string& 
     end_unservable(r, st, "");
   }
   notify_progress();
+}
+
+void EngineCore::health_changed() noexcept {
+  if (!opt_.on_health_change) return;
+  try {
+    opt_.on_health_change();
+  } catch (...) {
+    detail::report_callback_exception("on_health_change", std::current_exception());
+  }
 }
 
 std::pair<WorkerHealth, std::string> EngineCore::health_of(const Worker& w) const {

@@ -12,7 +12,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -328,6 +332,125 @@ TEST(Recovery, AbandonedWorkIsBoundedPerWorker) {
   abandoned_bound(1, 1);
   abandoned_bound(2, 1);
   abandoned_bound(1, 0);
+}
+
+// ---- EngineOptions::on_health_change ---------------------------------------------------------
+
+/// Records what each on_health_change call finds: the engine's health, read from inside the
+/// callback (no engine lock is held there, so health() must not deadlock).
+class HealthChanges {
+ public:
+  struct Seen {
+    bool live = false;
+    bool ready = false;
+    WorkerHealth worker = WorkerHealth::healthy;
+  };
+
+  /// The hook for EngineOptions::on_health_change; calls before watch() are counted only.
+  std::function<void()> hook() {
+    return [this] {
+      Seen s;
+      if (Engine* e = engine_.load()) {
+        const EngineHealth h = e->health();
+        s = {h.live, h.ready, h.workers.empty() ? WorkerHealth::healthy : h.workers[0].health};
+      }
+      {
+        std::lock_guard lock(mu_);
+        seen_.push_back(s);
+      }
+      cv_.notify_all();
+    };
+  }
+  void watch(Engine* engine) { engine_.store(engine); }
+  /// Waits (bounded) for a call, the `from`-th or later, whose reading satisfies `pred`; true
+  /// when one came. Never polls the engine: only the callbacks wake it.
+  bool wait_for(std::size_t from, const std::function<bool(const Seen&)>& pred,
+                std::chrono::milliseconds timeout = 10'000ms) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      for (std::size_t i = from; i < seen_.size(); ++i) {
+        if (pred(seen_[i])) return true;
+      }
+      return false;
+    });
+  }
+  std::size_t calls() {
+    std::lock_guard lock(mu_);
+    return seen_.size();
+  }
+
+ private:
+  std::atomic<Engine*> engine_{nullptr};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Seen> seen_;
+};
+
+// The watchdog takes the only worker out (not ready), its recycle brings it back (ready), and
+// shutdown ends it (not live): each is pushed, with no one asking for health() meanwhile.
+TEST(Recovery, HealthChangesArePushedWhenAWorkerIsRecycledAndAtShutdown) {
+  QuietLog log;
+  HealthChanges changes;
+  EngineOptions o = one_worker(50ms);
+  o.on_health_change = changes.hook();
+  auto model = std::make_shared<ControlledModel>(1 << 20,
+                                                 [](int call) { return call == 1 ? 300ms : 0ms; });
+  auto engine = engine_of(model, o);
+  ASSERT_TRUE(engine);
+  EXPECT_EQ(changes.calls(), 0u) << "a new engine's health has not changed";
+  changes.watch(engine.get());
+  auto hung = engine->submit(one(1));
+  ASSERT_TRUE(changes.wait_for(0, [](const auto& s) { return s.live && !s.ready; }))
+      << "the watchdog took the worker out: not ready";
+  ASSERT_TRUE(changes.wait_for(0, [](const auto& s) { return s.live && s.ready; }))
+      << "the recycled worker serves again: ready";
+  EXPECT_EQ(get_within(hung, 2000ms).status().code(), StatusCode::deadline_exceeded);
+  auto r = get_within(engine->submit(one(2)), 5000ms);
+  EXPECT_TRUE(r.ok()) << r.status();
+  const std::size_t before = changes.calls();
+  must_return_within(10'000ms, "shutdown", [&] { engine->shutdown(ShutdownMode::drain); });
+  EXPECT_TRUE(changes.wait_for(before, [](const auto& s) { return !s.live && !s.ready; }, 0ms))
+      << "shutdown began: pushed before it returned";
+}
+
+// A worker that cannot get a model instance gives up: the change to unhealthy is pushed.
+TEST(Recovery, HealthChangeIsPushedWhenAWorkerGivesUp) {
+  QuietLog log;
+  HealthChanges changes;
+  EngineOptions o = lost_device_options();
+  o.on_health_change = changes.hook();
+  LostDevice lost(300ms, o);
+  ASSERT_TRUE(lost.engine);
+  changes.watch(lost.engine.get());
+  auto hung = lost.engine->submit(one(1));
+  ASSERT_TRUE(changes.wait_for(0, [](const auto& s) { return s.live && !s.ready; }));
+  ASSERT_TRUE(changes.wait_for(
+      0, [](const auto& s) { return s.live && !s.ready && s.worker == WorkerHealth::unhealthy; }))
+      << "giving up is pushed";
+  EXPECT_FALSE(lost.engine->health().ready);
+}
+
+// An exception from the hook is reported and dropped: the engine goes on.
+TEST(Recovery, AHealthChangeHookThatThrowsIsReported) {
+  QuietLog log;
+  std::atomic<int> calls{0};
+  EngineOptions o = one_worker(50ms);
+  o.on_health_change = [&calls] {
+    calls.fetch_add(1);
+    throw std::runtime_error("hook failed");
+  };
+  auto model = std::make_shared<ControlledModel>(1 << 20,
+                                                 [](int call) { return call == 1 ? 300ms : 0ms; });
+  auto engine = engine_of(model, o);
+  ASSERT_TRUE(engine);
+  auto hung = engine->submit(one(1));
+  EXPECT_EQ(get_within(hung, 5000ms).status().code(), StatusCode::deadline_exceeded);
+  ASSERT_TRUE(eventually([&] { return engine->health().ready; }, 10'000ms));
+  auto r = get_within(engine->submit(one(2)), 5000ms);
+  EXPECT_TRUE(r.ok()) << r.status();
+  must_return_within(10'000ms, "shutdown", [&] { engine->shutdown(ShutdownMode::drain); });
+  EXPECT_GE(calls.load(), 3) << "taken out, back, shutdown";
+  EXPECT_TRUE(log.saw("exception in on_health_change")) << "reported on the log hook";
 }
 
 // ---- waits that shutdown must cut short -----------------------------------------------------
