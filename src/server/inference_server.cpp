@@ -55,15 +55,38 @@ InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, Se
   if (options_.response_cache_bytes > 0) {
     cache_ = std::make_unique<ResponseCache>(options_.response_cache_bytes);
   }
+  repository_observer_ = repository_->on_change([this] { readiness_observers_.notify(); });
 }
 
 InferenceServer::~InferenceServer() {
   if (live()) shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+  // The repository (a member) outlives this body; its engines may still tell it of changes.
+  repository_->remove_observer(repository_observer_);
 }
 
-bool InferenceServer::ready() const {
+void InferenceServer::begin_drain() noexcept {
+  if (!draining_.exchange(true, std::memory_order_acq_rel)) readiness_observers_.notify();
+}
+
+bool InferenceServer::ready() const { return ready(true); }
+
+bool InferenceServer::ready_unannounced() const { return ready(false); }
+
+bool InferenceServer::ready(bool announce) const {
   if (draining() || !live()) return false;
-  if (listeners_.recheck_descriptors()) connections_.release(0);  // wake a paused listener
+  // A listener whose accept() failed for want of descriptors counts as accepting again once
+  // enough are free (ListenerHealth::recheck_descriptors). Its next accept that succeeds says so
+  // itself (set_accepting, which its observers hear); but descriptors also come back with
+  // nothing to announce it (a file closed elsewhere in the process, the limit raised) and no
+  // client may connect, so readiness re-examines the failure whenever it is asked for (a probe,
+  // ServerReady, a gRPC health Check, any pushed change): a question, not a timer, and nothing
+  // to poll for. What it finds is then pushed like any other change: the readiness observers
+  // are told (the gRPC health service's Watch calls would otherwise stay NOT_SERVING after an
+  // HTTP probe found the recovery), and a paused listener is woken (it accepts again).
+  if (listeners_.recheck_descriptors()) {
+    connections_.release(0);  // wake a paused listener
+    if (announce) readiness_observers_.notify();
+  }
   if (!listeners_.all_accepting()) return false;
   bool any = false;
   bool counted = false;
@@ -89,7 +112,7 @@ std::string InferenceServer::unready_reason() const {
 }
 
 void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
-  draining_.store(true, std::memory_order_release);
+  begin_drain();
   const Clock::time_point start = Clock::now();
   if (mode == ShutdownMode::drain) {
     // Ensemble requests in flight still need their later steps' engines: let them finish (within

@@ -44,6 +44,7 @@
 #include "asyncinfer/engine.hpp"
 #include "limits.hpp"
 #include "model_repository.hpp"
+#include "observers.hpp"
 #include "response_cache.hpp"
 #include "server_metrics.hpp"
 #include "shared_memory.hpp"
@@ -200,12 +201,19 @@ class InferenceServer {
   /// Live until shutdown() has run.
   bool live() const noexcept { return !stopped_.load(std::memory_order_acquire); }
   /// Ready when not draining, every listener accepts (ListenerHealth), and (strict readiness)
-  /// every model version is ready, else at least one is.
+  /// every model version is ready, else at least one is. A listener's recovery that only this
+  /// question finds (ListenerHealth::recheck_descriptors) is told to the readiness observers
+  /// (on_readiness_change), on this thread.
   bool ready() const;
+  /// As ready(), but a recovery it finds is not told to the observers: for an observer that asks
+  /// under a lock of its own and publishes what it reads (the gRPC health service), which would
+  /// otherwise be called back from inside its own question.
+  bool ready_unannounced() const;
   /// Why ready() is false, for the readiness endpoints' answers.
   std::string unready_reason() const;
-  /// Readiness turns false at once; requests go on being served (frontends stop accepting).
-  void begin_drain() noexcept { draining_.store(true, std::memory_order_release); }
+  /// Readiness turns false at once (the readiness observers are told); requests go on being
+  /// served (frontends stop accepting).
+  void begin_drain() noexcept;
   bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }
   /// Shuts every engine down (Engine::shutdown); blocks until they have stopped. A second call
   /// with cancel cuts a drain in progress short. After it live() is false.
@@ -266,6 +274,23 @@ class InferenceServer {
   /// Whether each listener accepts; readiness follows it.
   ListenerHealth& listeners() noexcept { return listeners_; }
 
+  /// Runs `f` whenever ready() may have changed because of the models or the server's state: a
+  /// repository snapshot was published (a load, an unload, a poll: ModelRepository::on_change),
+  /// a served engine's health changed (a worker taken out by the hang watchdog, recovered, given
+  /// up: EngineOptions::on_health_change), a drain or shutdown began. The listeners' changes
+  /// have their own observers (ListenerHealth::on_change). A hint: `f` calls ready() for the
+  /// value, and may be told when nothing changed. It runs on the thread that made the change (the
+  /// repository's control thread, a model-control caller, an engine's timer, worker or reaper
+  /// thread, the caller of begin_drain or shutdown) with no lock held that ready() takes, under
+  /// the rules of ObserverList::notify (observers.hpp): short, never blocking, and not adding or
+  /// removing an observer from inside. Returns an id for remove_readiness_observer().
+  std::size_t on_readiness_change(std::function<void()> f) {
+    return readiness_observers_.add(std::move(f));
+  }
+  /// After it returns `f` runs no more (a call in progress has ended). A frontend removes its
+  /// observer before it goes (GrpcServer::stop).
+  void remove_readiness_observer(std::size_t id) { readiness_observers_.remove(id); }
+
   /// Frontend metrics by protocol name ("http", "grpc"); created on first use, never freed.
   /// `connections`: whether the frontend counts connections (gRPC's library does not show them).
   ProtocolMetrics& protocol_metrics(std::string_view protocol, ProtocolMetrics::Labels labels,
@@ -302,6 +327,8 @@ class InferenceServer {
                                         const RequestOptions& options, std::string id,
                                         std::vector<std::size_t> selected, Completion done);
 
+  /// ready() and ready_unannounced().
+  bool ready(bool announce) const;
   /// find() on one snapshot; `retired` tells that the version it found cannot serve because it
   /// was replaced meanwhile.
   Result<ModelRef> find_once(std::string_view model, std::string_view version, bool* retired) const;
@@ -321,6 +348,8 @@ class InferenceServer {
   // wakes a listener that waits for one (ListenerHealth::recheck_descriptors).
   mutable ConnectionBudget connections_;
   mutable ListenerHealth listeners_;
+  mutable ObserverList readiness_observers_;  // mutable: ready() tells it of what it finds
+  std::size_t repository_observer_ = 0;  ///< ours on the repository: forwards to the above
   mutable std::mutex metrics_mu_;
   // Ensemble requests in flight (EnsembleRun): a draining shutdown waits for them before the
   // step models' engines stop taking requests.

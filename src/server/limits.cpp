@@ -163,7 +163,8 @@ bool ListenerHealth::recheck_descriptors() {
     }
   }
   // No notify(): this runs inside readiness queries, which the observers make themselves (the
-  // gRPC health service, under its own lock); they see the change on their next look.
+  // gRPC health service, under its own lock). InferenceServer::ready() tells its own readiness
+  // observers of the change, unless the one asking is such an observer (ready_unannounced).
   return changed;
 }
 

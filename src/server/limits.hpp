@@ -137,7 +137,8 @@ class ListenerHealth {
   /// accepting again — without it, a failure that ended with no connection to prove it would
   /// keep the server unready for good. True when any changed. Readiness calls it when it is
   /// asked for; /proc/self/fd is counted only while such a failure stands. It does not run the
-  /// observers (they ask for readiness themselves, and may do so from inside their callback).
+  /// observers (they ask for readiness themselves, and may do so from inside their callback):
+  /// InferenceServer::ready() tells its readiness observers of a change it returns.
   bool recheck_descriptors();
   /// `listener` accepts again; true when it was failing until now.
   bool set_accepting(std::string_view listener);

@@ -525,24 +525,34 @@ std::shared_ptr<const ServedModel> ModelRepository::current(std::string_view nam
   return nullptr;
 }
 
+// The observers run after snapshot_mu_ is let go: they read the readiness, which takes it.
 void ModelRepository::publish(std::shared_ptr<const ServedModel> model) {
-  std::lock_guard lock(snapshot_mu_);
-  publish_locked(std::move(model));
+  {
+    std::lock_guard lock(snapshot_mu_);
+    publish_locked(std::move(model));
+  }
+  observers_->notify();
 }
 
 bool ModelRepository::publish_if(std::shared_ptr<const ServedModel> model, std::uint64_t epoch) {
-  std::lock_guard lock(snapshot_mu_);
-  if (epoch_locked(model->name) != epoch) return false;
-  publish_locked(std::move(model));
+  {
+    std::lock_guard lock(snapshot_mu_);
+    if (epoch_locked(model->name) != epoch) return false;
+    publish_locked(std::move(model));
+  }
+  observers_->notify();
   return true;
 }
 
 bool ModelRepository::replace_if(const std::shared_ptr<const ServedModel>& expected,
                                  std::shared_ptr<const ServedModel> model) {
-  std::lock_guard lock(snapshot_mu_);
-  const ServedModel* now = snapshot_->find(model->name);
-  if (now != expected.get()) return false;
-  publish_locked(std::move(model));
+  {
+    std::lock_guard lock(snapshot_mu_);
+    const ServedModel* now = snapshot_->find(model->name);
+    if (now != expected.get()) return false;
+    publish_locked(std::move(model));
+  }
+  observers_->notify();
   return true;
 }
 
@@ -842,7 +852,11 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         last = device.status();
         continue;
       }
-      auto engine = Engine::create(*model, *device, plan->engine);
+      // The server's readiness follows the engine's (ModelVersion::serving): its health
+      // changes are pushed to the observers (on_change), not polled.
+      EngineOptions eo = plan->engine;
+      eo.on_health_change = [observers = observers_] { observers->notify(); };
+      auto engine = Engine::create(*model, *device, std::move(eo));
       if (!engine.ok()) {
         last = engine.status();
         continue;
@@ -1012,6 +1026,7 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
     unloading = u;
     publish_locked(std::move(u));
   }
+  observers_->notify();  // the model no longer counts for readiness
   for (const ModelRef& v : versions) v->retired.store(true);
   {
     // A load of it that is running is dropped (its epoch changed): its warm-up is cut short.

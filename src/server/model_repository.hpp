@@ -46,6 +46,7 @@
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/status.hpp"
 #include "ensemble.hpp"
+#include "observers.hpp"
 #include "response_cache.hpp"
 
 namespace asyncinfer::server {
@@ -251,6 +252,17 @@ class ModelRepository {
   /// to cut a drain short from another thread.
   void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
 
+  /// Runs `f` whenever what the server's readiness reads from the repository may have changed:
+  /// a snapshot was published (a load, a failed load, an unload, a poll; a version LOADING,
+  /// READY, UNAVAILABLE, UNLOADING, a model added or removed) or an engine's health changed
+  /// (EngineOptions::on_health_change of every engine it makes). `f` runs on the thread that made
+  /// the change (the control thread, the caller of unload_model, a drain's thread, an engine's
+  /// thread: ObserverList's rules), after the snapshot is visible and with no lock of the
+  /// repository held, so it may call snapshot(). Returns an id for remove_observer().
+  std::size_t on_change(std::function<void()> f) { return observers_->add(std::move(f)); }
+  /// After it returns `f` runs no more (a call in progress has ended).
+  void remove_observer(std::size_t id) { observers_->remove(id); }
+
  private:
   class Control;
   ModelRepository() = default;
@@ -281,8 +293,9 @@ class ModelRepository {
   std::shared_ptr<const ServedModel> current(std::string_view name) const;
   /// An ensemble version: its steps resolved against the models served now (no engine).
   Status load_ensemble(ModelVersion& version, const ModelPlan& plan);
-  /// Replaces (or adds) `model` in the snapshot.
+  /// Replaces (or adds) `model` in the snapshot, then tells the observers (on_change).
   void publish(std::shared_ptr<const ServedModel> model);
+  /// The same under snapshot_mu_, without telling them: the caller does once it has let go.
   void publish_locked(std::shared_ptr<const ServedModel> model);
   /// publish() unless the model was unloaded since `epoch` (false then).
   bool publish_if(std::shared_ptr<const ServedModel> model, std::uint64_t epoch);
@@ -338,6 +351,9 @@ class ModelRepository {
   std::map<std::string, std::uint64_t, std::less<>> epochs_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> next_generation_{1};
+  /// on_change's observers. Shared with the engines' on_health_change, as an engine may outlive
+  /// the repository (a request's ModelRef holds its version).
+  std::shared_ptr<ObserverList> observers_ = std::make_shared<ObserverList>();
   std::shared_ptr<Control> control_;  ///< the control thread and its queue
 };
 
