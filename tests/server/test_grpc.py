@@ -5,10 +5,12 @@ datatype, always answered raw; ModelStreamInfer with out-of-order responses matc
 deadlines (a 100 ms deadline behind long work ends DEADLINE_EXCEEDED on time) and cancellation
 (the slot is free at once); every bad-input case with its status code and message while a channel
 opened before keeps being served; message size limits (a response over the limit too); metrics;
-health that follows readiness (a lost device turns it NOT_SERVING); drain on SIGTERM, which
+health that follows readiness, each change pushed to a Watch as it happens (a lost device, a model
+unloaded or loaded through the repository API); drain on SIGTERM, which
 neither a health Watch nor an idle channel holds past the drain timeout."""
 
 import os
+import queue
 import re
 import shutil
 import signal
@@ -715,11 +717,47 @@ class Deadlines(RpcCase):
         self.assertLess(time.monotonic() - start, 2.0)
 
 
+class WatchReader:
+    """Reads a health Watch on a thread of its own, so that each status can be awaited with a
+    bound of its own (the call's deadline is far off)."""
+
+    def __init__(self, watch):
+        self.watch = watch
+        self.statuses = queue.Queue()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for r in self.watch:
+                self.statuses.put(r.status)
+        except grpc.RpcError as e:
+            self.statuses.put(e)
+
+    def next(self, within):
+        """The next status sent, which must come within `within` seconds."""
+        try:
+            got = self.statuses.get(timeout=within)
+        except queue.Empty:
+            raise AssertionError("the Watch sent nothing within %.1f s" % within) from None
+        if isinstance(got, grpc.RpcError):
+            raise AssertionError("the Watch ended: %s %s" % (got.code(), got.details()))
+        return got
+
+    def cancel(self):
+        self.watch.cancel()
+        self.thread.join(10)
+
+
 class HealthFollowsReadiness(RpcCase):
-    """A model whose device is lost at run time (its first request hangs, the watchdog takes the
-    device, recycling fails) turns the server not ready: grpc.health.v1.Health follows."""
+    """grpc.health.v1.Health follows the server's readiness, and a Watch is told of each change
+    as it happens: nothing looks for it on a timer, so a change that is not pushed never reaches
+    the watch (its next status is awaited within 2 s, and no Check is made meanwhile: a Check
+    also publishes the status it reads)."""
 
     def test_lost_device_turns_health_not_serving(self):
+        # A model whose device is lost at run time (its first request hangs, the watchdog takes
+        # the device, recycling fails) turns the server not ready.
         repo = Repository()
         repo.add("faulty", 'name: "faulty"\nbackend: "builtin"\nmax_batch_size: 8\n'
                  'parameters { key: "uri" value { string_value: '
@@ -732,24 +770,55 @@ class HealthFollowsReadiness(RpcCase):
                 ch = gc.channel(server.grpc_target)
                 h = gc.health_stub(ch)
                 hc = gc.health_pb2.HealthCheckResponse
-                watch = h.Watch(gc.health_pb2.HealthCheckRequest(service=""), timeout=30)
-                self.assertEqual(next(watch).status, hc.SERVING)
                 self.assertEqual(h.Check(gc.health_pb2.HealthCheckRequest(service="")).status,
                                  hc.SERVING)
+                watch = WatchReader(h.Watch(gc.health_pb2.HealthCheckRequest(service=""),
+                                            timeout=30))
+                self.assertEqual(watch.next(5), hc.SERVING)
                 with self.assertRaises(grpc.RpcError):  # hangs until the watchdog ends it
                     gc.stub(ch).ModelInfer(gc.infer_request(
                         "faulty", [("input0", "FP32", [1, 16], [0] * 16)]), timeout=20)
-                deadline = time.monotonic() + 15
-                while gc.stub(ch).ServerReady(pb.ServerReadyRequest()).ready:
-                    self.assertLess(time.monotonic(), deadline, "the server stayed ready")
-                    time.sleep(0.05)
+                # The engine pushes its health change (the watchdog took its only worker out):
+                # the watch is told with no question asked (EngineOptions::on_health_change).
+                self.assertEqual(watch.next(2), hc.NOT_SERVING)
+                self.assertFalse(gc.stub(ch).ServerReady(pb.ServerReadyRequest()).ready)
                 # Check answers the readiness of the moment, for both services.
                 for service in ("", gc.SERVICE):
                     self.assertEqual(
                         h.Check(gc.health_pb2.HealthCheckRequest(service=service)).status,
                         hc.NOT_SERVING)
-                # The watch is told (its refresh runs every 100 ms).
-                self.assertEqual(next(watch).status, hc.NOT_SERVING)
+                watch.cancel()
+                ch.close()
+        finally:
+            repo.cleanup()
+
+
+    def test_model_unload_and_load_are_pushed(self):
+        # Without strict readiness the server is ready while any version serves, and `broken`
+        # (which failed to load) counts: unloading `good`, the one that serves, leaves the server
+        # not ready, and loading it again makes it ready.
+        repo = Repository()
+        tensors = ([("input0", "TYPE_FP32", [16])], [("output0", "TYPE_FP32", [16])])
+        repo.add("good", builtin_config("good", "builtin:identity?shape=16&max_batch=8", *tensors))
+        repo.add("broken", builtin_config("broken", "builtin:nope", *tensors))
+        try:
+            with Server(repo.path, "--model-control-mode", "explicit", "--load-model", "good",
+                        "--load-model", "broken", "--strict-readiness", "false") as server:
+                ch = gc.channel(server.grpc_target)
+                hc = gc.health_pb2.HealthCheckResponse
+                watch = WatchReader(gc.health_stub(ch).Watch(
+                    gc.health_pb2.HealthCheckRequest(service=""), timeout=60))
+                self.assertEqual(watch.next(5), hc.SERVING)
+                for action, status in (("unload", hc.NOT_SERVING), ("load", hc.SERVING),
+                                       ("unload", hc.NOT_SERVING), ("load", hc.SERVING)):
+                    with self.subTest(action=action):
+                        r = requests.post(server.url + "/v2/repository/models/good/" + action,
+                                          timeout=30)
+                        self.assertEqual(r.status_code, 200, r.text)
+                        self.assertEqual(watch.next(2), status)
+                        self.assertEqual(
+                            gc.stub(ch).ServerReady(pb.ServerReadyRequest()).ready,
+                            status == hc.SERVING)
                 watch.cancel()
                 ch.close()
         finally:

@@ -1,10 +1,9 @@
 // grpc.health.v1.Health (health.proto) of the gRPC frontend: Check, Watch (HealthWatch, one
-// ServerWriteReactor per watch) and the refresher thread that compares the server's readiness
-// every 100 ms and tells the watches of each change (grpc_server.hpp, "Health").
+// ServerWriteReactor per watch) and refresh_health, which the server's readiness changes are
+// pushed to (grpc_server.hpp, "Health") and which tells the watches of each change.
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "grpc_server_impl.hpp"
 
@@ -14,14 +13,12 @@ namespace {
 using HealthStatus = hpb::HealthCheckResponse::ServingStatus;
 
 constexpr const char* kServiceName = "inference.GRPCInferenceService";
-/// How often the health status is compared with the server's readiness for the Watch calls (a
-/// Check always answers the readiness of the moment).
-constexpr auto kHealthRefresh = std::chrono::milliseconds(100);
 
 }  // namespace
 
 int GrpcServer::Impl::serving_status() const {
-  return !draining.load(std::memory_order_acquire) && core.ready()
+  // Unannounced: it runs under health_mu, and the observers it would tell include this one.
+  return !draining.load(std::memory_order_acquire) && core.ready_unannounced()
              ? hpb::HealthCheckResponse::SERVING
              : hpb::HealthCheckResponse::NOT_SERVING;
 }
@@ -47,26 +44,6 @@ void GrpcServer::Impl::add_watch(Call* w) {
   publish_locked(serving_status());
   add(w, watches);
   w->on_health(health);
-}
-
-void GrpcServer::Impl::start_refresher() {
-  refresher = std::thread([this] {
-    std::unique_lock lock(refresh_mu);
-    while (!refresh_cv.wait_for(lock, kHealthRefresh, [this] { return refresh_stop; })) {
-      lock.unlock();
-      refresh_health();
-      lock.lock();
-    }
-  });
-}
-
-void GrpcServer::Impl::stop_refresher() {
-  {
-    std::lock_guard lock(refresh_mu);
-    refresh_stop = true;
-  }
-  refresh_cv.notify_all();
-  if (refresher.joinable()) refresher.join();
 }
 
 namespace {

@@ -139,10 +139,11 @@ Status GrpcServer::start() {
     return unavailable_error("cannot start the gRPC server (see gRPC's log above)");
   }
   im.acceptor->start(im.server.get());
-  // A listener that cannot accept turns the health status at once.
+  // A listener that cannot accept, a model loaded or unloaded, an engine whose workers are lost
+  // or recover, a drain: each turns the health status at once (pushed, never polled).
   im.health_observer = im.core.listeners().on_change([&im] { im.refresh_health(); });
+  im.readiness_observer = im.core.on_readiness_change([&im] { im.refresh_health(); });
   im.refresh_health();
-  im.start_refresher();
   return Status();
 }
 
@@ -171,8 +172,8 @@ void GrpcServer::stop() {
   if (im.stopped || !im.server) return;
   im.stopped = true;
   im.core.listeners().remove_observer(im.health_observer);
+  im.core.remove_readiness_observer(im.readiness_observer);
   im.draining.store(true, std::memory_order_release);
-  im.stop_refresher();
   im.refresh_health();
   im.start_shutdown();
   for (Call* c : im.snapshot()) {

@@ -25,8 +25,11 @@
 // ready at run time): the service "" and "inference.GRPCInferenceService" are SERVING while the
 // server is ready and not draining, NOT_SERVING otherwise (Kubernetes' gRPC probes ask for ""
 // by default). Check reads the readiness of the moment; Watch is a ServerWriteReactor told of each
-// change by one refresher thread that compares the readiness every 100 ms (and by Check and
-// stop_accepting), so no thread waits per call.
+// change as it happens: every input of the readiness pushes it, on the thread that made the
+// change — the listeners (ListenerHealth::on_change), the models and the engines' health
+// (InferenceServer::on_readiness_change: a load, an unload, a poll, a worker lost or recovered
+// via EngineOptions::on_health_change), a drain — and Check and stop_accepting too. No thread
+// waits per call, and none wakes on a timer to look.
 //
 // Shutdown (frontend.hpp): stop_accepting() turns health to NOT_SERVING and starts
 // grpc::Server::Shutdown on a thread of its own — the port closes, clients get GOAWAY, calls in

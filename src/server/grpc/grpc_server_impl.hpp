@@ -7,7 +7,7 @@
 //   grpc_server.cpp         GrpcServer: start (the port, the builder), stop_accepting, stop
 //   grpc_infer_service.cpp  inference.GRPCInferenceService: the unary RPCs, ModelInfer's reactor
 //   grpc_stream_call.cpp    ModelStreamInfer's reactor
-//   grpc_health.cpp         grpc.health.v1.Health: Check, Watch, the refresher
+//   grpc_health.cpp         grpc.health.v1.Health: Check, Watch, refresh_health
 //   grpc_acceptor.cpp       the port's own accept loop (GrpcAcceptor, grpc_acceptor.hpp)
 //
 // Thread safety: Impl's sets of calls are under `mu`; the health status under `health_mu`.
@@ -125,15 +125,14 @@ struct GrpcServer::Impl {
   bool shutdown_done = false;  // grpc::Server::Shutdown has returned
 
   // Health: the last status sent to the watches, under health_mu (which also orders the
-  // updates, so a watch's last message is the latest status). The refresher compares it with
-  // the readiness every kHealthRefresh until stop.
+  // updates, so a watch's last message is the latest status). Every input of the readiness
+  // pushes its changes to refresh_health (grpc_server.hpp, "Health"); nothing polls it.
   std::mutex health_mu;
   int health = hpb::HealthCheckResponse::UNKNOWN;
   std::size_t health_observer = 0;  ///< ListenerHealth's observer: pushes changes to the watches
-  std::mutex refresh_mu;
-  std::condition_variable refresh_cv;
-  bool refresh_stop = false;
-  std::thread refresher;
+  /// InferenceServer's readiness observer (models, engines' health, drain): the same. Both are
+  /// added by start and removed by stop, before this goes.
+  std::size_t readiness_observer = 0;
 
   void add(Call* c, std::unordered_set<Call*>& set) {
     std::lock_guard lock(mu);
@@ -164,12 +163,12 @@ struct GrpcServer::Impl {
   /// device healthy) and not draining; NOT_SERVING otherwise.
   int serving_status() const;
   void publish_locked(int status);
-  /// The status now; watches are told when it changed. Never blocks on a client.
+  /// The status now; watches are told when it changed. Never blocks on a client. What the
+  /// readiness observers call, on the thread that made the change (an engine's, the repository's
+  /// control thread, a listener's), and Check; they hold no lock it takes.
   int refresh_health();
   /// Registers a Watch and sends it the status now.
   void add_watch(Call* w);
-  void start_refresher();
-  void stop_refresher();
 
   // Shutdown (grpc_server.cpp).
   /// Starts grpc::Server::Shutdown on its own thread (once): the port closes, clients get
