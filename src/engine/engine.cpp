@@ -624,7 +624,7 @@ void EngineCore::escalate_to_cancel() {
   {
     std::unique_lock lock(qmu_);
     if (state() >= EngineState::cancelling) return;  // its shutdown cancels what is left
-    was_running = state() == EngineState::running;  // that shutdown has not changed it yet
+    was_running = state() == EngineState::running;   // that shutdown has not changed it yet
     set_state(EngineState::cancelling, lock);
   }
   if (was_running) health_changed();

@@ -349,7 +349,7 @@ class InferenceServer {
   mutable ConnectionBudget connections_;
   mutable ListenerHealth listeners_;
   mutable ObserverList readiness_observers_;  // mutable: ready() tells it of what it finds
-  std::size_t repository_observer_ = 0;  ///< ours on the repository: forwards to the above
+  std::size_t repository_observer_ = 0;       ///< ours on the repository: forwards to the above
   mutable std::mutex metrics_mu_;
   // Ensemble requests in flight (EnsembleRun): a draining shutdown waits for them before the
   // step models' engines stop taking requests.

@@ -393,8 +393,8 @@ TEST(Recovery, HealthChangesArePushedWhenAWorkerIsRecycledAndAtShutdown) {
   HealthChanges changes;
   EngineOptions o = one_worker(50ms);
   o.on_health_change = changes.hook();
-  auto model = std::make_shared<ControlledModel>(1 << 20,
-                                                 [](int call) { return call == 1 ? 300ms : 0ms; });
+  auto model =
+      std::make_shared<ControlledModel>(1 << 20, [](int call) { return call == 1 ? 300ms : 0ms; });
   auto engine = engine_of(model, o);
   ASSERT_TRUE(engine);
   EXPECT_EQ(changes.calls(), 0u) << "a new engine's health has not changed";
@@ -409,7 +409,8 @@ TEST(Recovery, HealthChangesArePushedWhenAWorkerIsRecycledAndAtShutdown) {
   EXPECT_TRUE(r.ok()) << r.status();
   const std::size_t before = changes.calls();
   must_return_within(10'000ms, "shutdown", [&] { engine->shutdown(ShutdownMode::drain); });
-  EXPECT_TRUE(changes.wait_for(before, [](const auto& s) { return !s.live && !s.ready; }, 0ms))
+  EXPECT_TRUE(changes.wait_for(
+      before, [](const auto& s) { return !s.live && !s.ready; }, 0ms))
       << "shutdown began: pushed before it returned";
 }
 
@@ -424,9 +425,9 @@ TEST(Recovery, HealthChangeIsPushedWhenAWorkerGivesUp) {
   changes.watch(lost.engine.get());
   auto hung = lost.engine->submit(one(1));
   ASSERT_TRUE(changes.wait_for(0, [](const auto& s) { return s.live && !s.ready; }));
-  ASSERT_TRUE(changes.wait_for(
-      0, [](const auto& s) { return s.live && !s.ready && s.worker == WorkerHealth::unhealthy; }))
-      << "giving up is pushed";
+  ASSERT_TRUE(changes.wait_for(0, [](const auto& s) {
+    return s.live && !s.ready && s.worker == WorkerHealth::unhealthy;
+  })) << "giving up is pushed";
   EXPECT_FALSE(lost.engine->health().ready);
 }
 
@@ -439,8 +440,8 @@ TEST(Recovery, AHealthChangeHookThatThrowsIsReported) {
     calls.fetch_add(1);
     throw std::runtime_error("hook failed");
   };
-  auto model = std::make_shared<ControlledModel>(1 << 20,
-                                                 [](int call) { return call == 1 ? 300ms : 0ms; });
+  auto model =
+      std::make_shared<ControlledModel>(1 << 20, [](int call) { return call == 1 ? 300ms : 0ms; });
   auto engine = engine_of(model, o);
   ASSERT_TRUE(engine);
   auto hung = engine->submit(one(1));
