@@ -174,12 +174,11 @@ struct EngineMetrics {
   /// Triton's statistics (the server's /v2/models/.../stats and ModelStatistics).
   InferenceStats stats;
 
-  /// Prometheus text exposition format (version 0.0.4).
+  /// Prometheus text exposition format (version 0.0.4), written by the project's one exporter
+  /// (src/metrics/prometheus_text.hpp, on prometheus-cpp): the same families as the server's
+  /// /metrics, labelled model="<model>".
   std::string to_prometheus(std::string_view prefix = "asyncinfer") const;
 };
 
-/// Appends one histogram in Prometheus format ("<name>_bucket{le=...}", "_sum", "_count").
-void append_prometheus_histogram(std::string& out, std::string_view name, std::string_view help,
-                                 const HistogramSnapshot& h, std::string_view labels = "");
 
 }  // namespace asyncinfer

@@ -2,6 +2,8 @@
 // bottleneck and Prometheus text. PipelineCore itself is in pipeline.cpp.
 #include "asyncinfer/pipeline.hpp"
 
+#include "metrics/prometheus_text.hpp"
+
 namespace asyncinfer {
 
 StageSpec StageSpec::host(std::string name, HostStageFn fn, int concurrency) {
@@ -52,31 +54,31 @@ std::string PipelineMetrics::bottleneck() const {
 }
 
 std::string PipelineMetrics::to_prometheus(std::string_view prefix) const {
-  const std::string p(prefix);
-  std::string out;
-  auto add = [&](const std::string& name, const char* type, const std::string& labels,
-                 const std::string& value) {
-    out += "# TYPE " + p + "_" + name + " " + type + "\n";
-    out += p + "_" + name + labels + " " + value + "\n";
-  };
-  add("pipeline_items_completed", "counter", "", std::to_string(completed));
-  add("pipeline_items_failed", "counter", "", std::to_string(failed));
-  add("pipeline_items_timed_out", "counter", "", std::to_string(timed_out));
-  add("pipeline_items_cancelled", "counter", "", std::to_string(cancelled));
-  add("pipeline_items_in_flight", "gauge", "", std::to_string(in_flight));
+  const std::string p = std::string(prefix) + "_";
+  metrics::Families out;
+  out.counter(p + "pipeline_items_completed", "Items delivered with a result", {},
+              static_cast<double>(completed));
+  out.counter(p + "pipeline_items_failed", "Items that ended in an error", {},
+              static_cast<double>(failed));
+  out.counter(p + "pipeline_items_timed_out", "Items that passed their deadline", {},
+              static_cast<double>(timed_out));
+  out.counter(p + "pipeline_items_cancelled", "Items cancelled", {},
+              static_cast<double>(cancelled));
+  out.gauge(p + "pipeline_items_in_flight", "Items submitted and not yet delivered", {},
+            static_cast<double>(in_flight));
   for (const auto& s : stages) {
-    const std::string l = "{stage=\"" + s.name + "\",kind=\"" + s.kind + "\"}";
-    add("pipeline_stage_items", "counter", l, std::to_string(s.items));
-    add("pipeline_stage_busy_seconds", "counter", l, std::to_string(s.busy_s));
-    add("pipeline_stage_utilisation", "gauge", l, std::to_string(s.utilisation));
-    add("pipeline_stage_queued", "gauge", l, std::to_string(s.queued));
-    append_prometheus_histogram(out, p + "_pipeline_stage_queue_duration_us",
-                                "Time items waited at the stage (us)", s.queue_us,
-                                "stage=\"" + s.name + "\"");
+    const metrics::Labels l = {{"stage", s.name}, {"kind", s.kind}};
+    out.counter(p + "pipeline_stage_items", "Items the stage has processed", l,
+                static_cast<double>(s.items));
+    out.counter(p + "pipeline_stage_busy_seconds", "Seconds the stage was busy", l, s.busy_s);
+    out.gauge(p + "pipeline_stage_utilisation", "Busy time over wall time", l, s.utilisation);
+    out.gauge(p + "pipeline_stage_queued", "Items waiting at the stage", l,
+              static_cast<double>(s.queued));
+    out.histogram(p + "pipeline_stage_queue_duration_us", "Time items waited at the stage (us)",
+                  {{"stage", s.name}}, s.queue_us);
   }
-  append_prometheus_histogram(out, p + "_pipeline_item_duration_us", "Submit to delivery (us)",
-                              latency_us);
-  return out;
+  out.histogram(p + "pipeline_item_duration_us", "Submit to delivery (us)", {}, latency_us);
+  return out.text();
 }
 
 }  // namespace asyncinfer

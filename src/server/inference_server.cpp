@@ -1,6 +1,7 @@
 #include "inference_server.hpp"
 
-#include <prometheus/metric_family.h>
+#include "metrics/prometheus_text.hpp"
+
 
 #include <algorithm>
 #include <charconv>
@@ -822,45 +823,27 @@ ProtocolMetrics& InferenceServer::protocol_metrics(std::string_view protocol,
 }
 
 std::string InferenceServer::metrics_text() const {
-  std::vector<prometheus::MetricFamily> families;
-  prometheus::MetricFamily ready;
-  ready.name = "asyncinfer_server_ready";
-  ready.help = "1 when the server reports ready (/v2/health/ready)";
-  ready.type = prometheus::MetricType::Gauge;
-  ready.metric.emplace_back();
-  ready.metric.back().gauge.value = this->ready() ? 1 : 0;
-  families.push_back(std::move(ready));
+  metrics::Families families;
+  families.gauge("asyncinfer_server_ready", "1 when the server reports ready (/v2/health/ready)",
+                 {}, this->ready() ? 1 : 0);
   if (cache_) {
-    auto one = [&](const char* name, const char* help, prometheus::MetricType type, double v) {
-      prometheus::MetricFamily f;
-      f.name = name;
-      f.help = help;
-      f.type = type;
-      f.metric.emplace_back();
-      if (type == prometheus::MetricType::Counter) {
-        f.metric.back().counter.value = v;
-      } else {
-        f.metric.back().gauge.value = v;
-      }
-      families.push_back(std::move(f));
-    };
-    using prometheus::MetricType;
-    one("asyncinfer_response_cache_bytes", "Bytes the response cache's entries take",
-        MetricType::Gauge, static_cast<double>(cache_->bytes()));
-    one("asyncinfer_response_cache_capacity_bytes", "The response cache's size (--cache-config)",
-        MetricType::Gauge, static_cast<double>(cache_->capacity()));
-    one("asyncinfer_response_cache_entries", "Responses in the response cache", MetricType::Gauge,
-        static_cast<double>(cache_->entries()));
-    one("asyncinfer_response_cache_evictions_total",
-        "Entries removed to make room (least recently used first)", MetricType::Counter,
-        static_cast<double>(cache_->evictions()));
+    families.gauge("asyncinfer_response_cache_bytes", "Bytes the response cache's entries take", {},
+                   static_cast<double>(cache_->bytes()));
+    families.gauge("asyncinfer_response_cache_capacity_bytes",
+                   "The response cache's size (--cache-config)", {},
+                   static_cast<double>(cache_->capacity()));
+    families.gauge("asyncinfer_response_cache_entries", "Responses in the response cache", {},
+                   static_cast<double>(cache_->entries()));
+    families.counter("asyncinfer_response_cache_evictions_total",
+                     "Entries removed to make room (least recently used first)", {},
+                     static_cast<double>(cache_->evictions()));
   }
   collect_engine_metrics(*repository_, families);
   {
     std::lock_guard lock(metrics_mu_);
     for (const auto& [name, p] : protocols_) p->collect(families);
   }
-  return serialize_metrics(families);
+  return families.text();
 }
 
 /// One request to an ensemble (ensemble.hpp): its tensors, the steps still waiting for theirs,

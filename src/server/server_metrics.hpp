@@ -2,10 +2,11 @@
 // latency) and the /metrics page that joins them with the engines'.
 //
 // Design: recording is lock-free (relaxed atomics, asyncinfer::Histogram); the page is built at
-// scrape time from snapshots and written by prometheus-cpp's TextSerializer (Debian
-// prometheus-cpp-dev), so names, labels and escaping follow the text format 0.0.4. Engine metric
-// names follow Triton's (nv_inference_request_success, nv_inference_queue_duration_us, ...) with
-// the prefix asyncinfer_ and the labels model and version.
+// scrape time from snapshots by the project's one exporter (src/metrics/prometheus_text.hpp, on
+// prometheus-cpp), which the library's EngineMetrics::to_prometheus uses too, so an engine's
+// families have the same names, help and labels in both. Engine metric names follow Triton's
+// (nv_inference_request_success, nv_inference_queue_duration_us, ...) with the prefix
+// asyncinfer_ and the labels model and version.
 //
 // Thread safety: every member is thread-safe.
 #pragma once
@@ -18,8 +19,8 @@
 
 #include "asyncinfer/metrics.hpp"
 
-namespace prometheus {
-struct MetricFamily;
+namespace asyncinfer::metrics {
+class Families;
 }
 
 namespace asyncinfer::server {
@@ -55,13 +56,12 @@ class ProtocolMetrics {
   HistogramSnapshot infer_us() const { return infer_us_.snapshot(); }
   const std::string& protocol() const noexcept { return protocol_; }
 
-  /// Appends this frontend's families.
-  void collect(std::vector<prometheus::MetricFamily>& out) const;
+  /// Adds this frontend's families.
+  void collect(metrics::Families& out) const;
 
  private:
-  void collect_connections(const std::string& prefix,
-                           std::vector<prometheus::MetricFamily>& out) const;
-  void collect_latency(const std::string& prefix, std::vector<prometheus::MetricFamily>& out) const;
+  void collect_connections(const std::string& prefix, metrics::Families& out) const;
+  void collect_latency(const std::string& prefix, metrics::Families& out) const;
 
   std::string protocol_;
   Labels labels_;
@@ -73,12 +73,9 @@ class ProtocolMetrics {
   Histogram infer_us_;
 };
 
-/// Appends the families of every engine in `repository` (labels model, version) and the
-/// readiness of each version.
-void collect_engine_metrics(const ModelRepository& repository,
-                            std::vector<prometheus::MetricFamily>& out);
-
-/// Prometheus text of `families`.
-std::string serialize_metrics(const std::vector<prometheus::MetricFamily>& families);
+/// Adds the families of every engine in `repository` (the library's own, from the one exporter,
+/// metrics/prometheus_text.hpp, with labels model and version) and the readiness of each
+/// version.
+void collect_engine_metrics(const ModelRepository& repository, metrics::Families& out);
 
 }  // namespace asyncinfer::server
