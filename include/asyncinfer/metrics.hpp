@@ -180,5 +180,4 @@ struct EngineMetrics {
   std::string to_prometheus(std::string_view prefix = "asyncinfer") const;
 };
 
-
 }  // namespace asyncinfer

@@ -127,7 +127,8 @@ void add_engine_metrics(Families& out, const std::string& prefix, const EngineMe
         static_cast<double>(m.retry_waiting));
   gauge("result_store_size", "Entries of the id-based API's result store",
         static_cast<double>(m.result_store_size));
-  gauge("ordered_backlog_total", "Ordered delivery: requests accepted and not yet delivered, all keys",
+  gauge("ordered_backlog_total",
+        "Ordered delivery: requests accepted and not yet delivered, all keys",
         static_cast<double>(m.ordered_backlog_total));
   const std::string backlog = p + "ordered_backlog";
   const char* backlog_help =
@@ -180,7 +181,8 @@ void add_engine_metrics(Families& out, const std::string& prefix, const EngineMe
   per_worker("worker_stream_batches",
              "Batches launched on the worker's streams and not yet complete, abandoned ones "
              "included",
-             MetricType::Gauge, [&](const WorkerMetrics& w) { return as_double(w.stream_batches); });
+             MetricType::Gauge,
+             [&](const WorkerMetrics& w) { return as_double(w.stream_batches); });
   per_worker("worker_abandoned_instances",
              "Replaced model instances whose work still runs (not yet destroyed)",
              MetricType::Gauge,

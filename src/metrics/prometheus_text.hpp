@@ -30,8 +30,7 @@ class Families {
  public:
   void counter(const std::string& name, const std::string& help, const Labels& labels,
                double value);
-  void gauge(const std::string& name, const std::string& help, const Labels& labels,
-             double value);
+  void gauge(const std::string& name, const std::string& help, const Labels& labels, double value);
   /// `h`'s buckets are per bucket (HistogramSnapshot); the family gets them cumulative, with
   /// the +Inf bucket from h.count.
   void histogram(const std::string& name, const std::string& help, const Labels& labels,

@@ -2,7 +2,6 @@
 
 #include "metrics/prometheus_text.hpp"
 
-
 #include <algorithm>
 #include <charconv>
 #include <cstring>

@@ -45,8 +45,8 @@ void ProtocolMetrics::collect_connections(const std::string& p, metrics::Familie
             static_cast<double>(active_.load(std::memory_order_relaxed)));
   out.counter(p + "connections_total", "Connections accepted", {},
               static_cast<double>(connections_.load(std::memory_order_relaxed)));
-  out.counter(p + "connections_rejected_total", "Connections refused over the connection limit",
-              {}, static_cast<double>(rejected_.load(std::memory_order_relaxed)));
+  out.counter(p + "connections_rejected_total", "Connections refused over the connection limit", {},
+              static_cast<double>(rejected_.load(std::memory_order_relaxed)));
 }
 
 void ProtocolMetrics::collect_latency(const std::string& p, metrics::Families& out) const {
