@@ -1,9 +1,12 @@
 // runtime.cpp — GIL hand-offs, deferred reference release, the exit hook (runtime.hpp).
 #include "runtime.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
-#include <list>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,11 +32,60 @@ Releases& releases() {
 struct ExitRegistry {
   std::mutex mu;
   std::vector<std::pair<const ExitStoppable*, std::weak_ptr<ExitStoppable>>> live;
-  std::list<std::thread> reapers;
 };
 ExitRegistry& registry() {
   static auto* r = new ExitRegistry();
   return *r;
+}
+
+// Objects whose last reference died on a library thread (destroy_elsewhere), destroyed in turn by
+// one thread: started with the first, joined by the exit hook once the queue is empty. It never
+// takes the GIL (references dropped by the destructors are queued, see release_later), so it
+// cannot deadlock against a Python thread; a destructor that waits for a library thread (an
+// engine's completion threads, a pipeline's stages) waits here, never on the thread it is for.
+struct Reaper {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<void>> doomed;  // under mu
+  std::thread thread;                         // under mu; not joinable until the first object
+  bool running = false;                       // under mu; the thread has not returned
+  bool stopping = false;                      // under mu; set by the exit hook
+};
+Reaper& reaper() {
+  static auto* r = new Reaper();
+  return *r;
+}
+
+void reap() {
+  pthread_setname_np(pthread_self(), "asyncinfer-reap");
+  Reaper& r = reaper();
+  std::unique_lock lock(r.mu);
+  for (;;) {
+    r.cv.wait(lock, [&] { return !r.doomed.empty() || r.stopping; });
+    if (r.doomed.empty()) {  // stopping, and nothing left
+      r.running = false;
+      return;
+    }
+    std::shared_ptr<void> obj = std::move(r.doomed.front());
+    r.doomed.pop_front();
+    lock.unlock();
+    obj.reset();  // may queue more (a callback that runs meanwhile drops another engine)
+    lock.lock();
+  }
+}
+
+// Called by the exit hook without the GIL: waits for every pending destruction, then for the
+// thread.
+void join_reaper() {
+  Reaper& r = reaper();
+  std::thread t;
+  {
+    std::lock_guard lock(r.mu);
+    r.stopping = true;
+    t = std::move(r.thread);
+  }
+  r.cv.notify_all();
+  if (t.joinable()) t.join();
 }
 
 // One Python thread state per library thread, made on its first callback and deleted when the
@@ -57,19 +109,17 @@ std::atomic<std::uint64_t> g_reported{0};
 
 void at_exit() {
   std::vector<std::shared_ptr<ExitStoppable>> live;
-  std::list<std::thread> reapers;
   {
     std::lock_guard lock(registry().mu);
     for (auto& [key, weak] : registry().live) {
       if (auto p = weak.lock()) live.push_back(std::move(p));
     }
-    reapers.swap(registry().reapers);
   }
   std::stable_sort(live.begin(), live.end(),
                    [](const auto& a, const auto& b) { return a->exit_order() < b->exit_order(); });
   without_gil([&] {
     for (auto& obj : live) obj->stop_at_exit();
-    for (auto& t : reapers) t.join();
+    join_reaper();
   });
   drain_releases();
   g_exiting.store(true);
@@ -173,8 +223,23 @@ void unregister_for_exit(const ExitStoppable* obj) {
 }
 
 void destroy_elsewhere(std::shared_ptr<void> obj) {
-  std::lock_guard lock(registry().mu);
-  registry().reapers.emplace_back([o = std::move(obj)]() mutable { o.reset(); });
+  Reaper& r = reaper();
+  {
+    std::lock_guard lock(r.mu);
+    if (!r.running && r.stopping) {
+      // Handed over after the exit hook's reaper returned (nothing should be, once every engine
+      // has stopped): a thread of its own that nobody waits for, as if the interpreter had gone
+      // a moment earlier.
+      std::thread([o = std::move(obj)]() mutable { o.reset(); }).detach();
+      return;
+    }
+    r.doomed.push_back(std::move(obj));
+    if (!r.running) {
+      r.running = true;
+      r.thread = std::thread(reap);
+    }
+  }
+  r.cv.notify_one();
 }
 
 void init_runtime(py::module_& m) {

@@ -26,7 +26,7 @@
 // their engine (CallbackScope), so the binding refuses shutdown() from one (it would wait for
 // itself) and hands the destruction of an engine or pipeline whose last reference dies on any
 // library thread (the garbage collector runs anywhere; a pipeline waits for its engines' threads)
-// to a reaper thread.
+// to the module's one reaper thread (destroy_elsewhere), which the exit hook joins.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -166,8 +166,10 @@ class ExitStoppable {
 void register_for_exit(const std::shared_ptr<ExitStoppable>& obj);
 void unregister_for_exit(const ExitStoppable* obj);
 
-/// Destroys `obj` on a reaper thread (joined at exit): for an engine whose last reference dies on
-/// one of its own completion threads.
+/// Destroys `obj` on the module's reaper thread: one thread for every such object, started with the
+/// first, destroying them in turn; the exit hook waits for those pending, then joins it. For an
+/// engine or pipeline whose last reference dies on a library thread (one of its own completion
+/// threads, where its destructor would wait for itself). Does not wait for the destruction.
 void destroy_elsewhere(std::shared_ptr<void> obj);
 
 /// Installs the atexit hook and records the main thread. Called once at import.
