@@ -1,15 +1,15 @@
-// engine.cpp — asyncinfer.Engine, AsyncInferQueue, RetryPolicy, CircuitBreakerOptions
-// (engine.hpp).
+// engine.cpp — asyncinfer.Engine over asyncinfer::Engine (engine.hpp): its arguments, methods,
+// metrics and the class itself. The option and policy classes are in options.cpp,
+// AsyncInferQueue in async_infer_queue.cpp.
 #include "engine.hpp"
 
 #include <pybind11/stl.h>
 
-#include <condition_variable>
-#include <mutex>
 #include <vector>
 
 #include "convert.hpp"
 #include "future.hpp"
+#include "options.hpp"
 #include "tensors.hpp"
 
 namespace asyncinfer::python {
@@ -43,26 +43,6 @@ class EngineSource final : public FutureSource {
 
 // ---- arguments ---------------------------------------------------------------------------------
 
-RequestOptions request_options(const py::object& timeout, int priority, const py::object& deadline,
-                               const py::object& sequence_key, const py::object& tag) {
-  RequestOptions o;
-  o.priority = priority;
-  if (auto t = to_duration(timeout, "timeout")) {
-    o.timeout = std::chrono::duration_cast<microseconds>(*t);
-  }
-  o.deadline = to_deadline(deadline, "deadline");
-  if (!sequence_key.is_none()) o.sequence_key = py::str(sequence_key).cast<std::string>();
-  if (!tag.is_none()) o.tag = py::str(tag).cast<std::string>();
-  return o;
-}
-
-/// Submits without the GIL only where it can block (QueueFullPolicy.block).
-template <class F>
-auto submit_call(const Engine& e, F&& f) -> decltype(f()) {
-  if (e.options().queue_full_policy == QueueFullPolicy::block) return without_gil(f);
-  return f();
-}
-
 std::shared_ptr<Model> model_arg(const py::object& model) {
   if (py::isinstance<py::str>(model)) {
     const auto uri = model.cast<std::string>();
@@ -80,46 +60,6 @@ std::shared_ptr<Device> device_arg(const py::object& device) {
     return *d;
   }
   return device.cast<std::shared_ptr<Device>>();
-}
-
-ShutdownMode shutdown_mode(const py::object& mode) {
-  if (py::isinstance<ShutdownMode>(mode)) return mode.cast<ShutdownMode>();
-  if (py::isinstance<py::str>(mode)) {
-    const auto s = mode.cast<std::string>();
-    if (s == "drain") return ShutdownMode::drain;
-    if (s == "cancel") return ShutdownMode::cancel;
-  }
-  raise_invalid("shutdown: mode " + py::repr(mode).cast<std::string>() +
-                " is neither 'drain' nor 'cancel' (or asyncinfer.ShutdownMode)");
-}
-
-QueueFullPolicy queue_full_policy(const py::object& p) {
-  if (py::isinstance<QueueFullPolicy>(p)) return p.cast<QueueFullPolicy>();
-  if (py::isinstance<py::str>(p)) {
-    const auto s = p.cast<std::string>();
-    if (s == "reject") return QueueFullPolicy::reject;
-    if (s == "block") return QueueFullPolicy::block;
-  }
-  raise_invalid("queue_full_policy: " + py::repr(p).cast<std::string>() +
-                " is neither 'reject' nor 'block'");
-}
-
-/// A policy option given as the asyncinfer class `cls` or a dict of its fields; None = defaults.
-template <class Policy>
-Policy policy_arg(const py::object& v, const char* option, const char* cls) {
-  if (v.is_none()) return {};
-  if (py::isinstance<Policy>(v)) return v.cast<Policy>();
-  if (PyDict_Check(v.ptr())) {
-    py::object type = py::module_::import("asyncinfer").attr(cls);
-    return type(**py::reinterpret_borrow<py::dict>(v)).cast<Policy>();
-  }
-  raise_invalid(std::string(option) + ": expected asyncinfer." + cls +
-                " or a dict of its fields, got " + py::repr(v).cast<std::string>());
-}
-
-py::object optional_seconds(const std::optional<microseconds>& d) {
-  if (!d) return py::none();
-  return py::float_(to_seconds(*d));
 }
 
 // ---- metrics -----------------------------------------------------------------------------------
@@ -183,36 +123,6 @@ py::dict metrics_dict(const EngineMetrics& m) {
   d["compute_us"] = histogram_dict(m.compute_us);
   d["request_us"] = histogram_dict(m.request_us);
   d["batch_size"] = histogram_dict(m.batch_size);
-  return d;
-}
-
-py::dict options_dict(const EngineOptions& o) {
-  py::dict d;
-  d["workers"] = o.workers;
-  d["max_inflight_per_worker"] = o.max_inflight_per_worker;
-  d["queue_capacity"] = o.queue_capacity;
-  d["queue_full_policy"] = o.queue_full_policy == QueueFullPolicy::block ? "block" : "reject";
-  d["submit_timeout"] = to_seconds(o.submit_timeout);
-  d["completion_threads"] = o.completion_threads;
-  d["priority_levels"] = o.priority_levels;
-  d["default_priority"] = o.default_priority;
-  d["priority_aging"] = to_seconds(o.priority_aging);
-  d["max_batch_size"] = o.batching.max_batch_size;
-  d["preferred_batch_sizes"] = o.batching.preferred_batch_sizes;
-  d["max_queue_delay_us"] = o.batching.max_queue_delay.count();
-  d["split_failed_batches"] = o.batching.split_failed_batches;
-  d["ordered_delivery"] = o.ordered_delivery;
-  d["default_timeout"] = optional_seconds(o.default_timeout);
-  d["allow_timeout_override"] = o.allow_timeout_override;
-  d["admission_control"] = o.admission_control;
-  d["retry"] = o.retry;
-  d["breaker"] = o.breaker;
-  d["recovery"] = o.recovery;
-  d["watchdog"] = to_seconds(o.watchdog);
-  d["result_store_capacity"] = o.result_store_capacity;
-  d["result_ttl"] = to_seconds(o.result_ttl);
-  d["intra_op_threads"] = o.intra_op_threads;
-  d["drain_timeout"] = to_seconds(o.drain_timeout);
   return d;
 }
 
@@ -306,166 +216,6 @@ void shutdown(PyEngine& self, const py::object& mode, const py::object& drain_ti
   drain_releases();
 }
 
-// ---- AsyncInferQueue ---------------------------------------------------------------------------
-
-/// OpenVINO's AsyncInferQueue (pyopenvino/core/async_infer_queue.cpp) over Engine::submit with a
-/// callback: `jobs` requests in flight at most; start_async waits (without the GIL) for a free
-/// job; the user callback runs on the completion thread with the GIL; exceptions it raises are
-/// logged, counted, and the first is raised again by wait_all(), as OpenVINO does.
-class PyAsyncInferQueue {
- public:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    int busy = 0;  // under mu
-    int jobs = 0;
-    PyRef callback;             // GIL
-    std::vector<PyRef> errors;  // GIL
-  };
-
-  PyAsyncInferQueue(py::object engine, int jobs)
-      : engine_obj_(std::move(engine)),
-        engine_(engine_obj_.cast<PyEngine&>()),
-        state_(std::make_shared<State>()) {
-    if (jobs < 0)
-      raise_invalid("AsyncInferQueue: jobs is " + std::to_string(jobs) + ", expected >= 0");
-    if (jobs == 0) {
-      // Enough to keep every worker's in-flight window full of full batches.
-      const EngineOptions& o = engine_.engine().options();
-      std::int64_t batch = o.batching.max_batch_size;
-      if (batch == 0) batch = engine_.engine().signature().max_batch_size;
-      if (batch <= 0 || !engine_.engine().signature().batched) batch = 1;
-      std::int64_t n = static_cast<std::int64_t>(o.workers) * o.max_inflight_per_worker * batch;
-      n = std::min<std::int64_t>(n, static_cast<std::int64_t>(o.queue_capacity));
-      jobs = static_cast<int>(std::max<std::int64_t>(n, 1));
-    }
-    state_->jobs = jobs;
-  }
-
-  void set_callback(const py::object& fn) {
-    if (!fn.is_none() && !PyCallable_Check(fn.ptr())) {
-      raise_invalid("AsyncInferQueue.set_callback: fn is not callable");
-    }
-    state_->callback = fn.is_none() ? PyRef() : PyRef(fn);
-  }
-
-  void start_async(const py::object& inputs, const py::object& userdata, const py::object& timeout,
-                   int priority, const py::object& deadline, bool share_inputs) {
-    drain_releases();
-    Engine& e = engine_.engine();
-    RequestOptions ro = request_options(timeout, priority, deadline, py::none(), py::none());
-    Inputs in = to_inputs(inputs, e.signature(), share_inputs);
-    take_job();
-    auto st = state_;
-    Engine::Callback cb = [st, userdata = PyRef(userdata),
-                           owner = static_cast<const void*>(engine_.core().get()),
-                           stats = engine_.core()->stats](const Result<Outputs>& r) mutable {
-      {
-        LibraryGil gil(owner);
-        if (gil) {
-          deliver(*st, r, userdata, stats.get());
-          userdata.reset();
-        } else {
-          userdata.leak();
-        }
-      }
-      {
-        std::lock_guard lock(st->mu);
-        --st->busy;
-      }
-      st->cv.notify_all();
-    };
-    Status s = submit_call(e, [&] { return e.submit(std::move(in), std::move(cb), ro); });
-    if (!s.ok()) {
-      give_back_job();
-      raise_status(s);
-    }
-  }
-
-  void wait_all() {
-    if (CallbackScope::inside(engine_.core().get())) {
-      raise_status(failed_precondition_error(
-          "AsyncInferQueue.wait_all() called from a callback: it would wait for itself"));
-    }
-    without_gil([&] {
-      std::unique_lock lock(state_->mu);
-      state_->cv.wait(lock, [&] { return state_->busy == 0; });
-    });
-    drain_releases();
-    if (!state_->errors.empty()) {
-      py::object first = state_->errors.front().object();
-      state_->errors.clear();
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first.ptr())), first.ptr());
-      throw py::error_already_set();
-    }
-  }
-
-  bool is_ready() const {
-    std::lock_guard lock(state_->mu);
-    return state_->busy < state_->jobs;
-  }
-  int jobs() const noexcept { return state_->jobs; }
-  int busy() const {
-    std::lock_guard lock(state_->mu);
-    return state_->busy;
-  }
-
- private:
-  static void deliver(State& st, const Result<Outputs>& r, const PyRef& userdata,
-                      BindingStats* stats) {
-    try {
-      py::object arg = r.ok() ? py::object(to_python(*r)) : make_exception(r.status());
-      if (st.callback) {
-        // Hold our own reference: the callback may replace itself with set_callback().
-        py::object fn = st.callback.object();
-        try {
-          fn(arg, userdata ? userdata.object() : py::none());
-        } catch (py::error_already_set& e) {
-          st.errors.emplace_back(e.value());
-          report_callback_exception(e, "AsyncInferQueue callback", stats);
-        }
-      } else if (!r.ok()) {
-        st.errors.emplace_back(arg);  // no callback to tell: wait_all() raises it
-      }
-    } catch (py::error_already_set& e) {
-      report_callback_exception(e, "AsyncInferQueue result conversion", stats);
-    }
-  }
-
-  void take_job() {
-    {
-      std::lock_guard lock(state_->mu);
-      if (state_->busy < state_->jobs) {
-        ++state_->busy;
-        return;
-      }
-    }
-    if (CallbackScope::inside(engine_.core().get())) {
-      raise_status(resource_exhausted_error(
-          "AsyncInferQueue.start_async() from a callback while all " +
-          std::to_string(state_->jobs) +
-          " jobs are busy: waiting would block the callback that frees one"));
-    }
-    without_gil([&] {
-      std::unique_lock lock(state_->mu);
-      state_->cv.wait(lock, [&] { return state_->busy < state_->jobs; });
-      ++state_->busy;
-    });
-  }
-
-  void give_back_job() {
-    {
-      std::lock_guard lock(state_->mu);
-      --state_->busy;
-    }
-    state_->cv.notify_all();
-  }
-
-  py::object engine_obj_;  // keeps the engine alive
-  PyEngine& engine_;
-  std::shared_ptr<State> state_;
-};
-
 // ---- documentation -----------------------------------------------------------------------------
 
 constexpr const char* kEngineDoc = R"doc(
@@ -519,7 +269,22 @@ end and their callbacks run. Thread-safe: every method may be called from any Py
 shutdown() not from one of the engine's own callbacks.
 )doc";
 
-constexpr const char* kInputsDoc = R"doc(
+}  // namespace
+
+RequestOptions request_options(const py::object& timeout, int priority, const py::object& deadline,
+                               const py::object& sequence_key, const py::object& tag) {
+  RequestOptions o;
+  o.priority = priority;
+  if (auto t = to_duration(timeout, "timeout")) {
+    o.timeout = std::chrono::duration_cast<microseconds>(*t);
+  }
+  o.deadline = to_deadline(deadline, "deadline");
+  if (!sequence_key.is_none()) o.sequence_key = py::str(sequence_key).cast<std::string>();
+  if (!tag.is_none()) o.tag = py::str(tag).cast<std::string>();
+  return o;
+}
+
+const char* const kInputsDoc = R"doc(
 inputs: one array (a model with one input), a list/tuple in signature order, or a dict by input
 name. Each is a numpy.ndarray, a CPU torch.Tensor, an asyncinfer.Tensor or any CPU object with
 __dlpack__, of dtype bool, int8..int64, uint8..uint64, float16/32/64 (bfloat16 through torch);
@@ -529,8 +294,6 @@ expected, and nothing is submitted.
 timeout: s (None = the engine's default_timeout); priority: 1 = highest, 0 = the engine's
 default; deadline: an absolute time.monotonic() value; sequence_key: ordered-delivery key;
 tag: free text echoed in error messages.)doc";
-
-}  // namespace
 
 PyEngine::PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                    EngineOptions options)
@@ -557,167 +320,6 @@ PyEngine::~PyEngine() {
 }
 
 void init_engine(py::module_& m) {
-  py::enum_<RequestState>(m, "RequestState", "Where a request is in its life (Engine.status(id)).")
-      .value("unknown", RequestState::unknown, "no such id (or expired, evicted, released)")
-      .value("pending", RequestState::pending, "queued, or waiting to retry")
-      .value("running", RequestState::running, "in a batch on a worker's stream")
-      .value("completed", RequestState::completed)
-      .value("failed", RequestState::failed)
-      .value("timed_out", RequestState::timed_out)
-      .value("cancelled", RequestState::cancelled)
-      .value("shut_down", RequestState::shut_down)
-      .def_property_readonly(
-          "terminal", [](RequestState s) { return is_terminal(s); },
-          "True for completed, failed, timed_out, cancelled, shut_down.");
-
-  py::enum_<ShutdownMode>(m, "ShutdownMode", "How Engine.shutdown ends queued and running work.")
-      .value("drain", ShutdownMode::drain, "finish queued and running work, then stop")
-      .value("cancel", ShutdownMode::cancel, "end queued and running work as shut_down at once");
-  py::enum_<QueueFullPolicy>(m, "QueueFullPolicy", "What submit does when the queue is full.")
-      .value("reject", QueueFullPolicy::reject, "raise ResourceExhausted at once")
-      .value("block", QueueFullPolicy::block, "wait up to submit_timeout (without the GIL)");
-
-  const RetryPolicy rd;
-  py::class_<RetryPolicy>(m, "RetryPolicy", R"doc(
-Retries (C++ asyncinfer::RetryPolicy): bounded attempts, exponential backoff with full jitter,
-only retryable codes, never past the request's deadline, within a retry budget. Durations in
-seconds; codes are names ('unavailable') or asyncinfer exception classes (asyncinfer.Unavailable).
-InvalidArgument, Cancelled and DeadlineExceeded are never retried (the engine rejects them).
-)doc")
-      .def(py::init([](int max_attempts, const py::object& initial_backoff, double multiplier,
-                       const py::object& max_backoff, const py::iterable& retryable_codes,
-                       double budget_ratio, double budget_min_retries_per_s,
-                       const py::object& budget_window) {
-             RetryPolicy p;
-             p.max_attempts = max_attempts;
-             p.initial_backoff = to_duration_as<microseconds>(initial_backoff, "initial_backoff");
-             p.multiplier = multiplier;
-             p.max_backoff = to_duration_as<microseconds>(max_backoff, "max_backoff");
-             p.retryable_codes.clear();
-             for (py::handle c : retryable_codes) {
-               p.retryable_codes.push_back(code_from_python(c, "retryable_codes"));
-             }
-             p.budget_ratio = budget_ratio;
-             p.budget_min_retries_per_s = budget_min_retries_per_s;
-             p.budget_window = to_duration_as<milliseconds>(budget_window, "budget_window");
-             return p;
-           }),
-           py::kw_only(), py::arg("max_attempts") = rd.max_attempts,
-           py::arg("initial_backoff") = to_seconds(rd.initial_backoff),
-           py::arg("multiplier") = rd.multiplier,
-           py::arg("max_backoff") = to_seconds(rd.max_backoff),
-           py::arg("retryable_codes") = py::make_tuple("unavailable", "resource_exhausted"),
-           py::arg("budget_ratio") = rd.budget_ratio,
-           py::arg("budget_min_retries_per_s") = rd.budget_min_retries_per_s,
-           py::arg("budget_window") = to_seconds(rd.budget_window))
-      .def_readwrite("max_attempts", &RetryPolicy::max_attempts,
-                     "attempts in all, the first included; 1 = no retries")
-      .def_property(
-          "initial_backoff", [](const RetryPolicy& p) { return to_seconds(p.initial_backoff); },
-          [](RetryPolicy& p, const py::object& v) {
-            p.initial_backoff = to_duration_as<microseconds>(v, "initial_backoff");
-          },
-          "s; the first retry's backoff window")
-      .def_readwrite("multiplier", &RetryPolicy::multiplier)
-      .def_property(
-          "max_backoff", [](const RetryPolicy& p) { return to_seconds(p.max_backoff); },
-          [](RetryPolicy& p, const py::object& v) {
-            p.max_backoff = to_duration_as<microseconds>(v, "max_backoff");
-          },
-          "s; the largest backoff window")
-      .def_property(
-          "retryable_codes",
-          [](const RetryPolicy& p) {
-            py::list l;
-            for (StatusCode c : p.retryable_codes) l.append(std::string(to_string(c)));
-            return l;
-          },
-          [](RetryPolicy& p, const py::iterable& codes) {
-            p.retryable_codes.clear();
-            for (py::handle c : codes) {
-              p.retryable_codes.push_back(code_from_python(c, "retryable_codes"));
-            }
-          },
-          "status code names worth another attempt")
-      .def_readwrite("budget_ratio", &RetryPolicy::budget_ratio)
-      .def_readwrite("budget_min_retries_per_s", &RetryPolicy::budget_min_retries_per_s)
-      .def_property(
-          "budget_window", [](const RetryPolicy& p) { return to_seconds(p.budget_window); },
-          [](RetryPolicy& p, const py::object& v) {
-            p.budget_window = to_duration_as<milliseconds>(v, "budget_window");
-          },
-          "s; the retry budget's sliding window")
-      .def("__repr__", [](const RetryPolicy& p) {
-        return "RetryPolicy(max_attempts=" + std::to_string(p.max_attempts) +
-               ", initial_backoff=" + std::to_string(to_seconds(p.initial_backoff)) +
-               ", max_backoff=" + std::to_string(to_seconds(p.max_backoff)) + ")";
-      });
-
-  const CircuitBreakerOptions bd;
-  py::class_<CircuitBreakerOptions>(m, "CircuitBreakerOptions", R"doc(
-Per-worker circuit breaker: after failure_threshold consecutive failed batches (0 = off) the
-worker is taken out for cooldown seconds, then probed with one request.
-)doc")
-      .def(py::init([](int failure_threshold, const py::object& cooldown) {
-             CircuitBreakerOptions b;
-             b.failure_threshold = failure_threshold;
-             b.cooldown = to_duration_as<milliseconds>(cooldown, "cooldown");
-             return b;
-           }),
-           py::kw_only(), py::arg("failure_threshold") = bd.failure_threshold,
-           py::arg("cooldown") = to_seconds(bd.cooldown))
-      .def_readwrite("failure_threshold", &CircuitBreakerOptions::failure_threshold)
-      .def_property(
-          "cooldown", [](const CircuitBreakerOptions& b) { return to_seconds(b.cooldown); },
-          [](CircuitBreakerOptions& b, const py::object& v) {
-            b.cooldown = to_duration_as<milliseconds>(v, "cooldown");
-          },
-          "s");
-
-  const RecoveryOptions recd;
-  py::class_<RecoveryOptions>(m, "RecoveryOptions", R"doc(
-How a worker gets a new stream and model instance after the watchdog fired: at most
-max_recycle_attempts tries in a row, waiting recycle_backoff seconds after the first failure and
-doubling up to max_recycle_backoff; then the worker is unhealthy for good (health(), metrics()).
-A worker keeps at most max_abandoned_instances replaced instances whose work still runs; beyond
-that it takes no new work (health 'paused') until one finishes.
-)doc")
-      .def(py::init([](int max_recycle_attempts, const py::object& recycle_backoff,
-                       const py::object& max_recycle_backoff, int max_abandoned_instances) {
-             RecoveryOptions r;
-             r.max_recycle_attempts = max_recycle_attempts;
-             r.recycle_backoff = to_duration_as<milliseconds>(recycle_backoff, "recycle_backoff");
-             r.max_recycle_backoff =
-                 to_duration_as<milliseconds>(max_recycle_backoff, "max_recycle_backoff");
-             r.max_abandoned_instances = max_abandoned_instances;
-             return r;
-           }),
-           py::kw_only(), py::arg("max_recycle_attempts") = recd.max_recycle_attempts,
-           py::arg("recycle_backoff") = to_seconds(recd.recycle_backoff),
-           py::arg("max_recycle_backoff") = to_seconds(recd.max_recycle_backoff),
-           py::arg("max_abandoned_instances") = recd.max_abandoned_instances)
-      .def_readwrite("max_recycle_attempts", &RecoveryOptions::max_recycle_attempts)
-      .def_property(
-          "recycle_backoff", [](const RecoveryOptions& r) { return to_seconds(r.recycle_backoff); },
-          [](RecoveryOptions& r, const py::object& v) {
-            r.recycle_backoff = to_duration_as<milliseconds>(v, "recycle_backoff");
-          },
-          "s")
-      .def_property(
-          "max_recycle_backoff",
-          [](const RecoveryOptions& r) { return to_seconds(r.max_recycle_backoff); },
-          [](RecoveryOptions& r, const py::object& v) {
-            r.max_recycle_backoff = to_duration_as<milliseconds>(v, "max_recycle_backoff");
-          },
-          "s")
-      .def_readwrite("max_abandoned_instances", &RecoveryOptions::max_abandoned_instances)
-      .def("__repr__", [](const RecoveryOptions& r) {
-        return "RecoveryOptions(max_recycle_attempts=" + std::to_string(r.max_recycle_attempts) +
-               ", recycle_backoff=" + std::to_string(to_seconds(r.recycle_backoff)) +
-               ", max_recycle_backoff=" + std::to_string(to_seconds(r.max_recycle_backoff)) +
-               ", max_abandoned_instances=" + std::to_string(r.max_abandoned_instances) + ")";
-      });
-
   const EngineOptions d;
   py::class_<PyEngine>(m, "Engine", kEngineDoc)
       .def(py::init([](const py::object& model, const py::object& device, int workers,
@@ -935,45 +537,6 @@ Never blocks; thread-safe.
           "model", [](const PyEngine& self) { return self.model(); }, "The Model.")
       .def_property_readonly(
           "device", [](const PyEngine& self) { return self.device(); }, "The Device.");
-
-  py::class_<PyAsyncInferQueue>(m, "AsyncInferQueue", R"doc(
-A pool of ``jobs`` requests in flight, after OpenVINO's AsyncInferQueue.
-
-    queue = asyncinfer.AsyncInferQueue(engine, jobs=8)
-    queue.set_callback(lambda outputs, userdata: ...)
-    for i, x in enumerate(images):
-        queue.start_async(x, userdata=i)     # waits while all jobs are busy
-    queue.wait_all()
-
-jobs=0 picks workers × max_inflight_per_worker × max batch size. The callback receives the
-outputs (a list of numpy arrays) or the exception the request ended with, and the userdata; it
-runs on the engine's completion thread holding the GIL. An exception it raises is logged and
-counted, and wait_all() raises the first one (as OpenVINO does). Without a callback, successful
-results are dropped and failures are raised by wait_all().
-)doc")
-      .def(py::init<py::object, int>(), py::arg("engine"), py::arg("jobs") = 0)
-      .def("set_callback", &PyAsyncInferQueue::set_callback, py::arg("fn"),
-           "Sets fn(outputs_or_exception, userdata), called once per request (None: none).")
-      .def("start_async", &PyAsyncInferQueue::start_async, py::arg("inputs"),
-           py::arg("userdata") = py::none(), py::kw_only(), py::arg("timeout") = py::none(),
-           py::arg("priority") = 0, py::arg("deadline") = py::none(),
-           py::arg("share_inputs") = false,
-           (std::string(R"doc(
-Starts one request; blocks, without the GIL, while all jobs are busy. Raises what submit()
-raises for a refused request, and ResourceExhausted when called from a callback while all jobs
-are busy (waiting there would block the callback that frees one).
-)doc") + kInputsDoc)
-               .c_str())
-      .def("wait_all", &PyAsyncInferQueue::wait_all, R"doc(
-Blocks, without the GIL, until every started request has ended and its callback returned;
-then raises the first exception a callback raised (or a failure nobody was called back for)
-since the last wait_all().
-)doc")
-      .def("is_ready", &PyAsyncInferQueue::is_ready,
-           "True when a job is free (start_async will not wait).")
-      .def_property_readonly("jobs", &PyAsyncInferQueue::jobs, "Requests in flight at most.")
-      .def_property_readonly("busy", &PyAsyncInferQueue::busy, "Requests in flight now.")
-      .def("__len__", &PyAsyncInferQueue::jobs);
 }
 
 }  // namespace asyncinfer::python

@@ -1,4 +1,5 @@
-// engine.hpp — asyncinfer.Engine and asyncinfer.AsyncInferQueue over asyncinfer::Engine.
+// engine.hpp — asyncinfer.Engine over asyncinfer::Engine (engine.cpp), and what AsyncInferQueue
+// (async_infer_queue.cpp) shares with it.
 //
 // A thin layer (DESIGN.md §7): every call converts its arguments, calls the C++ engine once and
 // converts the answer; the engine's queue, batching, deadlines, retries and metrics are the C++
@@ -45,6 +46,23 @@ class PyEngine {
   std::shared_ptr<EngineCore> core_;
 };
 
+/// The RequestOptions of submit()'s keyword arguments.
+RequestOptions request_options(const py::object& timeout, int priority, const py::object& deadline,
+                               const py::object& sequence_key, const py::object& tag);
+
+/// Submits without the GIL only where it can block (QueueFullPolicy.block).
+template <class F>
+auto submit_call(const Engine& e, F&& f) -> decltype(f()) {
+  if (e.options().queue_full_policy == QueueFullPolicy::block) return without_gil(f);
+  return f();
+}
+
+/// The docstring paragraph on inputs and request options, shared by the submitting methods.
+extern const char* const kInputsDoc;
+
+/// Defines asyncinfer.Engine; after init_options.
 void init_engine(py::module_& m);
+/// Defines asyncinfer.AsyncInferQueue; after init_engine.
+void init_async_infer_queue(py::module_& m);
 
 }  // namespace asyncinfer::python

@@ -8,6 +8,7 @@
 #include "convert.hpp"
 #include "engine.hpp"
 #include "future.hpp"
+#include "options.hpp"
 #include "runtime.hpp"
 #include "tensors.hpp"
 
@@ -194,7 +195,9 @@ PYBIND11_MODULE(_asyncinfer, m) {
   aip::init_tensors(m);
   aip::init_model_device(m);
   aip::init_future(m);
+  aip::init_options(m);
   aip::init_engine(m);
+  aip::init_async_infer_queue(m);
   aip::init_pipeline(m);
   m.attr("__version__") = ASYNCINFER_VERSION;
   m.attr("__name__") = own_name;
