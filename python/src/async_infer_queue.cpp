@@ -66,8 +66,8 @@ class PyAsyncInferQueue {
     take_job();
     auto st = state_;
     Engine::Callback cb = [st, userdata = PyRef(userdata),
-                           owner = static_cast<const void*>(engine_.core().get()),
-                           stats = engine_.core()->stats](const Result<Outputs>& r) mutable {
+                           owner = static_cast<const void*>(engine_.holder().get()),
+                           stats = engine_.holder()->stats](const Result<Outputs>& r) mutable {
       {
         LibraryGil gil(owner);
         if (gil) {
@@ -91,7 +91,7 @@ class PyAsyncInferQueue {
   }
 
   void wait_all() {
-    if (CallbackScope::inside(engine_.core().get())) {
+    if (CallbackScope::inside(engine_.holder().get())) {
       raise_status(failed_precondition_error(
           "AsyncInferQueue.wait_all() called from a callback: it would wait for itself"));
     }
@@ -148,7 +148,7 @@ class PyAsyncInferQueue {
         return;
       }
     }
-    if (CallbackScope::inside(engine_.core().get())) {
+    if (CallbackScope::inside(engine_.holder().get())) {
       raise_status(resource_exhausted_error(
           "AsyncInferQueue.start_async() from a callback while all " +
           std::to_string(state_->jobs) +

@@ -23,9 +23,9 @@ using std::chrono::nanoseconds;
 
 class EngineSource final : public FutureSource {
  public:
-  EngineSource(Future<Outputs> f, const EngineCore* core) : f_(std::move(f)) {
-    owner = core;
-    stats = core->stats;
+  EngineSource(Future<Outputs> f, const EngineHolder* holder) : f_(std::move(f)) {
+    owner = holder;
+    stats = holder->stats;
   }
   bool ready() const noexcept override { return f_.is_ready(); }
   void wait() override { f_.wait(); }
@@ -66,7 +66,7 @@ std::shared_ptr<Device> device_arg(const py::object& device) {
 
 EngineMetrics snapshot(const PyEngine& e) {
   EngineMetrics m = e.engine().metrics();
-  m.callback_exceptions += e.core()->stats->callback_exceptions.load(std::memory_order_relaxed);
+  m.callback_exceptions += e.holder()->stats->callback_exceptions.load(std::memory_order_relaxed);
   return m;
 }
 
@@ -129,10 +129,10 @@ py::dict metrics_dict(const EngineMetrics& m) {
 // ---- Engine methods ------------------------------------------------------------------------
 
 /// The callback of submit(callback=): fn(outputs or exception), once, GIL held.
-Engine::Callback python_callback(const py::object& fn, const std::shared_ptr<EngineCore>& core) {
+Engine::Callback python_callback(const py::object& fn, const std::shared_ptr<EngineHolder>& holder) {
   if (!PyCallable_Check(fn.ptr())) raise_invalid("submit: callback is not callable");
-  return [fn = PyRef(fn), owner = static_cast<const void*>(core.get()),
-          stats = core->stats](const Result<Outputs>& r) mutable {
+  return [fn = PyRef(fn), owner = static_cast<const void*>(holder.get()),
+          stats = holder->stats](const Result<Outputs>& r) mutable {
     LibraryGil gil(owner);
     if (!gil) return fn.leak();
     try {
@@ -154,7 +154,7 @@ py::object submit(PyEngine& self, const py::object& inputs, const py::object& ca
   RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
   Inputs in = to_inputs(inputs, e.signature(), share_inputs);
   if (!callback.is_none()) {
-    Engine::Callback cb = python_callback(callback, self.core());
+    Engine::Callback cb = python_callback(callback, self.holder());
     Status s = submit_call(e, [&] { return e.submit(std::move(in), std::move(cb), ro); });
     if (!s.ok()) raise_status(s);
     return py::none();
@@ -164,7 +164,7 @@ py::object submit(PyEngine& self, const py::object& inputs, const py::object& ca
   Status v = validate_inputs(e.signature(), in);
   if (!v.ok()) raise_status(v.with_context("bad input"));
   Future<Outputs> f = submit_call(e, [&] { return e.submit(std::move(in), ro); });
-  return make_future(std::make_unique<EngineSource>(std::move(f), self.core().get()));
+  return make_future(std::make_unique<EngineSource>(std::move(f), self.holder().get()));
 }
 
 py::object infer(PyEngine& self, const py::object& inputs, const py::object& timeout, int priority,
@@ -202,7 +202,7 @@ py::object result_by_id(PyEngine& self, const std::string& id, const py::object&
 }
 
 void shutdown(PyEngine& self, const py::object& mode, const py::object& drain_timeout) {
-  if (CallbackScope::inside(self.core().get())) {
+  if (CallbackScope::inside(self.holder().get())) {
     raise_status(failed_precondition_error(
         "Engine.shutdown() called from one of this engine's callbacks: it would wait for the "
         "callback itself; call it from another thread"));
@@ -297,25 +297,25 @@ tag: free text echoed in error messages.)doc";
 
 PyEngine::PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                    EngineOptions options)
-    : model_(std::move(model)), device_(std::move(device)), core_(std::make_shared<EngineCore>()) {
+    : model_(std::move(model)), device_(std::move(device)), holder_(std::make_shared<EngineHolder>()) {
   if (exiting()) raise_status(unavailable_error("the interpreter is exiting"));
   auto e = without_gil([&] { return Engine::create(model_, device_, std::move(options)); });
   if (!e.ok()) raise_status(e.status());
-  core_->engine = std::move(*e);
-  register_for_exit(core_);
+  holder_->engine = std::move(*e);
+  register_for_exit(holder_);
 }
 
 PyEngine::~PyEngine() {
-  if (!core_) return;
-  unregister_for_exit(core_.get());
+  if (!holder_) return;
+  unregister_for_exit(holder_.get());
   if (CallbackScope::current() != nullptr) {
     // The last reference went on a library thread (a callback, or the garbage collector running
     // there): on one of this engine's own completion threads its destructor would wait for that
     // very thread, and on another engine's or a pipeline's it would hold that thread up.
-    destroy_elsewhere(std::move(core_));
+    destroy_elsewhere(std::move(holder_));
     return;
   }
-  without_gil([&] { core_.reset(); });
+  without_gil([&] { holder_.reset(); });
   drain_releases();
 }
 

@@ -19,8 +19,10 @@ namespace asyncinfer::python {
 
 namespace py = pybind11;
 
-/// What the exit registry and the engine's Python callbacks share.
-struct EngineCore final : ExitStoppable {
+/// Owns the C++ engine of one asyncinfer.Engine (not asyncinfer::EngineCore, the library's
+/// internals): shared by the Python object, the exit registry and the engine's Python callbacks,
+/// whose owner tag (CallbackScope) is its address; handed to the reaper when it must die elsewhere.
+struct EngineHolder final : ExitStoppable {
   std::unique_ptr<Engine> engine;
   std::shared_ptr<BindingStats> stats = std::make_shared<BindingStats>();
   int exit_order() const noexcept override { return 2; }
@@ -35,15 +37,15 @@ class PyEngine {
   PyEngine(const PyEngine&) = delete;
   PyEngine& operator=(const PyEngine&) = delete;
 
-  Engine& engine() const noexcept { return *core_->engine; }
-  const std::shared_ptr<EngineCore>& core() const noexcept { return core_; }
+  Engine& engine() const noexcept { return *holder_->engine; }
+  const std::shared_ptr<EngineHolder>& holder() const noexcept { return holder_; }
   const std::shared_ptr<Model>& model() const noexcept { return model_; }
   const std::shared_ptr<Device>& device() const noexcept { return device_; }
 
  private:
   std::shared_ptr<Model> model_;
   std::shared_ptr<Device> device_;
-  std::shared_ptr<EngineCore> core_;
+  std::shared_ptr<EngineHolder> holder_;
 };
 
 /// The RequestOptions of submit()'s keyword arguments.

@@ -30,7 +30,9 @@ struct ItemBox {
 };
 using BoxPtr = std::shared_ptr<ItemBox>;
 
-struct PipelineCore final : ExitStoppable {
+/// Owns the C++ pipeline of one asyncinfer.Pipeline (not the library's PipelineCore): shared by the
+/// Python object, the exit registry and the stages' Python code, like EngineHolder (engine.hpp).
+struct PipelineHolder final : ExitStoppable {
   std::unique_ptr<Pipeline> pipeline;
   std::shared_ptr<BindingStats> stats = std::make_shared<BindingStats>();
   int exit_order() const noexcept override { return 1; }  // before the engines its stages use
@@ -44,10 +46,10 @@ py::object item_value(const PipelineItem& item, const ItemBox& box) {
 
 class PipelineSource final : public FutureSource {
  public:
-  PipelineSource(Future<PipelineItem> f, BoxPtr box, const PipelineCore* core)
+  PipelineSource(Future<PipelineItem> f, BoxPtr box, const PipelineHolder* holder)
       : f_(std::move(f)), box_(std::move(box)) {
-    owner = core;
-    stats = core->stats;
+    owner = holder;
+    stats = holder->stats;
   }
   bool ready() const noexcept override { return f_.is_ready(); }
   void wait() override { f_.wait(); }
@@ -105,9 +107,9 @@ PyStage stage_from(const py::handle& h, std::size_t index) {
 }
 
 /// The C++ host stage for a Python callable.
-HostStageFn host_stage(const PyStage& s, const ModelSignature* next, const PipelineCore* core) {
+HostStageFn host_stage(const PyStage& s, const ModelSignature* next, const PipelineHolder* holder) {
   auto fn = std::make_shared<PyRef>(s.fn);
-  return [fn, next, owner = static_cast<const void*>(core)](PipelineItem& item) -> Status {
+  return [fn, next, owner = static_cast<const void*>(holder)](PipelineItem& item) -> Status {
     LibraryGil gil(owner);
     if (!gil) return aborted_error("the Python interpreter is exiting");
     ItemBox& box = **std::any_cast<BoxPtr>(&item.user);
@@ -148,7 +150,7 @@ class PyPipeline {
  public:
   PyPipeline(const py::sequence& stages, std::size_t window, bool ordered, int priority_levels,
              int default_priority, int completion_threads, const py::object& drain_timeout)
-      : core_(std::make_shared<PipelineCore>()) {
+      : holder_(std::make_shared<PipelineHolder>()) {
     if (exiting()) raise_status(unavailable_error("the interpreter is exiting"));
     std::vector<PyStage> in;
     for (std::size_t i = 0; i < py::len(stages); ++i) in.push_back(stage_from(stages[i], i));
@@ -159,11 +161,11 @@ class PyPipeline {
           i + 1 < in.size() && in[i + 1].takes_tensors() ? &in[i + 1].signature() : nullptr;
       switch (s.kind) {
         case StageKind::host:
-          specs.push_back(StageSpec::host(s.name, host_stage(s, next, core_.get()), s.concurrency));
+          specs.push_back(StageSpec::host(s.name, host_stage(s, next, holder_.get()), s.concurrency));
           break;
         case StageKind::engine:
           keep_.emplace_back(s.engine);
-          owners_.push_back(s.engine.cast<PyEngine&>().core().get());
+          owners_.push_back(s.engine.cast<PyEngine&>().holder().get());
           specs.push_back(StageSpec::run_engine(s.name, s.engine.cast<PyEngine&>().engine()));
           break;
         case StageKind::device:
@@ -172,7 +174,7 @@ class PyPipeline {
       }
     }
     if (!in.empty() && in.front().takes_tensors()) first_ = &in.front().signature();
-    owners_.push_back(core_.get());
+    owners_.push_back(holder_.get());
     PipelineOptions o;
     o.window = window;
     o.ordered = ordered;
@@ -183,24 +185,24 @@ class PyPipeline {
         to_duration_required(drain_timeout, "drain_timeout"));
     auto p = without_gil([&] { return Pipeline::create(std::move(specs), o); });
     if (!p.ok()) raise_status(p.status());
-    core_->pipeline = std::move(*p);
-    register_for_exit(core_);
+    holder_->pipeline = std::move(*p);
+    register_for_exit(holder_);
   }
 
   ~PyPipeline() {
-    if (!core_ || !core_->pipeline) return;
-    unregister_for_exit(core_.get());
+    if (!holder_ || !holder_->pipeline) return;
+    unregister_for_exit(holder_.get());
     if (CallbackScope::current() != nullptr) {
       // See ~PyEngine. The engines of engine stages go with it, released after it is gone.
       struct Doomed {
         std::vector<PyRef> keep;  // declared first: destroyed after the pipeline
-        std::shared_ptr<PipelineCore> core;
+        std::shared_ptr<PipelineHolder> holder;
       };
-      auto doomed = std::make_shared<Doomed>(Doomed{std::move(keep_), std::move(core_)});
+      auto doomed = std::make_shared<Doomed>(Doomed{std::move(keep_), std::move(holder_)});
       destroy_elsewhere(std::move(doomed));
       return;
     }
-    without_gil([&] { core_.reset(); });
+    without_gil([&] { holder_.reset(); });
     drain_releases();
   }
   PyPipeline(const PyPipeline&) = delete;
@@ -213,8 +215,8 @@ class PyPipeline {
     PipelineItem item = make_item(value, box);
     const ItemOptions io = item_options(priority, timeout, deadline);
     Future<PipelineItem> f =
-        without_gil([&] { return core_->pipeline->submit(std::move(item), io); });
-    return make_future(std::make_unique<PipelineSource>(std::move(f), std::move(box), core_.get()));
+        without_gil([&] { return holder_->pipeline->submit(std::move(item), io); });
+    return make_future(std::make_unique<PipelineSource>(std::move(f), std::move(box), holder_.get()));
   }
 
   py::list run(const py::iterable& values, int priority, const py::object& timeout,
@@ -227,7 +229,7 @@ class PyPipeline {
       items.push_back(make_item(py::reinterpret_borrow<py::object>(v), boxes.back()));
     }
     const ItemOptions io = item_options(priority, timeout, deadline);
-    auto results = without_gil([&] { return core_->pipeline->run(std::move(items), io); });
+    auto results = without_gil([&] { return holder_->pipeline->run(std::move(items), io); });
     drain_releases();
     py::list out;
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -259,11 +261,11 @@ class PyPipeline {
     } else if (!py::isinstance<py::str>(mode) || mode.cast<std::string>() != "drain") {
       raise_invalid("shutdown: mode must be 'drain' or 'cancel'");
     }
-    without_gil([&] { core_->pipeline->shutdown(m); });
+    without_gil([&] { holder_->pipeline->shutdown(m); });
     drain_releases();
   }
 
-  PipelineMetrics metrics() const { return core_->pipeline->metrics(); }
+  PipelineMetrics metrics() const { return holder_->pipeline->metrics(); }
 
  private:
   PipelineItem make_item(const py::object& value, const BoxPtr& box) {
@@ -293,7 +295,7 @@ class PyPipeline {
   std::vector<PyRef> keep_;  // engines of engine stages: destroyed after the pipeline
   const ModelSignature* first_ = nullptr;
   std::vector<const void*> owners_;  // the threads shutdown() must not be called from
-  std::shared_ptr<PipelineCore> core_;
+  std::shared_ptr<PipelineHolder> holder_;
 };
 
 py::dict metrics_dict(const PipelineMetrics& m) {
