@@ -120,3 +120,46 @@ def test_exit_code_is_kept(mode):
     assert r.returncode == 3, r.stderr[-2000:]
     for sign in BAD_SIGNS:
         assert sign not in r.stderr
+
+
+def test_engines_dropped_in_their_callbacks_share_one_reaper_thread():
+    """Engines whose last reference dies on their own completion thread are destroyed by one
+    reaper thread for the module; the interpreter exits once the pending ones are gone, with every
+    callback they still owed run."""
+    r = run_python("""
+        import os, sys, time, weakref, numpy as np, asyncinfer
+
+        def reapers():
+            n = 0
+            for task in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{task}/comm") as f:
+                        n += f.read().strip() == "asyncinfer-reap"
+                except OSError:  # a thread that just ended
+                    pass
+            return n
+
+        x = np.zeros((1, 4), np.float32)
+        refs, most = [], 0
+        assert reapers() == 0
+        for i in range(20):
+            e = asyncinfer.Engine("builtin:fixed_cost?base_us=2000", "cpu")
+            holder = {"engine": e}
+            refs.append(weakref.ref(e))
+            e.submit(x, callback=lambda r, h=holder: h.clear())  # the last reference dies here
+            for _ in range(5):  # owed when it goes: run by its drain, on the reaper's watch
+                e.submit(x, callback=lambda r, i=i: sys.stdout.write(
+                    f"late {i} {type(r).__name__}\\n"))  # one write: threads interleave prints
+            del e, holder
+            most = max(most, reapers())
+        deadline = time.monotonic() + 60
+        while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+            most = max(most, reapers())
+            time.sleep(0.001)
+        assert all(ref() is None for ref in refs)
+        print("reapers", most, reapers(), flush=True)
+        # Leaves at once: the last destructions may still be pending; the exit hook waits.
+    """, timeout=120)
+    check(r)
+    assert "reapers 1 1\n" in r.stdout, r.stdout[-2000:]
+    assert r.stdout.count(" list\n") == 100, r.stdout[-2000:]
