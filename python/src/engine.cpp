@@ -129,7 +129,8 @@ py::dict metrics_dict(const EngineMetrics& m) {
 // ---- Engine methods ------------------------------------------------------------------------
 
 /// The callback of submit(callback=): fn(outputs or exception), once, GIL held.
-Engine::Callback python_callback(const py::object& fn, const std::shared_ptr<EngineHolder>& holder) {
+Engine::Callback python_callback(const py::object& fn,
+                                 const std::shared_ptr<EngineHolder>& holder) {
   if (!PyCallable_Check(fn.ptr())) raise_invalid("submit: callback is not callable");
   return [fn = PyRef(fn), owner = static_cast<const void*>(holder.get()),
           stats = holder->stats](const Result<Outputs>& r) mutable {
@@ -297,7 +298,9 @@ tag: free text echoed in error messages.)doc";
 
 PyEngine::PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                    EngineOptions options)
-    : model_(std::move(model)), device_(std::move(device)), holder_(std::make_shared<EngineHolder>()) {
+    : model_(std::move(model)),
+      device_(std::move(device)),
+      holder_(std::make_shared<EngineHolder>()) {
   if (exiting()) raise_status(unavailable_error("the interpreter is exiting"));
   auto e = without_gil([&] { return Engine::create(model_, device_, std::move(options)); });
   if (!e.ok()) raise_status(e.status());

@@ -161,7 +161,8 @@ class PyPipeline {
           i + 1 < in.size() && in[i + 1].takes_tensors() ? &in[i + 1].signature() : nullptr;
       switch (s.kind) {
         case StageKind::host:
-          specs.push_back(StageSpec::host(s.name, host_stage(s, next, holder_.get()), s.concurrency));
+          specs.push_back(
+              StageSpec::host(s.name, host_stage(s, next, holder_.get()), s.concurrency));
           break;
         case StageKind::engine:
           keep_.emplace_back(s.engine);
@@ -216,7 +217,8 @@ class PyPipeline {
     const ItemOptions io = item_options(priority, timeout, deadline);
     Future<PipelineItem> f =
         without_gil([&] { return holder_->pipeline->submit(std::move(item), io); });
-    return make_future(std::make_unique<PipelineSource>(std::move(f), std::move(box), holder_.get()));
+    return make_future(
+        std::make_unique<PipelineSource>(std::move(f), std::move(box), holder_.get()));
   }
 
   py::list run(const py::iterable& values, int priority, const py::object& timeout,

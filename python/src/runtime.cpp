@@ -47,9 +47,9 @@ struct Reaper {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::shared_ptr<void>> doomed;  // under mu
-  std::thread thread;                         // under mu; not joinable until the first object
-  bool running = false;                       // under mu; the thread has not returned
-  bool stopping = false;                      // under mu; set by the exit hook
+  std::thread thread;                        // under mu; not joinable until the first object
+  bool running = false;                      // under mu; the thread has not returned
+  bool stopping = false;                     // under mu; set by the exit hook
 };
 Reaper& reaper() {
   static auto* r = new Reaper();
