@@ -30,6 +30,7 @@ class EngineSource final : public FutureSource {
   bool ready() const noexcept override { return f_.is_ready(); }
   void wait() override { f_.wait(); }
   bool wait_for(nanoseconds timeout) override { return f_.wait_for(timeout); }
+  Status wait_refused() override { return f_.state()->wait_would_never_end(); }
   bool cancel() override { return f_.cancel(); }
   Status status() const override { return f_.state()->result().status(); }
   py::object value() override { return to_python(f_.state()->result().value()); }

@@ -45,12 +45,20 @@ bool is_cancelled(PyFuture& f) {
   return f.src->ready() && status_of(f).code() == StatusCode::cancelled;
 }
 
-/// Waits for the result with the GIL released; TimeoutError when `timeout` passes first.
+/// Waits for the result with the GIL released; TimeoutError when `timeout` passes first, and
+/// FailedPrecondition at once when the wait could never end on this thread (FutureSource::
+/// wait_refused: an ordered callback waiting for a later request of its own key).
 void wait(PyFuture& f, const py::object& timeout) {
   if (f.src->ready()) return;
   auto t = to_duration(timeout, "timeout");
+  if (Status refused = f.src->wait_refused(); !refused.ok()) raise_status(refused);
   if (!t) {
     without_gil([&] { f.src->wait(); });
+    if (!f.src->ready()) {  // refused inside the wait (the check above raced nothing: defensive)
+      raise_status(
+          failed_precondition_error("the wait for this request returned without its "
+                                    "result (EngineOptions::ordered_delivery)"));
+    }
     return;
   }
   const auto limit = *t < std::chrono::nanoseconds::zero() ? std::chrono::nanoseconds::zero() : *t;

@@ -42,6 +42,9 @@ class FutureSource {
   /// Block (the caller has released the GIL).
   virtual void wait() = 0;
   virtual bool wait_for(std::chrono::nanoseconds timeout) = 0;
+  /// ok, or why a wait on this thread could never end (the engine's ordered delivery: a
+  /// callback waiting for a later request of its own key); the wait is then not started.
+  virtual Status wait_refused() { return Status(); }
   /// Requests cancellation; true when it reached a request that had not ended.
   virtual bool cancel() = 0;
   /// Once ready: ok, or the error.

@@ -36,10 +36,12 @@ thread_local const OrderedDrain* tl_drain = nullptr;
 
 Status EngineCore::ordered_wait_would_never_end(const Request& r) const {
   const OrderedDrain* d = tl_drain;
-  if (d == nullptr || d->core != this || r.sequence_key != *d->key ||
-      r.order_seq <= d->delivering) {
-    return Status();
-  }
+  if (d == nullptr || d->core != this || r.sequence_key != *d->key) return Status();
+  // order_seq is written by accept() before the stage leaves `submitting` (release): read it
+  // only after seeing that. A request still being submitted (by id, on another thread) has no
+  // number yet: its wait is not refused.
+  if (r.stage.load(std::memory_order_acquire) == Stage::submitting) return Status();
+  if (r.order_seq <= d->delivering) return Status();
   return failed_precondition_error(
       context("waiting, inside the ordered callback of request #" + std::to_string(d->delivering) +
                   " of sequence key '" + r.sequence_key + "', for its later request #" +

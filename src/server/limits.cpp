@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <utility>
 
@@ -127,10 +129,45 @@ std::size_t free_descriptors() {
 
 bool descriptors_recovered() { return free_descriptors() >= kFreeToRecover; }
 
+ListenerHealth::~ListenerHealth() {
+  std::thread watch;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    watch = std::move(watch_);
+  }
+  watch_cv_.notify_all();
+  if (watch.joinable()) watch.join();
+}
+
+bool ListenerHealth::descriptors_failing_locked() const {
+  return std::any_of(reasons_.begin(), reasons_.end(),
+                     [](const auto& kv) { return kv.second.descriptors; });
+}
+
+void ListenerHealth::watch_descriptors() {
+  std::unique_lock lock(mu_);
+  while (!stopping_ && descriptors_failing_locked()) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(250), [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    const bool changed = recheck_descriptors();
+    if (changed) notify();
+    lock.lock();
+  }
+  watching_ = false;
+}
+
 bool ListenerHealth::set_failing(std::string_view listener, std::string reason, bool descriptors) {
   bool changed = false;
   {
     std::lock_guard lock(mu_);
+    if (descriptors && !watching_ && !stopping_) {
+      // The previous watch has ended (watching_ false): join it before starting the next.
+      if (watch_.joinable()) watch_.join();
+      watching_ = true;
+      watch_ = std::thread([this] { watch_descriptors(); });
+    }
     auto it = reasons_.find(listener);
     if (it == reasons_.end()) {
       reasons_.emplace(std::string(listener), Failure{std::move(reason), descriptors});

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace asyncinfer::server {
@@ -125,12 +127,18 @@ class ConnectionBudget {
 class ListenerHealth {
  public:
   ListenerHealth() = default;
+  /// Stops the descriptor watch (below), if it runs.
+  ~ListenerHealth();
   ListenerHealth(const ListenerHealth&) = delete;
   ListenerHealth& operator=(const ListenerHealth&) = delete;
 
   /// `listener` cannot accept: `reason` says why; `descriptors`: because accept() failed for want
   /// of file descriptors (or memory), which recheck_descriptors() re-examines. Returns true when
-  /// it was accepting until now (the caller logs the change once).
+  /// it was accepting until now (the caller logs the change once). A failure for descriptors
+  /// starts the descriptor watch: a thread that, while such a failure stands (and only then),
+  /// rechecks every 250 ms and runs the observers when descriptors have come back, since nothing
+  /// announces that (a raised limit, files closed elsewhere) and a gRPC Watch client that sees
+  /// NOT_SERVING sends nothing that would make the server look. It ends with the failures.
   bool set_failing(std::string_view listener, std::string reason, bool descriptors = false);
   /// Re-examines the failures for want of descriptors: when enough are free again (16; the
   /// process's limit was raised, or something else closed its files), those listeners count as
@@ -160,9 +168,18 @@ class ListenerHealth {
     bool descriptors = false;
   };
 
+  /// The descriptor watch's loop (set_failing).
+  void watch_descriptors();
+  /// Under mu_: any failure for want of descriptors stands.
+  bool descriptors_failing_locked() const;
+
   mutable std::mutex mu_;
   std::map<std::string, Failure, std::less<>> reasons_;
   std::atomic<std::size_t> failing_{0};
+  std::condition_variable watch_cv_;  // under mu_: the watch's wait, woken to stop it
+  std::thread watch_;                 // under mu_: the descriptor watch, while it runs
+  bool watching_ = false;             // under mu_
+  bool stopping_ = false;             // under mu_
   /// Held while observers run, so that remove_observer() waits for them.
   std::mutex notify_mu_;
   std::map<std::size_t, std::function<void()>> observers_;  // under notify_mu_

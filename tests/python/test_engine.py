@@ -345,6 +345,39 @@ def test_priorities_and_ordered_delivery():
         assert order == [20000, 1000, 10000, 0, 5000]
 
 
+def test_an_ordered_callback_waiting_for_a_later_request_of_its_key_gets_an_error():
+    # Ordered delivery: the later request is delivered only after this callback returns, so the
+    # wait could never end; it raises FailedPrecondition at once instead (with or without a
+    # timeout), and the later request is delivered afterwards as usual.
+    with asyncinfer.Engine("builtin:identity", "cpu", ordered_delivery=True,
+                           completion_threads=2) as e:
+        seen = {}
+        done = threading.Event()
+        later = []
+
+        def first(r):
+            try:
+                f = e.submit(x(value=7), sequence_key="k")
+                later.append(f)
+                t0 = time.monotonic()
+                for timeout in (None, 5.0):
+                    try:
+                        f.result(timeout)
+                        seen[timeout] = "returned"
+                    except asyncinfer.FailedPrecondition as err:
+                        seen[timeout] = str(err)
+                seen["took"] = time.monotonic() - t0
+            finally:
+                done.set()
+
+        e.submit(x(value=1), sequence_key="k", callback=first)
+        assert done.wait(WAIT)
+        for timeout in (None, 5.0):
+            assert "sequence key 'k'" in seen[timeout], seen
+        assert seen["took"] < 2.0
+        assert later[0].result(WAIT)[0][0, 0] == 7
+
+
 def test_retry_policy_retries_then_succeeds():
     retry = asyncinfer.RetryPolicy(max_attempts=3, initial_backoff=0.001)
     with asyncinfer.Engine("builtin:faulty?mode=error&code=unavailable&first=2", "cpu",
