@@ -716,6 +716,31 @@ TEST(ServerLimits, ListenerHealthNamesEachFailingListener) {
   EXPECT_EQ(changes, 4);
 }
 
+TEST(ServerLimits, TheEndOfADescriptorShortageIsAnnouncedWithoutAnyoneAsking) {
+  // accept() failed for want of descriptors; they come back (here: this process has plenty) with
+  // nobody asking for readiness, as with a gRPC Watch client that sees NOT_SERVING. The
+  // descriptor watch finds out and tells the observers; a second shortage starts it again.
+  ListenerHealth health;
+  std::atomic<int> changes{0};
+  health.on_change([&] { ++changes; });
+  auto recovered_within = [&](int want_changes) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((!health.all_accepting() || changes.load() < want_changes) &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return health.all_accepting() && changes.load() == want_changes;
+  };
+  EXPECT_TRUE(health.set_failing("grpc", "accept() failed: Too many open files", true));
+  EXPECT_TRUE(recovered_within(2));
+  EXPECT_TRUE(health.set_failing("http", "accept() failed: Too many open files", true));
+  EXPECT_TRUE(recovered_within(4));
+  // A failure of another kind is not the watch's: it stands until the listener accepts.
+  EXPECT_TRUE(health.set_failing("grpc", "at its connection limit"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_FALSE(health.all_accepting());
+}
+
 // ---- model control -----------------------------------------------------------------------------
 
 namespace fs = std::filesystem;
