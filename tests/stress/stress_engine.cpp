@@ -94,10 +94,17 @@ TEST(EngineStress, ResultStoreStaysBoundedOverAMillionUnfetchedRequests) {
   engine->shutdown(ShutdownMode::drain);
   const long rss_end = testing::process_rss_kib();
   EXPECT_EQ(engine->status("r0"), RequestState::unknown);  // evicted long ago, and forgotten
-  // A recently evicted id is still explained (tombstones are bounded too).
-  const std::string recent = "r" + std::to_string(kN - 1500);
-  EXPECT_NE(engine->result(recent, 1ms).status().message().find("evicted"), std::string_view::npos)
-      << engine->result(recent, 1ms).status();
+  // Recently evicted ids are still explained (tombstones are bounded too). Which ids those are
+  // depends on timing: an entry is evicted when a newer one needs its place after it finished,
+  // so one that a descheduled worker held while the last requests went through stays (it once
+  // made a check of one fixed id fail under load). Among the last 3,000 ids, 2,000 or so were
+  // evicted, and the tombstones remember the last result_store_capacity of them.
+  int explained = 0;
+  for (int i = kN - 3000; i < kN; ++i) {
+    const Status s = engine->result("r" + std::to_string(i), 1ms).status();
+    if (s.message().find("evicted") != std::string_view::npos) ++explained;
+  }
+  EXPECT_GE(explained, 900) << "of the last 3000 ids, evicted ones explained";
   EXPECT_EQ(engine->status("r" + std::to_string(kN - 1)), RequestState::completed);
   // Memory stays flat: 900,000 more requests added less than 32 MiB. (Not under the sanitizers:
   // ASan's quarantine and TSan's shadow memory grow with every allocation, bounded store or not;
