@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -46,6 +47,20 @@ inline int process_threads() {
     if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
   }
   return -1;
+}
+
+/// Threads of this process whose name (/proc/self/task/*/comm) starts with `prefix`: unlike
+/// process_threads(), blind to threads that a runtime (a sanitizer's background thread) starts
+/// on its own at any moment.
+inline int threads_named(const std::string& prefix) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(task.path() / "comm");
+    std::string name;
+    if (std::getline(in, name) && name.rfind(prefix, 0) == 0) ++n;
+  }
+  return n;
 }
 
 /// Resident set size in KiB, from /proc/self/status.
