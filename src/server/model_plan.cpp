@@ -214,10 +214,10 @@ std::string_view oip_datatype(DType dtype) noexcept {
 
 Result<DType> dtype_from_oip(std::string_view name) {
   static constexpr std::pair<std::string_view, DType> kNames[] = {
-      {"FP32", DType::f32},     {"FP16", DType::f16},   {"BF16", DType::bf16},
-      {"FP64", DType::f64},     {"INT8", DType::i8},    {"UINT8", DType::u8},
-      {"INT16", DType::i16},    {"UINT16", DType::u16}, {"INT32", DType::i32},
-      {"UINT32", DType::u32},   {"INT64", DType::i64},  {"UINT64", DType::u64},
+      {"FP32", DType::f32},     {"FP16", DType::f16},    {"BF16", DType::bf16},
+      {"FP64", DType::f64},     {"INT8", DType::i8},     {"UINT8", DType::u8},
+      {"INT16", DType::i16},    {"UINT16", DType::u16},  {"INT32", DType::i32},
+      {"UINT32", DType::u32},   {"INT64", DType::i64},   {"UINT64", DType::u64},
       {"BOOL", DType::boolean}, {"BYTES", DType::bytes},
   };
   for (const auto& [n, d] : kNames) {

@@ -349,9 +349,9 @@ TEST(ServerConfig, VersionPolicies) {
 }
 
 TEST(ServerConfig, DatatypeNames) {
-  for (DType d : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::u8, DType::i16,
-                  DType::u16, DType::i32, DType::u32, DType::i64, DType::u64, DType::boolean,
-                  DType::bytes}) {
+  for (DType d :
+       {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::u8, DType::i16,
+        DType::u16, DType::i32, DType::u32, DType::i64, DType::u64, DType::boolean, DType::bytes}) {
     auto back = dtype_from_oip(oip_datatype(d));
     ASSERT_TRUE(back.ok()) << oip_datatype(d);
     EXPECT_EQ(*back, d);
