@@ -232,20 +232,12 @@ std::string ListenerHealth::reasons() const {
 }
 
 std::size_t ListenerHealth::on_change(std::function<void()> f) {
-  std::lock_guard lock(notify_mu_);
-  observers_.emplace(next_observer_, std::move(f));
-  return next_observer_++;
+  return observers_.add(std::move(f));
 }
 
-void ListenerHealth::remove_observer(std::size_t id) {
-  std::lock_guard lock(notify_mu_);
-  observers_.erase(id);
-}
+void ListenerHealth::remove_observer(std::size_t id) { observers_.remove(id); }
 
-void ListenerHealth::notify() {
-  std::lock_guard lock(notify_mu_);
-  for (auto& [id, f] : observers_) f();
-}
+void ListenerHealth::notify() { observers_.notify(); }
 
 // ---- SpareDescriptor ---------------------------------------------------------------------------
 

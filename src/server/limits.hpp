@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "observers.hpp"
+
 namespace asyncinfer::server {
 
 /// Bytes held by requests in flight, server-wide: request bodies while they are read and decoded,
@@ -180,10 +182,8 @@ class ListenerHealth {
   std::thread watch_;                 // under mu_: the descriptor watch, while it runs
   bool watching_ = false;             // under mu_
   bool stopping_ = false;             // under mu_
-  /// Held while observers run, so that remove_observer() waits for them.
-  std::mutex notify_mu_;
-  std::map<std::size_t, std::function<void()>> observers_;  // under notify_mu_
-  std::size_t next_observer_ = 0;
+  /// remove_observer() waits for a call in progress (ObserverList's rule).
+  ObserverList observers_;
 };
 
 /// One descriptor held back (open on /dev/null) for the moment accept() fails with EMFILE: closed,

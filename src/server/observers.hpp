@@ -2,7 +2,8 @@
 // readiness), run on the thread that made the change. What lets the gRPC health service push a
 // change to its Watch calls instead of comparing the readiness on a timer (grpc_server.hpp,
 // "Health"): ModelRepository tells its list of each snapshot it publishes and of each engine's
-// health change; InferenceServer tells its own of those and of the start of a drain.
+// health change; InferenceServer tells its own of those and of the start of a drain;
+// ListenerHealth (limits.hpp) tells its own of each listener that stops or starts accepting.
 //
 // Thread safety: every member may be called from any thread.
 #pragma once
