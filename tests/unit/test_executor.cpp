@@ -62,12 +62,16 @@ TEST(ThreadPool, ShutdownRunsQueuedTasksAndJoins) {
 
 TEST(ThreadPool, ShutdownWakesIdleWorkers) {
   // Counted by name: ASan's background thread may start at any moment, so the process's total
-  // is not a measure (it once made this test fail under ASan).
+  // is not a measure (it once made this test fail under ASan). Each worker names itself once it
+  // runs, and a joined thread's /proc entry goes a moment after the join, so both counts are
+  // awaited (a CI run once saw 2 of 4 names).
   {
     ThreadPool pool(4, "idlewake");
-    EXPECT_EQ(testing::threads_named("idlewake-"), 4);
+    EXPECT_TRUE(testing::eventually([] { return testing::threads_named("idlewake-") == 4; }))
+        << testing::threads_named("idlewake-") << " of 4 workers named";
   }  // destructor: idle workers are woken and joined, not left blocked
-  EXPECT_EQ(testing::threads_named("idlewake-"), 0);
+  EXPECT_TRUE(testing::eventually([] { return testing::threads_named("idlewake-") == 0; }))
+      << testing::threads_named("idlewake-") << " workers left after the pool's destructor";
 }
 
 TEST(ThreadPool, WaiterOnAFutureIsWokenByShutdownDrain) {
