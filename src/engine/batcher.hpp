@@ -2,10 +2,10 @@
 //
 // The batcher is a pure function of the queue's contents, the batching options and the current
 // time (after Triton core's split of GetDynamicBatch from BatcherThread): plan_batch() takes no
-// lock, starts no thread and changes nothing. The worker (worker.cpp) calls it under the queue
-// mutex, then either takes the requests it returned or sleeps until the time it returned (or until
-// the queue changes, which notifies it). So every batching rule can be tested with a queue built by
-// hand and a made-up clock (tests/unit/test_batcher.cpp).
+// lock, starts no thread and changes nothing. Scheduler::next_batch (scheduler.hpp) calls it under
+// the queue mutex, then either takes the requests it returned or sleeps until the time it returned
+// (or until the queue changes, which notifies it). So every batching rule can be tested with a
+// queue built by hand and a made-up clock (tests/unit/test_batcher.cpp).
 //
 // The rules, in order:
 //   1. the first request is RequestQueue::next(now, priority_aging): the head of the highest

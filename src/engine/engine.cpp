@@ -75,10 +75,8 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       dispatcher_(1, "ai-dispatch"),
       timer_("ai-timer"),
       reaper_(reaper_threads(opt_), "ai-reaper"),
-      queue_(opt_.priority_levels),
-      retry_(opt_.retry),
-      store_(opt_.result_store_capacity, opt_.result_ttl),
-      admission_(opt_.admission_control, opt_.workers) {}
+      scheduler_(opt_, sig_.batched),
+      store_(opt_.result_store_capacity, opt_.result_ttl) {}
 
 EngineCore::~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
@@ -179,76 +177,20 @@ Clock::time_point EngineCore::effective_deadline(const RequestOptions& o,
 }
 
 Status EngineCore::accept(const std::shared_ptr<Request>& r) {
-  std::unique_lock lock(qmu_);
-  if (r->refusal) return refuse_ended(*r);
-  if (!accepting()) return reject("shut_down", unavailable_error("engine is shut down"));
-  if (no_workers_) return reject("unavailable", *no_workers_);
-  Clock::time_point now = r->enqueued;  // prepare()'s reading, unless the submit waits below
-  if (queue_.size() >= opt_.queue_capacity) {
-    if (opt_.queue_full_policy == QueueFullPolicy::reject) {
-      return reject("queue_full",
-                    resource_exhausted_error(context("queue full", r->tag) + ": " +
-                                             std::to_string(queue_.size()) +
-                                             " requests queued (queue_capacity " +
-                                             std::to_string(opt_.queue_capacity) + ")"));
+  std::optional<detail::Refusal> refusal = scheduler_.accept(r, [&] {
+    // Under the scheduler's mutex, before the request is queued.
+    if (opt_.ordered_delivery) r->order_seq = order_.assign(r->sequence_key);
+    inflight_requests_.fetch_add(1, std::memory_order_relaxed);
+    submitted_.fetch_add(1, std::memory_order_relaxed);
+    if (r->deadline != Clock::time_point::max()) {
+      // If it fires at once, its handler (try_resolve → Scheduler::withdraw) waits for the
+      // scheduler's mutex, so for the request to be queued.
+      std::lock_guard tl(r->timer_mu);
+      r->deadline_timer = timer_.add(r->deadline, [this, r] { on_deadline(r); });
     }
-    // Wait for room, but not past the request's own deadline: a request whose deadline passes
-    // here ends before it is accepted, so it is refused.
-    const Clock::time_point until = std::min(deadline_after(opt_.submit_timeout), r->deadline);
-    const auto ready = [&] {
-      return !accepting() || r->refusal.has_value() || no_workers_.has_value() ||
-             queue_.size() < opt_.queue_capacity;
-    };
-    if (detail::no_limit(until)) {
-      space_cv_.wait(lock, ready);
-    } else {
-      space_cv_.wait_until(lock, until, ready);
-    }
-    if (r->refusal) return refuse_ended(*r);
-    if (!accepting()) return reject("shut_down", unavailable_error("engine is shut down"));
-    if (no_workers_) return reject("unavailable", *no_workers_);
-    if (queue_.size() >= opt_.queue_capacity) {
-      if (Clock::now() >= r->deadline) {
-        return reject("deadline",
-                      deadline_exceeded_error(context("request timed out", r->tag) + " after " +
-                                              ms_text(Clock::now() - r->submitted) +
-                                              " while its submit waited for room in the queue "
-                                              "(not accepted)"));
-      }
-      return reject("queue_full",
-                    resource_exhausted_error(context("queue full", r->tag) + ": still " +
-                                             std::to_string(queue_.size()) +
-                                             " requests queued after waiting " +
-                                             ms_text(opt_.submit_timeout) + " (submit_timeout)"));
-    }
-    now = Clock::now();
-  }
-  if (auto why = admission_.check(queue_.size(), now, r->deadline)) {
-    return reject("admission", resource_exhausted_error(context(*why, r->tag)));
-  }
-  // Accepted from here on: nothing below can refuse it.
-  r->seq = next_seq_++;
-  if (opt_.ordered_delivery) r->order_seq = order_.assign(r->sequence_key);
-  r->enqueued = now;
-  r->waiting_since = now;
-  detail::transition(*r, Stage::submitting, Stage::queued, lock);
-  inflight_requests_.fetch_add(1, std::memory_order_relaxed);
-  submitted_.fetch_add(1, std::memory_order_relaxed);
-  retry_.on_request(now);
-  if (r->deadline != Clock::time_point::max()) {
-    // Armed under qmu_: if it fires at once, its handler waits for this push to finish.
-    std::lock_guard tl(r->timer_mu);
-    r->deadline_timer = timer_.add(r->deadline, [this, r] { on_deadline(r); });
-  }
-  queue_.push_back(r);
-  lock.unlock();
-  qcv_.notify_one();
+  });
+  if (refusal) return reject(refusal->reason, std::move(refusal->status));
   return Status();
-}
-
-Status EngineCore::refuse_ended(const Request& r) {
-  const Status& s = *r.refusal;
-  return reject(s.code() == StatusCode::cancelled ? "cancelled" : "ended_before_accepted", s);
 }
 
 Status EngineCore::reject(const char* reason, Status s) {
@@ -362,8 +304,7 @@ Status EngineCore::release(std::string_view id) { return store_.release(id); }
 
 bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result,
                              Clock::time_point now) {
-  std::shared_ptr<Request> queue_ref;  // references dropped after the lock
-  std::shared_ptr<Request> retry_ref;
+  std::shared_ptr<Request> withdrawn;  // the scheduler's reference, dropped after finish()
   for (;;) {
     Stage cur = r->stage.load(std::memory_order_acquire);
     if (detail::is_final(cur)) return false;
@@ -382,40 +323,21 @@ bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result
       }
       break;
     }
-    std::unique_lock lock(qmu_);
-    cur = r->stage.load(std::memory_order_acquire);
-    if (cur == Stage::submitting) {
-      // Its submit has not accepted it yet (request.hpp): it never will. The submit refuses it
-      // with this error; no terminal state, no place in the delivery order.
-      if (r->refusal) return false;
-      Status why =
-          result.ok() ? internal_error("request ended before it was accepted") : result.status();
-      r->refusal =
-          Status(why.code(), std::string(why.message()) + " (before its submit accepted it)");
-      lock.unlock();
-      space_cv_.notify_all();  // its submit may be waiting for room
-      return true;
-    }
-    if (cur == Stage::queued && detail::transition(*r, Stage::queued, to, lock)) {
-      queue_ref = queue_.remove(r.get());
-      lock.unlock();
-      if (opt_.queue_full_policy == QueueFullPolicy::block) space_cv_.notify_one();
-      if (!accepting()) notify_progress();
-      break;
-    }
-    if (cur == Stage::retry_wait && detail::transition(*r, Stage::retry_wait, to, lock)) {
-      retry_ref = retry_.unpark(r.get());
-      lock.unlock();
+    const Status why =
+        result.ok() ? internal_error("request ended before it was accepted") : result.status();
+    const detail::Withdrawal w = scheduler_.withdraw(r, to, why, withdrawn);
+    if (w == detail::Withdrawal::refused) return true;  // its submit refuses it: no finish
+    if (w == detail::Withdrawal::already_refused) return false;
+    if (w == detail::Withdrawal::from_retry_wait) {
       TimerId id;
       {
         std::lock_guard tl(r->timer_mu);
         id = std::exchange(r->retry_timer, TimerId{});
       }
       timer_.cancel(id);
-      if (!accepting()) notify_progress();
-      break;
     }
-    // running or final: go round again without the lock
+    if (w != detail::Withdrawal::not_waiting) break;
+    // running or ended meanwhile: look again
   }
   finish(r, to, std::move(result), now);
   return true;
@@ -539,32 +461,6 @@ void EngineCore::drain_order(const std::string& key) {
 
 // ---- engine life cycle and shutdown -------------------------------------------------------------
 
-const char* detail::to_string(EngineState s) noexcept {
-  switch (s) {
-    case EngineState::running:
-      return "running";
-    case EngineState::draining:
-      return "draining";
-    case EngineState::cancelling:
-      return "cancelling";
-    case EngineState::stopped:
-      return "stopped";
-  }
-  return "?";
-}
-
-void EngineCore::set_state(EngineState to, const std::unique_lock<std::mutex>& qlock) {
-  const EngineState from = state_.load(std::memory_order_relaxed);
-  const bool legal = to > from && (to != EngineState::stopped || from == EngineState::cancelling);
-  if (!legal || !qlock.owns_lock() || qlock.mutex() != &qmu_) {
-    std::fprintf(stderr, "asyncinfer: internal error: engine state %s -> %s%s\n",
-                 detail::to_string(from), detail::to_string(to),
-                 legal ? " without the queue mutex" : " is not a legal change");
-    std::abort();
-  }
-  state_.store(to, std::memory_order_release);
-}
-
 void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
   std::unique_lock guard(shutdown_mu_, std::try_to_lock);
   if (!guard.owns_lock()) {
@@ -574,33 +470,14 @@ void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_tim
     guard.lock();
   }
   if (state() == EngineState::stopped) return;
-  bool was_running = false;
-  {
-    std::unique_lock lock(qmu_);
-    const EngineState want =
-        mode == ShutdownMode::cancel ? EngineState::cancelling : EngineState::draining;
-    was_running = state() == EngineState::running;
-    if (state() < want) set_state(want, lock);
-  }
+  const EngineState want =
+      mode == ShutdownMode::cancel ? EngineState::cancelling : EngineState::draining;
+  const bool was_running = scheduler_.begin_shutdown(want) == EngineState::running;
   if (was_running) health_changed();  // not live, so not ready, from now on
   wake_everyone();
   if (state() == EngineState::draining) {
-    std::unique_lock lock(qmu_);
-    const Clock::time_point until = deadline_after(drain_timeout);
-    const auto drained_or_cancelled = [this] {
-      return state() != EngineState::draining ||
-             (queue_.empty() && retry_.empty() && inflight_batches_ == 0);
-    };
-    if (detail::no_limit(until)) {
-      drain_cv_.wait(lock, drained_or_cancelled);
-    } else {
-      drain_cv_.wait_until(lock, until, drained_or_cancelled);
-    }
-    // Drained, timed out, or escalated by a cancel: what is left (nothing after a drain) ends
-    // shut_down, and the workers still waiting (a breaker cool-down, a recycle backoff,
-    // abandoned work) leave.
-    if (state() == EngineState::draining) set_state(EngineState::cancelling, lock);
-    lock.unlock();
+    // Drained, timed out, or escalated by a cancel: then cancelling (Scheduler::wait_drained).
+    scheduler_.wait_drained(deadline_after(drain_timeout));
     wake_everyone();
   }
   cancel_all();
@@ -617,47 +494,29 @@ void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_tim
   dispatcher_.shutdown();
   completion_.shutdown();
   timer_.shutdown();
-  std::unique_lock lock(qmu_);
-  set_state(EngineState::stopped, lock);
+  scheduler_.stopped();
 }
 
 void EngineCore::escalate_to_cancel() {
-  bool was_running = false;
-  {
-    std::unique_lock lock(qmu_);
-    if (state() >= EngineState::cancelling) return;  // its shutdown cancels what is left
-    was_running = state() == EngineState::running;   // that shutdown has not changed it yet
-    set_state(EngineState::cancelling, lock);
-  }
-  if (was_running) health_changed();
+  // Already cancelling: its shutdown cancels what is left. Running: that shutdown has not
+  // changed the state yet.
+  const EngineState was = scheduler_.begin_shutdown(EngineState::cancelling);
+  if (was >= EngineState::cancelling) return;
+  if (was == EngineState::running) health_changed();
   wake_everyone();
   cancel_all();
 }
 
 void EngineCore::wake_everyone() {
-  { std::lock_guard lock(qmu_); }
-  qcv_.notify_all();
-  space_cv_.notify_all();
-  drain_cv_.notify_all();
+  scheduler_.wake_all();
   for (auto& w : workers_) {
     { std::lock_guard lock(w->mu); }
     w->cv.notify_all();
   }
 }
 
-std::vector<std::shared_ptr<Request>> EngineCore::not_running() const {
-  std::vector<std::shared_ptr<Request>> out;
-  for (Request* r : queue_.all()) out.push_back(r->queue_ref);
-  for (auto& ref : retry_.all()) out.push_back(std::move(ref));
-  return out;
-}
-
 void EngineCore::cancel_all() {
-  std::vector<std::shared_ptr<Request>> victims;
-  {
-    std::lock_guard lock(qmu_);
-    victims = not_running();
-  }
+  std::vector<std::shared_ptr<Request>> victims = scheduler_.waiting();
   for (auto& w : workers_) {
     std::lock_guard lock(w->mu);
     for (auto& b : w->running) {

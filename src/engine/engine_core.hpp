@@ -16,6 +16,8 @@
 //     that could not be stopped, and the worker counts it as abandoned until then.
 //
 // Where each part lives (one concept per file):
+//   scheduler.hpp         the Scheduler: the queue, the retry waiting set, admission and the
+//                         engine's life cycle, behind its own mutex (an owned class);
 //   engine.cpp            submit, resolve (ending a request) and shutdown — what EngineCore owns;
 //   engine_api.cpp        Engine's public methods, Engine::create and its option checks;
 //   engine_metrics.cpp    metrics() and health();
@@ -28,14 +30,13 @@
 //   request.hpp           a request's record and its life cycle (transition());
 //   request_queue.hpp, result_store.hpp, retry.hpp  the queue, the id store, the retry budget.
 //
-// Engine life cycle (EngineState): running → draining → cancelling → stopped, or running →
-// cancelling → stopped. set_state() is the one place it changes (under qmu_, checked); readers
-// without the lock load the atomic. A drain that finishes moves on to cancelling too: nothing is
-// left to cancel, and the workers leave.
+// Engine life cycle (EngineState, scheduler.hpp): running → draining → cancelling → stopped, or
+// running → cancelling → stopped; the Scheduler holds it and is the one place it changes.
 //
-// Locks: qmu_ (queue, retry waiting set, engine state) → ordered delivery / retry budget / timer
-// internals; worker mutexes are never held together with qmu_. No user code runs under any of
-// them; messages go to the log hook (log.hpp) with no lock held.
+// Locks: the scheduler's mutex (queue, retry waiting set, engine state) → ordered delivery /
+// retry budget / timer internals (taken by the accept hook); worker mutexes are never held
+// together with the scheduler's. No user code runs under any of them; messages go to the log hook
+// (log.hpp) with no lock held.
 #pragma once
 
 #include <atomic>
@@ -49,28 +50,15 @@
 
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/log.hpp"
-#include "engine/admission.hpp"
 #include "engine/lifecycle.hpp"
 #include "engine/ordered_delivery.hpp"
 #include "engine/request.hpp"
-#include "engine/request_queue.hpp"
 #include "engine/result_store.hpp"
-#include "engine/retry_scheduler.hpp"
+#include "engine/scheduler.hpp"
 #include "engine/statistics.hpp"
 #include "engine/worker.hpp"
 
 namespace asyncinfer {
-
-namespace detail {
-/// The engine's life cycle (the header). Ordered: a later state never goes back.
-enum class EngineState : std::uint8_t {
-  running,     ///< accepts requests
-  draining,    ///< refuses new requests; queued, retrying and running work finishes
-  cancelling,  ///< refuses new requests; what is left ends shut_down; the workers leave
-  stopped,     ///< shutdown() has returned: every thread joined
-};
-const char* to_string(EngineState s) noexcept;
-}  // namespace detail
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
@@ -93,14 +81,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Result<std::shared_ptr<Request>> prepare(Inputs&& inputs, const RequestOptions& o);
   Clock::time_point effective_deadline(const RequestOptions& o, Clock::time_point now) const;
 
-  /// Accepts a prepared request into the queue, or refuses it (nothing registered). Acceptance
-  /// is one step under qmu_: the stage leaves `submitting`, the request gets its place in the
-  /// ordered-delivery sequence and in the queue. Whatever ended the request before (see
+  /// Accepts a prepared request into the queue, or refuses it (nothing registered): the
+  /// Scheduler decides (Scheduler::accept). Acceptance is one step under its mutex: the stage
+  /// leaves `submitting`, the request gets its place in the ordered-delivery sequence, its
+  /// deadline timer and its place in the queue. Whatever ended the request before (see
   /// request.hpp, `refusal`) makes it a refusal instead.
   Status accept(const std::shared_ptr<Request>& r);
-
-  /// The refusal of a request ended while its submit was still running (under qmu_).
-  Status refuse_ended(const Request& r);
 
   /// Counts a refusal under `reason` (EngineMetrics::rejections_by_reason); returns `s`.
   Status reject(const char* reason, Status s);
@@ -185,8 +171,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Executor* completion_point_executor();
   void worker_loop(Worker& w);
 
-  /// Blocks until a batch is ready for `w` (or the engine stops: null).
-  std::shared_ptr<Batch> next_batch(Worker& w, std::int64_t cap);
   void launch(Worker& w, const std::shared_ptr<Batch>& batch);
 
   /// Builds the batch's inputs. Requests whose preparation throws fail alone and leave the batch.
@@ -205,9 +189,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// since the batch was launched.
   bool release_slot(Worker& w, const Batch& batch);
 
-  /// Called once a batch's outcome has been handled (requests ended or re-queued).
-  void batch_finished();
-  void notify_progress();
   /// Ends the batch's requests with their rows of the outputs; `now` is the completion point.
   /// `previous`: when the batch before it on its worker reached its completion point.
   void complete(const std::shared_ptr<Batch>& batch, double compute_us, Clock::time_point now,
@@ -279,21 +260,18 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   // ---- engine life cycle and shutdown (engine.cpp) --------------------------------------------
 
-  /// The one place the engine's state changes (under qmu_; an illegal change aborts).
-  void set_state(EngineState to, const std::unique_lock<std::mutex>& qlock);
-  EngineState state() const noexcept { return state_.load(std::memory_order_acquire); }
-  bool accepting() const noexcept { return state() == EngineState::running; }
+  EngineState state() const noexcept { return scheduler_.state(); }
+  bool accepting() const noexcept { return scheduler_.accepting(); }
   /// Cancelling or stopped: the workers leave, nothing is retried or requeued.
-  bool cancelling() const noexcept { return state() >= EngineState::cancelling; }
+  bool cancelling() const noexcept { return scheduler_.cancelling(); }
 
   void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
 
   /// Switches a shutdown in progress to cancel: the queued and running requests end now.
   void escalate_to_cancel();
+  /// Wakes every thread waiting in the scheduler and every worker.
   void wake_everyone();
   void cancel_all();
-  /// Every request queued or waiting to retry, queued first (under qmu_).
-  std::vector<std::shared_ptr<Request>> not_running() const;
 
   // ---- metrics (engine_metrics.cpp) -----------------------------------------------------------
 
@@ -323,22 +301,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   DeadlineTimer timer_;
   ThreadPool reaper_;
 
-  mutable std::mutex qmu_;
-  std::condition_variable qcv_;
-  std::condition_variable space_cv_;
-  std::condition_variable drain_cv_;
-  detail::RequestQueue queue_;
-  std::atomic<EngineState> state_{EngineState::running};  // written by set_state() under qmu_
-  detail::RetryScheduler retry_;                          // its waiting set under qmu_
-  std::int64_t inflight_batches_ = 0;                     // under qmu_
-  std::uint64_t next_seq_ = 0;                            // under qmu_
-  std::optional<Status> no_workers_;  // under qmu_: every worker gave up (worker_gave_up)
+  detail::Scheduler scheduler_;
   std::atomic<int> live_workers_{0};  // workers that have not given up
 
   std::vector<std::unique_ptr<Worker>> workers_;
   detail::ResultStore store_;
   detail::OrderedDelivery order_;
-  detail::AdmissionControl admission_;
 
   // Hot counters live on their own cache lines: they are bumped from several threads at once.
   detail::OutcomeCounters outcomes_;

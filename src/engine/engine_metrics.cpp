@@ -37,11 +37,9 @@ EngineMetrics EngineCore::metrics() const {
   m.callback_exceptions = callback_exceptions_.load();
   m.model_exceptions = model_exceptions_.load();
   m.watchdog_fired = watchdog_fired_.load();
-  {
-    std::lock_guard lock(qmu_);
-    m.queue_depth = static_cast<std::int64_t>(queue_.size());
-    m.retry_waiting = static_cast<std::int64_t>(retry_.size());
-  }
+  const detail::Scheduler::Depths depths = scheduler_.depths();
+  m.queue_depth = depths.queued;
+  m.retry_waiting = depths.retry_waiting;
   m.inflight_requests = inflight_requests_.load();
   m.batches_per_s = m.uptime_s > 0 ? static_cast<double>(m.batches) / m.uptime_s : 0;
   m.result_store_size = static_cast<std::int64_t>(store_.size());

@@ -8,9 +8,9 @@
 // does nothing (a late result is counted and dropped).
 //
 // The queue rule: every transition out of `submitting`, `queued` or `retry_wait`, and every one
-// into `queued` or `retry_wait`, happens under the engine's queue mutex (the batcher moves
-// queued → running under it too). transition() takes that lock as an argument and checks that it
-// is held; only running → terminal may happen without it (transition_running()).
+// into `queued` or `retry_wait`, happens under the queue mutex, the Scheduler's (scheduler.hpp; the
+// batcher moves queued → running under it too). transition() takes that lock as an argument and
+// checks that it is held; only running → terminal may happen without it (transition_running()).
 //
 // `submitting` is the window between a request becoming visible (the id API registers it in the
 // result store first) and its acceptance. Whatever ends it there (cancel(id)) does not end it:

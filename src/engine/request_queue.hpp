@@ -2,7 +2,7 @@
 //
 // One intrusive doubly-linked FIFO per priority level, so a request leaves the queue in O(1) when
 // it is cancelled or times out (the article's queue.Queue cannot remove anything). Not
-// thread-safe: the engine guards it with its queue mutex.
+// thread-safe: the Scheduler (scheduler.hpp) guards it with its mutex, the queue mutex.
 //
 // Aging: with an aging limit, a request whose wait exceeds it is served as if it were at the top
 // level (ties broken by arrival), so a lower level cannot starve forever. The rule is applied when

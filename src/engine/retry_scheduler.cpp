@@ -71,18 +71,12 @@ void EngineCore::retry_or_fail(const std::shared_ptr<Request>& r, const Status& 
   if (r->on_response) return fail_partial(r, st);  // decoupled: runs once
   const int attempts = r->attempts.load(std::memory_order_relaxed);
   const detail::RetryDecision d =
-      retry_.decide(attempts, st.code(), r->deadline, Clock::now(), cancelling());
+      scheduler_.decide_retry(attempts, st.code(), r->deadline, Clock::now());
   if (d.denied_by_budget) retries_denied_.fetch_add(1, std::memory_order_relaxed);
   if (d.retry) {
-    {
-      std::unique_lock lock(qmu_);
-      if (!detail::transition(*r, Stage::running, Stage::retry_wait, lock)) {
-        lock.unlock();
-        late_failure(1, st, *r);  // ended meanwhile (deadline, cancel)
-        return;
-      }
-      r->batch.reset();
-      retry_.park(r);
+    if (!scheduler_.park_for_retry(r)) {
+      late_failure(1, st, *r);  // ended meanwhile (deadline, cancel)
+      return;
     }
     retries_.fetch_add(1, std::memory_order_relaxed);
     TimerId id = timer_.add(d.at, [this, r] { requeue_after_backoff(r); });
@@ -98,23 +92,10 @@ void EngineCore::retry_or_fail(const std::shared_ptr<Request>& r, const Status& 
 }
 
 void EngineCore::requeue_after_backoff(const std::shared_ptr<Request>& r) {
-  std::optional<Status> unavailable;
-  {
-    std::unique_lock lock(qmu_);
-    if (!retry_.waiting(r.get())) return;  // ended meanwhile
-    unavailable = no_workers_;
-    if (!cancelling() && !unavailable) {
-      std::shared_ptr<Request> ref = retry_.unpark(r.get());
-      if (!detail::transition(*r, Stage::retry_wait, Stage::queued, lock)) return;
-      r->enqueued = Clock::now();
-      r->waiting_since = r->enqueued;
-      queue_.push_back(ref);  // retries do not count against queue_capacity
-      lock.unlock();
-      qcv_.notify_one();
-      return;
-    }
+  const detail::BackoffEnd end = scheduler_.requeue_after_backoff(r);
+  if (end.unservable) {
+    end_unservable(r, end.unavailable, "engine shut down while the request waited to retry");
   }
-  end_unservable(r, unavailable, "engine shut down while the request waited to retry");
 }
 
 }  // namespace asyncinfer

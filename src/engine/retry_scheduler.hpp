@@ -9,8 +9,9 @@
 //
 // The waiting set holds a reference to each request in `retry_wait` (the deadline timer holds
 // none), so it stays alive until its backoff timer requeues it or something ends it. The set is
-// not thread-safe: the engine guards it with its queue mutex (request.hpp's queue rule). The
-// engine's side (EngineCore::retry_or_fail, requeue_after_backoff) is in retry_scheduler.cpp.
+// not thread-safe: the Scheduler (scheduler.hpp) owns it and guards it with the queue mutex
+// (request.hpp's queue rule). The engine's side (EngineCore::retry_or_fail,
+// requeue_after_backoff) is in retry_scheduler.cpp.
 #pragma once
 
 #include <chrono>
@@ -48,7 +49,7 @@ class RetryScheduler {
   static Status final_status(const Status& last, int attempts, const std::string& why_not,
                              const std::string& tag);
 
-  // The waiting set (under the engine's queue mutex).
+  // The waiting set (under the Scheduler's queue mutex).
   void park(const std::shared_ptr<Request>& r) { waiting_.emplace(r.get(), r); }
   /// Removes `r`; its reference, or null when it is not waiting.
   std::shared_ptr<Request> unpark(Request* r);

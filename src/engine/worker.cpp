@@ -172,7 +172,8 @@ void EngineCore::worker_loop(Worker& w) {
       recycle(w);
       continue;
     }
-    std::shared_ptr<Batch> batch = next_batch(w, cap);
+    std::shared_ptr<Batch> batch =
+        scheduler_.next_batch({w.index, cap, &w.recycle_wanted, &w.breaker_open});
     if (!batch) {
       if (cancelling()) return;
       // A recycle, or a breaker that opened while the worker waited for work: back to the
@@ -183,50 +184,6 @@ void EngineCore::worker_loop(Worker& w) {
     }
     launch(w, batch);
     if (w.caller_stream != nullptr) w.caller_stream->run_pending();  // the inline path
-  }
-}
-
-std::shared_ptr<Batch> EngineCore::next_batch(Worker& w, std::int64_t cap) {
-  detail::BatcherConfig config;
-  config.batched = sig_.batched;
-  config.max_rows = cap;
-  config.max_queue_delay = opt_.batching.max_queue_delay;
-  config.preferred_batch_sizes = opt_.batching.preferred_batch_sizes;
-  config.priority_aging = opt_.priority_aging;
-  std::unique_lock lock(qmu_);
-  for (;;) {
-    if (cancelling()) return nullptr;
-    if (w.recycle_wanted.load(std::memory_order_acquire)) return nullptr;  // see worker_loop
-    if (w.breaker_open.load(std::memory_order_acquire)) return nullptr;
-    if (queue_.empty()) {
-      if (!accepting() && retry_.empty() && inflight_batches_ == 0) return nullptr;
-      qcv_.wait(lock);
-      continue;
-    }
-    config.flush = !accepting();
-    const detail::BatchPlan plan = detail::plan_batch(queue_, config, Clock::now());
-    if (!plan.ready()) {
-      if (detail::no_limit(plan.wake)) {
-        qcv_.wait(lock);  // a new request, a stopping engine or a recycle wakes it
-      } else {
-        qcv_.wait_until(lock, plan.wake);
-      }
-      continue;
-    }
-    auto batch = std::make_shared<Batch>();
-    batch->worker = w.index;
-    batch->requests.reserve(plan.take.size());
-    for (Request* r : plan.take) {
-      r->batch = batch;  // before the transition: whoever sees `running` sees the batch
-      detail::transition(*r, Stage::queued, Stage::running, lock);
-      batch->requests.push_back(queue_.remove(r));
-    }
-    batch->rows = plan.rows;
-    batch->live.store(static_cast<int>(batch->requests.size()), std::memory_order_relaxed);
-    ++inflight_batches_;
-    lock.unlock();
-    if (opt_.queue_full_policy == QueueFullPolicy::block) space_cv_.notify_all();
-    return batch;
   }
 }
 
@@ -386,7 +343,7 @@ void EngineCore::end_without_running(Worker& w, const std::shared_ptr<Batch>& ba
   }
   release_slot(w, *batch);
   if (!s.ok()) batch_failed(batch, s);
-  batch_finished();
+  scheduler_.batch_finished();
 }
 
 void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
@@ -427,7 +384,7 @@ void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   } else {
     batch_failed(batch, st);
   }
-  batch_finished();
+  scheduler_.batch_finished();
 }
 
 bool EngineCore::release_slot(Worker& w, const Batch& batch) {
@@ -444,20 +401,6 @@ bool EngineCore::release_slot(Worker& w, const Batch& batch) {
   return stale;
 }
 
-void EngineCore::batch_finished() {
-  {
-    std::lock_guard lock(qmu_);
-    --inflight_batches_;
-  }
-  if (!accepting()) notify_progress();
-}
-
-void EngineCore::notify_progress() {
-  { std::lock_guard lock(qmu_); }
-  qcv_.notify_all();
-  drain_cv_.notify_all();
-}
-
 void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us,
                           Clock::time_point now, Clock::time_point previous) {
   const std::vector<Tensor>& outs = unified_ ? batch->io->outputs : batch->host_outputs;
@@ -467,7 +410,7 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
     batch_failed(batch, check);
     return;
   }
-  admission_.observe(compute_us, batch->requests.size());  // for admission control
+  scheduler_.observe_batch(compute_us, batch->requests.size());  // for admission control
   const bool split = sig_.batched && batch->requests.size() > 1;
   std::int64_t offset = 0;
   std::vector<Outputs> split_outputs(batch->requests.size());
@@ -608,35 +551,11 @@ void EngineCore::batch_failed(const std::shared_ptr<Batch>& batch, const Status&
 
 void EngineCore::requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo,
                          const Status* cause) {
-  std::vector<std::shared_ptr<Request>> refused;
-  std::vector<std::shared_ptr<Request>> partial;
-  std::optional<Status> unavailable;
-  {
-    std::unique_lock lock(qmu_);
-    unavailable = no_workers_;
-    for (auto it = rs.rbegin(); it != rs.rend(); ++it) {
-      const std::shared_ptr<Request>& r = *it;
-      if (cancelling() || unavailable) {
-        refused.push_back(r);
-        continue;
-      }
-      if (r->on_response) {
-        partial.push_back(r);  // decoupled: runs once (its client may have part of an answer)
-        continue;
-      }
-      if (!detail::transition(*r, Stage::running, Stage::queued, lock)) continue;
-      r->solo = r->solo || solo;
-      --r->attempts;
-      r->batch.reset();
-      r->waiting_since = Clock::now();
-      queue_.push_front(r);
-    }
+  detail::Requeued out = scheduler_.requeue(rs, solo);
+  for (auto& r : out.refused) {
+    end_unservable(r, out.unavailable, "engine shut down before the request completed");
   }
-  qcv_.notify_all();
-  for (auto& r : refused) {
-    end_unservable(r, unavailable, "engine shut down before the request completed");
-  }
-  for (auto& r : partial) {
+  for (auto& r : out.partial) {
     fail_partial(r, cause != nullptr ? *cause : unavailable_error("its batch did not complete"));
   }
 }

@@ -56,8 +56,7 @@ void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
   if (taken_out) health_changed();
   w.failed_batches.fetch_add(1, std::memory_order_relaxed);
   breaker_failure(w, StatusCode::deadline_exceeded);
-  { std::lock_guard lock(qmu_); }  // a worker waiting for work in next_batch sees the flag
-  qcv_.notify_all();
+  scheduler_.wake_workers();  // a worker waiting for work in next_batch sees the flag
   release_slot(w, *batch);
   batch->stop.request_stop();  // cancellable backends end the hung work
   const Status st = deadline_exceeded_error(
@@ -67,7 +66,7 @@ void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
       std::to_string(opt_.watchdog.count()) +
       " ms hang watchdog; the worker's stream and model instance are being replaced");
   for (const auto& r : batch->requests) try_resolve(r, Stage::timed_out, st);
-  batch_finished();
+  scheduler_.batch_finished();
 }
 
 void EngineCore::recycle(Worker& w) {
@@ -154,17 +153,9 @@ void EngineCore::worker_gave_up(Worker& w, bool last_worker, const std::string& 
   w.cv.notify_all();
   if (!last_worker) return;
   const Status st = unavailable_error("no worker of the engine can serve requests: " + cause);
-  std::vector<std::shared_ptr<Request>> victims;
-  {
-    std::lock_guard lock(qmu_);
-    no_workers_ = st;
-    victims = not_running();
-  }
-  space_cv_.notify_all();  // blocked submits are refused now
-  for (auto& r : victims) {
-    end_unservable(r, st, "");
-  }
-  notify_progress();
+  // Later submits are refused with `st` (blocked ones too); what waits ends with it.
+  for (auto& r : scheduler_.no_workers(st)) end_unservable(r, st, "");
+  scheduler_.wake_all();
 }
 
 void EngineCore::health_changed() noexcept {
@@ -228,8 +219,7 @@ void EngineCore::breaker_failure(Worker& w, StatusCode code) {
   }
   if (opened) {
     // A worker waiting for work in next_batch must not take the next request now.
-    { std::lock_guard lock(qmu_); }
-    qcv_.notify_all();
+    scheduler_.wake_workers();
   }
 }
 

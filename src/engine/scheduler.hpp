@@ -1,0 +1,236 @@
+// scheduler.hpp (internal) — the engine's Scheduler: the queue of accepted requests, the requests
+// waiting out a retry backoff, admission (queue capacity, deadline-aware admission control) and the
+// engine's life cycle, behind one mutex that no other class sees (the queue mutex of request.hpp's
+// queue rule).
+//
+// What it decides: whether a request is accepted (accept), which requests a worker takes next and
+// when (next_batch, with the batcher's plan_batch), where a request that must run again goes
+// (requeue, park_for_retry, requeue_after_backoff), and whether the engine still accepts work.
+// What it does not do: end requests (the engine's try_resolve/finish), run anything, or hold a
+// thread. Every method returns what its caller must do next (a refusal, requests to end, a
+// withdrawn request's reference); the caller does it after the scheduler's lock is released, so
+// no user code and no other engine lock is ever taken under it (except what the accept hook
+// takes, see accept()).
+//
+// The queue rule (request.hpp): every transition of a request out of `submitting`, `queued` or
+// `retry_wait`, and every one into `queued` or `retry_wait`, happens here, under the mutex.
+//
+// Engine life cycle (EngineState): running → draining → cancelling → stopped, or running →
+// cancelling → stopped. set_state() is the one place it changes (under the mutex, checked: an
+// illegal change aborts); readers without the lock load the atomic. A drain that finishes moves
+// on to cancelling: nothing is left to cancel, and the workers leave.
+//
+// Thread safety: every public method may be called from any thread. Blocking: accept() (a full
+// queue with QueueFullPolicy::block), next_batch() and wait_drained() wait on condition variables
+// (never by polling); the rest only take the mutex.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "asyncinfer/engine.hpp"
+#include "engine/admission.hpp"
+#include "engine/batcher.hpp"
+#include "engine/request.hpp"
+#include "engine/request_queue.hpp"
+#include "engine/retry_scheduler.hpp"
+
+namespace asyncinfer::detail {
+
+/// The engine's life cycle (the header). Ordered: a later state never goes back.
+enum class EngineState : std::uint8_t {
+  running,     ///< accepts requests
+  draining,    ///< refuses new requests; queued, retrying and running work finishes
+  cancelling,  ///< refuses new requests; what is left ends shut_down; the workers leave
+  stopped,     ///< shutdown() has returned: every thread joined
+};
+const char* to_string(EngineState s) noexcept;
+
+/// Why a request was not accepted: the error its submit returns, and the reason it is counted
+/// under (EngineMetrics::rejections_by_reason).
+struct Refusal {
+  const char* reason;
+  Status status;
+};
+
+/// A worker asking for work (next_batch): its index, the rows its batch may hold, and its flags
+/// that say it must stop taking work (a recycle is wanted, its breaker opened), which the
+/// scheduler reads under its own mutex (the worker's is never taken here).
+struct Taker {
+  int worker = 0;
+  std::int64_t max_rows = 1;
+  const std::atomic<bool>* recycle_wanted = nullptr;
+  const std::atomic<bool>* breaker_open = nullptr;
+};
+
+/// What withdraw() did with a request.
+enum class Withdrawal : std::uint8_t {
+  not_waiting,      ///< running or ended: the scheduler does not hold it (look at it again)
+  refused,          ///< still being submitted: its submit will refuse it (recorded in refusal)
+  already_refused,  ///< still being submitted, and already refused
+  from_queue,       ///< taken out of the queue: the caller ends it
+  from_retry_wait,  ///< taken out of the waiting set: the caller cancels its timer and ends it
+};
+
+/// What requeue() did with running requests that must run again.
+struct Requeued {
+  /// Not put back because the engine is cancelling or no worker can serve
+  /// (`unavailable`): the caller ends them.
+  std::vector<std::shared_ptr<Request>> refused;
+  /// Decoupled requests, which run once (their clients may hold part of an answer): the caller
+  /// fails them.
+  std::vector<std::shared_ptr<Request>> partial;
+  std::optional<Status> unavailable;
+};
+
+/// What requeue_after_backoff() did.
+struct BackoffEnd {
+  bool requeued = false;              ///< back in the queue
+  bool unservable = false;            ///< the engine is cancelling or no worker can serve: end it
+  std::optional<Status> unavailable;  ///< when unservable because no worker can serve
+};
+
+class Scheduler {
+ public:
+  /// Reads the options it applies: priority_levels, queue_capacity, queue_full_policy,
+  /// submit_timeout, retry, admission_control, workers, batching, priority_aging. `batched`:
+  /// the model takes a batch dim (ModelSignature::batched).
+  Scheduler(const EngineOptions& o, bool batched);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // ---- life cycle ---------------------------------------------------------------------------
+
+  EngineState state() const noexcept { return state_.load(std::memory_order_acquire); }
+  bool accepting() const noexcept { return state() == EngineState::running; }
+  /// Cancelling or stopped: the workers leave, nothing is retried or requeued.
+  bool cancelling() const noexcept { return state() >= EngineState::cancelling; }
+
+  /// Moves to `want` (draining or cancelling) unless the engine is there or later already.
+  /// Returns the state it was in. Wakes every waiter when it changed.
+  EngineState begin_shutdown(EngineState want);
+  /// Waits (condition variable) until nothing is queued, waiting to retry or in flight, until
+  /// `until` (time_point::max(): no limit), or until the state leaves `draining`; then moves a
+  /// draining engine on to cancelling and wakes every waiter.
+  void wait_drained(Clock::time_point until);
+  /// cancelling → stopped, once every engine thread has been joined.
+  void stopped();
+
+  /// Wakes every thread waiting here: workers, blocked submits, a drain.
+  void wake_all();
+  /// Wakes the workers waiting for work: a flag of theirs (Taker) changed.
+  void wake_workers();
+
+  // ---- accepting ----------------------------------------------------------------------------
+
+  /// Accepts a prepared request (stage `submitting`) into the queue, or refuses it. Refused:
+  /// something ended it before (request.hpp, `refusal`), the engine no longer accepts, no worker
+  /// can serve, the queue is full (QueueFullPolicy::reject, or still full after waiting up to
+  /// submit_timeout and never past the request's deadline with QueueFullPolicy::block), or
+  /// admission control. Accepted: the request gets its engine-wide number (Request::seq),
+  /// `on_accepted()` runs — under the mutex, so whatever it registers (a place in the ordered
+  /// delivery, a deadline timer whose handler withdraws the request here) is in place before
+  /// anyone can see the request queued — then the request enters the queue and a worker wakes.
+  /// Blocks only with QueueFullPolicy::block and a full queue.
+  template <class OnAccepted>
+  std::optional<Refusal> accept(const std::shared_ptr<Request>& r, OnAccepted&& on_accepted) {
+    std::unique_lock lock(mu_);
+    Clock::time_point now;
+    if (auto refusal = admit(*r, lock, now)) return refusal;
+    r->seq = next_seq_++;
+    on_accepted();
+    enqueue_accepted(r, now, lock);
+    return std::nullopt;
+  }
+
+  /// Takes `r` out of wherever it waits here, moving it to stage `to` (a terminal stage), when it
+  /// is queued or waiting to retry; records `why` as its refusal when it is still being submitted
+  /// (`to` is then not entered: its submit refuses it). See Withdrawal for the outcomes.
+  Withdrawal withdraw(const std::shared_ptr<Request>& r, Stage to, const Status& why,
+                      std::shared_ptr<Request>& ref);
+
+  // ---- workers ------------------------------------------------------------------------------
+
+  /// Blocks until a batch is ready for `taker` (the batcher's rules, batcher.hpp), and moves its
+  /// requests queued → running. Null when the worker must stop taking work: the engine is
+  /// cancelling, the taker's flags say so, or the engine no longer accepts and nothing is queued,
+  /// waiting to retry or in flight.
+  std::shared_ptr<Batch> next_batch(const Taker& taker);
+  /// A batch from next_batch has been handled (its requests ended or requeued).
+  void batch_finished();
+  /// A batch of `requests` computed in `compute_us` (admission control's service time).
+  void observe_batch(double compute_us, std::size_t requests) noexcept {
+    admission_.observe(compute_us, requests);
+  }
+
+  /// Puts running requests back at the front of their levels (in their order), without counting
+  /// the attempt; with `solo`, each runs in a batch of its own. See Requeued for what is not put
+  /// back.
+  Requeued requeue(const std::vector<std::shared_ptr<Request>>& rs, bool solo);
+
+  /// Whether a request that failed with `code` after `attempts` runs again (RetryScheduler).
+  RetryDecision decide_retry(int attempts, StatusCode code, Clock::time_point deadline,
+                             Clock::time_point now) {
+    return retry_.decide(attempts, code, deadline, now, cancelling());
+  }
+  /// Moves a running request to the retry waiting set; false when it ended meanwhile.
+  bool park_for_retry(const std::shared_ptr<Request>& r);
+  /// Its backoff is over: back to the end of its queue level (retries do not count against
+  /// queue_capacity), unless it ended meanwhile or can no longer be served.
+  BackoffEnd requeue_after_backoff(const std::shared_ptr<Request>& r);
+
+  /// Every worker gave up: later submits are refused with `why` (blocked ones too). Returns the
+  /// requests queued or waiting to retry, for the caller to end.
+  std::vector<std::shared_ptr<Request>> no_workers(const Status& why);
+
+  // ---- reading ------------------------------------------------------------------------------
+
+  /// Every request queued or waiting to retry, queued first.
+  std::vector<std::shared_ptr<Request>> waiting() const;
+  struct Depths {
+    std::int64_t queued = 0;
+    std::int64_t retry_waiting = 0;
+  };
+  Depths depths() const;
+
+ private:
+  /// accept()'s checks, under the lock; `now` is the time of acceptance when it returns nullopt.
+  std::optional<Refusal> admit(Request& r, std::unique_lock<std::mutex>& lock,
+                               Clock::time_point& now);
+  void enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_point now,
+                        std::unique_lock<std::mutex>& lock);
+  /// The one place the state changes (under the mutex; an illegal change aborts).
+  void set_state(EngineState to, const std::unique_lock<std::mutex>& lock);
+  std::vector<std::shared_ptr<Request>> waiting_locked() const;  // under mu_
+  /// After a change a drain waits for (a batch finished, a request left): wakes the drain and
+  /// the workers (which leave once nothing is left).
+  void notify_progress();
+
+  // Options (fixed).
+  const std::size_t queue_capacity_;
+  const QueueFullPolicy queue_full_policy_;
+  const std::chrono::milliseconds submit_timeout_;
+  const bool batched_;
+  const std::chrono::microseconds max_queue_delay_;
+  const std::vector<std::int64_t> preferred_batch_sizes_;
+  const std::chrono::microseconds priority_aging_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;                       // workers waiting for a batch
+  std::condition_variable space_cv_;                      // submits waiting for room in the queue
+  std::condition_variable drain_cv_;                      // a drain waiting for the work to finish
+  std::atomic<EngineState> state_{EngineState::running};  // written by set_state() under mu_
+  RequestQueue queue_;                                    // under mu_
+  RetryScheduler retry_;                                  // its waiting set under mu_
+  AdmissionControl admission_;
+  std::int64_t inflight_batches_ = 0;  // under mu_
+  std::uint64_t next_seq_ = 0;         // under mu_
+  std::optional<Status> no_workers_;   // under mu_: every worker gave up
+};
+
+}  // namespace asyncinfer::detail
