@@ -430,7 +430,8 @@ EngineCore::CallbackBatch::~CallbackBatch() {
 // ---- ordered delivery ---------------------------------------------------------------------------
 
 void EngineCore::deliver_ordered(const std::shared_ptr<Request>& r, Result<Outputs>&& result) {
-  if (!order_.add(r, std::move(result))) return;  // the key's running drain delivers it
+  // The key's running drain, if any, delivers it.
+  if (!order_.add(r->sequence_key, r->order_seq, Pending{r, std::move(result)})) return;
   Task task([this, key = r->sequence_key] { drain_order(key); });
   if (!completion_.post(std::move(task))) task();  // NOLINT(bugprone-use-after-move)
 }

@@ -24,7 +24,7 @@
 //   worker.cpp            the worker loop, launch, batch assembly, the completion point;
 //   worker_recovery.cpp   the hang watchdog, recycling, giving up, the circuit breaker;
 //   batcher.hpp           which requests form the next batch, and when (a pure function);
-//   ordered_delivery.hpp  results in submit order per sequence key;
+//   core/ordered_delivery.hpp  results in submit order per sequence key (shared with the pipeline);
 //   retry_scheduler.hpp   whether and when a failed request runs again;
 //   admission.hpp         refusing a request that would miss its deadline in the queue;
 //   request.hpp           a request's record and its life cycle (transition());
@@ -50,8 +50,8 @@
 
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/log.hpp"
+#include "core/ordered_delivery.hpp"
 #include "engine/lifecycle.hpp"
-#include "engine/ordered_delivery.hpp"
 #include "engine/request.hpp"
 #include "engine/result_store.hpp"
 #include "engine/scheduler.hpp"
@@ -150,7 +150,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     friend class EngineCore;
   };
 
-  // ---- ordered delivery (engine.cpp, with ordered_delivery.hpp) -------------------------------
+  // ---- ordered delivery (engine.cpp, with core/ordered_delivery.hpp) --------------------------
 
   void deliver_ordered(const std::shared_ptr<Request>& r, Result<Outputs>&& result);
 
@@ -306,7 +306,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   std::vector<std::unique_ptr<Worker>> workers_;
   detail::ResultStore store_;
-  detail::OrderedDelivery order_;
+  detail::OrderedDelivery<Pending, std::string> order_;  // per RequestOptions::sequence_key
 
   // Hot counters live on their own cache lines: they are bumped from several threads at once.
   detail::OutcomeCounters outcomes_;

@@ -211,6 +211,12 @@ struct Batch {
   std::mutex watchdog_mu;
 };
 
+/// A finished request and its result, waiting for delivery (ordered delivery, callback batches).
+struct Pending {
+  std::shared_ptr<Request> request;
+  Result<Outputs> result;
+};
+
 /// Whether two requests may share a batch: same number of inputs, dtypes and non-batch dims.
 bool batch_compatible(const Request& a, const Request& b) noexcept;
 /// Hash of dtypes and non-batch dims.

@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "asyncinfer/executor.hpp"
+#include "core/ordered_delivery.hpp"
 #include "engine/lifecycle.hpp"
 
 namespace asyncinfer {
@@ -207,7 +208,9 @@ class PipelineCore {
       }
       item->slot = free_slots_.back();
       free_slots_.pop_back();
-      item->seq = next_seq_++;
+      // Its number in the one delivery sequence (PipelineOptions::ordered): every item accepted
+      // here reaches deliver() exactly once, whatever its outcome.
+      item->seq = order_.assign();
       ++in_flight_;
       max_in_flight_ = std::max(max_in_flight_, in_flight_);
       active_.emplace(item->seq, item);
@@ -525,27 +528,11 @@ class PipelineCore {
       item->promise.set_result(std::move(result));
       return;
     }
-    {
-      std::lock_guard lock(order_mu_);
-      ready_.emplace(item->seq, Ready{item, std::move(result)});
-      if (delivering_) return;
-      delivering_ = true;
-    }
+    if (!order_.add({}, item->seq, Ready{item, std::move(result)})) return;  // being drained
     // Deliver everything that is next in order; one thread at a time does this.
     for (;;) {
-      std::vector<Ready> run;
-      {
-        std::lock_guard lock(order_mu_);
-        while (!ready_.empty() && ready_.begin()->first == next_deliver_) {
-          run.push_back(std::move(ready_.begin()->second));
-          ready_.erase(ready_.begin());
-          ++next_deliver_;
-        }
-        if (run.empty()) {
-          delivering_ = false;
-          return;
-        }
-      }
+      std::vector<Ready> run = order_.take_ready({});
+      if (run.empty()) return;
       for (Ready& r : run) r.item->promise.set_result(std::move(r.result));
     }
   }
@@ -687,7 +674,6 @@ class PipelineCore {
   std::vector<int> free_slots_;
   std::int64_t in_flight_ = 0;
   std::int64_t max_in_flight_ = 0;
-  std::uint64_t next_seq_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> first_submit_;
   std::unordered_map<std::uint64_t, ItemPtr> active_;
@@ -698,10 +684,7 @@ class PipelineCore {
   std::int64_t engine_pending_ = 0;                                  // under engine_mu_
   std::unordered_map<std::uint64_t, Future<Outputs>> engine_calls_;  // under engine_mu_
 
-  std::mutex order_mu_;
-  std::map<std::uint64_t, Ready> ready_;
-  std::uint64_t next_deliver_ = 0;
-  bool delivering_ = false;
+  detail::OrderedDelivery<Ready> order_;  // numbers items (seq); delivers them in that order
 
   std::atomic<std::uint64_t> submitted_{0};
   detail::OutcomeCounters outcomes_;

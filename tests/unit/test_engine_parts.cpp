@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/ordered_delivery.hpp"
 #include "engine/admission.hpp"
-#include "engine/ordered_delivery.hpp"
 #include "engine/request.hpp"
 #include "engine/request_queue.hpp"
 #include "engine/result_store.hpp"
@@ -226,7 +226,7 @@ TEST(RetryScheduler, WaitingSetHoldsAReferenceUntilUnparked) {
 // ---- OrderedDelivery ----------------------------------------------------------------------------
 
 TEST(OrderedDelivery, DeliversInSubmitOrderPerKeyOneDrainAtATime) {
-  OrderedDelivery d;
+  OrderedDelivery<Pending, std::string> d;
   std::vector<std::shared_ptr<Request>> rs;
   for (int i = 0; i < 3; ++i) {
     auto r = req(0, t0);
@@ -240,10 +240,13 @@ TEST(OrderedDelivery, DeliversInSubmitOrderPerKeyOneDrainAtATime) {
   other->order_seq = d.assign("other");
   EXPECT_EQ(other->order_seq, 0u);  // each key has its own sequence
 
-  EXPECT_TRUE(d.add(rs[2], Outputs{}));    // the caller starts a drain...
+  const auto add = [&](const std::shared_ptr<Request>& r) {
+    return d.add(r->sequence_key, r->order_seq, Pending{r, Outputs{}});
+  };
+  EXPECT_TRUE(add(rs[2]));                 // the caller starts a drain...
   EXPECT_TRUE(d.take_ready("k").empty());  // ...which finds nothing in order yet and ends
-  EXPECT_TRUE(d.add(rs[1], Outputs{}));
-  EXPECT_FALSE(d.add(rs[0], Outputs{}));  // a drain is running: it will deliver this one
+  EXPECT_TRUE(add(rs[1]));
+  EXPECT_FALSE(add(rs[0]));  // a drain is running: it will deliver this one
   const std::vector<Pending> run = d.take_ready("k");
   ASSERT_EQ(run.size(), 3u);
   EXPECT_EQ(run[0].request, rs[0]);
