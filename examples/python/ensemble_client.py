@@ -8,8 +8,10 @@ with Triton's own client, and prints the accuracy.
 Each PNG file's bytes go as a BYTES tensor IMAGE of shape [1, 1]; the answer is the top-3 LABELS
 (BYTES) and their SCORES (FP32). Requests are sent over gRPC with async_infer, --concurrency at a
 time. With --compare PREDICTIONS.csv (written by `asyncinfer run --top-k 3 --output ...` on the
-same model file), every prediction must be the same and every probability equal within 1e-6: the
-exit status is 1 otherwise."""
+same model file), every prediction must be the same and every probability equal within 1e-5: the
+exit status is 1 otherwise. (The CSV holds 6 decimals, and float32 sums over a batch of another
+size may differ in the last bits: a CI run once saw 1.3e-6. A preprocessing difference moves
+probabilities by far more than 1e-5.)"""
 
 import argparse
 import csv
@@ -84,7 +86,7 @@ def main():
                 continue
             labels = [int(t["prediction%d" % k]) for k in (1, 2, 3)]
             probs = [float(t["probability%d" % k]) for k in (1, 2, 3)]
-            if labels != mine[0] or any(abs(a - b) > 1e-6 for a, b in zip(probs, mine[1])):
+            if labels != mine[0] or any(abs(a - b) > 1e-5 for a, b in zip(probs, mine[1])):
                 differ.append("%s: asyncinfer run %s %s, ensemble %s %s"
                               % (name, labels, probs, mine[0], mine[1]))
         print("compared    %d predictions with %s: %d differ"
