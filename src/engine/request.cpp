@@ -1,26 +1,8 @@
 #include "engine/request.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 namespace asyncinfer::detail {
-
-namespace {
-const char* stage_name(Stage s) noexcept {
-  constexpr const char* kNames[kStages] = {"submitting", "queued",    "running",
-                                           "retry_wait", "completed", "failed",
-                                           "timed_out",  "cancelled", "shut_down"};
-  const auto i = static_cast<int>(s);
-  return i >= 0 && i < kStages ? kNames[i] : "?";
-}
-}  // namespace
-
-void illegal_transition(Stage from, Stage to, const char* why) noexcept {
-  std::fprintf(stderr, "asyncinfer: internal error: request stage %s -> %s: %s\n", stage_name(from),
-               stage_name(to), why);
-  std::abort();
-}
 
 bool batch_compatible(const Request& a, const Request& b) noexcept {
   if (a.shape_key != b.shape_key || a.inputs.size() != b.inputs.size()) return false;

@@ -3,9 +3,9 @@
 // Life of a request (Stage): submitting → queued → running → (retry_wait → queued → running)* →
 // terminal; a running request also goes back to queued when its batch is split or its stream is
 // replaced. Every change of stage goes through transition() below, which checks it against the
-// table of legal transitions (kLegal) and makes it with one compare-and-swap, so exactly one party
-// ends a request: completion, deadline, cancel, retry exhaustion or shutdown. The loser of a race
-// does nothing (a late result is counted and dropped).
+// table of legal transitions (kStageMoves) and makes it with one compare-and-swap, so exactly one
+// party ends a request: completion, deadline, cancel, retry exhaustion or shutdown. The loser of a
+// race does nothing (a late result is counted and dropped).
 //
 // The queue rule: every transition out of `submitting`, `queued` or `retry_wait`, and every one
 // into `queued` or `retry_wait`, happens under the queue mutex, the Scheduler's (scheduler.hpp; the
@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "asyncinfer/detail/transitions.hpp"
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/executor.hpp"
 #include "engine/lifecycle.hpp"
@@ -88,28 +89,40 @@ inline Stage stage_for_error(StatusCode code) noexcept {
 
 inline constexpr int kStages = static_cast<int>(Stage::shut_down) + 1;
 
-/// kLegal[from][to]: the legal transitions (the header's diagram). Terminal stages go nowhere;
-/// `submitting` only to `queued` (a request ended there is refused, not ended: see `refusal`).
-inline constexpr bool kLegal[kStages][kStages] = {
-    //            sub    queued running retry  completed failed timed  cancel shut
-    /* submit  */ {false, true, false, false, false, false, false, false, false},
-    /* queued  */ {false, false, true, false, true, true, true, true, true},
-    /* running */ {false, true, false, true, true, true, true, true, true},
-    /* retry   */ {false, true, false, false, true, true, true, true, true},
-    /* done..  */ {},
-    {},
-    {},
-    {},
-    {},
-};
+/// The legal transitions (the header's diagram). Terminal stages go nowhere; `submitting` only to
+/// `queued` (a request ended there is refused, not ended: see `refusal`).
+inline constexpr Transitions<Stage, kStages> kStageMoves{
+    "request stage",
+    {"submitting", "queued", "running", "retry_wait", "completed", "failed", "timed_out",
+     "cancelled", "shut_down"},
+    {
+        {Stage::submitting, Stage::queued},
+        {Stage::queued, Stage::running},
+        {Stage::running, Stage::queued},
+        {Stage::running, Stage::retry_wait},
+        {Stage::retry_wait, Stage::queued},
+        // Every stage before the end may end, with any outcome.
+        {Stage::queued, Stage::completed},
+        {Stage::queued, Stage::failed},
+        {Stage::queued, Stage::timed_out},
+        {Stage::queued, Stage::cancelled},
+        {Stage::queued, Stage::shut_down},
+        {Stage::running, Stage::completed},
+        {Stage::running, Stage::failed},
+        {Stage::running, Stage::timed_out},
+        {Stage::running, Stage::cancelled},
+        {Stage::running, Stage::shut_down},
+        {Stage::retry_wait, Stage::completed},
+        {Stage::retry_wait, Stage::failed},
+        {Stage::retry_wait, Stage::timed_out},
+        {Stage::retry_wait, Stage::cancelled},
+        {Stage::retry_wait, Stage::shut_down},
+    }};
 
 /// Whether from → to must happen under the queue mutex (the queue rule in the header).
 constexpr bool needs_queue_lock(Stage from, Stage to) noexcept {
   return from != Stage::running || to == Stage::queued || to == Stage::retry_wait;
 }
-
-/// An illegal transition is a bug in the engine: reported and the process aborted.
-[[noreturn]] void illegal_transition(Stage from, Stage to, const char* why) noexcept;
 
 struct Batch;
 
@@ -175,18 +188,16 @@ struct Request {
 /// (someone else moved it first). `queue_lock` must hold the engine's queue mutex.
 inline bool transition(Request& r, Stage from, Stage to,
                        const std::unique_lock<std::mutex>& queue_lock) noexcept {
-  if (!kLegal[static_cast<int>(from)][static_cast<int>(to)]) {
-    illegal_transition(from, to, "not in the table");
-  }
-  if (!queue_lock.owns_lock()) illegal_transition(from, to, "the queue mutex is not held");
+  kStageMoves.check(from, to);
+  if (!queue_lock.owns_lock()) kStageMoves.fail(from, to, "the queue mutex is not held");
   return r.stage.compare_exchange_strong(from, to, std::memory_order_acq_rel);
 }
 
 /// running → a terminal stage, the one transition made without the queue mutex.
 inline bool transition_running(Request& r, Stage to) noexcept {
   Stage from = Stage::running;
-  if (needs_queue_lock(from, to) || !kLegal[static_cast<int>(from)][static_cast<int>(to)]) {
-    illegal_transition(from, to, "only running -> terminal may be made without the queue mutex");
+  if (needs_queue_lock(from, to) || !kStageMoves.allows(from, to)) {
+    kStageMoves.fail(from, to, "only running -> terminal may be made without the queue mutex");
   }
   return r.stage.compare_exchange_strong(from, to, std::memory_order_acq_rel);
 }

@@ -3,27 +3,11 @@
 #include "engine/scheduler.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 #include "asyncinfer/detail/chrono.hpp"
 #include "engine/lifecycle.hpp"
 
 namespace asyncinfer::detail {
-
-const char* to_string(EngineState s) noexcept {
-  switch (s) {
-    case EngineState::running:
-      return "running";
-    case EngineState::draining:
-      return "draining";
-    case EngineState::cancelling:
-      return "cancelling";
-    case EngineState::stopped:
-      return "stopped";
-  }
-  return "?";
-}
 
 Scheduler::Scheduler(const EngineOptions& o, bool batched)
     : queue_capacity_(o.queue_capacity),
@@ -41,12 +25,9 @@ Scheduler::Scheduler(const EngineOptions& o, bool batched)
 
 void Scheduler::set_state(EngineState to, const std::unique_lock<std::mutex>& lock) {
   const EngineState from = state_.load(std::memory_order_relaxed);
-  const bool legal = to > from && (to != EngineState::stopped || from == EngineState::cancelling);
-  if (!legal || !lock.owns_lock() || lock.mutex() != &mu_) {
-    std::fprintf(stderr, "asyncinfer: internal error: engine state %s -> %s%s\n", to_string(from),
-                 to_string(to),
-                 legal ? " without the scheduler's mutex" : " is not a legal change");
-    std::abort();
+  kEngineStateMoves.check(from, to);
+  if (!lock.owns_lock() || lock.mutex() != &mu_) {
+    kEngineStateMoves.fail(from, to, "without the scheduler's mutex");
   }
   state_.store(to, std::memory_order_release);
 }

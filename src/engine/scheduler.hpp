@@ -33,6 +33,7 @@
 #include <optional>
 #include <vector>
 
+#include "asyncinfer/detail/transitions.hpp"
 #include "asyncinfer/engine.hpp"
 #include "engine/admission.hpp"
 #include "engine/batcher.hpp"
@@ -49,7 +50,17 @@ enum class EngineState : std::uint8_t {
   cancelling,  ///< refuses new requests; what is left ends shut_down; the workers leave
   stopped,     ///< shutdown() has returned: every thread joined
 };
-const char* to_string(EngineState s) noexcept;
+/// The legal changes (the header's diagram), checked by Scheduler::set_state().
+inline constexpr Transitions<EngineState, 4> kEngineStateMoves{
+    "engine state",
+    {"running", "draining", "cancelling", "stopped"},
+    {
+        {EngineState::running, EngineState::draining},
+        {EngineState::running, EngineState::cancelling},
+        {EngineState::draining, EngineState::cancelling},
+        {EngineState::cancelling, EngineState::stopped},
+    }};
+inline const char* to_string(EngineState s) noexcept { return kEngineStateMoves.name(s); }
 
 /// Why a request was not accepted: the error its submit returns, and the reason it is counted
 /// under (EngineMetrics::rejections_by_reason).

@@ -282,7 +282,7 @@ TEST(AdmissionControl, RefusesWhenThePredictedWaitExceedsTheTimeLeft) {
 // ---- Request life cycle -----------------------------------------------------------------------
 
 TEST(RequestLifeCycle, TheTableAllowsTheDiagramAndNothingElse) {
-  auto legal = [](Stage a, Stage b) { return kLegal[static_cast<int>(a)][static_cast<int>(b)]; };
+  auto legal = [](Stage a, Stage b) { return kStageMoves.allows(a, b); };
   EXPECT_TRUE(legal(Stage::submitting, Stage::queued));
   EXPECT_FALSE(legal(Stage::submitting, Stage::running));
   EXPECT_FALSE(legal(Stage::submitting, Stage::cancelled));  // refused, never ended

@@ -309,7 +309,7 @@ TEST(SchedulerDeathTest, AnIllegalLifeCycleChangeAborts) {
         Scheduler s(options(), true);
         s.stopped();  // running → stopped skips cancelling
       },
-      "engine state running -> stopped is not a legal change");
+      "engine state running -> stopped: not in the table");
 }
 
 }  // namespace

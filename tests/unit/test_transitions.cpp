@@ -1,0 +1,91 @@
+// The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
+// table of the engine's life cycle. Legal moves are accepted; an illegal one aborts with a
+// message naming both states.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "asyncinfer/detail/transitions.hpp"
+#include "engine/scheduler.hpp"
+
+namespace asyncinfer {
+namespace {
+
+using detail::Transitions;
+
+/// Every (from, to) of an N-state table that it allows.
+template <class E, std::size_t N>
+std::set<std::pair<int, int>> allowed(const Transitions<E, N>& t) {
+  std::set<std::pair<int, int>> out;
+  for (std::size_t a = 0; a < N; ++a) {
+    for (std::size_t b = 0; b < N; ++b) {
+      if (t.allows(static_cast<E>(a), static_cast<E>(b))) {
+        out.emplace(static_cast<int>(a), static_cast<int>(b));
+      }
+    }
+  }
+  return out;
+}
+
+enum class Door : std::uint8_t { open, closed, locked };
+constexpr Transitions<Door, 3> kDoorMoves{
+    "door",
+    {"open", "closed", "locked"},
+    {{Door::open, Door::closed}, {Door::closed, Door::open}, {Door::closed, Door::locked}}};
+static_assert(kDoorMoves.allows(Door::closed, Door::locked));
+static_assert(!kDoorMoves.allows(Door::open, Door::locked));
+static_assert(!kDoorMoves.allows(Door::open, static_cast<Door>(7)));  // out of range: never
+
+TEST(Transitions, MoveMakesALegalChange) {
+  Door d = Door::open;
+  kDoorMoves.move(d, Door::closed);
+  kDoorMoves.move(d, Door::locked);
+  EXPECT_EQ(d, Door::locked);
+  EXPECT_STREQ(kDoorMoves.name(Door::closed), "closed");
+  EXPECT_STREQ(kDoorMoves.name(static_cast<Door>(9)), "?");
+  EXPECT_STREQ(kDoorMoves.what(), "door");
+  EXPECT_EQ(allowed(kDoorMoves), (std::set<std::pair<int, int>>{{0, 1}, {1, 0}, {1, 2}}));
+}
+
+TEST(TransitionsDeathTest, AnIllegalChangeAbortsNamingBothStates) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Door d = Door::open;
+        kDoorMoves.move(d, Door::locked);
+      },
+      "internal error: door open -> locked: not in the table");
+  EXPECT_DEATH(kDoorMoves.fail(Door::closed, Door::open, "the key is lost"),
+               "door closed -> open: the key is lost");
+}
+
+// ---- the engine -------------------------------------------------------------------------------
+
+TEST(EngineStateMoves, TheTableIsTheOldRule) {
+  using detail::EngineState;
+  using detail::kEngineStateMoves;
+  // Before the table, set_state() allowed: later states only, and stopped only from cancelling.
+  for (int a = 0; a < 4; ++a) {
+    for (int b = 0; b < 4; ++b) {
+      const auto from = static_cast<EngineState>(a);
+      const auto to = static_cast<EngineState>(b);
+      const bool rule =
+          to > from && (to != EngineState::stopped || from == EngineState::cancelling);
+      EXPECT_EQ(kEngineStateMoves.allows(from, to), rule) << a << " -> " << b;
+    }
+  }
+  EXPECT_STREQ(detail::to_string(EngineState::cancelling), "cancelling");
+}
+
+TEST(EngineStateMovesDeathTest, AnIllegalChangeAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      detail::kEngineStateMoves.check(detail::EngineState::draining, detail::EngineState::stopped),
+      "engine state draining -> stopped: not in the table");
+}
+
+}  // namespace
+}  // namespace asyncinfer
