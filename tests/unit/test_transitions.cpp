@@ -1,6 +1,6 @@
 // The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
-// table of the engine's life cycle. Legal moves are accepted; an illegal one aborts with a
-// message naming both states.
+// tables of the engine's life cycle and of an HTTP session's phase and generate_stream state.
+// Legal moves are accepted; an illegal one aborts with a message naming both states.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 
 #include "asyncinfer/detail/transitions.hpp"
 #include "engine/scheduler.hpp"
+#include "server/http/http_session_state.hpp"
 
 namespace asyncinfer {
 namespace {
@@ -85,6 +86,60 @@ TEST(EngineStateMovesDeathTest, AnIllegalChangeAborts) {
   EXPECT_DEATH(
       detail::kEngineStateMoves.check(detail::EngineState::draining, detail::EngineState::stopped),
       "engine state draining -> stopped: not in the table");
+}
+
+// ---- the HTTP session -------------------------------------------------------------------------
+
+TEST(SessionPhaseMoves, TheLifeOfAConnection) {
+  using P = server::SessionPhase;
+  const auto& t = server::kSessionPhaseMoves;
+  P p = P::idle;
+  // start(), a request with a body run by the engine, its response, keep-alive.
+  for (P to : {P::idle, P::header, P::body, P::handling, P::handling, P::writing, P::idle}) {
+    t.move(p, to);
+  }
+  // A request answered on the strand, then the connection closes gracefully.
+  for (P to : {P::header, P::writing, P::lingering, P::closed}) t.move(p, to);
+  EXPECT_EQ(p, P::closed);
+  EXPECT_TRUE(t.allows(P::idle, P::writing));     // a refused connection's 429
+  EXPECT_TRUE(t.allows(P::idle, P::lingering));   // --idle-timeout
+  EXPECT_TRUE(t.allows(P::header, P::handling));  // a request without a body
+  for (int a = 0; a < 6; ++a) EXPECT_TRUE(t.allows(static_cast<P>(a), P::closed)) << a;
+  for (int b = 0; b < 7; ++b) EXPECT_FALSE(t.allows(P::closed, static_cast<P>(b))) << b;
+  EXPECT_FALSE(t.allows(P::lingering, P::idle));
+  EXPECT_FALSE(t.allows(P::idle, P::handling));
+  EXPECT_FALSE(t.allows(P::writing, P::handling));
+  EXPECT_FALSE(t.allows(P::body, P::header));
+  EXPECT_EQ(allowed(t).size(), 19u);
+}
+
+TEST(SseMoves, AStreamAndTheNext) {
+  using S = server::SseState;
+  const auto& t = server::kSseMoves;
+  S s = S::none;
+  for (S to : {S::header, S::events, S::final, S::last, S::none}) t.move(s, to);
+  for (S to : {S::header, S::final, S::last, S::none}) t.move(s, to);  // final during the header
+  EXPECT_EQ(s, S::none);
+  EXPECT_FALSE(t.allows(S::none, S::final));  // the header is always written first
+  EXPECT_FALSE(t.allows(S::events, S::last));
+  EXPECT_FALSE(t.allows(S::final, S::events));
+  EXPECT_EQ(allowed(t).size(), 6u);
+}
+
+TEST(SessionMovesDeathTest, IllegalChangesAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto p = server::SessionPhase::closed;
+        server::kSessionPhaseMoves.move(p, server::SessionPhase::writing);
+      },
+      "HTTP session phase closed -> writing: not in the table");
+  EXPECT_DEATH(
+      {
+        auto s = server::SseState::none;
+        server::kSseMoves.move(s, server::SseState::last);
+      },
+      "generate_stream state none -> last: not in the table");
 }
 
 }  // namespace

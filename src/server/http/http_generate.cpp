@@ -259,14 +259,14 @@ void Session::handle_generate(const std::string& model, const std::string& versi
     return respond_status(accepted.status());
   }
   inflight_ = std::move(*accepted);
-  phase_ = Phase::handling;
+  set_phase(Phase::handling);
   clear_deadline();
   if (!reading_ && buffer_.size() == 0) read_some();
 }
 
 void Session::on_generate_response(const std::shared_ptr<EventQueue>& events,
                                    Result<std::string> text, bool stream) {
-  if (closed_ || client_gone_ || events != events_) {  // gone, or another request's by now
+  if (closed() || client_gone_ || events != events_) {  // gone, or another request's by now
     events->written();
     return;
   }
@@ -284,7 +284,7 @@ void Session::on_generate_response(const std::shared_ptr<EventQueue>& events,
 
 void Session::on_generate_done(Result<InferResponse> r) {
   inflight_ = InflightRequest();
-  if (closed_) return;
+  if (closed()) return;
   if (client_gone_) return close();
   const bool final_has_data = r.ok() && !r->outputs.empty();
   if (!generate_stream_) {
@@ -302,7 +302,7 @@ void Session::on_generate_done(Result<InferResponse> r) {
     if (!text.ok()) return respond_status(text.status());
     return respond(200, std::move(*text));
   }
-  if (!r.ok() && !sse_started_) {  // nothing sent yet: a plain error answer, as Triton's
+  if (!r.ok() && sse_ == SseState::none) {  // nothing sent yet: a plain error answer, as Triton's
     events_->close();
     events_.reset();
     return respond_status(r.status());
@@ -313,17 +313,19 @@ void Session::on_generate_done(Result<InferResponse> r) {
     Result<std::string> text = generate_json(*r);
     sse_pending_.push_back(sse_event(text.ok() ? *text : error_json(text.status().message())));
   }
-  sse_final_ = true;
+  // The header first, if no response came before the final one (its write is pending then).
+  if (sse_ == SseState::none) pump_events();
+  set_sse(SseState::final);
   pump_events();
 }
 
 void Session::pump_events() {
-  if (sse_writing_ || closed_) return;
-  if (!sse_started_) {
+  if (sse_writing_ || closed()) return;
+  if (sse_ == SseState::none) {
     // The header: 200, text/event-stream, chunked (its status is the first response's).
-    sse_started_ = true;
+    set_sse(SseState::header);
     sse_writing_ = true;
-    phase_ = Phase::writing;
+    set_phase(Phase::writing);
     if (kind_ == Kind::api) impl_.metrics.count_request(1);  // a 2xx
     sse_header_.emplace(http::status::ok, version_);
     sse_header_->set(http::field::content_type, "text/event-stream");
@@ -349,10 +351,9 @@ void Session::pump_events() {
                      });
     return;
   }
-  if (sse_final_) {
-    sse_final_ = false;
+  if (sse_ == SseState::final) {
+    set_sse(SseState::last);
     sse_writing_ = true;
-    sse_last_ = true;
     set_deadline(impl_.opt.idle_timeout);
     net::async_write(socket_, http::make_chunk_last(),
                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
@@ -365,19 +366,19 @@ void Session::pump_events() {
 
 void Session::on_event_written(beast::error_code ec, bool event) {
   sse_writing_ = false;
+  if (sse_ == SseState::header) set_sse(SseState::events);  // the header is written
   if (event) {
     sse_pending_.pop_front();
     if (events_) events_->written();
   }
-  if (closed_) return;
+  if (closed()) return;
   if (ec || client_gone_) {
     if (events_) events_->close();
     return close();
   }
-  if (sse_last_) {
+  if (sse_ == SseState::last) {
     // The stream is whole: the request ends as any other.
-    sse_last_ = false;
-    sse_started_ = false;
+    set_sse(SseState::none);
     sse_serializer_.reset();
     sse_header_.reset();
     events_->close();

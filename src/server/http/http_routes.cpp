@@ -303,7 +303,7 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   }
   // A large body is decoded off the I/O threads; meanwhile the socket is watched, so that a
   // client that goes away is noticed.
-  phase_ = Phase::handling;
+  set_phase(Phase::handling);
   if (!reading_ && buffer_.size() == 0) read_some();
   // A compressed body is inflated there too, however small: it may inflate to the body limit.
   // The inflated copy (at most --max-body-bytes) is not counted against the memory budget; the
@@ -338,7 +338,7 @@ void Session::handle_infer(const std::string& model, const std::string& version)
 
 void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bool body_too_large,
                          bool inflated) {
-  if (closed_) return;
+  if (closed()) return;
   if (client_gone_) return close();
   if (!decoded.ok()) {
     if (body_too_large) {  // Triton's 413: the inflated body passed --max-body-bytes
@@ -365,7 +365,7 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
       });
   if (!accepted.ok()) return respond_status(accepted.status());
   inflight_ = std::move(*accepted);
-  phase_ = Phase::handling;
+  set_phase(Phase::handling);
   // Watch the socket meanwhile: a disconnect cancels the request.
   if (!reading_ && buffer_.size() == 0) read_some();
 }
@@ -376,7 +376,7 @@ void Session::handle_repository(const std::string& model, bool load) {
   if (!call->unsupported.empty()) return respond_error(501, call->unsupported);
   // Answered once the repository's control thread is done (a load: when the model serves);
   // meanwhile the socket is watched, so that a client that goes away is noticed.
-  phase_ = Phase::handling;
+  set_phase(Phase::handling);
   clear_deadline();
   if (!reading_ && buffer_.size() == 0) read_some();
   auto answer = [self = shared_from_this()](const Status& s) {
@@ -390,7 +390,7 @@ void Session::handle_repository(const std::string& model, bool load) {
 }
 
 void Session::on_repository_done(const Status& s) {
-  if (closed_) return;
+  if (closed()) return;
   if (client_gone_) return close();
   if (!s.ok()) {
     // Triton's codes: a model with no folder is 500 (INTERNAL), a refused call 503.
@@ -401,7 +401,7 @@ void Session::on_repository_done(const Status& s) {
 
 void Session::on_infer_done(Result<InferResponse> r) {
   inflight_ = InflightRequest();
-  if (closed_) return;
+  if (closed()) return;
   if (client_gone_) return close();
   if (!r.ok()) return respond_status(r.status());
   const ContentCoding coding = response_coding_;
@@ -430,7 +430,7 @@ void Session::on_infer_done(Result<InferResponse> r) {
 }
 
 void Session::send_infer(EncodedResponse enc) {
-  if (closed_) return;
+  if (closed()) return;
   if (client_gone_) return close();
   Response res{http::status::ok, version_};
   res.set(http::field::content_type, enc.binary ? "application/octet-stream" : "application/json");

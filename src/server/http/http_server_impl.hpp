@@ -36,6 +36,7 @@
 
 #include "http_compression.hpp"
 #include "http_server.hpp"
+#include "http_session_state.hpp"
 #include "oip_json.hpp"
 #include "status_mapping.hpp"
 
@@ -142,7 +143,7 @@ class EventQueue {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  enum class Phase : std::uint8_t { idle, header, body, handling, writing, closing };
+  using Phase = SessionPhase;  // http_session_state.hpp: the phases and their legal moves
 
   using Kind = SessionKind;
 
@@ -222,6 +223,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void write_some();
   void on_write(beast::error_code ec);
 
+  // ---- state ------------------------------------------------------------------------------------
+  /// The one place phase_ changes: checked against kSessionPhaseMoves (an illegal change aborts).
+  void set_phase(Phase to) { kSessionPhaseMoves.move(phase_, to); }
+  /// The one place sse_ changes: checked against kSseMoves.
+  void set_sse(SseState to) { kSseMoves.move(sse_, to); }
+  bool closed() const { return phase_ == Phase::closed; }
+
   // ---- timers and closing -----------------------------------------------------------------------
   void set_deadline(std::chrono::milliseconds after);
 
@@ -258,19 +266,31 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point request_read_at_;
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point timer_at_;
+  /// A wait of timer_ is pending (an outstanding operation, whatever the phase; not a phase).
   bool timer_waiting_ = false;
   std::size_t unsent_at_last_timeout_ = 0;
   unsigned version_ = 11;
   /// The current request's method (HEAD is answered without a body); unknown until its header.
   http::verb method_ = http::verb::unknown;
+  /// Where the connection is in its life; changed by set_phase() only.
   Phase phase_ = Phase::idle;
   const Kind kind_;
+  // Facts beside the phase, not phases of their own: each holds in several phases, and which
+  // phase comes next does not depend on them alone.
+  /// The connection stays open after this response: from the request's header (Connection,
+  /// HTTP/1.0), cleared by a refusal or a drain.
   bool keep_alive_ = true;
+  /// A read of the socket is pending (an outstanding operation: in idle, header, body, and while
+  /// a request is handled or answered, where it watches for the client's disconnect).
   bool reading_ = false;
+  /// The deadline passed: the read it cancelled is answered 408 (on_read_error).
   bool timed_out_ = false;
+  /// The client went away while its request was handled or answered: what comes back closes the
+  /// connection instead of being written.
   bool client_gone_ = false;
+  /// The server is draining (on_drain): the connection closes after the current response.
   bool draining_ = false;
-  bool closed_ = false;
+  /// The current request is an inference (its latency is observed when its response is written).
   bool is_infer_ = false;
   /// The coding of the current /infer response, from the request's Accept-Encoding.
   ContentCoding response_coding_ = ContentCoding::identity;
@@ -282,11 +302,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response_serializer<http::empty_body>> sse_serializer_;
   Result<std::string> generate_answer_{std::string()};
   std::uint64_t generated_ = 0;  ///< responses before the final one
+  /// The current generate request is generate_stream (what the request asked for).
   bool generate_stream_ = false;
-  bool sse_started_ = false;  ///< the header is written (or being written)
+  /// Where the generate_stream response is; changed by set_sse() only.
+  SseState sse_ = SseState::none;
+  /// A write of the event stream is pending (an outstanding operation: always in SseState's
+  /// header and last, while an event is written in events and final).
   bool sse_writing_ = false;
-  bool sse_final_ = false;  ///< the final response came: the last chunk follows the events
-  bool sse_last_ = false;   ///< the last chunk is being written
 };
 
 }  // namespace asyncinfer::server

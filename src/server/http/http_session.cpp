@@ -53,7 +53,7 @@ void Session::on_stop() {
 // ---- reading ---------------------------------------------------------------------------------
 
 void Session::wait_request() {
-  phase_ = Phase::idle;
+  set_phase(Phase::idle);
   if (draining_ || impl_.draining.load(std::memory_order_acquire)) {
     close();
     return;
@@ -76,7 +76,7 @@ void Session::read_some() {
 
 void Session::on_read_some(beast::error_code ec, std::size_t n) {
   reading_ = false;
-  if (closed_) return;
+  if (closed()) return;
   if (ec) {
     if (phase_ == Phase::handling) {
       // The client went away while its request ran: cancel it in the engine; the response
@@ -103,7 +103,7 @@ void Session::on_read_some(beast::error_code ec, std::size_t n) {
 }
 
 void Session::start_request() {
-  phase_ = Phase::header;
+  set_phase(Phase::header);
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(impl_.opt.max_header_bytes));
   parser_->body_limit(impl_.opt.max_body_bytes);
@@ -207,7 +207,7 @@ Session::HeaderVerdict Session::on_header() {
     return refuse(400, "Inference-Header-Content-Length is given more than once");
   }
   if (parser_->is_done()) return HeaderVerdict::read_body;
-  phase_ = Phase::body;
+  set_phase(Phase::body);
   set_deadline(impl_.opt.body_timeout);
   if (beast::iequals(req[http::field::expect], "100-continue") && buffer_.size() == 0) {
     // curl and others wait for this before sending a large body.
@@ -215,7 +215,7 @@ Session::HeaderVerdict Session::on_header() {
     parser_->eager(true);
     net::async_write(socket_, net::buffer(kContinue),
                      [self = shared_from_this()](beast::error_code wec, std::size_t) {
-                       if (self->closed_) return;
+                       if (self->closed()) return;
                        if (wec) return self->close();
                        self->parse();
                      });
@@ -262,7 +262,7 @@ void Session::respond(int status, std::string body, const char* content_type) {
 }
 
 void Session::send(Response res) {
-  phase_ = Phase::writing;
+  set_phase(Phase::writing);
   const bool keep = keep_alive_ && !draining_ && !impl_.draining.load(std::memory_order_acquire);
   res.keep_alive(keep);
   keep_alive_ = keep;
@@ -284,7 +284,7 @@ void Session::write_some() {
   set_deadline(impl_.opt.idle_timeout);
   http::async_write_some(socket_, *serializer_,
                          [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                           if (!ec && !self->closed_ && !self->serializer_->is_done()) {
+                           if (!ec && !self->closed() && !self->serializer_->is_done()) {
                              return self->write_some();
                            }
                            self->on_write(ec);
@@ -300,7 +300,7 @@ void Session::on_write(beast::error_code ec) {
     impl_.metrics.observe_infer_us(
         std::chrono::duration<double, std::micro>(Clock::now() - request_read_at_).count());
   }
-  if (closed_) return;
+  if (closed()) return;
   if (ec || client_gone_) return close();
   if (!keep_alive_) return linger();
   wait_request();
@@ -329,16 +329,16 @@ void Session::start_timer(Clock::time_point at) {
 void Session::on_timer(beast::error_code ec) {
   if (ec == net::error::operation_aborted) return;  // a newer wait replaced this one
   timer_waiting_ = false;
-  if (closed_ || deadline_ == Clock::time_point::max()) return;
+  if (closed() || deadline_ == Clock::time_point::max()) return;
   if (Clock::now() < deadline_) return start_timer(deadline_);
-  if (phase_ == Phase::idle || phase_ == Phase::writing || phase_ == Phase::closing) {
+  if (phase_ == Phase::idle || phase_ == Phase::writing || phase_ == Phase::lingering) {
     // A response may sit in the kernel's send queue (megabytes on loopback) while the client
     // reads it; a write waits for room meanwhile. As long as that queue shrinks between two
     // timeouts the client is reading, not idle.
     const std::size_t unsent = unsent_bytes();
     if (unsent > 0 && unsent != unsent_at_last_timeout_) {
       unsent_at_last_timeout_ = unsent;
-      return set_deadline(phase_ == Phase::closing ? kLinger : impl_.opt.idle_timeout);
+      return set_deadline(phase_ == Phase::lingering ? kLinger : impl_.opt.idle_timeout);
     }
   }
   timed_out_ = true;
@@ -346,7 +346,7 @@ void Session::on_timer(beast::error_code ec) {
     // Idle after a response: the client may still be reading its tail from the kernel's
     // buffers, which an abrupt close can discard (a reset); end it the graceful way.
     linger();
-  } else if (phase_ == Phase::writing || phase_ == Phase::closing) {
+  } else if (phase_ == Phase::writing || phase_ == Phase::lingering) {
     close();
   } else {
     beast::error_code ignored;
@@ -361,7 +361,7 @@ std::size_t Session::unsent_bytes() {
 }
 
 void Session::linger() {
-  phase_ = Phase::closing;
+  set_phase(Phase::lingering);
   beast::error_code ec;
   socket_.shutdown(tcp::socket::shutdown_send, ec);
   if (ec) return close();
@@ -370,22 +370,21 @@ void Session::linger() {
 }
 
 void Session::discard() {
-  if (closed_) return;
+  if (closed()) return;
   if (reading_) return;  // a read is pending; its end closes or re-enters here
   reading_ = true;
   buffer_.clear();
   socket_.async_read_some(buffer_.prepare(kReadChunk),
                           [self = shared_from_this()](beast::error_code ec, std::size_t) {
                             self->reading_ = false;
-                            if (ec || self->closed_) return self->close();
+                            if (ec || self->closed()) return self->close();
                             self->discard();
                           });
 }
 
 void Session::close() {
-  if (closed_) return;
-  closed_ = true;
-  phase_ = Phase::closing;
+  if (closed()) return;
+  set_phase(Phase::closed);
   lease_.release();
   if (events_) events_->close();  // a model waiting to send a generate_stream event stops
   if (inflight_.valid()) inflight_.cancel();
