@@ -1,6 +1,7 @@
 // The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
-// tables of the engine's life cycle and of an HTTP session's phase and generate_stream state.
-// Legal moves are accepted; an illegal one aborts with a message naming both states.
+// tables of the engine's life cycle, an HTTP session's phase and generate_stream state, and a
+// gRPC ModelStreamInfer call's read side and end. Legal moves are accepted; an illegal one
+// aborts with a message naming both states.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -10,6 +11,7 @@
 
 #include "asyncinfer/detail/transitions.hpp"
 #include "engine/scheduler.hpp"
+#include "server/grpc/grpc_stream_state.hpp"
 #include "server/http/http_session_state.hpp"
 
 namespace asyncinfer {
@@ -140,6 +142,50 @@ TEST(SessionMovesDeathTest, IllegalChangesAbort) {
         server::kSseMoves.move(s, server::SseState::last);
       },
       "generate_stream state none -> last: not in the table");
+}
+
+// ---- the gRPC stream call ---------------------------------------------------------------------
+
+TEST(StreamCallMoves, ReadSideAndEnd) {
+  using R = server::StreamRead;
+  using E = server::StreamEnd;
+  const auto& rt = server::kStreamReadMoves;
+  const auto& et = server::kStreamEndMoves;
+  R r = R::idle;
+  for (R to : {R::reading, R::idle, R::reading, R::ended}) rt.move(r, to);
+  EXPECT_TRUE(rt.allows(R::reading, R::stopped));
+  for (int b = 0; b < 4; ++b) {
+    EXPECT_FALSE(rt.allows(R::ended, static_cast<R>(b))) << b;
+    EXPECT_FALSE(rt.allows(R::stopped, static_cast<R>(b))) << b;
+  }
+  EXPECT_FALSE(rt.allows(R::idle, R::ended));  // only a pending read learns the client is done
+  EXPECT_EQ(allowed(rt).size(), 4u);
+
+  E e = E::open;
+  for (E to : {E::draining, E::cancelled, E::finished}) et.move(e, to);
+  EXPECT_TRUE(et.allows(E::open, E::finished));  // the client half-closed, all answered
+  EXPECT_TRUE(et.allows(E::open, E::broken));
+  EXPECT_FALSE(et.allows(E::cancelled, E::broken));  // the first of the two stays
+  EXPECT_FALSE(et.allows(E::broken, E::cancelled));
+  EXPECT_FALSE(et.allows(E::cancelled, E::draining));
+  for (int b = 0; b < 5; ++b) EXPECT_FALSE(et.allows(E::finished, static_cast<E>(b))) << b;
+  EXPECT_EQ(allowed(et).size(), 9u);
+}
+
+TEST(StreamCallMovesDeathTest, IllegalChangesAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto e = server::StreamEnd::finished;
+        server::kStreamEndMoves.move(e, server::StreamEnd::broken);
+      },
+      "gRPC stream end finished -> broken: not in the table");
+  EXPECT_DEATH(
+      {
+        auto r = server::StreamRead::idle;
+        server::kStreamReadMoves.move(r, server::StreamRead::stopped);
+      },
+      "gRPC stream read side idle -> stopped: not in the table");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "grpc_server_impl.hpp"
+#include "grpc_stream_state.hpp"
 #include "oip_grpc.hpp"
 
 namespace asyncinfer::server {
@@ -18,6 +19,9 @@ namespace {
 
 /// ModelStreamInfer: reads requests one after another while earlier ones run, writes each
 /// response when its request completes (completion order), one write at a time.
+///
+/// Where the call is — its read side (read_) and its end (end_) — changes through set_read() and
+/// set_end() only, checked against the tables of grpc_stream_state.hpp.
 ///
 /// All state is under mu_; library operations (StartRead, StartWrite, Finish) are started after
 /// mu_ is released, in that order (a read is started before a write, and both before Finish, so
@@ -37,7 +41,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     Actions a;
     {
       std::lock_guard lock(mu_);
-      draining_ = impl_.draining.load(std::memory_order_acquire);
+      if (impl_.draining.load(std::memory_order_acquire)) set_end(StreamEnd::draining);
       a = next_locked();
     }
     run(a);
@@ -49,16 +53,15 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       Actions a;
       {
         std::lock_guard lock(mu_);
-        reading_ = false;
-        reads_done_ = true;
+        set_read(StreamRead::ended);
         a = next_locked();
       }
       return run(a);
     }
     {
       std::lock_guard lock(mu_);
-      if (finished_) {  // ended (drained or cancelled) while this message arrived: dropped
-        reading_ = false;
+      if (end_ == StreamEnd::finished) {  // ended (drained or cancelled) meanwhile: dropped
+        set_read(StreamRead::idle);
         return;
       }
     }
@@ -71,8 +74,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       Actions a;
       {
         std::lock_guard lock(mu_);
-        reading_ = false;
-        stop_reading_ = true;
+        set_read(StreamRead::stopped);
         if (end_status_.ok()) end_status_ = parsed;
         a = next_locked();
       }
@@ -83,7 +85,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     Actions a;
     {
       std::lock_guard lock(mu_);
-      reading_ = false;
+      set_read(StreamRead::idle);
       a = next_locked();
     }
     run(a);
@@ -99,7 +101,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       room_.notify_all();
       if (!ok) {
         // The client is gone: nothing more can be written.
-        broken_ = true;
+        if (!cut_off_locked()) set_end(StreamEnd::broken);
         drop_queued_locked();
       }
       a = next_locked();
@@ -112,8 +114,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     const bool by_client = !deadline_passed(ctx_);
     {
       std::lock_guard lock(mu_);
-      reset_ = by_client && !finished_;
-      cancelled_ = true;
+      reset_ = by_client && end_ != StreamEnd::finished;
+      // Once cut off (a failed write) or finished, a cancel changes nothing more.
+      if (end_ == StreamEnd::open || end_ == StreamEnd::draining) set_end(StreamEnd::cancelled);
       drop_queued_locked();
     }
     cancel_inflight();
@@ -146,7 +149,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     Actions a;
     {
       std::lock_guard lock(mu_);
-      draining_ = true;
+      if (end_ == StreamEnd::open) set_end(StreamEnd::draining);  // else it ends anyway
       a = next_locked();
     }
     run(a);
@@ -202,7 +205,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       // The gate: once the request is in inflight_ the stream cannot finish until it completes.
       std::lock_guard lock(mu_);
-      if (finished_ || cancelled_ || broken_) return;
+      if (end_ == StreamEnd::finished || cut_off_locked()) return;
       seq = next_seq_++;
       inflight_.emplace(seq, Running{InflightRequest(), std::move(lease)});
     }
@@ -225,7 +228,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       std::lock_guard lock(mu_);
       auto it = inflight_.find(seq);
       if (it != inflight_.end()) {  // else it has completed already
-        if (cancelled_ || broken_) {
+        if (cut_off_locked()) {
           cancel_now = std::move(*accepted);
         } else {
           it->second.request = std::move(*accepted);
@@ -249,9 +252,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::unique_lock lock(mu_);
       room_.wait(lock, stop, [&] {
-        return cancelled_ || broken_ || finished_ || queue_.size() < impl_.opt.max_stream_inflight;
+        return cut_off_locked() || end_ == StreamEnd::finished ||
+               queue_.size() < impl_.opt.max_stream_inflight;
       });
-      if (cancelled_ || broken_ || finished_ || stop.stop_requested()) {
+      if (cut_off_locked() || end_ == StreamEnd::finished || stop.stop_requested()) {
         return cancelled_error("the stream of request '" + id + "' has ended");
       }
       push_locked(std::move(out));
@@ -288,7 +292,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::lock_guard lock(mu_);
       inflight_.erase(seq);
-      if (!cancelled_ && !broken_ && (write || !status.ok())) push_locked(std::move(out));
+      if (!cut_off_locked() && (write || !status.ok())) push_locked(std::move(out));
       a = next_locked();
     }
     run(a);
@@ -296,7 +300,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   void enqueue(grpc::ByteBuffer out) {
     std::lock_guard lock(mu_);
-    if (!cancelled_ && !broken_ && !finished_) push_locked(std::move(out));
+    if (!cut_off_locked() && end_ != StreamEnd::finished) push_locked(std::move(out));
     // The caller (OnReadDone) computes the next actions.
   }
 
@@ -337,35 +341,44 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// What to start next; marks it started.
   Actions next_locked() {
     Actions a;
-    if (finished_) return a;
-    const bool ending = cancelled_ || broken_ || draining_ || stop_reading_ || reads_done_;
-    if (!reading_ && !ending && inflight_.size() + queue_.size() < impl_.opt.max_stream_inflight) {
-      reading_ = true;
+    if (end_ == StreamEnd::finished) return a;
+    const bool ending =
+        end_ != StreamEnd::open || read_ == StreamRead::ended || read_ == StreamRead::stopped;
+    if (read_ == StreamRead::idle && !ending &&
+        inflight_.size() + queue_.size() < impl_.opt.max_stream_inflight) {
+      set_read(StreamRead::reading);
       a.read = true;
     }
-    if (!writing_ && !queue_.empty() && !cancelled_ && !broken_) {
+    if (!writing_ && !queue_.empty() && !cut_off_locked()) {
       writing_ = true;
       a.write = &queue_.front();
     }
     // End once nothing is running or waiting to be written; a read may still be pending when the
     // stream is cancelled or drained (it then completes with ok = false).
     if (ending && !a.read && !writing_ && queue_.empty() && inflight_.empty() &&
-        (!reading_ || cancelled_ || broken_ || draining_)) {
-      finished_ = true;
-      if (cancelled_ || broken_) {
+        (read_ != StreamRead::reading || end_ != StreamEnd::open)) {
+      if (cut_off_locked()) {
         a.finish = grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled");
       } else if (!end_status_.ok()) {
         a.finish = to_grpc(end_status_);
-      } else if (draining_ && !reads_done_) {
+      } else if (end_ == StreamEnd::draining && read_ != StreamRead::ended) {
         a.finish = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                 "server is shutting down; the requests of this stream that were "
                                 "accepted have been answered, reopen the stream elsewhere");
       } else {
         a.finish = grpc::Status::OK;
       }
+      set_end(StreamEnd::finished);
     }
     return a;
   }
+
+  /// The one place read_ changes (under mu_): checked against kStreamReadMoves.
+  void set_read(StreamRead to) { kStreamReadMoves.move(read_, to); }
+  /// The one place end_ changes (under mu_): checked against kStreamEndMoves.
+  void set_end(StreamEnd to) { kStreamEndMoves.move(end_, to); }
+  /// Cancelled or broken: nothing more is written, what runs is cancelled (under mu_).
+  bool cut_off_locked() const { return end_ == StreamEnd::cancelled || end_ == StreamEnd::broken; }
 
   void run(Actions& a) {
     if (a.read) StartRead(&read_buf_);
@@ -393,17 +406,18 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   std::deque<grpc::ByteBuffer> queue_;  // front() is being written while writing_
   std::uint64_t next_seq_ = 0;
   Status end_status_;
-  bool reading_ = false;
+  StreamRead read_ = StreamRead::idle;  ///< changed by set_read() only
+  StreamEnd end_ = StreamEnd::open;     ///< changed by set_end() only
+  /// A write is pending (queue_.front()). An outstanding operation beside the states above, not
+  /// a state of its own: a write may be pending in every end state before finished.
   bool writing_ = false;
-  bool reads_done_ = false;
-  bool stop_reading_ = false;
-  bool draining_ = false;
-  bool cancelled_ = false;
-  bool broken_ = false;
-  bool finished_ = false;
-  bool reset_ = false;  ///< the client cancelled the stream before it ended
+  /// The client cancelled the stream before it finished (for the acceptor's reset limit): a
+  /// fact recorded by OnCancel, read by OnDone, not a state.
+  bool reset_ = false;
 
   std::mutex ctx_mu_;
+  /// OnDone has run: ctx_ is gone (under ctx_mu_, not mu_, so it cannot join the states above;
+  /// on_stop() reads it).
   bool done_ = false;
 };
 
