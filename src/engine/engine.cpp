@@ -1,4 +1,4 @@
-// EngineCore's own part: submit, resolve (ending a request exactly once) and shutdown. The
+// EngineCore's own part: start, submit and shutdown (ending a request is the Resolver's). The
 // threads, the other parts and the locks are described in engine_core.hpp; the request life
 // cycle in request.hpp; the engine life cycle (EngineState) in engine_core.hpp.
 #include <algorithm>
@@ -13,53 +13,10 @@ namespace asyncinfer {
 
 using detail::Batch;
 using detail::deadline_after;
-using detail::ms_text;
-using detail::Pending;
 using detail::Request;
 using detail::saturating_add;
 using detail::Stage;
 using detail::Worker;
-
-namespace {
-/// The CallbackBatch alive on this thread, if any.
-thread_local EngineCore::CallbackBatch* tl_callbacks = nullptr;
-
-/// The ordered delivery this thread is running user code for, if any (drain_order): which
-/// engine, which key, and the number of the request being delivered.
-struct OrderedDrain {
-  const EngineCore* core = nullptr;
-  const std::string* key = nullptr;
-  std::uint64_t delivering = 0;
-};
-thread_local const OrderedDrain* tl_drain = nullptr;
-}  // namespace
-
-Status EngineCore::ordered_wait_would_never_end(const Request& r) const {
-  const OrderedDrain* d = tl_drain;
-  if (d == nullptr || d->core != this || r.sequence_key != *d->key) return Status();
-  // order_seq is written by accept() before the stage leaves `submitting` (release): read it
-  // only after seeing that. A request still being submitted (by id, on another thread) has no
-  // number yet: its wait is not refused.
-  if (r.stage.load(std::memory_order_acquire) == Stage::submitting) return Status();
-  if (r.order_seq <= d->delivering) return Status();
-  return failed_precondition_error(
-      context("waiting, inside the ordered callback of request #" + std::to_string(d->delivering) +
-                  " of sequence key '" + r.sequence_key + "', for its later request #" +
-                  std::to_string(r.order_seq) +
-                  ", which is delivered only after that callback returns (EngineOptions::"
-                  "ordered_delivery): the wait could never end, so it returns at once",
-              r.tag));
-}
-
-void EngineCore::add_ordered_wait_check(Promise<Outputs>& p, const std::shared_ptr<Request>& r) {
-  if (!opt_.ordered_delivery) return;
-  p.set_wait_check([core = weak_from_this(), weak = std::weak_ptr<Request>(r)]() -> Status {
-    if (tl_drain == nullptr) return Status();  // the common case: not inside a delivery
-    auto c = core.lock();
-    auto req = weak.lock();
-    return c && req ? c->ordered_wait_would_never_end(*req) : Status();
-  });
-}
 
 EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                        EngineOptions options, std::int64_t max_rows)
@@ -76,7 +33,7 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       timer_("ai-timer"),
       reaper_(reaper_threads(opt_), "ai-reaper"),
       scheduler_(opt_, sig_.batched),
-      store_(opt_.result_store_capacity, opt_.result_ttl) {}
+      resolver_(opt_, scheduler_, timer_, completion_) {}
 
 EngineCore::~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
@@ -90,8 +47,7 @@ std::size_t EngineCore::reaper_threads(const EngineOptions& o) {
 Status EngineCore::start() {
   const int threads = std::max(1, opt_.intra_op_threads);  // resolved by Engine::create
   for (int i = 0; i < opt_.workers; ++i) {
-    auto w = std::make_unique<Worker>();
-    w->index = i;
+    auto w = std::make_unique<Worker>(i, opt_.breaker);
     ASYNCINFER_RETURN_IF_ERROR(make_stream_and_instance(*w, threads));
     workers_.push_back(std::move(w));
   }
@@ -179,15 +135,8 @@ Clock::time_point EngineCore::effective_deadline(const RequestOptions& o,
 Status EngineCore::accept(const std::shared_ptr<Request>& r) {
   std::optional<detail::Refusal> refusal = scheduler_.accept(r, [&] {
     // Under the scheduler's mutex, before the request is queued.
-    if (opt_.ordered_delivery) r->order_seq = order_.assign(r->sequence_key);
-    inflight_requests_.fetch_add(1, std::memory_order_relaxed);
+    resolver_.admit(r);
     submitted_.fetch_add(1, std::memory_order_relaxed);
-    if (r->deadline != Clock::time_point::max()) {
-      // If it fires at once, its handler (try_resolve → Scheduler::withdraw) waits for the
-      // scheduler's mutex, so for the request to be queued.
-      std::lock_guard tl(r->timer_mu);
-      r->deadline_timer = timer_.add(r->deadline, [this, r] { on_deadline(r); });
-    }
   });
   if (refusal) return reject(refusal->reason, std::move(refusal->status));
   return Status();
@@ -212,23 +161,19 @@ Result<Future<Outputs>> EngineCore::try_submit_future(Inputs&& inputs, const Req
   std::shared_ptr<Request> r = std::move(*prepared);
   r->promise.emplace();
   Future<Outputs> f = r->promise->get_future();
-  if (!o.inline_callback) set_callback_executor(*r->promise);
-  add_ordered_wait_check(*r->promise, r);
+  resolver_.bind_promise(*r->promise, r, o.inline_callback, weak_from_this());
   r->promise->on_cancel([weak_core = weak_from_this(), weak_r = std::weak_ptr<Request>(r)] {
     auto core = weak_core.lock();
     auto req = weak_r.lock();
     if (core && req) {
-      core->try_resolve(req, Stage::cancelled,
-                        cancelled_error(core->context("cancelled by the caller", req->tag)));
+      core->resolver_.try_resolve(
+          req, Stage::cancelled,
+          cancelled_error(core->context("cancelled by the caller", req->tag)));
     }
   });
   Status s = accept(r);
   if (!s.ok()) return s;  // refused: the future is dropped unseen
   return f;
-}
-
-void EngineCore::set_callback_executor(Promise<Outputs>& p) {
-  if (!opt_.ordered_delivery) p.set_callback_executor(&completion_);
 }
 
 Status EngineCore::submit_callback(Inputs&& inputs, Engine::Callback&& cb,
@@ -253,15 +198,14 @@ Status EngineCore::submit_id(std::string&& id, Inputs&& inputs, const RequestOpt
   if (r->tag.empty()) r->tag = r->id;
   r->promise.emplace();
   r->future_state = r->promise->get_future().state();
-  set_callback_executor(*r->promise);
-  add_ordered_wait_check(*r->promise, r);
-  Status s = store_.insert(r);
+  resolver_.bind_promise(*r->promise, r, /*inline_continuations=*/false, weak_from_this());
+  Status s = resolver_.register_id(r);
   if (!s.ok())
     return reject(s.code() == StatusCode::already_exists ? "duplicate_id" : "store_full", s);
   if (const auto hook = detail::submit_hook()) hook(r->id);
   s = accept(r);
   if (!s.ok()) {
-    store_.erase_refused(r->id, r.get());
+    resolver_.unregister_refused(r->id, r.get());
     r->promise->set_error(s);
     return s;
   }
@@ -269,196 +213,16 @@ Status EngineCore::submit_id(std::string&& id, Inputs&& inputs, const RequestOpt
 }
 
 Result<Outputs> EngineCore::result(std::string_view id, std::chrono::nanoseconds timeout) {
-  ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Request> r, store_.find(id));
-  auto& state = *r->future_state;
-  if (Status never = state.wait_would_never_end(); !never.ok()) return never;
-  if (timeout == std::chrono::nanoseconds::max()) {
-    state.wait();
-  } else if (!state.wait_until(saturating_add(Clock::now(), timeout))) {
-    return deadline_exceeded_error("request '" + std::string(id) + "' is still " +
-                                   std::string(to_string(detail::to_state(r->stage.load()))) +
-                                   " after waiting " + ms_text(timeout));
-  }
-  return state.result();
+  return resolver_.result(id, timeout);
 }
 
-RequestState EngineCore::status(std::string_view id) {
-  auto r = store_.find(id);
-  if (!r.ok()) return RequestState::unknown;
-  return detail::to_state((*r)->stage.load(std::memory_order_acquire));
-}
+RequestState EngineCore::status(std::string_view id) { return resolver_.status(id); }
 
 Status EngineCore::cancel(std::string_view id) {
-  ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Request> r, store_.find(id));
-  if (try_resolve(r, Stage::cancelled,
-                  cancelled_error(context("cancelled by the caller", r->tag)))) {
-    return Status();
-  }
-  return failed_precondition_error("request '" + std::string(id) + "' has already ended (" +
-                                   std::string(to_string(detail::to_state(r->stage.load()))) + ")");
+  return resolver_.cancel(id, "cancelled by the caller");
 }
 
-Status EngineCore::release(std::string_view id) { return store_.release(id); }
-
-// ---- ending a request ---------------------------------------------------------------------------
-
-bool EngineCore::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result,
-                             Clock::time_point now) {
-  std::shared_ptr<Request> withdrawn;  // the scheduler's reference, dropped after finish()
-  for (;;) {
-    Stage cur = r->stage.load(std::memory_order_acquire);
-    if (detail::is_final(cur)) return false;
-    if (cur == Stage::running) {
-      if (!detail::transition_running(*r, to)) continue;
-      if (r->on_response) {
-        // Decoupled: a send blocked on its receiver returns; one in progress ends first.
-        r->response_stop.request_stop();
-        std::lock_guard gate(r->response_mu);
-      }
-      if (to != Stage::completed) {
-        // Ended early: once every request of its batch has, stop the batch's device work.
-        if (auto b = r->batch.lock()) {
-          if (b->live.fetch_sub(1, std::memory_order_acq_rel) == 1) b->stop.request_stop();
-        }
-      }
-      break;
-    }
-    const Status why =
-        result.ok() ? internal_error("request ended before it was accepted") : result.status();
-    const detail::Withdrawal w = scheduler_.withdraw(r, to, why, withdrawn);
-    if (w == detail::Withdrawal::refused) return true;  // its submit refuses it: no finish
-    if (w == detail::Withdrawal::already_refused) return false;
-    if (w == detail::Withdrawal::from_retry_wait) {
-      TimerId id;
-      {
-        std::lock_guard tl(r->timer_mu);
-        id = std::exchange(r->retry_timer, TimerId{});
-      }
-      timer_.cancel(id);
-    }
-    if (w != detail::Withdrawal::not_waiting) break;
-    // running or ended meanwhile: look again
-  }
-  finish(r, to, std::move(result), now);
-  return true;
-}
-
-void EngineCore::finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result,
-                        Clock::time_point now) {
-  TimerId deadline;
-  {
-    std::lock_guard tl(r->timer_mu);
-    deadline = std::exchange(r->deadline_timer, TimerId{});
-  }
-  timer_.cancel(deadline);
-  if (now == Clock::time_point{}) now = Clock::now();
-  request_us_.observe(detail::us_between(r->submitted, now));
-  (to == Stage::completed ? stat_success_ : stat_fail_)
-      .add(1, detail::ns_between(r->submitted, now));
-  outcomes_.count(detail::outcome_of(to));
-  if (!result.ok()) {
-    std::lock_guard lock(reasons_mu_);
-    failures_by_reason_[std::string(to_string(result.status().code()))]++;
-  }
-  inflight_requests_.fetch_sub(1, std::memory_order_relaxed);
-  if (!r->id.empty()) store_.mark_finished(*r);
-  if (opt_.ordered_delivery) {
-    deliver_ordered(r, std::move(result));
-  } else {
-    run_sink(r, std::move(result));
-  }
-}
-
-void EngineCore::run_sink(const std::shared_ptr<Request>& r, Result<Outputs>&& result) {
-  if (r->has_callback) {
-    if (r->inline_callback) {  // a hand-off: run here (RequestOptions::inline_callback)
-      invoke_callback(*r, result);
-      return;
-    }
-    if (tl_callbacks != nullptr && &tl_callbacks->core_ == this) {
-      tl_callbacks->pending_.push_back(Pending{r, std::move(result)});  // posted with its batch
-      return;
-    }
-    Task task([this, r, res = std::move(result)]() mutable { invoke_callback(*r, res); });
-    if (!completion_.post(std::move(task))) task();  // NOLINT(bugprone-use-after-move)
-  } else if (r->promise) {
-    r->promise->set_result(std::move(result));
-  }
-}
-
-void EngineCore::invoke_callback(Request& r, const Result<Outputs>& result) {
-  try {
-    r.callback(result);
-  } catch (...) {
-    callback_exceptions_.fetch_add(1, std::memory_order_relaxed);
-    detail::report_callback_exception("engine callback", std::current_exception());
-  }
-  r.callback = nullptr;  // release what it captured, here on the completion thread
-}
-
-void EngineCore::on_deadline(const std::shared_ptr<Request>& r) {
-  const Stage at = r->stage.load(std::memory_order_acquire);
-  const char* where = at == Stage::running      ? "while running"
-                      : at == Stage::retry_wait ? "while waiting to retry"
-                                                : "while queued";
-  std::string msg = context("request timed out", r->tag) + " after " +
-                    ms_text(Clock::now() - r->submitted) + " " + where;
-  const int attempts = r->attempts.load(std::memory_order_relaxed);
-  if (attempts > 0) msg += " (attempt " + std::to_string(attempts) + ")";
-  Status last;
-  {
-    std::lock_guard tl(r->timer_mu);
-    last = r->last_error;
-  }
-  if (!last.ok() && at != Stage::running) msg += "; last error: " + last.to_string();
-  try_resolve(r, Stage::timed_out, deadline_exceeded_error(msg));
-}
-
-EngineCore::CallbackBatch::CallbackBatch(EngineCore& core) : core_(core), prev_(tl_callbacks) {
-  tl_callbacks = this;
-}
-
-EngineCore::CallbackBatch::~CallbackBatch() {
-  tl_callbacks = prev_;
-  if (pending_.empty()) return;
-  Task task([&core = core_, pending = std::move(pending_)]() mutable {
-    for (Pending& p : pending) core.invoke_callback(*p.request, p.result);
-  });
-  if (!core_.completion_.post(std::move(task))) task();  // NOLINT(bugprone-use-after-move)
-}
-
-// ---- ordered delivery ---------------------------------------------------------------------------
-
-void EngineCore::deliver_ordered(const std::shared_ptr<Request>& r, Result<Outputs>&& result) {
-  // The key's running drain, if any, delivers it.
-  if (!order_.add(r->sequence_key, r->order_seq, Pending{r, std::move(result)})) return;
-  Task task([this, key = r->sequence_key] { drain_order(key); });
-  if (!completion_.post(std::move(task))) task();  // NOLINT(bugprone-use-after-move)
-}
-
-void EngineCore::drain_order(const std::string& key) {
-  // User code below (callbacks, the futures' continuations) learns, through tl_drain, that it
-  // runs inside this key's delivery (ordered_wait_would_never_end). Nested drains restore it.
-  OrderedDrain here{this, &key, 0};
-  const OrderedDrain* outer = tl_drain;
-  tl_drain = &here;
-  struct Restore {
-    const OrderedDrain* outer;
-    ~Restore() { tl_drain = outer; }
-  } restore{outer};
-  for (;;) {
-    std::vector<Pending> run = order_.take_ready(key);
-    if (run.empty()) return;
-    for (Pending& p : run) {
-      here.delivering = p.request->order_seq;
-      if (p.request->has_callback) {
-        invoke_callback(*p.request, p.result);
-      } else if (p.request->promise) {
-        p.request->promise->set_result(std::move(p.result));
-      }
-    }
-  }
-}
+Status EngineCore::release(std::string_view id) { return resolver_.release(id); }
 
 // ---- engine life cycle and shutdown -------------------------------------------------------------
 
@@ -526,10 +290,11 @@ void EngineCore::cancel_all() {
   }
   for (auto& r : victims) {
     const bool was_running = r->stage.load(std::memory_order_acquire) == Stage::running;
-    try_resolve(r, Stage::shut_down,
-                aborted_error(context(was_running ? "engine shut down before the request completed"
-                                                  : "engine shut down before the request ran",
-                                      r->tag)));
+    resolver_.try_resolve(
+        r, Stage::shut_down,
+        aborted_error(context(was_running ? "engine shut down before the request completed"
+                                          : "engine shut down before the request ran",
+                              r->tag)));
   }
 }
 

@@ -18,17 +18,20 @@
 // Where each part lives (one concept per file):
 //   scheduler.hpp         the Scheduler: the queue, the retry waiting set, admission and the
 //                         engine's life cycle, behind its own mutex (an owned class);
-//   engine.cpp            submit, resolve (ending a request) and shutdown — what EngineCore owns;
+//   resolver.hpp          the Resolver: ending a request once, the sinks and callback batches,
+//                         ordered delivery, the result store and the outcome counters (an owned
+//                         class);
+//   engine.cpp            start, submit and shutdown — what EngineCore owns;
 //   engine_api.cpp        Engine's public methods, Engine::create and its option checks;
 //   engine_metrics.cpp    metrics() and health();
 //   worker.cpp            the worker loop, launch, batch assembly, the completion point;
-//   worker_recovery.cpp   the hang watchdog, recycling, giving up, the circuit breaker;
+//   worker_recovery.cpp   the hang watchdog, recycling, giving up, feeding the circuit breaker;
+//   circuit_breaker.hpp   a worker's circuit breaker (an owned class, checked life cycle);
 //   batcher.hpp           which requests form the next batch, and when (a pure function);
-//   core/ordered_delivery.hpp  results in submit order per sequence key (shared with the pipeline);
 //   retry_scheduler.hpp   whether and when a failed request runs again;
 //   admission.hpp         refusing a request that would miss its deadline in the queue;
 //   request.hpp           a request's record and its life cycle (transition());
-//   request_queue.hpp, result_store.hpp, retry.hpp  the queue, the id store, the retry budget.
+//   request_queue.hpp, retry.hpp  the queue, the retry budget.
 //
 // Engine life cycle (EngineState, scheduler.hpp): running → draining → cancelling → stopped, or
 // running → cancelling → stopped; the Scheduler holds it and is the one place it changes.
@@ -50,10 +53,9 @@
 
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/log.hpp"
-#include "core/ordered_delivery.hpp"
 #include "engine/lifecycle.hpp"
 #include "engine/request.hpp"
-#include "engine/result_store.hpp"
+#include "engine/resolver.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/statistics.hpp"
 #include "engine/worker.hpp"
@@ -93,19 +95,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// The three submit forms of engine.hpp: prepare (validate, copy shared inputs), then accept.
   Future<Outputs> submit_future(Inputs&& inputs, const RequestOptions& o);
-  /// With ordered delivery: gives the promise's waits the check below.
-  void add_ordered_wait_check(Promise<Outputs>& p, const std::shared_ptr<detail::Request>& r);
-  /// failed_precondition when the calling thread is delivering (drain_order) an earlier request
-  /// of r's key on this engine: r is delivered only after that callback returns, so a wait for
-  /// it there would never end (EngineOptions::ordered_delivery). ok otherwise.
-  Status ordered_wait_would_never_end(const detail::Request& r) const;
   /// As submit_future, with a refusal returned as the error rather than as a ready future.
   Result<Future<Outputs>> try_submit_future(Inputs&& inputs, const RequestOptions& o);
-
-  /// Future continuations run on the completion executor. With ordered delivery the promise is
-  /// already set on a completion thread, in order, so its continuations run right there (posting
-  /// them would let two completion threads reorder them).
-  void set_callback_executor(Promise<Outputs>& p);
 
   Status submit_callback(Inputs&& inputs, Engine::Callback&& cb, const RequestOptions& o);
   Status submit_id(std::string&& id, Inputs&& inputs, const RequestOptions& o);
@@ -113,51 +104,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   RequestState status(std::string_view id);
   Status cancel(std::string_view id);
   Status release(std::string_view id);
-
-  // ---- ending a request (engine.cpp) ----------------------------------------------------------
-
-  /// Ends `r` in stage `to` with `result` unless something else ended it first (then false).
-  /// `now`, when given, is the time of the ending (a batch's requests share their completion
-  /// point's); otherwise the clock is read.
-  bool try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result,
-                   Clock::time_point now = {});
-
-  /// The ending's bookkeeping (timers, counters, the id store), then the sink: in order
-  /// (deliver_ordered) or at once (run_sink). `now` as for try_resolve.
-  void finish(const std::shared_ptr<Request>& r, Stage to, Result<Outputs>&& result,
-              Clock::time_point now = {});
-
-  /// Fulfils the future (waking waiters; its continuations go to the completion executor) or
-  /// hands the callback to the completion executor.
-  void run_sink(const std::shared_ptr<Request>& r, Result<Outputs>&& result);
-  void invoke_callback(Request& r, const Result<Outputs>& result);
-  void on_deadline(const std::shared_ptr<Request>& r);
-
-  /// While alive on a thread, callbacks of this engine's requests ended on that thread are
-  /// collected and handed to the completion executor as one task when it goes (one hand-off per
-  /// batch instead of one per request). Order within the batch is kept.
-  class CallbackBatch {
-   public:
-    explicit CallbackBatch(EngineCore& core);
-    ~CallbackBatch();
-    CallbackBatch(const CallbackBatch&) = delete;
-    CallbackBatch& operator=(const CallbackBatch&) = delete;
-
-   private:
-    EngineCore& core_;
-    CallbackBatch* prev_;
-    std::vector<Pending> pending_;
-    friend class EngineCore;
-  };
-
-  // ---- ordered delivery (engine.cpp, with core/ordered_delivery.hpp) --------------------------
-
-  void deliver_ordered(const std::shared_ptr<Request>& r, Result<Outputs>&& result);
-
-  /// Delivers, in sequence, every result of `key` whose predecessors have been delivered. One
-  /// drain per key runs at a time (the `draining` flag), so order holds with any number of
-  /// completion threads.
-  void drain_order(const std::string& key);
 
   // ---- workers (worker.cpp) -------------------------------------------------------------------
 
@@ -302,15 +248,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   ThreadPool reaper_;
 
   detail::Scheduler scheduler_;
+  detail::Resolver resolver_;         // after the executors and the scheduler it uses
   std::atomic<int> live_workers_{0};  // workers that have not given up
 
   std::vector<std::unique_ptr<Worker>> workers_;
-  detail::ResultStore store_;
-  detail::OrderedDelivery<Pending, std::string> order_;  // per RequestOptions::sequence_key
 
   // Hot counters live on their own cache lines: they are bumped from several threads at once.
-  detail::OutcomeCounters outcomes_;
-  alignas(64) std::atomic<std::int64_t> inflight_requests_{0};
   alignas(64) std::atomic<std::uint64_t> submitted_{0};
   alignas(64) std::atomic<std::uint64_t> attempts_{0};
   std::atomic<std::uint64_t> batches_{0};
@@ -320,23 +263,18 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<std::uint64_t> split_batches_{0};
   std::atomic<std::uint64_t> late_completions_{0};
   std::atomic<std::uint64_t> late_failures_{0};
-  std::atomic<std::uint64_t> callback_exceptions_{0};
   std::atomic<std::uint64_t> model_exceptions_{0};
   std::atomic<std::uint64_t> watchdog_fired_{0};
   mutable std::mutex reasons_mu_;
-  std::map<std::string, std::uint64_t> failures_by_reason_;
-  std::map<std::string, std::uint64_t> rejections_by_reason_;
+  std::map<std::string, std::uint64_t> rejections_by_reason_;     // under reasons_mu_
   std::map<std::string, std::uint64_t> late_failures_by_reason_;  // under reasons_mu_
   LogLimiter late_log_;     // late failures: their messages, rate-limited
   LogLimiter recycle_log_;  // failed recycle attempts
   Histogram queue_us_;
   Histogram compute_us_;
-  Histogram request_us_;
   Histogram batch_size_{Histogram::batch_size_bounds()};
-  // Triton's statistics (InferenceStats): success and fail per request in finish(); the rest
-  // added once per completed batch, in complete().
-  alignas(64) detail::DurationCounter stat_success_;
-  detail::DurationCounter stat_fail_;
+  // Triton's statistics (InferenceStats) added once per completed batch, in complete(); success
+  // and fail per request are the Resolver's.
   alignas(64) detail::DurationCounter stat_queue_;
   detail::DurationCounter stat_input_;
   detail::DurationCounter stat_infer_;

@@ -16,14 +16,9 @@ EngineMetrics EngineCore::metrics() const {
   m.uptime_s = detail::elapsed_s_since(started_);
   m.submitted = submitted_.load();
   m.rejected = rejected_.load();
-  m.completed = outcomes_.completed.load();
-  m.failed = outcomes_.failed.load();
-  m.timed_out = outcomes_.timed_out.load();
-  m.cancelled = outcomes_.cancelled.load();
-  m.shut_down = outcomes_.shut_down.load();
+  resolver_.add_metrics(m);
   {
     std::lock_guard lock(reasons_mu_);
-    m.failures_by_reason = failures_by_reason_;
     m.rejections_by_reason = rejections_by_reason_;
     m.late_failures_by_reason = late_failures_by_reason_;
   }
@@ -34,26 +29,19 @@ EngineMetrics EngineCore::metrics() const {
   m.split_batches = split_batches_.load();
   m.late_completions = late_completions_.load();
   m.late_failures = late_failures_.load();
-  m.callback_exceptions = callback_exceptions_.load();
   m.model_exceptions = model_exceptions_.load();
   m.watchdog_fired = watchdog_fired_.load();
   const detail::Scheduler::Depths depths = scheduler_.depths();
   m.queue_depth = depths.queued;
   m.retry_waiting = depths.retry_waiting;
-  m.inflight_requests = inflight_requests_.load();
   m.batches_per_s = m.uptime_s > 0 ? static_cast<double>(m.batches) / m.uptime_s : 0;
-  m.result_store_size = static_cast<std::int64_t>(store_.size());
-  if (opt_.ordered_delivery) {
-    constexpr std::size_t kMaxKeys = 64;  // bounded: keys may be one per client
-    order_.backlog(m.ordered_backlog_total, m.ordered_backlog, kMaxKeys);
-  }
   m.live_workers = live_workers_.load();
   for (const auto& w : workers_) {
     WorkerMetrics wm;
     wm.index = w->index;
     {
       std::lock_guard lock(w->mu);
-      wm.breaker = detail::to_string(w->breaker);
+      wm.breaker = detail::to_string(w->breaker.state());
       wm.inflight_batches = w->inflight;
       wm.abandoned_instances = w->abandoned;
       auto [health, reason] = health_of(*w);
@@ -69,13 +57,10 @@ EngineMetrics EngineCore::metrics() const {
   }
   m.queue_us = queue_us_.snapshot();
   m.compute_us = compute_us_.snapshot();
-  m.request_us = request_us_.snapshot();
   m.batch_size = batch_size_.snapshot();
   m.stats.inference_count = inference_count_.load(std::memory_order_relaxed);
   m.stats.execution_count = execution_count_.load(std::memory_order_relaxed);
   m.stats.last_inference_ms = last_inference_ms_.load(std::memory_order_relaxed);
-  m.stats.success = stat_success_.load();
-  m.stats.fail = stat_fail_.load();
   m.stats.queue = stat_queue_.load();
   m.stats.compute_input = stat_input_.load();
   m.stats.compute_infer = stat_infer_.load();

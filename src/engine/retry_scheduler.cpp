@@ -86,7 +86,7 @@ void EngineCore::retry_or_fail(const std::shared_ptr<Request>& r, const Status& 
   }
   Status final = detail::RetryScheduler::final_status(st, attempts, d.why_not, r->tag);
   const Status copy = final;
-  if (!try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
+  if (!resolver_.try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
     late_failure(1, copy, *r);  // ended meanwhile (deadline, cancel)
   }
 }

@@ -151,18 +151,14 @@ void EngineCore::worker_loop(Worker& w) {
           w.cv.wait(lock);  // max_abandoned_instances 0: the replaced instance's work first
           continue;
         }
-        if (w.breaker == Breaker::open) {
-          if (Clock::now() >= w.open_until) {
-            w.breaker = Breaker::half_open;
-            w.breaker_open.store(false, std::memory_order_release);
-            continue;
-          }
-          w.cv.wait_until(lock, w.open_until);
+        const std::optional<int> limit =
+            w.breaker.admit(opt_.max_inflight_per_worker, Clock::now());
+        if (!limit) {
+          w.cv.wait_until(lock, w.breaker.open_until());  // the cool-down
           continue;
         }
-        const int limit = w.breaker == Breaker::half_open ? 1 : opt_.max_inflight_per_worker;
-        if (w.inflight < limit) {
-          if (w.breaker == Breaker::half_open) cap = 1;  // probe with one request
+        if (w.inflight < *limit) {
+          if (w.breaker.state() == Breaker::half_open) cap = 1;  // probe with one request
           break;
         }
         w.cv.wait(lock);
@@ -173,13 +169,13 @@ void EngineCore::worker_loop(Worker& w) {
       continue;
     }
     std::shared_ptr<Batch> batch =
-        scheduler_.next_batch({w.index, cap, &w.recycle_wanted, &w.breaker_open});
+        scheduler_.next_batch({w.index, cap, &w.recycle_wanted, w.breaker.open_flag()});
     if (!batch) {
       if (cancelling()) return;
       // A recycle, or a breaker that opened while the worker waited for work: back to the
       // loop above, which handles them.
       if (w.recycle_wanted.load(std::memory_order_acquire)) continue;
-      if (w.breaker_open.load(std::memory_order_acquire)) continue;
+      if (w.breaker.open_flag()->load(std::memory_order_acquire)) continue;
       return;
     }
     launch(w, batch);
@@ -304,7 +300,8 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
 void EngineCore::fail_alone(const std::shared_ptr<Request>& r, Status s) {
   // The request is running (it was dispatched): end it here.
   const Status copy = s;
-  if (!try_resolve(r, detail::stage_for_error(s.code()), std::move(s))) late_failure(1, copy, *r);
+  if (!resolver_.try_resolve(r, detail::stage_for_error(s.code()), std::move(s)))
+    late_failure(1, copy, *r);
 }
 
 Status EngineCore::enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io) {
@@ -376,7 +373,7 @@ void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   const Clock::time_point previous(std::chrono::nanoseconds(w.last_completion_ns.exchange(
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
       std::memory_order_relaxed)));
-  CallbackBatch callbacks(*this);
+  detail::Resolver::CallbackBatch callbacks(resolver_);
   if (st.ok()) {
     complete(batch, compute, now, previous);
   } else if (stale && st.code() == StatusCode::aborted) {
@@ -479,7 +476,7 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
 
   for (std::size_t k = 0; k < batch->requests.size(); ++k) {
     const auto& r = batch->requests[k];
-    if (!try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
+    if (!resolver_.try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
       late_completions_.fetch_add(1, std::memory_order_relaxed);
       // It ended (deadline, cancel) between the count and here: not a success after all.
       if (counted[k] != 0) {
@@ -568,16 +565,18 @@ void EngineCore::fail_partial(const std::shared_ptr<Request>& r, const Status& s
                   " of its responses were sent)",
               r->tag));
   const Status copy = s;
-  if (!try_resolve(r, detail::stage_for_error(s.code()), std::move(s))) late_failure(1, copy, *r);
+  if (!resolver_.try_resolve(r, detail::stage_for_error(s.code()), std::move(s)))
+    late_failure(1, copy, *r);
 }
 
 void EngineCore::end_unservable(const std::shared_ptr<Request>& r,
                                 const std::optional<Status>& unavailable, const char* shut_down) {
   if (unavailable) {
-    try_resolve(r, Stage::failed,
-                Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
+    resolver_.try_resolve(
+        r, Stage::failed,
+        Status(unavailable->code(), context(std::string(unavailable->message()), r->tag)));
   } else {
-    try_resolve(r, Stage::shut_down, aborted_error(context(shut_down, r->tag)));
+    resolver_.try_resolve(r, Stage::shut_down, aborted_error(context(shut_down, r->tag)));
   }
 }
 

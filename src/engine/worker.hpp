@@ -17,8 +17,8 @@
 // worker_recovery.cpp the watchdog, recycling, giving up and the circuit breaker.
 //
 // Locks: `mu` guards the fields marked so; never held together with the engine's queue mutex.
-// The atomic mirrors (`recycle_wanted`, `breaker_open`) let the batcher's caller, which holds the
-// queue mutex, see that the worker must stop taking work without taking `mu`.
+// The atomic mirrors (`recycle_wanted`, the breaker's open_flag()) let the batcher's caller, which
+// holds the queue mutex, see that the worker must stop taking work without taking `mu`.
 #pragma once
 
 #include <atomic>
@@ -32,23 +32,17 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/model.hpp"
+#include "engine/circuit_breaker.hpp"
 #include "engine/request.hpp"
 
 namespace asyncinfer::detail {
 
-/// Circuit breaker (EngineOptions::breaker): closed → open after failure_threshold failed
-/// batches in a row; open → half_open after the cool-down; half_open runs one request: success
-/// closes it, failure opens it again.
-enum class Breaker : std::uint8_t { closed, open, half_open };
-
-inline const char* to_string(Breaker b) noexcept {
-  return b == Breaker::closed ? "closed" : b == Breaker::open ? "open" : "half_open";
-}
-
 class HostStream;
 
 struct Worker {
-  int index = 0;
+  Worker(int i, CircuitBreakerOptions b) : index(i), breaker(b) {}
+
+  const int index;
   std::unique_ptr<Stream> stream;  // replaced only by the worker thread (recycle)
   // The inline path (EngineCore::inline_path_): `stream` is a caller-run cpu stream, and this is
   // it; the worker runs each batch it launched on its own thread (run_pending). Null otherwise.
@@ -66,10 +60,7 @@ struct Worker {
   bool gave_up = false;                         // under mu: unhealthy for good
   std::string last_error;                       // under mu: why the last attempt failed
   int abandoned = 0;                            // under mu: replaced instances not yet destroyed
-  Breaker breaker = Breaker::closed;            // under mu
-  std::atomic<bool> breaker_open{false};        // breaker == open, readable without mu
-  int consecutive_failures = 0;                 // under mu
-  Clock::time_point open_until{};               // under mu
+  CircuitBreaker breaker;                       // under mu (but for its open_flag())
   std::atomic<std::uint64_t> batches{0};
   /// When its last batch reached its completion point (steady clock, ns since its epoch): a batch
   /// launched while the one before ran waited for it on the stream, which Triton's statistics

@@ -65,7 +65,7 @@ void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
       "within the " +
       std::to_string(opt_.watchdog.count()) +
       " ms hang watchdog; the worker's stream and model instance are being replaced");
-  for (const auto& r : batch->requests) try_resolve(r, Stage::timed_out, st);
+  for (const auto& r : batch->requests) resolver_.try_resolve(r, Stage::timed_out, st);
   scheduler_.batch_finished();
 }
 
@@ -194,28 +194,15 @@ std::pair<WorkerHealth, std::string> EngineCore::health_of(const Worker& w) cons
 void EngineCore::breaker_success(Worker& w) {
   if (opt_.breaker.failure_threshold <= 0) return;
   std::lock_guard lock(w.mu);
-  w.consecutive_failures = 0;
-  if (w.breaker == Breaker::half_open) w.breaker = Breaker::closed;
+  w.breaker.record_success();
 }
 
 void EngineCore::breaker_failure(Worker& w, StatusCode code) {
   if (opt_.breaker.failure_threshold <= 0) return;
-  if (code == StatusCode::invalid_argument || code == StatusCode::cancelled ||
-      code == StatusCode::aborted) {
-    return;  // the request's fault or the caller's choice, not the worker's health
-  }
   bool opened = false;
   {
     std::lock_guard lock(w.mu);
-    ++w.consecutive_failures;
-    if (w.breaker == Breaker::half_open ||
-        w.consecutive_failures >= opt_.breaker.failure_threshold) {
-      w.breaker = Breaker::open;
-      w.breaker_open.store(true, std::memory_order_release);
-      w.open_until = deadline_after(opt_.breaker.cooldown);  // max(): open for good
-      w.consecutive_failures = 0;
-      opened = true;
-    }
+    opened = w.breaker.record_failure(code, Clock::now());
   }
   if (opened) {
     // A worker waiting for work in next_batch must not take the next request now.
