@@ -1,4 +1,15 @@
-// PythonProcess (python_process.hpp): start, control messages, arenas, execute, end.
+// PythonProcess (python_process.hpp): the server's side of one Python stub process.
+//
+// One file of about 760 lines, on purpose: it implements one class whose parts all work on the
+// same process state (the socket, pidfd and eventfd, the two arenas, and the broken_, reaped_,
+// stopping_ and grace_end_ fields) through send_message(), receive() and kill_and_reap(), which
+// start, execute and the destructor all use. It is also the server's half of one protocol whose
+// other half is asyncinfer_python_stub.py: every message of it is handled here, in one file to
+// read beside that one.
+// Its sections, in order: helpers (constants, datatype names, TritonError codes, Fds), start
+// (spawn and the init handshake), end (destructor, exited), control messages (send_message,
+// receive, exit_description, kill_and_reap), arenas (write_inputs, map_output_arena,
+// read_outputs), execute (execute, execute_messages).
 #include "model/python/python_process.hpp"
 
 #include <fcntl.h>
@@ -30,6 +41,8 @@ namespace asyncinfer::detail {
 
 extern const std::string_view kPythonStubSource;   // asyncinfer_python_stub.py (generated)
 extern const std::string_view kPythonUtilsSource;  // triton_python_backend_utils.py (generated)
+
+// ---- helpers ------------------------------------------------------------------------------------
 
 namespace {
 
@@ -112,6 +125,8 @@ std::string shape_text(const json& shape) {
 }
 
 }  // namespace
+
+// ---- start --------------------------------------------------------------------------------------
 
 struct PythonProcess::Message {
   json body;
@@ -253,6 +268,8 @@ Status PythonProcess::spawn(const std::stop_token* stop) {
   return fail(StatusCode::internal, "the stub answered init with '" + op + "'");
 }
 
+// ---- end ----------------------------------------------------------------------------------------
+
 PythonProcess::~PythonProcess() {
   if (pid_ > 0 && !reaped_ && !broken_) {
     // finalize(), bounded: a model that does not return from it is killed like a stuck one.
@@ -276,6 +293,8 @@ bool PythonProcess::exited() const noexcept {
   pollfd p{pidfd_, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
 }
+
+// ---- control messages ---------------------------------------------------------------------------
 
 Status PythonProcess::send_message(const std::string& text, int fd) {
   if (text.size() > kMaxMessage) {
@@ -439,6 +458,8 @@ std::string PythonProcess::kill_and_reap() {
   }
   return "ended";
 }
+
+// ---- arenas -------------------------------------------------------------------------------------
 
 Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json, bool* new_arena) {
   const ModelSignature& sig = setup_->signature;
@@ -611,6 +632,8 @@ Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, s
   }
   return out;
 }
+
+// ---- execute ------------------------------------------------------------------------------------
 
 Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
   if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
