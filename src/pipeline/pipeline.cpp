@@ -1,4 +1,5 @@
-// The pipeline (pipeline.hpp).
+// Pipeline and its PipelineCore (asyncinfer/pipeline.hpp): items that pass through host, device
+// and engine stages in order, each stage with its own threads and queue.
 //
 // Threads: each host stage has `concurrency` threads; each device (and model) stage has one
 // thread that enqueues items on the stage's stream; each engine stage has one thread that submits
@@ -12,11 +13,19 @@
 // `outstanding` after ending it (both sequentially consistent), so an item is never retired while
 // a stage still uses it — and its slot's events are reused only after its device work has passed.
 //
-// About 760 lines, on purpose: PipelineCore is one class because its parts (submission, the
-// stage threads, ending and retiring, shutdown) all keep the retirement rule above, which reads
-// best in one place. The public value types (StageSpec's builders, PipelineMetrics) are in
+// One file of about 760 lines, on purpose: PipelineCore is one class, defined here only, and the
+// retirement rule above is kept by functions from every part of it: pop() and done_with() (the
+// stages), end() and maybe_retire() (ending), and shutdown(), which ends what is left and lets go
+// of the queues no thread serves any more. Split into files, the rule could not be checked in one
+// reading. The public value types (StageSpec's builders, PipelineMetrics) are in
 // pipeline_types.cpp; what it shares with the engine (outcomes, counters, time helpers) is in
 // engine/lifecycle.hpp.
+//
+// Its sections, in order: the item and stage records (PItem, Stage); PipelineCore: set-up
+// (constructor, init, init_stage), submission, moving items between stages (push, pop, advance,
+// fail, done_with, take), the stage threads (account, guarded, host_loop, engine_loop,
+// device_loop, enqueue_model, on_device_done), ending and retiring, shutdown and metrics, its
+// state; then Pipeline, which checks its options and forwards to PipelineCore.
 #include "asyncinfer/pipeline.hpp"
 
 #include <algorithm>
@@ -94,6 +103,8 @@ struct Ready {
 
 class PipelineCore {
  public:
+  // ---- set-up -----------------------------------------------------------------------------------
+
   explicit PipelineCore(PipelineOptions options)
       : opt_(options),
         completion_(static_cast<std::size_t>(options.completion_threads), "ai-pl-callback"),
@@ -306,6 +317,8 @@ class PipelineCore {
       return item;
     }
   }
+
+  // ---- the stage threads ------------------------------------------------------------------------
 
   /// Counts one item's service time towards the stage's busy time.
   static void account(Stage& st, double seconds) {
@@ -662,6 +675,8 @@ class PipelineCore {
     return m;
   }
 
+  // ---- state ------------------------------------------------------------------------------------
+
   PipelineOptions opt_;
   ThreadPool completion_;
   ThreadPool dispatcher_;
@@ -693,6 +708,8 @@ class PipelineCore {
   std::mutex shutdown_mu_;
   bool shut_ = false;
 };
+
+// ---- Pipeline -----------------------------------------------------------------------------------
 
 Result<std::unique_ptr<Pipeline>> Pipeline::create(std::vector<StageSpec> stages,
                                                    PipelineOptions options) {
