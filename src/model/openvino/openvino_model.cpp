@@ -1,6 +1,15 @@
 // The OpenVINO model backend: "openvino:<path>", or a path ending in ".onnx" or ".xml" (ONNX files
 // through OpenVINO's ONNX front end, OpenVINO IR as model.xml + model.bin), run by OpenVINO's CPU
-// plugin. The only translation unit that includes OpenVINO's headers.
+// plugin. Implements load_openvino_model (model/backend.hpp).
+//
+// One file of about 870 lines, on purpose: it is the only translation unit that includes
+// OpenVINO's headers (<openvino/openvino.hpp> alone is about 126,000 lines once preprocessed), and
+// each of its parts works on OpenVINO's types (ov::Model and ov::PartialShape in loading,
+// ov::CompiledModel and ov::InferRequest in the model and its instances, ov::element::Type in
+// dtypes), so split files would each include them again. Its sections, in order: OpenVINO's errors
+// (trim_reason, status_from_current_exception), dtypes (and shape helpers), the model (the shared
+// ov::Core, OpenVinoDefinition, RequestSlot, OpenVinoInstance, OpenVinoModel), loading (ports,
+// aliased outputs, reshaping, matching a config's specs, the check run, load_openvino_model).
 //
 // Loading (load_openvino_model): ov::Core::read_model reads the file (an unreadable file, a missing
 // .bin, or an operator OpenVINO does not support fail here, with OpenVINO's reason); the signature
@@ -63,6 +72,8 @@ namespace asyncinfer::detail {
 namespace {
 
 namespace fs = std::filesystem;
+
+// ---- OpenVINO's errors -------------------------------------------------------------------
 
 constexpr std::size_t kMaxReason = 4000;
 
