@@ -1,3 +1,19 @@
+// InferenceServer (inference_server.hpp): the protocol-neutral core that the HTTP and gRPC
+// frontends share: health, lookups, the checks of a request, its submission, the response cache's
+// leaders and followers, metrics, and ensemble requests.
+//
+// One file of about 1100 lines, on purpose: it implements one class whose request path is one
+// chain of calls back into its private members. submit() goes to run(), through submit_cached()
+// when the response cache applies; a CacheFollower whose leader failed calls run() itself; an
+// EnsembleRun calls find(), run() and run_ensemble() for each step; run() retries on successor()
+// when the version it was given was retired meanwhile. Every path answers through
+// make_response(), in this file's anonymous namespace. Kept together, the rule that each request
+// is answered exactly once, whichever path it takes, can be checked in one file.
+//
+// Its sections, in order: helpers, the server's life (health, readiness, shutdown), lookups,
+// checking a request (inputs, outputs, parameters, shared memory), submission (submit,
+// successor, write_to_shared_memory, run), the response cache (CacheFollower, submit_cached),
+// metrics, ensembles (EnsembleRun, run_ensemble).
 #include "inference_server.hpp"
 
 #include "metrics/prometheus_text.hpp"
@@ -13,6 +29,8 @@
 #include "model_config.hpp"
 
 namespace asyncinfer::server {
+// ---- helpers ------------------------------------------------------------------------------------
+
 namespace {
 
 std::string names_of(const std::vector<TensorSpec>& specs) {
@@ -46,6 +64,8 @@ std::string dims_text(std::span<const std::int64_t> shape) {
 InferResponse make_response(const ModelRef& ref, std::string id,
                             const std::vector<std::size_t>& selected, const Outputs& outs);
 }  // namespace
+
+// ---- the server's life --------------------------------------------------------------------------
 
 InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, ServerOptions options)
     : repository_(std::move(repository)),
@@ -126,6 +146,8 @@ void InferenceServer::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
       mode, drain_timeout > spent ? drain_timeout - spent : std::chrono::milliseconds(0));
   stopped_.store(true, std::memory_order_release);
 }
+
+// ---- lookups ------------------------------------------------------------------------------------
 
 Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view model,
                                                               std::string_view version) const {
@@ -215,6 +237,8 @@ Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_
   }
   return v;
 }
+
+// ---- checking a request -------------------------------------------------------------------------
 
 Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::string_view name,
                                                std::string_view datatype,
@@ -388,6 +412,8 @@ std::string decoupled_message(const std::string& model_name) {
          "' is decoupled (model_transaction_policy decoupled: true: many responses per "
          "request): use gRPC ModelStreamInfer or HTTP POST .../generate_stream";
 }
+
+// ---- submission ---------------------------------------------------------------------------------
 
 Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferRequest request,
                                                 Completion done) {
@@ -618,6 +644,8 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
   return InflightRequest(std::move(future));
 }
 
+// ---- the response cache -------------------------------------------------------------------------
+
 /// A request waiting for an identical one in flight (ResponseCache's follower): answered with
 /// the leader's outputs, or, when the leader failed, run on the engine itself (and its answer
 /// cached).
@@ -806,6 +834,8 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelRef& ref, Inpu
              });
 }
 
+// ---- metrics ------------------------------------------------------------------------------------
+
 ProtocolMetrics& InferenceServer::protocol_metrics(std::string_view protocol,
                                                    ProtocolMetrics::Labels labels,
                                                    bool connections) {
@@ -844,6 +874,8 @@ std::string InferenceServer::metrics_text() const {
   }
   return families.text();
 }
+
+// ---- ensembles ----------------------------------------------------------------------------------
 
 /// One request to an ensemble (ensemble.hpp): its tensors, the steps still waiting for theirs,
 /// and the step requests in flight. Shared by the step requests' completions, which run on their
