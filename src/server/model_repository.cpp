@@ -1,3 +1,22 @@
+// ModelRepository (model_repository.hpp): the models of a Triton-layout repository: loading them,
+// model control (load, unload, poll), and shutdown.
+//
+// One file of about 1300 lines, on purpose: its core is one set of rules about when the served
+// set may change, kept by functions in every part of it. A load publishes only if no unload came
+// after it was asked for (epochs_: unload() bumps the epoch; publish_if() and LoadingEngine check
+// it). An engine still warming up is cancelled by unload() and by shutdown() (loading_, under
+// draining_mu_). Replaced and unloaded versions drain on threads of their own, which shutdown()
+// waits for (in drain mode, within its timeout) and then cancels (drains_, draining_). And
+// shutdown() orders the engines, the control thread's jobs and the drains so that no answer
+// reaches a frontend after its shutdown. None of these can be checked from one part alone. The
+// warm-up (warmup_tensor, run_warmup) and the functions of the snapshot's types take no part in
+// these rules; they are the parts to move to files of their own should this one grow.
+//
+// Its sections, in order: warm-up, the snapshot's types (ModelState, ModelControlMode,
+// ServedModel, ModelVersion, RepositorySnapshot), folders (version folders, fingerprints, the
+// loading order), the control thread (Control), snapshots, epochs and publishing, loading (load,
+// build, load_version, load_ensemble), model control (reload, unload, load_model, unload_model,
+// poll), draining and shutdown (drain_async, LoadingEngine, shutdown).
 #include "model_repository.hpp"
 
 #include <algorithm>
@@ -16,6 +35,8 @@
 
 namespace asyncinfer::server {
 namespace fs = std::filesystem;
+
+// ---- warm-up ------------------------------------------------------------------------------------
 
 namespace {
 
@@ -154,6 +175,8 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
 
 }  // namespace
 
+// ---- the snapshot's types -----------------------------------------------------------------------
+
 std::string_view to_string(ModelState state) noexcept {
   switch (state) {
     case ModelState::ready:
@@ -267,6 +290,8 @@ std::vector<IndexEntry> RepositorySnapshot::index(bool ready_only) const {
   }
   return out;
 }
+
+// ---- folders ------------------------------------------------------------------------------------
 
 namespace {
 
@@ -502,8 +527,7 @@ class ModelRepository::Control {
   std::thread thread_;
 };
 
-// ---- loading
-// --------------------------------------------------------------------------------------
+// ---- snapshots, epochs and publishing -----------------------------------------------------------
 
 ModelRepository::~ModelRepository() {
   shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
@@ -593,6 +617,8 @@ Result<std::shared_ptr<Device>> ModelRepository::open_device_once(const std::str
   devices_.emplace(spec, d);
   return d;
 }
+
+// ---- loading ------------------------------------------------------------------------------------
 
 Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& root, const Log& log,
                                                                RepositoryOptions options) {
@@ -957,6 +983,8 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
   return Status();
 }
 
+// ---- model control ------------------------------------------------------------------------------
+
 void ModelRepository::reload(const std::string& name, const std::optional<std::string>& config_json,
                              std::uint64_t epoch, const Done& done) {
   if (stopping_.load()) {
@@ -1139,6 +1167,8 @@ void ModelRepository::poll() {
     }
   }
 }
+
+// ---- draining and shutdown ----------------------------------------------------------------------
 
 void ModelRepository::drain_async(std::vector<ModelRef> versions, std::chrono::milliseconds timeout,
                                   std::function<void()> then) {
