@@ -25,6 +25,7 @@
 //   engine_api.cpp        Engine's public methods, Engine::create and its option checks;
 //   engine_metrics.cpp    metrics() and health();
 //   worker.cpp            the worker loop, launch, batch assembly, the completion point;
+//   batch_failure.cpp     a failed batch: split, requeue, retry or end; late failures;
 //   worker_recovery.cpp   the hang watchdog, recycling, giving up, feeding the circuit breaker;
 //   circuit_breaker.hpp   a worker's circuit breaker (an owned class, checked life cycle);
 //   batcher.hpp           which requests form the next batch, and when (a pure function);
