@@ -167,6 +167,29 @@ class Server:
         self.stop()
 
 
+def metric(text, name, **labels):
+    """The value of one sample of a Prometheus text page; None when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            got = {}
+        elif line.startswith(name + "{"):
+            got = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name):line.index("}") + 1]))
+        else:
+            continue
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_for(predicate, timeout=10, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
+
+
 def builtin_config(name, uri, inputs, outputs, max_batch_size=8, extra="", device=None):
     """config.pbtxt text of a built-in model. inputs/outputs: [(name, TYPE_X, [dims])]."""
     def tensors(ts):

@@ -520,7 +520,9 @@ class Http2Abuse(harness.unittest.TestCase):
             server.signal(signal.SIGTERM)
             self.assertEqual(server.wait(10), 0)
             took = time.monotonic() - start
-            self.assertLess(took, 3.0, "exit %.2f s after SIGTERM, drain timeout 2 s:\n%s"
+            # The drain's 2 s, then closing the 300 stuck calls and exiting: bounded, with 2 s
+            # for the close and the exit on a loaded machine (CI saw 3.07 s while builds ran).
+            self.assertLess(took, 4.0, "exit %.2f s after SIGTERM, drain timeout 2 s:\n%s"
                             % (took, server.log()))
             for c in conns:
                 c.close()

@@ -31,6 +31,7 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 import harness
+from harness import metric, wait_for
 from harness import ARGS, EXAMPLE_REPOSITORY, Repository, Server
 from triton_fixture import serve
 
@@ -435,20 +436,6 @@ def example_config(name, extra="", rename=True):
     return text + extra
 
 
-def metric(text, name, **labels):
-    """The value of one sample of a Prometheus text page; None when absent."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            got = {}
-        elif line.startswith(name + "{"):
-            got = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name):line.index("}") + 1]))
-        else:
-            continue
-        if all(got.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 class ResponseCache(harness.unittest.TestCase):
     """Triton's response cache: --cache-config local,size=BYTES and response_cache { enable }."""
 
@@ -660,15 +647,6 @@ def index_of(client, name):
     """{version: (state, reason)} of one model in the repository index (HTTP client)."""
     return {e.get("version", ""): (e.get("state", ""), e.get("reason", ""))
             for e in client.get_model_repository_index() if e["name"] == name}
-
-
-def wait_for(predicate, timeout=10, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
 
 
 class RepositoryControl(harness.unittest.TestCase):

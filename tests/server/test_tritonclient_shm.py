@@ -6,7 +6,7 @@ a region unregistered while a request uses it, and Triton's error codes for bad 
 
 import asyncio
 import json
-import time
+import urllib.request
 import uuid
 
 import numpy as np
@@ -18,6 +18,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 import harness
+from harness import metric, wait_for
 from harness import Repository
 from triton_fixture import serve
 
@@ -197,6 +198,10 @@ class SystemSharedMemory(harness.unittest.TestCase):
         got = shm.get_contents_as_numpy(hout, np.object_, [1, 3])
         self.assertEqual([bytes(e) for e in got.flatten()], [b"one", b"", b"\xff\x00"])
 
+    def pending_requests(self, model):
+        page = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
+        return metric(page, "asyncinfer_inference_pending_request_count", model=model)
+
     def test_a_region_unregistered_while_in_use_stays_mapped_until_the_request_ends(self):
         hin, kin, hout, kout = self.in_and_out("u")
         self.http.register_system_shared_memory("u_in", kin, NBYTES)
@@ -209,7 +214,10 @@ class SystemSharedMemory(harness.unittest.TestCase):
                                              concurrency=2)
         try:
             pending = c.async_infer("slow", [i], outputs=[o])
-            time.sleep(0.1)  # the request is on the device (300 ms)
+            # Unregister once the engine holds the request (it mapped its regions before), not
+            # after a fixed sleep: on a loaded machine the request may not have been read yet.
+            wait_for(lambda: self.pending_requests("slow") == 1,
+                     what="the request to reach the engine")
             self.http.unregister_system_shared_memory()
             self.assertEqual(self.http.get_system_shared_memory_status(), [])
             # The name is free again at once; the request in flight keeps its mapping.
