@@ -86,9 +86,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// Accepts a prepared request into the queue, or refuses it (nothing registered): the
   /// Scheduler decides (Scheduler::accept). Acceptance is one step under its mutex: the stage
-  /// leaves `submitting`, the request gets its place in the ordered-delivery sequence, its
-  /// deadline timer and its place in the queue. Whatever ended the request before (see
-  /// request.hpp, `refusal`) makes it a refusal instead.
+  /// leaves `submitting`, the Resolver's admit() gives the request its place in the
+  /// ordered-delivery sequence and its deadline timer, and it takes its place in the queue.
+  /// Whatever ended the request before (see request.hpp, `refusal`) makes it a refusal instead.
   Status accept(const std::shared_ptr<Request>& r);
 
   /// Counts a refusal under `reason` (EngineMetrics::rejections_by_reason); returns `s`.

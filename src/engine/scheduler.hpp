@@ -6,9 +6,9 @@
 // What it decides: whether a request is accepted (accept), which requests a worker takes next and
 // when (next_batch, with the batcher's plan_batch), where a request that must run again goes
 // (requeue, park_for_retry, requeue_after_backoff), and whether the engine still accepts work.
-// What it does not do: end requests (the engine's try_resolve/finish), run anything, or hold a
-// thread. Every method returns what its caller must do next (a refusal, requests to end, a
-// withdrawn request's reference); the caller does it after the scheduler's lock is released, so
+// What it does not do: end requests (the Resolver's try_resolve, resolver.hpp), run anything,
+// or hold a thread. Every method returns what its caller must do next (a refusal, requests to end,
+// a withdrawn request's reference); the caller does it after the scheduler's lock is released, so
 // no user code and no other engine lock is ever taken under it (except what the accept hook
 // takes, see accept()).
 //
