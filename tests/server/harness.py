@@ -181,12 +181,14 @@ def metric(text, name, **labels):
     return None
 
 
-def wait_for(predicate, timeout=10, what="condition"):
+def wait_for(predicate, timeout=10, what="condition", sleep=time.sleep):
+    """Polls `predicate` until true; fails after `timeout` s. `sleep`: gevent.sleep while a
+    tritonclient.http async_infer is pending (its greenlet runs only when this one yields)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.02)
+        sleep(0.02)
     raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
 
 

@@ -9,6 +9,7 @@ import json
 import urllib.request
 import uuid
 
+import gevent
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
@@ -29,13 +30,13 @@ input [ { name: "input0", data_type: TYPE_FP32, dims: [ 16 ] } ]
 output [ { name: "output0", data_type: TYPE_FP32, dims: [ 16 ] } ]
 parameters { key: "uri" value { string_value: "builtin:identity?shape=16&max_batch=8" } }
 """
-# Occupies the device 300 ms a call: a request stays in flight long enough to unregister under it.
+# Occupies the device 1 s a call: a request stays in flight long enough to unregister under it.
 SLOW = """name: "slow"
 backend: "builtin"
 max_batch_size: 8
 input [ { name: "input0", data_type: TYPE_FP32, dims: [ 16 ] } ]
 output [ { name: "output0", data_type: TYPE_FP32, dims: [ 16 ] } ]
-parameters { key: "uri" value { string_value: "builtin:fixed_cost?base_us=300000&shape=16&max_batch=8" } }
+parameters { key: "uri" value { string_value: "builtin:fixed_cost?base_us=1000000&shape=16&max_batch=8" } }
 """
 STRINGS = """name: "strings"
 backend: "builtin"
@@ -216,8 +217,9 @@ class SystemSharedMemory(harness.unittest.TestCase):
             pending = c.async_infer("slow", [i], outputs=[o])
             # Unregister once the engine holds the request (it mapped its regions before), not
             # after a fixed sleep: on a loaded machine the request may not have been read yet.
+            # gevent.sleep lets the client's greenlet send it.
             wait_for(lambda: self.pending_requests("slow") == 1,
-                     what="the request to reach the engine")
+                     what="the request to reach the engine", sleep=gevent.sleep)
             self.http.unregister_system_shared_memory()
             self.assertEqual(self.http.get_system_shared_memory_status(), [])
             # The name is free again at once; the request in flight keeps its mapping.
