@@ -26,8 +26,10 @@
 // Backends: "cpu" (each stream is one host thread), "sim" (a simulated accelerator: compute and
 // copy engines whose occupancy is simulated in real time without burning host CPU), and "cuda"
 // where built. The internal header src/device/backend.hpp is what a backend author implements;
-// the registry lists what was built. An Ascend backend maps aclrtStream/aclrtEvent/
-// aclrtLaunchCallback onto the same interface (docs/backends.md keeps the mapping).
+// the registry lists what was built, and register_device_backend adds an application's own.
+// The engine and the models never ask which kind a device is: they ask its DeviceCapabilities. An
+// Ascend backend maps aclrtStream/aclrtEvent/ aclrtLaunchCallback onto the same interface
+// (docs/backends.md keeps the mapping).
 //
 // Thread safety: Device, Stream and Event members are thread-safe. Work enqueued on one stream
 // from several threads runs in the order the enqueue calls returned.
@@ -37,6 +39,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stop_token>
@@ -54,17 +57,53 @@ namespace asyncinfer {
 enum class DeviceKind : std::uint8_t { cpu, sim, cuda, npu };
 std::string_view to_string(DeviceKind kind) noexcept;
 
+/// What the engine and the model backends may rely on when they drive a device. They ask these,
+/// never DeviceInfo::kind (which is for people, metrics labels and errors), so a new backend that
+/// reports the right capabilities needs no change outside its own folder. The defaults are the
+/// conservative answers: a device that sets none of them is driven as a cuda-like accelerator
+/// (its own stream threads, completion code handed off its callback thread, copies to and from
+/// memory the host cannot touch).
+struct DeviceCapabilities {
+  /// The device can make a stream with no thread of its own, whose work runs on whichever thread
+  /// calls its run_pending() (a "caller-run" stream: detail::CallerRunStreams in
+  /// src/device/backend.hpp, which such a device implements). Whether to use one is the caller's
+  /// choice: the engine does (its inline path: each worker runs the batch it launched on its own
+  /// thread) only when EngineOptions::watchdog is off, since a hung batch would then hang the
+  /// worker that must replace it. cpu: yes; sim (its engines simulate occupancy on their own
+  /// threads) and cuda: no.
+  bool caller_run_streams = false;
+  /// A host function handed to an inline executor (StreamOptions::host_func_executor) runs on
+  /// the thread that reaches it in the stream, and that thread may call this device's API:
+  /// enqueue work, record events, allocate and free its memory. The engine then runs a batch's
+  /// completion point right there (one hand-off fewer); otherwise its dispatcher thread does.
+  /// cpu, sim: yes (the stream's own host thread). cuda: no (cudaLaunchHostFunc's callback
+  /// thread must not call CUDA, and freeing a batch's device memory does).
+  bool host_funcs_may_call_device = false;
+  /// Memory of MemoryKind::device is addressable by host code: a kernel's host function may read
+  /// and write a device tensor's data() directly. The torch and openvino backends compute on the
+  /// host (on the stream's thread, reading and writing the batch's device tensors in place) only
+  /// where this holds. cpu: yes; sim: yes (its device memory is host memory; copies are
+  /// simulated); cuda: no. DeviceInfo::unified_memory is the stronger property (no copies at all).
+  bool host_addressable_memory = false;
+};
+
 /// What a device is and can do.
 struct DeviceInfo {
   std::string name;  ///< as opened: "cpu", "sim", "cuda:0"
+  /// For display, metrics labels and errors. Code that drives the device asks `capabilities`.
   DeviceKind kind = DeviceKind::cpu;
   std::string description;        ///< one line for people ("NVIDIA H200, 132 SMs, 140 GiB")
   bool async = true;              ///< enqueue returns before the work runs
   bool simulated = false;         ///< true for "sim": timings are simulated, not measured hardware
-  bool unified_memory = false;    ///< device memory is plain host memory (no copies needed)
+  /// Device memory is plain host memory: no copies are needed, and a model may allocate its
+  /// outputs while its batch runs (the engine skips the copies back; the python backend, whose
+  /// processes decide their outputs' shapes, needs it). Implies
+  /// capabilities.host_addressable_memory.
+  bool unified_memory = false;
   bool cancellable_work = false;  ///< running kernels end early when their stop token fires
   int compute_engines = 1;
   int copy_engines = 0;  ///< engines that overlap host<->device copies with compute
+  DeviceCapabilities capabilities;
 };
 
 /// Options for Device::create_event.
@@ -211,6 +250,7 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual const DeviceInfo& info() const noexcept = 0;
   const std::string& name() const noexcept { return info().name; }
   DeviceKind kind() const noexcept { return info().kind; }
+  const DeviceCapabilities& capabilities() const noexcept { return info().capabilities; }
 
   virtual Result<std::unique_ptr<Stream>> create_stream(const StreamOptions& options = {}) = 0;
   virtual Result<std::unique_ptr<Event>> create_event(const EventOptions& options = {}) = 0;
@@ -235,8 +275,22 @@ class Device : public std::enable_shared_from_this<Device> {
 /// unavailable for a known backend that was not built or has no hardware (with the reason).
 Result<std::shared_ptr<Device>> open_device(std::string_view spec);
 
-/// Names of the device backends built into this library, e.g. {"cpu", "sim", "cuda"}.
+/// Names of the device backends open_device knows, in registration order: those built into this
+/// library (e.g. {"cpu", "sim", "cuda"}), then those added by register_device_backend.
+/// Thread-safe.
 std::vector<std::string> device_backends();
+
+/// Opens a device of one backend; `args` is what followed "name:" in the spec ("" if none).
+using DeviceOpener = std::function<Result<std::shared_ptr<Device>>(std::string_view args)>;
+
+/// Adds a device backend at run time (an application's own device): open_device("name") and
+/// open_device("name:<args>") then call `open`, and device_backends() lists it. `usage` is the
+/// spec forms for error messages ("mydev or mydev:<unit>"). invalid_argument when `name` is empty,
+/// contains ':' or `open` is empty; already_exists when a backend of that name is registered
+/// (built-in names included). Thread-safe; does not block beyond a short lock, and `open` is
+/// called without it held (it may open other devices). A backend stays registered for the life of
+/// the process.
+Status register_device_backend(std::string name, std::string usage, DeviceOpener open);
 
 class EventPool;
 

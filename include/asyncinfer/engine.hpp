@@ -7,8 +7,10 @@
 //   max_inflight_per_worker batches queued on its stream) ─► stream completion point (host
 //   function on the completion executor) ─► future / callback / result store
 //
-//   (On the cpu device with no hang watchdog, the worker runs its batch and the completion point
-//   itself: the request crosses two threads, submitter → worker → completion thread.)
+//   (On a device that can run a stream on the caller's thread — DeviceCapabilities::
+//   caller_run_streams, the cpu device — and with no hang watchdog, the worker runs its batch and
+//   the completion point itself: the request crosses two threads, submitter → worker →
+//   completion thread.)
 //
 //   - Queue: bounded (queue_capacity); priority levels 1..N (1 highest), FIFO within a level;
 //     optional aging promotes a request that has waited longer than `priority_aging` to the top
@@ -120,10 +122,10 @@ struct RequestOptions {
   /// point, the deadline timer, a cancelling caller, or shutdown) instead of being posted to the
   /// completion executor: one thread hand-off fewer per request (Asio's dispatch against post).
   /// It still runs exactly once, but where it runs the engine may hold a lock of its own (the
-  /// cpu stream's, on the inline path; shutdown's, when shutdown cancels it): a callback that
-  /// called into the engine could deadlock there. Ignored with ordered delivery, whose callbacks
-  /// always run on the completion executor, in order. The HTTP front end sets it: its callbacks
-  /// post to the connection's strand (at one connection, server-side p50 77 → 37 us:
+  /// caller-run stream's, on the inline path; shutdown's, when shutdown cancels it): a callback
+  /// that called into the engine could deadlock there. Ignored with ordered delivery, whose
+  /// callbacks always run on the completion executor, in order. The HTTP front end sets it: its
+  /// callbacks post to the connection's strand (at one connection, server-side p50 77 → 37 us:
   /// docs/performance.md).
   bool inline_callback = false;
   /// Decoupled models (ModelSignature::decoupled), where it is required: receives each response
@@ -208,7 +210,8 @@ struct EngineOptions {
   /// which degrades gracefully when another process takes a core; docs/models.md, "Threads".)
   int workers = 0;
   /// Batches queued on a worker's stream ahead of completion, so the host prepares the next
-  /// batch while the device runs the current one. On the cpu device with no `watchdog`, the
+  /// batch while the device runs the current one. On the cpu device (DeviceCapabilities::
+  /// caller_run_streams) with no `watchdog`, the
   /// worker runs each batch itself on its own thread (a cpu stream has no device to overlap
   /// with, and the hand-off to a stream thread costs a wake-up per batch), so one at a time.
   int max_inflight_per_worker = 2;

@@ -1,8 +1,20 @@
 // backend.hpp (internal) — what a device backend author implements and how it registers.
 //
 // Users include <asyncinfer/device.hpp>; backends include this. A backend implements Device,
-// Stream and Event (device.hpp) and registers an opener under its name. Adding a backend touches
-// this registry only — never the engine, the pipeline or the models.
+// Stream and Event (device.hpp), reports its DeviceCapabilities in its DeviceInfo (the engine and
+// the model backends drive a device by those, never by its kind), and registers itself: its own
+// folder defines a `void register_<name>_device_backend(DeviceBackendRegistry&)` that adds its
+// opener(s), and src/backends.cpp calls it — one line, under the build's ASYNCINFER_HAVE_* define
+// when the backend is optional. Adding a backend touches its own folder, that line and its
+// CMake target, never the engine, the pipeline, the models or this header.
+//
+// Why an explicit list rather than static self-registering objects: the optional backends are
+// object libraries folded into libasyncinfer, which may be built static; a static registrar in a
+// .cpp that nothing references is dropped by the linker from a static library, and the order in
+// which such objects run is unspecified. src/backends.cpp is referenced by the registry itself
+// (the first use of the registry calls register_builtin_device_backends), so every backend built
+// is linked and registered, in the order that file lists, before anything can look one up.
+// Applications add their own at run time with register_device_backend (device.hpp).
 //
 // Host-thread backends (cpu, sim) reuse HostStream/HostEvent (host_stream.hpp), which implement
 // the whole stream contract on one host thread per stream and leave only "run this kernel" and
@@ -10,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,29 +33,51 @@ namespace asyncinfer::detail {
 
 class HostStream;
 
-/// Opens a device of this backend; `args` is what followed "name:" in the spec ("" if none).
-using DeviceOpener = Result<std::shared_ptr<Device>> (*)(std::string_view args);
-
 struct DeviceBackend {
   std::string name;   ///< "cpu", "sim", "cuda"
   std::string usage;  ///< spec forms for error messages: "cuda or cuda:<index>"
-  DeviceOpener open = nullptr;
+  DeviceOpener open;
 };
 
-/// The backends built into this library, in registration order.
-const std::vector<DeviceBackend>& device_backend_registry();
+/// The device backends open_device knows. The built-in ones are registered on first use
+/// (register_builtin_device_backends); applications add theirs with register_device_backend.
+/// Thread-safe: add() and snapshot() take a short lock; nothing is ever removed.
+class DeviceBackendRegistry {
+ public:
+  /// The process's registry, with the built-in backends registered.
+  static DeviceBackendRegistry& instance();
 
-/// Backends of this library (declared here, defined in each backend's directory).
-Result<std::shared_ptr<Device>> open_cpu_device(std::string_view args);
-Result<std::shared_ptr<Device>> open_sim_device(std::string_view args);
-/// A stream of the built-in cpu device with no thread of its own (caller-run mode,
-/// host_stream.hpp): its work runs when the owner calls run_pending(). Null when `device` is not
-/// the built-in cpu device. Used by the engine's inline path
-/// (EngineCore::make_stream_and_instance).
+  /// invalid_argument for an empty name, a name with ':' or an empty opener; already_exists
+  /// when the name is taken.
+  Status add(DeviceBackend backend);
+  /// A copy of the entries, in registration order (openers are called without the lock held).
+  std::vector<DeviceBackend> snapshot() const;
+
+ private:
+  DeviceBackendRegistry() = default;
+  mutable std::mutex mu_;
+  std::vector<DeviceBackend> backends_;
+};
+
+/// Registers every device backend this build has (src/backends.cpp: one call per backend, each
+/// defined in the backend's own folder). Called once, by DeviceBackendRegistry::instance().
+void register_builtin_device_backends(DeviceBackendRegistry& registry);
+
+/// What a device with DeviceCapabilities::caller_run_streams implements (besides Device): a
+/// stream with no thread of its own (caller-run mode, host_stream.hpp) whose work runs when the
+/// owner calls run_pending(). Thread-safe like Device::create_stream.
+class CallerRunStreams {
+ public:
+  virtual std::unique_ptr<HostStream> create_caller_run_stream(const StreamOptions& options) = 0;
+
+ protected:
+  ~CallerRunStreams() = default;
+};
+
+/// A caller-run stream of `device`: null unless the device reports
+/// capabilities().caller_run_streams and implements CallerRunStreams. Used by the engine's inline
+/// path (EngineCore::make_stream_and_instance).
 std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options);
-#if defined(ASYNCINFER_HAVE_CUDA)
-Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args);
-#endif
 
 /// Direction of a copy between two tensors' placements.
 CopyKind copy_kind(const Tensor& dst, const Tensor& src) noexcept;

@@ -1,9 +1,10 @@
-// Device registry, the parts of device.hpp shared by every backend, and the event pool.
+// The device backend registry, the parts of device.hpp shared by every backend, and the event pool.
 #include <algorithm>
 #include <deque>
 #include <mutex>
 
 #include "device/backend.hpp"
+#include "device/host_stream.hpp"
 
 namespace asyncinfer {
 
@@ -54,18 +55,42 @@ Result<Tensor> Device::empty_like(const Tensor& like, MemoryKind kind) {
 
 namespace detail {
 
-const std::vector<DeviceBackend>& device_backend_registry() {
-  static const std::vector<DeviceBackend> registry = {
-    {"cpu", "cpu", &open_cpu_device},
-    {"sim",
-     "sim or sim:<key>=<value>,... (keys: compute_engines, copy_engines, "
-     "copy_bytes_per_us, d2d_bytes_per_us, copy_latency_us, launch_overhead_us)",
-     &open_sim_device},
-#if defined(ASYNCINFER_HAVE_CUDA)
-    {"cuda", "cuda or cuda:<index>", &open_cuda_device},
-#endif
-  };
-  return registry;
+DeviceBackendRegistry& DeviceBackendRegistry::instance() {
+  static DeviceBackendRegistry* const registry = [] {
+    auto* r = new DeviceBackendRegistry();  // never destroyed: open_device may run at exit
+    register_builtin_device_backends(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+Status DeviceBackendRegistry::add(DeviceBackend backend) {
+  if (backend.name.empty() || backend.name.find(':') != std::string::npos) {
+    return invalid_argument_error("device backend name '" + backend.name +
+                                  "': must be non-empty and without ':'");
+  }
+  if (!backend.open) {
+    return invalid_argument_error("device backend '" + backend.name + "': no opener");
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& b : backends_) {
+    if (b.name == backend.name) {
+      return already_exists_error("device backend '" + backend.name + "' is already registered");
+    }
+  }
+  backends_.push_back(std::move(backend));
+  return Status();
+}
+
+std::vector<DeviceBackend> DeviceBackendRegistry::snapshot() const {
+  std::lock_guard lock(mu_);
+  return backends_;
+}
+
+std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options) {
+  if (!device.capabilities().caller_run_streams) return nullptr;
+  auto* source = dynamic_cast<CallerRunStreams*>(&device);
+  return source == nullptr ? nullptr : source->create_caller_run_stream(options);
 }
 
 CopyKind copy_kind(const Tensor& dst, const Tensor& src) noexcept {
@@ -94,19 +119,28 @@ Status check_copy(const Tensor& dst, const Tensor& src) {
 
 std::vector<std::string> device_backends() {
   std::vector<std::string> names;
-  for (const auto& b : detail::device_backend_registry()) names.push_back(b.name);
+  for (const auto& b : detail::DeviceBackendRegistry::instance().snapshot()) {
+    names.push_back(b.name);
+  }
   return names;
+}
+
+Status register_device_backend(std::string name, std::string usage, DeviceOpener open) {
+  return detail::DeviceBackendRegistry::instance().add(
+      {std::move(name), std::move(usage), std::move(open)});
 }
 
 Result<std::shared_ptr<Device>> open_device(std::string_view spec) {
   const std::size_t colon = spec.find(':');
   const std::string_view name = spec.substr(0, colon);
   const std::string_view args = colon == std::string_view::npos ? "" : spec.substr(colon + 1);
+  const std::vector<detail::DeviceBackend> backends =
+      detail::DeviceBackendRegistry::instance().snapshot();
   std::string built;
-  for (const auto& b : detail::device_backend_registry()) {
+  for (const auto& b : backends) {
     built += (built.empty() ? "" : ", ") + b.name;
   }
-  for (const auto& b : detail::device_backend_registry()) {
+  for (const auto& b : backends) {
     if (b.name == name) {
       auto r = b.open(args);
       if (!r.ok()) return r.status().with_context("open_device(\"" + std::string(spec) + "\")");
@@ -128,7 +162,7 @@ Result<std::shared_ptr<Device>> open_device(std::string_view spec) {
         built + "; docs/backends.md maps the interface onto AscendCL)");
   }
   std::string usage;
-  for (const auto& b : detail::device_backend_registry()) {
+  for (const auto& b : backends) {
     usage += (usage.empty() ? "" : "; ") + b.usage;
   }
   return invalid_argument_error("unknown device '" + std::string(spec) + "': expected " + usage);

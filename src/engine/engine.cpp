@@ -26,7 +26,10 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       sig_(model_->signature()),
       max_rows_(max_rows),
       unified_(device_->info().unified_memory),
-      inline_path_(device_->kind() == DeviceKind::cpu && opt_.watchdog.count() == 0),
+      // The device says whether it can run a stream on the caller's thread; the engine decides
+      // whether to: not with a hang watchdog, which must find the worker free to replace a hung
+      // stream (worker.hpp).
+      inline_path_(device_->capabilities().caller_run_streams && opt_.watchdog.count() == 0),
       started_(Clock::now()),
       completion_(static_cast<std::size_t>(opt_.completion_threads), "ai-callback"),
       dispatcher_(1, "ai-dispatch"),

@@ -112,9 +112,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// exception from the device or the model is a failed attempt, never an escape.
   Status make_stream_and_instance(Worker& w, int threads);
 
-  /// Where the streams' completion points run: on cpu and sim the stream thread itself runs the
-  /// (library-only) completion code, saving a thread hand-off per batch; elsewhere (cuda, whose
-  /// callback thread must not call CUDA) the dispatcher thread.
+  /// Where the streams' completion points run: where the device allows it
+  /// (DeviceCapabilities::host_funcs_may_call_device: cpu, sim) the thread that reaches the point
+  /// in the stream runs the (library-only) completion code, saving a thread hand-off per batch;
+  /// elsewhere (cuda, whose callback thread must not call CUDA) the dispatcher thread.
   Executor* completion_point_executor();
   void worker_loop(Worker& w);
 
@@ -236,7 +237,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   ModelSignature sig_;
   std::int64_t max_rows_;
   bool unified_;
-  // The inline path (worker.hpp): the cpu device with no hang watchdog.
+  // The inline path (worker.hpp): a device with DeviceCapabilities::caller_run_streams (cpu) and
+  // no hang watchdog.
   bool inline_path_;
   Clock::time_point started_;
   int intra_op_threads_ = 1;

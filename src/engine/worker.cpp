@@ -79,7 +79,7 @@ Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
       caller_stream = own.get();
       stream = std::unique_ptr<Stream>(std::move(own));
     } else {
-      stream = device_->create_stream(so);  // not the built-in cpu device: its own stream
+      stream = device_->create_stream(so);  // not the inline path: a stream with its own thread
     }
   } catch (const std::exception& e) {
     stream = internal_error(std::string("device threw while creating a stream: ") + e.what());
@@ -111,9 +111,11 @@ Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
 }
 
 Executor* EngineCore::completion_point_executor() {
-  const DeviceKind k = device_->kind();
-  if (k == DeviceKind::cpu || k == DeviceKind::sim) return &inline_;
-  return &dispatcher_;
+  // The completion point enqueues copies, records events and frees the batch's device memory:
+  // it runs on the thread that reaches it in the stream only where that thread may call the
+  // device (DeviceCapabilities::host_funcs_may_call_device); elsewhere the dispatcher runs it.
+  return device_->capabilities().host_funcs_may_call_device ? static_cast<Executor*>(&inline_)
+                                                            : &dispatcher_;
 }
 
 void EngineCore::worker_loop(Worker& w) {

@@ -8,7 +8,8 @@
 // (batcher.hpp) for a batch when it has a free in-flight slot, assembles it, enqueues it on its
 // stream with a completion point, and arms the hang watchdog.
 //
-// The inline path (cpu device, no hang watchdog): the worker's stream has no thread of its own,
+// The inline path (a device with DeviceCapabilities::caller_run_streams, such as cpu, and no hang
+// watchdog): the worker's stream has no thread of its own,
 // and the worker runs each batch it launched itself, right after launching it (kernel, then the
 // completion point): one thread hand-off fewer per batch. With a watchdog the batch runs on the
 // stream's thread as on other devices, so that a hung model leaves the worker free to replace it.
@@ -44,7 +45,7 @@ struct Worker {
 
   const int index;
   std::unique_ptr<Stream> stream;  // replaced only by the worker thread (recycle)
-  // The inline path (EngineCore::inline_path_): `stream` is a caller-run cpu stream, and this is
+  // The inline path (EngineCore::inline_path_): `stream` is a caller-run stream, and this is
   // it; the worker runs each batch it launched on its own thread (run_pending). Null otherwise.
   HostStream* caller_stream = nullptr;
   std::unique_ptr<ModelInstance> instance;

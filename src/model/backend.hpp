@@ -1,19 +1,25 @@
 // backend.hpp (internal) — what a model backend author implements and how load_model finds it.
 //
 // Users include <asyncinfer/model.hpp>; backends include this. A backend implements Model and
-// ModelInstance (model.hpp) and registers one loader per model kind in model_backend_registry()
-// (model.cpp), the way device backends register an opener (device/backend.hpp). Adding a backend
-// touches that table only — never the engine or the devices.
+// ModelInstance (model.hpp) and registers itself: its own folder defines a
+// `void register_<name>_model_backend(ModelBackendRegistry&)` that adds one loader per model kind
+// it serves, and src/backends.cpp calls it — one line, under the build's ASYNCINFER_HAVE_* define
+// when the backend is optional (see device/backend.hpp for why an explicit list, not static
+// self-registering objects). Adding a backend touches its own folder, that line and its CMake
+// target — never the engine, the devices or this header. A backend decides where it can run from
+// the device's DeviceCapabilities (device.hpp), not from its kind.
 //
 // A URI names its kind: "builtin:<name>[?<query>]" is kind "builtin:<name>"; "torch:<path>" and a
 // path ending in ".pt" are kind "torch"; "openvino:<path>" and a path ending in ".onnx" or ".xml"
 // are kind "openvino"; "python:<path>" and a path ending in "model.py" are kind "python".
-// load_model looks the kind up in the table and hands the loader the rest (the query, or the path).
-// Optional backends (torch; openvino; cuda's builtin:gemm) are their own CMake targets and appear
-// in the table only when built; load_model says how to build a known kind that is missing.
+// load_model looks the kind up in the registry and hands the loader the rest (the query, or the
+// path). Optional backends (torch; openvino; python; cuda's builtin:gemm) are their own CMake
+// targets and are registered only when built; load_model says how to build a known kind that is
+// missing.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,8 +40,27 @@ struct ModelBackend {
   ModelLoader load = nullptr;
 };
 
-/// The model kinds built into this library, in registration order.
-const std::vector<ModelBackend>& model_backend_registry();
+/// The model kinds load_model knows, registered on first use (register_builtin_model_backends).
+/// Thread-safe: add() and snapshot() take a short lock; nothing is ever removed.
+class ModelBackendRegistry {
+ public:
+  /// The process's registry, with the built-in backends registered.
+  static ModelBackendRegistry& instance();
+
+  /// invalid_argument for an empty kind or a null loader; already_exists when the kind is taken.
+  Status add(ModelBackend backend);
+  /// A copy of the entries, in registration order.
+  std::vector<ModelBackend> snapshot() const;
+
+ private:
+  ModelBackendRegistry() = default;
+  mutable std::mutex mu_;
+  std::vector<ModelBackend> backends_;
+};
+
+/// Registers every model backend this build has (src/backends.cpp: one call per backend, each
+/// defined in the backend's own folder). Called once, by ModelBackendRegistry::instance().
+void register_builtin_model_backends(ModelBackendRegistry& registry);
 
 /// Splits a URI into its kind and the loader's `args` (see above). The kind is empty when the URI
 /// has no recognisable form.
@@ -44,30 +69,5 @@ struct ModelUri {
   std::string_view args;
 };
 ModelUri parse_model_uri(std::string_view uri) noexcept;
-
-/// Backends of this library (declared here, defined in each backend's directory).
-/// builtin:identity, builtin:fixed_cost, builtin:faulty (model/builtin/).
-Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::string_view query,
-                                                  const ModelOptions& options);
-#if defined(ASYNCINFER_HAVE_TORCH)
-/// A TorchScript file (model/torch/).
-Result<std::shared_ptr<Model>> load_torch_model(std::string_view uri, std::string_view path,
-                                                const ModelOptions& options);
-#endif
-#if defined(ASYNCINFER_HAVE_OPENVINO)
-/// An ONNX file or OpenVINO IR through OpenVINO's runtime (model/openvino/).
-Result<std::shared_ptr<Model>> load_openvino_model(std::string_view uri, std::string_view path,
-                                                   const ModelOptions& options);
-#endif
-#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
-/// A Triton model.py, each instance in its own Python process (model/python/).
-Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::string_view path,
-                                                 const ModelOptions& options);
-#endif
-#if defined(ASYNCINFER_HAVE_CUDA)
-/// builtin:gemm, cuBLAS on the cuda device (model/cuda/).
-Result<std::shared_ptr<Model>> load_gemm_model(std::string_view uri, std::string_view query,
-                                               const ModelOptions& options);
-#endif
 
 }  // namespace asyncinfer::detail

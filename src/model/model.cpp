@@ -1,4 +1,4 @@
-// Signatures, input validation, and the model registry that load_model dispatches through.
+// Signatures, input validation, and the model backend registry that load_model dispatches through.
 #include <algorithm>
 
 #include "core/params.hpp"
@@ -108,26 +108,33 @@ Result<TensorSpec> parse_tensor_spec(std::string_view text, bool batched) {
 
 namespace detail {
 
-const std::vector<ModelBackend>& model_backend_registry() {
-  static const std::vector<ModelBackend> registry = {
-    {"builtin:identity", "builtin:identity", &load_builtin_model},
-    {"builtin:fixed_cost", "builtin:fixed_cost?base_us=&per_item_us=...", &load_builtin_model},
-    {"builtin:faulty", "builtin:faulty?mode=&code=&every=&first=&poison=...", &load_builtin_model},
-    {"builtin:stream", "builtin:stream?n=&interval_us=... (decoupled)", &load_builtin_model},
-#if defined(ASYNCINFER_HAVE_CUDA)
-    {"builtin:gemm", "builtin:gemm?m=&n=&k=&dtype=... (cuda)", &load_gemm_model},
-#endif
-#if defined(ASYNCINFER_HAVE_TORCH)
-    {"torch", "torch:<file.pt> or a path ending in .pt", &load_torch_model},
-#endif
-#if defined(ASYNCINFER_HAVE_OPENVINO)
-    {"openvino", "openvino:<file> or a path ending in .onnx or .xml", &load_openvino_model},
-#endif
-#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
-    {"python", "python:<model.py> or a path ending in model.py", &load_python_model},
-#endif
-  };
-  return registry;
+ModelBackendRegistry& ModelBackendRegistry::instance() {
+  static ModelBackendRegistry* const registry = [] {
+    auto* r = new ModelBackendRegistry();  // never destroyed: load_model may run at exit
+    register_builtin_model_backends(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+Status ModelBackendRegistry::add(ModelBackend backend) {
+  if (backend.kind.empty()) return invalid_argument_error("model backend: empty kind");
+  if (backend.load == nullptr) {
+    return invalid_argument_error("model backend '" + backend.kind + "': no loader");
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& b : backends_) {
+    if (b.kind == backend.kind) {
+      return already_exists_error("model backend '" + backend.kind + "' is already registered");
+    }
+  }
+  backends_.push_back(std::move(backend));
+  return Status();
+}
+
+std::vector<ModelBackend> ModelBackendRegistry::snapshot() const {
+  std::lock_guard lock(mu_);
+  return backends_;
 }
 
 ModelUri parse_model_uri(std::string_view uri) noexcept {
@@ -154,7 +161,9 @@ ModelUri parse_model_uri(std::string_view uri) noexcept {
 
 std::vector<std::string> model_backends() {
   std::vector<std::string> kinds;
-  for (const auto& b : detail::model_backend_registry()) kinds.push_back(b.kind);
+  for (const auto& b : detail::ModelBackendRegistry::instance().snapshot()) {
+    kinds.push_back(b.kind);
+  }
   return kinds;
 }
 
@@ -166,7 +175,9 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
                                   "' given, but only the openvino and python backends take "
                                   "backend parameters");
   }
-  for (const auto& b : detail::model_backend_registry()) {
+  const std::vector<detail::ModelBackend> backends =
+      detail::ModelBackendRegistry::instance().snapshot();
+  for (const auto& b : backends) {
     if (b.kind == parsed.kind) return b.load(uri, parsed.args, options);
   }
   // Known kinds whose optional backend was not built.
@@ -194,7 +205,7 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
   }
   const bool builtin = parsed.kind.starts_with("builtin:");
   std::string usage;
-  for (const auto& b : detail::model_backend_registry()) {
+  for (const auto& b : backends) {
     if (builtin && !b.kind.starts_with("builtin:")) continue;
     usage += (usage.empty() ? "" : ", ") + b.usage;
   }

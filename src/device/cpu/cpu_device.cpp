@@ -3,6 +3,7 @@
 // spinning (a CPU-bound kernel) or sleeping. Device memory is host memory (unified).
 #include <cstring>
 
+#include "device/backend.hpp"
 #include "device/host_stream.hpp"
 
 namespace asyncinfer::detail {
@@ -31,7 +32,7 @@ class CpuStream final : public HostStream {
   }
 };
 
-class CpuDevice final : public Device {
+class CpuDevice final : public Device, public CallerRunStreams {
  public:
   CpuDevice() : host_pool_(1, "cpu-hostfn") {
     info_.name = "cpu";
@@ -42,12 +43,19 @@ class CpuDevice final : public Device {
     info_.cancellable_work = true;
     info_.compute_engines = 1;
     info_.copy_engines = 0;
+    info_.capabilities.caller_run_streams = true;          // create_caller_run_stream below
+    info_.capabilities.host_funcs_may_call_device = true;  // streams are plain host threads
+    info_.capabilities.host_addressable_memory = true;     // device memory is host memory
   }
 
   const DeviceInfo& info() const noexcept override { return info_; }
 
   Result<std::unique_ptr<Stream>> create_stream(const StreamOptions& options) override {
     return std::unique_ptr<Stream>(make_stream(options, StreamThread::own));
+  }
+
+  std::unique_ptr<HostStream> create_caller_run_stream(const StreamOptions& options) override {
+    return make_stream(options, StreamThread::caller);
   }
 
   std::unique_ptr<HostStream> make_stream(const StreamOptions& options, StreamThread thread) {
@@ -72,20 +80,18 @@ class CpuDevice final : public Device {
   std::atomic<int> next_stream_{0};
 };
 
-}  // namespace
-
-std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options) {
-  auto* cpu = dynamic_cast<CpuDevice*>(&device);
-  if (cpu == nullptr) return nullptr;
-  return cpu->make_stream(options, StreamThread::caller);
-}
-
 Result<std::shared_ptr<Device>> open_cpu_device(std::string_view args) {
   if (!args.empty()) {
     return invalid_argument_error("the cpu device takes no options, got 'cpu:" + std::string(args) +
                                   "'");
   }
   return std::shared_ptr<Device>(std::make_shared<CpuDevice>());
+}
+
+}  // namespace
+
+void register_cpu_device_backend(DeviceBackendRegistry& registry) {
+  (void)registry.add({"cpu", "cpu", &open_cpu_device});
 }
 
 }  // namespace asyncinfer::detail

@@ -121,9 +121,15 @@ Result<int> parse_ordinal(std::string_view args) {
   return value;
 }
 
+Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args);
+
 }  // namespace cuda
 
-Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args) {
+void register_cuda_device_backend(DeviceBackendRegistry& registry) {
+  (void)registry.add({"cuda", "cuda or cuda:<index>", &cuda::open_cuda_device});
+}
+
+Result<std::shared_ptr<Device>> cuda::open_cuda_device(std::string_view args) {
   using namespace cuda;
   ASYNCINFER_ASSIGN_OR_RETURN(const int ordinal, parse_ordinal(args));
   // No GPU or no driver is an expected condition here: unavailable with CUDA's own words.
@@ -181,6 +187,11 @@ Result<std::shared_ptr<Device>> open_cuda_device(std::string_view args) {
   info.cancellable_work = true;  // spin kernels poll their stop flag; host_fns get stop tokens
   info.compute_engines = 1;      // one GPU; it runs kernels of several streams concurrently
   info.copy_engines = prop.asyncEngineCount;
+  // Streams are CUDA streams (no caller-run mode); host functions reach the host through
+  // cudaLaunchHostFunc, whose thread must not call CUDA; device memory is GPU memory.
+  info.capabilities.caller_run_streams = false;
+  info.capabilities.host_funcs_may_call_device = false;
+  info.capabilities.host_addressable_memory = false;
   return std::shared_ptr<Device>(
       std::make_shared<CudaDevice>(ordinal, std::move(info), least, greatest, std::move(slots),
                                    std::make_shared<EventCache>(ordinal), std::move(memory),

@@ -69,6 +69,10 @@ class SimDevice final : public Device {
     info_.cancellable_work = true;
     info_.compute_engines = cfg.compute_engines;
     info_.copy_engines = cfg.copy_engines;
+    // No caller-run streams: a stream's occupancy of the simulated engines is timed on its own
+    // thread. Its streams are host threads, and its device memory is host memory.
+    info_.capabilities.host_funcs_may_call_device = true;
+    info_.capabilities.host_addressable_memory = true;
   }
 
   const DeviceInfo& info() const noexcept override { return info_; }
@@ -204,8 +208,6 @@ Result<std::unique_ptr<Stream>> SimDevice::create_stream(const StreamOptions& op
       std::make_unique<SimStream>(shared_from_this(), options, std::move(name)));
 }
 
-}  // namespace
-
 Result<std::shared_ptr<Device>> open_sim_device(std::string_view args) {
   ASYNCINFER_ASSIGN_OR_RETURN(Params p, Params::parse(args, ',', "sim device"));
   ASYNCINFER_RETURN_IF_ERROR(
@@ -225,6 +227,15 @@ Result<std::shared_ptr<Device>> open_sim_device(std::string_view args) {
   cfg.compute_engines = static_cast<int>(engines);
   cfg.copy_engines = static_cast<int>(copies);
   return std::shared_ptr<Device>(std::make_shared<SimDevice>(cfg));
+}
+
+}  // namespace
+
+void register_sim_device_backend(DeviceBackendRegistry& registry) {
+  (void)registry.add({"sim",
+                      "sim or sim:<key>=<value>,... (keys: compute_engines, copy_engines, "
+                      "copy_bytes_per_us, d2d_bytes_per_us, copy_latency_us, launch_overhead_us)",
+                      &open_sim_device});
 }
 
 }  // namespace asyncinfer::detail

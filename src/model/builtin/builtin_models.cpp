@@ -459,4 +459,14 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
   return std::shared_ptr<Model>(std::make_shared<BuiltinModel>(std::string(uri), std::move(cfg)));
 }
 
+void register_builtin_model_backend(ModelBackendRegistry& registry) {
+  (void)registry.add({"builtin:identity", "builtin:identity", &load_builtin_model});
+  (void)registry.add(
+      {"builtin:fixed_cost", "builtin:fixed_cost?base_us=&per_item_us=...", &load_builtin_model});
+  (void)registry.add({"builtin:faulty", "builtin:faulty?mode=&code=&every=&first=&poison=...",
+                      &load_builtin_model});
+  (void)registry.add(
+      {"builtin:stream", "builtin:stream?n=&interval_us=... (decoupled)", &load_builtin_model});
+}
+
 }  // namespace asyncinfer::detail

@@ -307,4 +307,8 @@ Result<std::shared_ptr<Model>> load_gemm_model(std::string_view /*uri*/, std::st
       "builtin:gemm" + std::string(query.empty() ? "" : "?") + std::string(query), cfg));
 }
 
+void register_gemm_model_backend(ModelBackendRegistry& registry) {
+  (void)registry.add({"builtin:gemm", "builtin:gemm?m=&n=&k=&dtype=... (cuda)", &load_gemm_model});
+}
+
 }  // namespace asyncinfer::detail

@@ -448,8 +448,10 @@ class OpenVinoModel final : public Model {
   const std::string& name() const noexcept override { return def_->path; }
   /// A running request stops at its next stage when its batch is cancelled.
   bool cancellable() const noexcept override { return true; }
+  /// OpenVINO's CPU plugin computes on the stream's host thread, on the batch's tensors in place:
+  /// on a device whose memory host code can address (cpu, sim).
   bool uses_host_cores(const Device& device) const noexcept override {
-    return device.kind() == DeviceKind::cpu || device.kind() == DeviceKind::sim;
+    return device.capabilities().host_addressable_memory;
   }
   int preferred_instances(const Device& device) const noexcept override {
     return uses_host_cores(device) ? def_->optimal_requests : 0;
@@ -457,10 +459,10 @@ class OpenVinoModel final : public Model {
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
                                                          const InstanceOptions&) override {
-    if (device.kind() != DeviceKind::cpu && device.kind() != DeviceKind::sim) {
+    if (!device.capabilities().host_addressable_memory) {
       return unavailable_error(def_->what +
-                               ": the openvino backend runs on cpu and sim (OpenVINO's CPU "
-                               "plugin); not on " +
+                               ": the openvino backend (OpenVINO's CPU plugin) runs on devices "
+                               "whose memory the host can address (cpu, sim); not on " +
                                device.name());
     }
     if (!device.info().unified_memory) {
@@ -860,6 +862,11 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
   }
   ASYNCINFER_RETURN_IF_ERROR(check_run(*def));
   return std::shared_ptr<Model>(std::make_shared<OpenVinoModel>(std::move(def)));
+}
+
+void register_openvino_model_backend(ModelBackendRegistry& registry) {
+  (void)registry.add(
+      {"openvino", "openvino:<file> or a path ending in .onnx or .xml", &load_openvino_model});
 }
 
 }  // namespace asyncinfer::detail

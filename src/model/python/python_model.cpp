@@ -133,10 +133,13 @@ class PythonModel final : public Model {
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& /*stream*/,
                                                          const InstanceOptions& options) override {
-    if (device.info().kind != DeviceKind::cpu) {
+    // Its instances are host processes that decide their outputs' shapes while the batch runs:
+    // the outputs are allocated then, which only a device whose memory is the host's allows.
+    if (!device.info().unified_memory) {
       return unavailable_error("python model '" + setup_->model_name +
-                               "': runs on the cpu device only (its instances are host "
-                               "processes), not on " +
+                               "': runs on a device whose memory is the host's (unified memory: "
+                               "cpu), since its instances are host processes that allocate their "
+                               "outputs while the batch runs; not on " +
                                device.name());
     }
     auto slot = std::make_shared<Slot>();
@@ -200,6 +203,11 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   setup->config_json = options.model_config_json.empty() ? minimal_config(setup->model_name, sig)
                                                          : options.model_config_json;
   return std::shared_ptr<Model>(std::make_shared<PythonModel>(std::move(setup)));
+}
+
+void register_python_model_backend(ModelBackendRegistry& registry) {
+  (void)registry.add(
+      {"python", "python:<model.py> or a path ending in model.py", &load_python_model});
 }
 
 }  // namespace asyncinfer::detail

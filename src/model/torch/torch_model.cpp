@@ -784,25 +784,24 @@ class TorchModel final : public Model {
   const ModelSignature& signature() const noexcept override { return def_->signature; }
   const std::string& name() const noexcept override { return def_->path; }
   bool cancellable() const noexcept override { return false; }
-  /// cpu and sim: forward runs on the stream's host thread; cuda: on the GPU.
+  /// A device whose memory host code can address (cpu, sim): forward runs on the stream's host
+  /// thread, on the batch's tensors in place; cuda: on the GPU.
   bool uses_host_cores(const Device& device) const noexcept override {
-    return device.kind() == DeviceKind::cpu || device.kind() == DeviceKind::sim;
+    return device.capabilities().host_addressable_memory;
   }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
                                                          const InstanceOptions& options) override {
     const std::string what = "torch model '" + def_->path + "'";
-    switch (device.kind()) {
-      case DeviceKind::cpu:
-      case DeviceKind::sim:
-        return create_host_instance(device, stream, options, what);
-      case DeviceKind::cuda:
-        return create_cuda_instance(device, stream, what);
-      case DeviceKind::npu:
-        break;
+    if (device.capabilities().host_addressable_memory) {
+      return create_host_instance(device, stream, options, what);
     }
-    return unavailable_error(what + ": the torch backend runs on cpu, sim" + cuda_note() +
-                             "; not on " + device.name());
+    // The one place the kind matters: libtorch computes off the host only on a device type it
+    // knows (c10::DeviceType), and wraps the stream's native handle as that type's stream
+    // (a cudaStream_t as a c10::cuda::CUDAStream). No capability says "this is libtorch's CUDA".
+    if (device.kind() == DeviceKind::cuda) return create_cuda_instance(device, stream, what);
+    return unavailable_error(what + ": the torch backend runs on devices whose memory the host " +
+                             "can address (cpu, sim)" + cuda_note() + "; not on " + device.name());
   }
 
  private:
@@ -968,6 +967,10 @@ Result<std::shared_ptr<Model>> load_torch_model(std::string_view /*uri*/,
                                   " failed: " + trim_reason(e.what()));
   }
   return std::shared_ptr<Model>(std::make_shared<TorchModel>(std::move(def)));
+}
+
+void register_torch_model_backend(ModelBackendRegistry& registry) {
+  (void)registry.add({"torch", "torch:<file.pt> or a path ending in .pt", &load_torch_model});
 }
 
 }  // namespace asyncinfer::detail
