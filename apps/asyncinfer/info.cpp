@@ -48,6 +48,11 @@ int run_info(const InfoOptions& o) {
       std::printf("  cancellable work  %s\n", i.cancellable_work ? "yes" : "no");
       std::printf("  compute engines   %d\n", i.compute_engines);
       std::printf("  copy engines      %d\n", i.copy_engines);
+      const DeviceCapabilities& c = i.capabilities;
+      std::printf("  caller-run streams            %s\n", c.caller_run_streams ? "yes" : "no");
+      std::printf("  host funcs may call device    %s\n",
+                  c.host_funcs_may_call_device ? "yes" : "no");
+      std::printf("  host-addressable memory       %s\n", c.host_addressable_memory ? "yes" : "no");
     }
   }
   if (!o.model.empty()) {
