@@ -104,6 +104,11 @@ class Model:
     @property
     def cancellable(self) -> bool: ...
 
+class DeviceCapabilities:
+    caller_run_streams: bool
+    host_funcs_may_call_device: bool
+    host_addressable_memory: bool
+
 class DeviceInfo:
     name: str
     kind: str
@@ -114,6 +119,7 @@ class DeviceInfo:
     cancellable_work: bool
     compute_engines: int
     copy_engines: int
+    capabilities: DeviceCapabilities
 
 class Device:
     @property

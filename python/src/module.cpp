@@ -77,6 +77,22 @@ void init_model_device(py::module_& m) {
         return "<asyncinfer.Model '" + md.name() + "': " + md.signature().to_string() + ">";
       });
 
+  py::class_<DeviceCapabilities>(m, "DeviceCapabilities",
+                                 "What the engine and the model backends rely on when they "
+                                 "drive a device (C++ DeviceCapabilities).")
+      .def_readonly("caller_run_streams", &DeviceCapabilities::caller_run_streams,
+                    "a stream can run on the caller's thread (the engine's inline path)")
+      .def_readonly("host_funcs_may_call_device", &DeviceCapabilities::host_funcs_may_call_device,
+                    "the thread that reaches a host function may call the device")
+      .def_readonly("host_addressable_memory", &DeviceCapabilities::host_addressable_memory,
+                    "host code may read and write device memory in place")
+      .def("__repr__", [](const DeviceCapabilities& c) {
+        auto yn = [](bool b) { return b ? "True" : "False"; };
+        return std::string("<DeviceCapabilities caller_run_streams=") + yn(c.caller_run_streams) +
+               " host_funcs_may_call_device=" + yn(c.host_funcs_may_call_device) +
+               " host_addressable_memory=" + yn(c.host_addressable_memory) + ">";
+      });
+
   py::class_<DeviceInfo>(m, "DeviceInfo", "What a device is and can do.")
       .def_readonly("name", &DeviceInfo::name, "as opened: 'cpu', 'sim', 'cuda:0'")
       .def_property_readonly(
@@ -90,6 +106,7 @@ void init_model_device(py::module_& m) {
       .def_readonly("cancellable_work", &DeviceInfo::cancellable_work)
       .def_readonly("compute_engines", &DeviceInfo::compute_engines)
       .def_readonly("copy_engines", &DeviceInfo::copy_engines)
+      .def_readonly("capabilities", &DeviceInfo::capabilities)
       .def("__repr__", [](const DeviceInfo& i) {
         return "<DeviceInfo " + i.name + ": " + i.description + ">";
       });

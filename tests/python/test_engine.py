@@ -43,6 +43,10 @@ def test_model_and_device_objects():
     device = asyncinfer.open_device("sim")
     assert device.name == "sim" and device.kind == "sim" and device.info.simulated
     assert asyncinfer.open_device("cpu").info.is_async
+    caps = asyncinfer.open_device("cpu").info.capabilities
+    assert caps.caller_run_streams and caps.host_funcs_may_call_device
+    assert caps.host_addressable_memory
+    assert not device.info.capabilities.caller_run_streams  # sim
     with asyncinfer.Engine(model, device, workers=2) as e:
         assert e.model is model and e.device is device
         assert e.infer(np.zeros((2, 1, 32, 32), np.float32))[0].shape == (2, 1, 32, 32)
