@@ -62,15 +62,15 @@ std::string_view to_string(DeviceKind kind) noexcept;
 /// reports the right capabilities needs no change outside its own folder. The defaults are the
 /// conservative answers: a device that sets none of them is driven as a cuda-like accelerator
 /// (its own stream threads, completion code handed off its callback thread, copies to and from
-/// memory the host cannot touch).
+/// memory the host cannot touch). Plain data, fixed when the device is opened.
 struct DeviceCapabilities {
   /// The device can make a stream with no thread of its own, whose work runs on whichever thread
   /// calls its run_pending() (a "caller-run" stream: detail::CallerRunStreams in
   /// src/device/backend.hpp, which such a device implements). Whether to use one is the caller's
   /// choice: the engine does (its inline path: each worker runs the batch it launched on its own
   /// thread) only when EngineOptions::watchdog is off, since a hung batch would then hang the
-  /// worker that must replace it. cpu: yes; sim (its engines simulate occupancy on their own
-  /// threads) and cuda: no.
+  /// worker that must replace it. cpu: yes; sim (a stream waits out its simulated occupancy on
+  /// its own thread, which is what lets the host prepare the next batch meanwhile) and cuda: no.
   bool caller_run_streams = false;
   /// A host function handed to an inline executor (StreamOptions::host_func_executor) runs on
   /// the thread that reaches it in the stream, and that thread may call this device's API:
