@@ -49,10 +49,11 @@ int run_info(const InfoOptions& o) {
       std::printf("  compute engines   %d\n", i.compute_engines);
       std::printf("  copy engines      %d\n", i.copy_engines);
       const DeviceCapabilities& c = i.capabilities;
-      std::printf("  caller-run streams            %s\n", c.caller_run_streams ? "yes" : "no");
-      std::printf("  host funcs may call device    %s\n",
-                  c.host_funcs_may_call_device ? "yes" : "no");
-      std::printf("  host-addressable memory       %s\n", c.host_addressable_memory ? "yes" : "no");
+      std::printf(
+          "  capabilities      caller_run_streams=%s host_funcs_may_call_device=%s "
+          "host_addressable_memory=%s\n",
+          c.caller_run_streams ? "yes" : "no", c.host_funcs_may_call_device ? "yes" : "no",
+          c.host_addressable_memory ? "yes" : "no");
     }
   }
   if (!o.model.empty()) {
