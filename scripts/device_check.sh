@@ -25,6 +25,19 @@ if [ "${1:-}" = "--pack" ]; then
   cp /usr/include/stb/stb_image.h /usr/include/stb/stb_image_resize.h "$dir/stb/"
   cp /usr/lib/x86_64-linux-gnu/libstb.a "$dir/lib/"
   cp -r /usr/src/googletest "$dir/googletest"
+  # prometheus-cpp's core (the library's exporter), with a config of its own: Debian's would look
+  # for civetweb, curl and zlib, which the library does not use.
+  mkdir -p "$dir/prometheus-cpp/include" "$dir/prometheus-cpp/lib"
+  cp -r /usr/include/prometheus "$dir/prometheus-cpp/include/"
+  cp /usr/lib/x86_64-linux-gnu/libprometheus-cpp-core.so.1.0* "$dir/prometheus-cpp/lib/"
+  cat >"$dir/prometheus-cpp/prometheus-cpp-config.cmake" <<'CONFIG'
+add_library(prometheus-cpp::core SHARED IMPORTED)
+set_target_properties(prometheus-cpp::core PROPERTIES
+  IMPORTED_LOCATION "${CMAKE_CURRENT_LIST_DIR}/lib/libprometheus-cpp-core.so.1.0.1"
+  IMPORTED_SONAME "libprometheus-cpp-core.so.1.0"
+  INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}/include")
+set(prometheus-cpp_FOUND TRUE)
+CONFIG
   du -sh "$dir"
   exit 0
 fi
@@ -66,7 +79,8 @@ configure() {
     -DASYNCINFER_BUILD_BENCH=OFF -DASYNCINFER_WITH_CUDA=ON \
     -DASYNCINFER_TORCH_PYTHON="$(command -v python3)" \
     -UASYNCINFER_STB_INCLUDE_DIR -UASYNCINFER_STB_LIBRARY \
-    ${vendor:+-DASYNCINFER_VENDOR_DIR=$vendor} "$@" >>"$out/build.log" 2>&1
+    ${vendor:+-DASYNCINFER_VENDOR_DIR=$vendor} \
+    ${vendor:+-Dprometheus-cpp_DIR=$vendor/prometheus-cpp} "$@" >>"$out/build.log" 2>&1
 }
 torch_built=0
 if [ -n "$torch_prefix" ] && configure -DASYNCINFER_WITH_TORCH=ON -DCMAKE_PREFIX_PATH="$torch_prefix"; then
