@@ -12,8 +12,10 @@ Status bad(std::string_view option, const std::string& what) {
   return invalid_argument_error(std::string(option) + ": " + what);
 }
 
-/// 'text' (built by appending: GCC 12 warns falsely on "literal" + std::string&&).
-std::string quoted(std::string_view text) {
+/// 'text' (built by appending: GCC 12 warns falsely on "literal" + std::string&&). Not named
+/// quoted: with a std::string argument, GCC 13's <iomanip> std::quoted wins by argument-dependent
+/// lookup.
+std::string single_quoted(std::string_view text) {
   std::string q;
   q.reserve(text.size() + 2);
   q += '\'';
@@ -113,7 +115,7 @@ Result<PriorityArg> parse_priority(std::string_view text) {
   }
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), p.level);
   if (ec != std::errc() || ptr != text.data() + text.size() || p.level < 1) {
-    return bad("--priority", quoted(text) +
+    return bad("--priority", single_quoted(text) +
                                  " is not a level 1..N (1 = highest; N = --priority-levels) or "
                                  "'mixed'");
   }
@@ -123,7 +125,7 @@ Result<PriorityArg> parse_priority(std::string_view text) {
 Result<Arrivals> parse_arrivals(std::string_view text) {
   if (text == "poisson") return Arrivals::poisson;
   if (text == "constant") return Arrivals::constant;
-  return bad("--arrivals", quoted(text) + " is not one of poisson, constant");
+  return bad("--arrivals", single_quoted(text) + " is not one of poisson, constant");
 }
 
 Result<DataArg> parse_data(std::string_view text) {
@@ -138,7 +140,7 @@ Result<DataArg> parse_data(std::string_view text) {
     d.path = std::string(text.substr(5));
     return d;
   }
-  return bad("--data", quoted(text) + " is not one of random, zeros, file:<path.raw>");
+  return bad("--data", single_quoted(text) + " is not one of random, zeros, file:<path.raw>");
 }
 
 Status validate(BenchOptions& o) {
@@ -207,7 +209,7 @@ Status validate(BenchOptions& o) {
     return bad("--priority-levels", std::to_string(o.priority_levels) + " is outside 1..64");
   }
   if (o.priority.level > o.priority_levels) {
-    return bad("--priority", quoted(o.priority.to_string()) + " is not one of 1.." +
+    return bad("--priority", single_quoted(o.priority.to_string()) + " is not one of 1.." +
                                  std::to_string(o.priority_levels) +
                                  " (1 = highest; see --priority-levels) or 'mixed'");
   }
