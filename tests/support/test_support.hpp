@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <filesystem>
@@ -37,6 +38,13 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = kWatchdog) {
     std::this_thread::sleep_for(1ms);
   }
   return pred();
+}
+
+/// The calling thread's name (pthread_setname_np; the library names its threads "ai-...").
+inline std::string this_thread_name() {
+  char name[32] = {};
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  return name;
 }
 
 /// Threads of this process, from /proc/self/status.

@@ -22,12 +22,7 @@ namespace asyncinfer {
 namespace {
 using namespace std::chrono_literals;
 using testing::get_within;
-
-std::string this_thread_name() {
-  char name[32] = {};
-  pthread_getname_np(pthread_self(), name, sizeof name);
-  return name;
-}
+using testing::this_thread_name;
 
 bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();

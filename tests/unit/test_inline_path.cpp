@@ -23,12 +23,7 @@ namespace asyncinfer {
 namespace {
 using namespace std::chrono_literals;
 using testing::get_within;
-
-std::string this_thread_name() {
-  char name[32] = {};
-  pthread_getname_np(pthread_self(), name, sizeof name);
-  return name;
-}
+using testing::this_thread_name;
 
 std::unique_ptr<detail::HostStream> caller_run_stream(const std::shared_ptr<Device>& cpu) {
   StreamOptions so;
