@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   };
   mo.inputs = {spec("x")};
   mo.outputs = {spec("y")};
-  mo.max_batch_size = 8;
+  mo.batch_limit = 8;
   mo.backend_parameters = {{"python_interpreter", interpreter}};
   auto python = asyncinfer::load_model("python:" + (dir / "model.py").string(), mo);
   auto builtin = asyncinfer::load_model("builtin:identity?shape=16&max_batch=8");

@@ -66,9 +66,9 @@ struct BenchOptions {
   std::vector<Mode> compare;  ///< --compare modes (empty: off)
   // Engine.
   int workers = 0;  ///< 0 = the engine's rule; run_bench fills in the number chosen
-  /// Largest batch in rows; 0 = the engine's rule (BatchingOptions::max_batch_size: the model's
-  /// max_batch_size, or 64 when it sets none).
-  std::int64_t max_batch_size = 0;
+  /// --max-batch-size: the largest batch the engine forms, in rows; unset = the engine's rule
+  /// (BatchingOptions::max_batch_size: the model's batch limit, or 64 when it sets none).
+  std::optional<std::int64_t> max_batch_size;
   std::int64_t max_queue_delay_us = 0;
   std::vector<std::int64_t> preferred_batch;
   int inflight_per_worker = 2;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,19 +53,23 @@ CLI::Option* add_parsed_list_option(CLI::App& app, const std::string& name, std:
       ->delimiter(',');
 }
 
-/// --max-batch-size N (Triton's name), the largest batch in rows; 0 = the engine's rule
-/// (BatchingOptions::max_batch_size: the model's max_batch_size, or 64 when it sets none).
-/// `old_name` ("--max-batch", "--batch") is kept as a hidden alias for old scripts.
-inline CLI::Option* add_max_batch_size_option(CLI::App& app, std::int64_t& target,
+/// --max-batch-size N (Triton's and Ray Serve's name), the largest batch the engine forms, in
+/// rows: BatchingOptions::max_batch_size. Not given = the engine's rule (the model's batch
+/// limit, or 64 when it sets none). `old_name` ("--max-batch", "--batch") is kept as a hidden
+/// alias for old scripts.
+inline CLI::Option* add_max_batch_size_option(CLI::App& app, std::optional<std::int64_t>& target,
                                               const std::string& old_name) {
-  const auto range = CLI::Range(std::int64_t{0}, std::int64_t{1} << 30);
+  const auto range = CLI::Range(std::int64_t{1}, std::int64_t{1} << 30);
+  auto set = [&target](const std::int64_t& n) { target = n; };
   CLI::Option* opt =
-      app.add_option("--max-batch-size", target,
-                     "Largest batch in rows; 0 = the model's max_batch_size (64 when the model "
-                     "sets none), 1 = no batching; above the model's limit is an error")
-          ->check(range)
-          ->capture_default_str();
-  app.add_option(old_name, target, "old name of --max-batch-size")->check(range)->group("");
+      app.add_option_function<std::int64_t>(
+             "--max-batch-size", set,
+             "Largest batch in rows (default: the model's batch limit, or 64 when it sets none); "
+             "1 = no batching; above the model's limit is an error")
+          ->check(range);
+  app.add_option_function<std::int64_t>(old_name, set, "old name of --max-batch-size")
+      ->check(range)
+      ->group("");
   return opt;
 }
 

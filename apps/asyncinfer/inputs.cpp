@@ -125,10 +125,10 @@ Result<InputPlan> plan_inputs(const ModelSignature& sig, const BenchOptions& o) 
     return bad("--batch-rows", "the model is not batched (signature: " + sig.to_string() +
                                    "); only 1 row per request is possible");
   }
-  if (sig.batched && sig.max_batch_size > 0 && o.batch_rows > sig.max_batch_size) {
+  if (sig.batched && sig.batch_limit && o.batch_rows > *sig.batch_limit) {
     return bad("--batch-rows", std::to_string(o.batch_rows) +
-                                   " rows exceed the model's max_batch_size " +
-                                   std::to_string(sig.max_batch_size));
+                                   " rows exceed the model's batch limit " +
+                                   std::to_string(*sig.batch_limit));
   }
   plan.rows = sig.batched ? o.batch_rows : 1;
   for (const TensorSpec& spec : sig.inputs) {

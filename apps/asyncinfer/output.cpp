@@ -14,6 +14,7 @@ using json = nlohmann::ordered_json;
 double r3(double v) { return std::round(v * 1000.0) / 1000.0; }
 
 json opt(const std::optional<double>& v) { return v ? json(r3(*v)) : json(nullptr); }
+json opt(const std::optional<std::int64_t>& v) { return v ? json(*v) : json(nullptr); }
 
 std::optional<double> div_opt(std::optional<double> a, std::optional<double> b) {
   if (!a || !b || *b == 0) return std::nullopt;
@@ -48,8 +49,8 @@ json config_json(const BenchReport& rep, const RunResult* run) {
       {"arrivals", to_string(o.arrivals)},
       {"compare", compare},
       {"workers", o.workers},
-      {"max_batch_size", o.max_batch_size},
-      {"max_batch", o.max_batch_size},  // the old name of max_batch_size, kept for readers
+      {"max_batch_size", opt(o.max_batch_size)},  // as given; null = the engine's rule
+      {"max_batch", opt(o.max_batch_size)},       // the old name of max_batch_size, for readers
       {"max_queue_delay_us", o.max_queue_delay_us},
       {"preferred_batch", o.preferred_batch},
       {"inflight_per_worker", o.inflight_per_worker},
@@ -100,7 +101,7 @@ json run_json(const BenchReport& rep, const RunResult& r) {
       {"concurrency", r.mode == Mode::rate ? json(nullptr) : json(r.concurrency)},
       {"request_rate", opt(r.request_rate)},
       {"arrivals", r.arrivals ? json(to_string(*r.arrivals)) : json(nullptr)},
-      {"max_batch_size", r.max_batch_size > 0 ? json(r.max_batch_size) : json(nullptr)},
+      {"max_batch_size", opt(r.max_batch_size)},
       {"requests", r.requests},
       {"completed", r.completed},
       {"failed", r.failed},
@@ -294,10 +295,10 @@ void print_table(std::FILE* f, const BenchReport& rep) {
                rep.device_description.c_str());
   std::fprintf(f, "  model    %s\n", rep.model_signature.c_str());
   std::fprintf(f, "  inputs   %s\n", rep.inputs.c_str());
-  // The max batch size in effect (the engine's rule when --max-batch-size is 0).
-  std::string max_batch = o.max_batch_size > 0 ? std::to_string(o.max_batch_size) : "model's";
-  if (o.max_batch_size == 0 && !rep.runs.empty() && rep.runs[0].max_batch_size > 0) {
-    max_batch = std::to_string(rep.runs[0].max_batch_size) + " (default)";
+  // The max batch size in effect (the engine's rule when --max-batch-size is not given).
+  std::string max_batch = o.max_batch_size ? std::to_string(*o.max_batch_size) : "model's";
+  if (!o.max_batch_size && !rep.runs.empty() && rep.runs[0].max_batch_size) {
+    max_batch = std::to_string(*rep.runs[0].max_batch_size) + " (default)";
   }
   std::fprintf(
       f,

@@ -44,7 +44,8 @@ struct RunOptions {
   int top_k = 1;
   Mode mode = Mode::async;
   int workers = 0;                  ///< 0 = the engine's rule (EngineOptions::workers)
-  std::int64_t max_batch_size = 0;  ///< 0 = the engine's rule (BatchingOptions::max_batch_size)
+  /// --max-batch-size; unset = the engine's rule (BatchingOptions::max_batch_size)
+  std::optional<std::int64_t> max_batch_size;
   std::int64_t max_queue_delay_us = 0;
   int decode_threads = 0;
   std::size_t window = 64;
@@ -272,7 +273,8 @@ int run_once(const RunOptions& o, Mode mode, RunSummary& result) {
 
   EngineOptions eo;
   eo.workers = o.workers;
-  eo.batching.max_batch_size = mode == Mode::sync ? 1 : o.max_batch_size;
+  eo.batching.max_batch_size =
+      mode == Mode::sync ? std::optional<std::int64_t>(1) : o.max_batch_size;
   eo.batching.max_queue_delay = std::chrono::microseconds(o.max_queue_delay_us);
   eo.queue_capacity = std::max<std::size_t>(1024, o.window * 2);
   auto engine = Engine::create(*model, *device, eo);

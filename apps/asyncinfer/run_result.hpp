@@ -29,8 +29,9 @@ struct RunResult {
   std::optional<double> request_rate;  ///< rate: offered requests per second
   std::optional<Arrivals> arrivals;    ///< rate: poisson | constant
   std::int64_t rows_per_request = 1;
-  /// The largest batch the engine formed in rows (Engine::options(); 0 for pipelines of stages).
-  std::int64_t max_batch_size = 0;
+  /// The largest batch the engine formed in rows (Engine::options()); unset for pipelines of
+  /// stages.
+  std::optional<std::int64_t> max_batch_size;
 
   // Counts over the measured window (warm-up excluded).
   std::uint64_t requests = 0;   ///< measured requests issued (accepted or refused)

@@ -143,21 +143,25 @@ struct RequestOptions {
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own
-/// (ModelSignature::max_batch_size == 0) when BatchingOptions::max_batch_size is 0.
+/// (ModelSignature::batch_limit unset) when BatchingOptions::max_batch_size is unset.
 inline constexpr std::int64_t kDefaultMaxBatchSize = 64;
 
 /// Dynamic batching (Triton: max_batch_size, preferred_batch_size, max_queue_delay_microseconds;
 /// Ray Serve: max_batch_size, batch_wait_timeout_s).
 struct BatchingOptions {
-  /// Largest batch in rows (the sum of the requests' dim 0). The one rule, which every face of
-  /// asyncinfer follows (the CLI's --max-batch-size, the server):
-  ///   0 (default)  the model's ModelSignature::max_batch_size, or kDefaultMaxBatchSize (64)
-  ///                when the model sets no limit (0);
-  ///   N >= 1       N; 1 turns batching off. Engine::create refuses (invalid_argument) an N above
-  ///                the model's own limit rather than lower it silently.
+  /// The largest batch the engine forms, in rows (the sum of the requests' dim 0): Triton's
+  /// dynamic batcher's and Ray Serve's max_batch_size, not a model config's (whose 0 means "no
+  /// batch dim"; docs/design.md, "Batch sizes"). The one rule, which every face of asyncinfer
+  /// follows (the CLI's --max-batch-size, Python's Engine(max_batch_size=), the server):
+  ///   unset (default)  the model's ModelSignature::batch_limit, or kDefaultMaxBatchSize (64)
+  ///                    when the model sets no limit;
+  ///   N >= 1           N; 1 turns batching off. Engine::create refuses (invalid_argument) an N
+  ///                    above the model's batch limit rather than lower it silently, and an N
+  ///                    below 1.
   /// Unbatched models (ModelSignature::batched false) always run one request per call; the value
-  /// is then ignored. Engine::options() reports the value in effect.
-  std::int64_t max_batch_size = 0;
+  /// is then ignored. Engine::options() reports the value in effect: always set, 1 for
+  /// unbatched models.
+  std::optional<std::int64_t> max_batch_size;
   /// Batch sizes to prefer: the largest one reachable is dispatched at once.
   std::vector<std::int64_t> preferred_batch_sizes;
   /// Longest a worker holds a forming batch waiting for more requests. 0 = take what is queued;
@@ -368,8 +372,8 @@ class Engine {
   EngineHealth health() const;
   EngineMetrics metrics() const;
   const ModelSignature& signature() const noexcept;
-  /// The options in use: as given to create(), with batching.max_batch_size resolved to the
-  /// largest batch the engine forms (BatchingOptions::max_batch_size; 1 for unbatched models).
+  /// The options in use: as given to create(), with batching.max_batch_size set to the largest
+  /// batch the engine forms (BatchingOptions::max_batch_size's rule; 1 for unbatched models).
   const EngineOptions& options() const noexcept;
   Device& device() const noexcept;
 

@@ -53,22 +53,25 @@ struct ModelSignature {
   std::vector<TensorSpec> outputs;
   /// Dim 0 of every input and output is the batch dim.
   bool batched = true;
-  /// Largest batch (sum of dim 0 over the requests of a batch) the model accepts; 0 = the model
-  /// sets no limit (the engine then batches up to kDefaultMaxBatchSize unless told otherwise:
-  /// BatchingOptions::max_batch_size in engine.hpp is the one rule). Ignored when not batched.
-  std::int64_t max_batch_size = 0;
+  /// The model's batch limit: the largest batch (sum of dim 0 over the requests of a batch) it
+  /// accepts, >= 1; nullopt = the model sets no limit of its own (the engine then forms batches
+  /// of up to kDefaultMaxBatchSize unless told otherwise: BatchingOptions::max_batch_size in
+  /// engine.hpp is the one rule). Ignored when not batched. Not Triton's max_batch_size, whose 0
+  /// means "no batch dim": here `batched` says that (docs/design.md, "Batch sizes: one name per
+  /// meaning").
+  std::optional<std::int64_t> batch_limit;
   /// Decoupled (Triton's model_transaction_policy { decoupled: true }): the model sends zero, one
   /// or many responses per request through BatchIO::responses while the batch runs, and its
   /// final result (the batch's outputs at the completion point) may have no outputs at all: the
   /// final flag alone. Requests need RequestOptions::on_response (engine.hpp).
   bool decoupled = false;
 
-  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; batched, max_batch_size 64".
+  /// "inputs: x f32[-1,1,32,32]; outputs: logits f32[-1,10]; batched, batch limit 64".
   std::string to_string() const;
 };
 
 /// Checks one request's inputs against the signature: count, dtypes, ranks, fixed dims, and
-/// (when batched) that every input has the same dim 0 of at least 1 and at most max_batch_size.
+/// (when batched) that every input has the same dim 0 of at least 1 and at most batch_limit.
 /// invalid_argument names the input, the expected and the received dtype/shape.
 Status validate_inputs(const ModelSignature& signature, std::span<const Tensor> inputs);
 
@@ -181,7 +184,12 @@ struct ModelOptions {
   /// TorchScript: the signature given on the command line instead of a sidecar file.
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
-  std::int64_t max_batch_size = -1;  ///< -1: from the signature file
+  /// The model's batch limit (ModelSignature::batch_limit), >= 1; nullopt = the model's own
+  /// (TorchScript: the signature file's; the other backends: none). Set, it replaces the
+  /// signature file's. The python backend takes a set value as "batched" unless `batched` says
+  /// otherwise; openvino and python ignore it on an unbatched model. load_model refuses a value
+  /// below 1 (invalid_argument).
+  std::optional<std::int64_t> batch_limit;
   /// openvino: whether dim 0 is the batch dim (Triton's max_batch_size > 0); unset = batched when
   /// the model's dim 0 is dynamic on every input and output. true on a model with a static dim 0
   /// reshapes it to dynamic. The other backends ignore it.

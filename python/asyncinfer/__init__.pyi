@@ -94,7 +94,7 @@ class ModelSignature:
     @property
     def batched(self) -> bool: ...
     @property
-    def max_batch_size(self) -> int: ...
+    def batch_limit(self) -> Optional[int]: ...
 
 class Model:
     @property
@@ -132,7 +132,8 @@ class Device:
 def load_model(uri: str, *, signature_path: str = "",
                inputs: Optional[Sequence[Union[str, TensorSpec]]] = None,
                outputs: Optional[Sequence[Union[str, TensorSpec]]] = None,
-               max_batch_size: int = -1, intra_op_threads: int = 0,
+               batch_limit: Optional[int] = None, batched: Optional[bool] = None,
+               intra_op_threads: int = 0,
                warmup_runs: int = 2,
                backend_parameters: Optional[Dict[str, str]] = None) -> Model:
     """Loads 'builtin:...', 'torch:<file>', '<file>.pt', 'openvino:<file>', '<file>.onnx' or
@@ -233,7 +234,7 @@ class Engine:
                  queue_full_policy: Union[str, QueueFullPolicy] = "reject",
                  submit_timeout: Seconds = 1.0, completion_threads: int = 1,
                  priority_levels: int = 3, default_priority: int = 2,
-                 priority_aging: Seconds = 0.0, max_batch_size: int = 0,
+                 priority_aging: Seconds = 0.0, max_batch_size: Optional[int] = None,
                  preferred_batch_sizes: Sequence[int] = (), max_queue_delay_us: int = 0,
                  split_failed_batches: bool = True, ordered_delivery: bool = False,
                  default_timeout: Optional[Seconds] = None,

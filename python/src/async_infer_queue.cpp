@@ -40,9 +40,8 @@ class PyAsyncInferQueue {
     if (jobs == 0) {
       // Enough to keep every worker's in-flight window full of full batches.
       const EngineOptions& o = engine_.engine().options();
-      std::int64_t batch = o.batching.max_batch_size;
-      if (batch == 0) batch = engine_.engine().signature().max_batch_size;
-      if (batch <= 0 || !engine_.engine().signature().batched) batch = 1;
+      std::int64_t batch = o.batching.max_batch_size.value_or(1);  // set: the value in effect
+      if (!engine_.engine().signature().batched) batch = 1;
       std::int64_t n = static_cast<std::int64_t>(o.workers) * o.max_inflight_per_worker * batch;
       n = std::min<std::int64_t>(n, static_cast<std::int64_t>(o.queue_capacity));
       jobs = static_cast<int>(std::max<std::int64_t>(n, 1));

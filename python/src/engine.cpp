@@ -244,7 +244,8 @@ Options (defaults are the C++ EngineOptions defaults):
   priority_levels         priorities 1 (highest) .. priority_levels
   default_priority        the priority of requests that give none
   priority_aging          s; 0 = off; a request queued this long is served as priority 1
-  max_batch_size          rows per batch; 0 = the model's max; 1 = no batching
+  max_batch_size          largest batch the engine forms, in rows; None = the model's batch
+                          limit (64 when it sets none); 1 = no batching
   preferred_batch_sizes   batch sizes dispatched at once when reachable
   max_queue_delay_us      µs a forming batch may wait for more requests
   split_failed_batches    re-run a failed batch request by request (one bad request fails alone)
@@ -330,7 +331,7 @@ void init_engine(py::module_& m) {
                        int max_inflight_per_worker, std::size_t queue_capacity,
                        const py::object& queue_full_policy_arg, const py::object& submit_timeout,
                        int completion_threads, int priority_levels, int default_priority,
-                       const py::object& priority_aging, std::int64_t max_batch_size,
+                       const py::object& priority_aging, std::optional<std::int64_t> max_batch_size,
                        std::vector<std::int64_t> preferred_batch_sizes,
                        std::int64_t max_queue_delay_us, bool split_failed_batches,
                        bool ordered_delivery, const py::object& default_timeout,
@@ -379,7 +380,7 @@ void init_engine(py::module_& m) {
            py::arg("priority_levels") = d.priority_levels,
            py::arg("default_priority") = d.default_priority,
            py::arg("priority_aging") = to_seconds(d.priority_aging),
-           py::arg("max_batch_size") = d.batching.max_batch_size,
+           py::arg("max_batch_size") = py::none(),
            py::arg("preferred_batch_sizes") = d.batching.preferred_batch_sizes,
            py::arg("max_queue_delay_us") = d.batching.max_queue_delay.count(),
            py::arg("split_failed_batches") = d.batching.split_failed_batches,

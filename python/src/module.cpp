@@ -58,7 +58,9 @@ void init_model_device(py::module_& m) {
       .def_readonly("outputs", &ModelSignature::outputs, "list of TensorSpec")
       .def_readonly("batched", &ModelSignature::batched,
                     "dim 0 of every input and output is the batch dim")
-      .def_readonly("max_batch_size", &ModelSignature::max_batch_size, "0 = no limit")
+      .def_readonly("batch_limit", &ModelSignature::batch_limit,
+                    "the largest batch in rows the model accepts; None = no limit of its own "
+                    "(ignored when not batched)")
       .def("__str__", &ModelSignature::to_string)
       .def("__repr__",
            [](const ModelSignature& s) { return "<ModelSignature " + s.to_string() + ">"; });
@@ -128,8 +130,9 @@ void init_model_device(py::module_& m) {
   m.def(
       "load_model",
       [](const std::string& uri, const std::string& signature_path, const py::object& inputs,
-         const py::object& outputs, std::int64_t max_batch_size, int intra_op_threads,
-         int warmup_runs, const py::object& backend_parameters) {
+         const py::object& outputs, std::optional<std::int64_t> batch_limit,
+         std::optional<bool> batched, int intra_op_threads, int warmup_runs,
+         const py::object& backend_parameters) {
         ModelOptions o;
         if (!backend_parameters.is_none()) {
           for (auto item : py::cast<py::dict>(backend_parameters)) {
@@ -138,15 +141,16 @@ void init_model_device(py::module_& m) {
           }
         }
         o.signature_path = signature_path;
-        o.max_batch_size = max_batch_size;
+        o.batch_limit = batch_limit;
+        o.batched = batched;
         o.intra_op_threads = intra_op_threads;
         o.warmup_runs = warmup_runs;
-        const bool batched = max_batch_size != 0;
+        const bool batched_specs = batched.value_or(true);
         if (!inputs.is_none()) {
-          for (py::handle h : inputs) o.inputs.push_back(spec_arg(h, batched));
+          for (py::handle h : inputs) o.inputs.push_back(spec_arg(h, batched_specs));
         }
         if (!outputs.is_none()) {
-          for (py::handle h : outputs) o.outputs.push_back(spec_arg(h, batched));
+          for (py::handle h : outputs) o.outputs.push_back(spec_arg(h, batched_specs));
         }
         auto r = without_gil([&] { return load_model(uri, o); });
         if (!r.ok()) raise_status(r.status());
@@ -154,7 +158,7 @@ void init_model_device(py::module_& m) {
       },
       py::arg("uri"), py::kw_only(), py::arg("signature_path") = mo.signature_path,
       py::arg("inputs") = py::none(), py::arg("outputs") = py::none(),
-      py::arg("max_batch_size") = mo.max_batch_size,
+      py::arg("batch_limit") = py::none(), py::arg("batched") = py::none(),
       py::arg("intra_op_threads") = mo.intra_op_threads, py::arg("warmup_runs") = mo.warmup_runs,
       py::arg("backend_parameters") = py::none(),
       R"doc(
@@ -168,7 +172,13 @@ backend_parameters: a dict of OpenVINO properties for an openvino model ({'NUM_S
 
 TorchScript: the signature comes from '<file>.json' (or signature_path), or from inputs /
 outputs: TensorSpec objects or 'name:dtype:dims' strings ('input:f32:1x32x32'; the batch dim
-is added when max_batch_size != 0). max_batch_size -1 = from the signature file.
+is added unless batched=False).
+
+batch_limit: the model's batch limit (the largest batch in rows it accepts, >= 1; its
+signature's batch_limit); None = the model's own (TorchScript: the signature file's). It is not
+the engine's max_batch_size, the largest batch the engine forms (Engine(max_batch_size=...)),
+which may not exceed it. batched: whether dim 0 is the batch dim (openvino: None = when dim 0 is
+dynamic everywhere; TorchScript specs: None = True).
 
 Raises InvalidArgument for a bad URI or signature (the message lists the accepted forms),
 NotFound for a missing file, Unavailable for a backend that was not built. Blocks (loading)

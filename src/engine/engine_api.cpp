@@ -67,7 +67,6 @@ Status validate_options(const EngineOptions& o, const ModelSignature& sig, std::
                std::to_string(o.priority_levels) + ")");
   }
   if (o.priority_aging.count() < 0) return bad("priority_aging must be >= 0");
-  if (o.batching.max_batch_size < 0) return bad("batching.max_batch_size must be >= 0");
   if (o.batching.max_queue_delay.count() < 0) return bad("batching.max_queue_delay must be >= 0");
   for (std::int64_t p : o.batching.preferred_batch_sizes) {
     if (p < 1 || p > max_rows) {
@@ -100,16 +99,25 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   if (!device) return invalid_argument_error("Engine::create: device is null");
   const ModelSignature& sig = model->signature();
   // The max batch size rule (BatchingOptions::max_batch_size, engine.hpp).
+  const std::optional<std::int64_t> asked = options.batching.max_batch_size;
+  if (asked && *asked < 1) {
+    return invalid_argument_error("EngineOptions: batching.max_batch_size " +
+                                  std::to_string(*asked) +
+                                  " must be >= 1 (unset = the model's batch limit)");
+  }
+  if (sig.batched && sig.batch_limit && *sig.batch_limit < 1) {
+    return invalid_argument_error("Engine::create: the model's batch limit is " +
+                                  std::to_string(*sig.batch_limit) +
+                                  "; ModelSignature::batch_limit must be >= 1 or unset (no limit)");
+  }
   std::int64_t max_rows = 1;
   if (sig.batched) {
-    const std::int64_t asked = options.batching.max_batch_size;
-    const std::int64_t model_max = sig.max_batch_size;
-    if (asked > 0 && model_max > 0 && asked > model_max) {
+    if (asked && sig.batch_limit && *asked > *sig.batch_limit) {
       return invalid_argument_error("EngineOptions: batching.max_batch_size " +
-                                    std::to_string(asked) + " exceeds the model's max_batch_size " +
-                                    std::to_string(model_max) + " (0 = the model's)");
+                                    std::to_string(*asked) + " exceeds the model's batch limit " +
+                                    std::to_string(*sig.batch_limit) + " (unset = the model's)");
     }
-    max_rows = asked > 0 ? asked : (model_max > 0 ? model_max : kDefaultMaxBatchSize);
+    max_rows = asked.value_or(sig.batch_limit.value_or(kDefaultMaxBatchSize));
   }
   if (options.workers < 0) return invalid_argument_error("EngineOptions: workers must be >= 0");
   options = resolve_options(*model, *device, std::move(options));

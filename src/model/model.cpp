@@ -17,8 +17,8 @@ std::string ModelSignature::to_string() const {
   };
   std::string out = "inputs: " + list(inputs) + "; outputs: " + list(outputs);
   if (batched) {
-    out += "; batched, max_batch_size " +
-           (max_batch_size > 0 ? std::to_string(max_batch_size) : std::string("0 (no limit)"));
+    out += "; batched, batch limit " +
+           (batch_limit ? std::to_string(*batch_limit) : std::string("none"));
   } else {
     out += "; not batched";
   }
@@ -72,10 +72,10 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
                                       "' has " + std::to_string(batch));
       }
       batch = b;
-      if (sig.max_batch_size > 0 && b > sig.max_batch_size) {
+      if (sig.batch_limit && b > *sig.batch_limit) {
         return invalid_argument_error("input '" + spec.name + "': batch of " + std::to_string(b) +
-                                      " exceeds the model's max_batch_size " +
-                                      std::to_string(sig.max_batch_size));
+                                      " exceeds the model's batch limit " +
+                                      std::to_string(*sig.batch_limit));
       }
     }
   }
@@ -169,6 +169,11 @@ std::vector<std::string> model_backends() {
 
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
   const detail::ModelUri parsed = detail::parse_model_uri(uri);
+  if (options.batch_limit && *options.batch_limit < 1) {
+    return invalid_argument_error("model '" + std::string(uri) + "': batch_limit " +
+                                  std::to_string(*options.batch_limit) +
+                                  " must be >= 1 (unset = the model's own)");
+  }
   if (!options.backend_parameters.empty() && parsed.kind != "openvino" && parsed.kind != "python") {
     return invalid_argument_error("model '" + std::string(uri) + "': backend parameter '" +
                                   options.backend_parameters.front().first +

@@ -67,11 +67,11 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
     step.label = s.label(i);
     step.model = s.model_name;
     step.version = s.model_version > 0 ? std::to_string(s.model_version) : std::string();
-    if (plan.max_batch_size > 0 && sig->batched && sig->max_batch_size > 0 &&
-        plan.max_batch_size > sig->max_batch_size) {
+    if (plan.max_batch_size > 0 && sig->batched && sig->batch_limit &&
+        plan.max_batch_size > *sig->batch_limit) {
       return bad_ensemble(plan, "max_batch_size " + std::to_string(plan.max_batch_size) +
                                     " is above " + step.label + "'s " +
-                                    std::to_string(sig->max_batch_size));
+                                    std::to_string(*sig->batch_limit));
     }
     for (const auto& [output, tensor] : s.output_map) {
       auto it = std::find_if(sig->outputs.begin(), sig->outputs.end(),

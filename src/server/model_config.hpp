@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,8 +97,15 @@ struct ModelPlan {
   std::string device;
   /// KIND_AUTO (Triton's default): cuda:0 where it opens and the model runs there, else cpu.
   bool device_auto = false;
-  /// The config's max_batch_size: 0 = the model has no batch dim (Triton's rule).
+  /// The config's max_batch_size, Triton's field with Triton's meaning: 0 = the model has no
+  /// batch dim; N > 0 = dim 0 is the batch dim, at most N rows per request and per batch. In the
+  /// library's terms: ModelSignature::batched and batch_limit (batch_limit() below), and, with
+  /// dynamic_batching, BatchingOptions::max_batch_size (docs/design.md, "Batch sizes").
   std::int64_t max_batch_size = 0;
+  /// max_batch_size as a ModelSignature::batch_limit: nullopt when 0 (no batch dim).
+  std::optional<std::int64_t> batch_limit() const {
+    return max_batch_size > 0 ? std::optional<std::int64_t>(max_batch_size) : std::nullopt;
+  }
   /// From input / output, full shapes (the batch dim, -1, put first when max_batch_size > 0).
   /// Empty for a built-in model whose config lists none (its signature comes from its URI).
   std::vector<TensorSpec> inputs;

@@ -39,8 +39,9 @@ std::vector<std::int64_t> VersionPolicy::select(std::vector<std::int64_t> availa
 std::string ModelPlan::summary() const {
   std::string s = "device " + (device_auto ? std::string("auto") : device) + ", " +
                   std::to_string(engine.workers) + (engine.workers == 1 ? " worker" : " workers");
-  if (engine.batching.max_batch_size > 1) {
-    s += ", dynamic batching max " + std::to_string(engine.batching.max_batch_size) + " delay " +
+  const std::int64_t max_batch = engine.batching.max_batch_size.value_or(1);
+  if (max_batch > 1) {
+    s += ", dynamic batching max " + std::to_string(max_batch) + " delay " +
          std::to_string(engine.batching.max_queue_delay.count()) + " us";
   } else {
     s += ", no dynamic batching";
@@ -66,9 +67,9 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
                           : "the loaded model is decoupled (it sends many responses per request): "
                             "its config needs model_transaction_policy { decoupled: true }");
   }
-  if (batched && sig.max_batch_size > 0 && plan.max_batch_size > sig.max_batch_size) {
+  if (batched && sig.batch_limit && plan.max_batch_size > *sig.batch_limit) {
     return bad(model, "max_batch_size " + std::to_string(plan.max_batch_size) +
-                          " is above the model's own limit " + std::to_string(sig.max_batch_size));
+                          " is above the model's own limit " + std::to_string(*sig.batch_limit));
   }
   auto compare = [&](std::string_view what, const std::vector<TensorSpec>& want,
                      const std::vector<TensorSpec>& have) -> Status {

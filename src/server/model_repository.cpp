@@ -836,14 +836,14 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       ModelOptions mo;
       mo.inputs = plan->inputs;
       mo.outputs = plan->outputs;
-      mo.max_batch_size = plan->max_batch_size > 0 ? plan->max_batch_size : -1;
+      mo.batch_limit = plan->batch_limit();
       if (plan->backend == ModelPlan::Backend::python) {
         // model.py gets the configuration as /config shows it (args["model_config"]).
         ModelSignature sig;
         sig.inputs = plan->inputs;
         sig.outputs = plan->outputs;
         sig.batched = plan->max_batch_size > 0;
-        sig.max_batch_size = plan->max_batch_size;
+        sig.batch_limit = plan->batch_limit();
         sig.decoupled = plan->decoupled;
         ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig shown, applied_model_config(*plan, sig, "cpu"));
         mo.batched = sig.batched;
@@ -974,7 +974,7 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
   mv.signature.inputs = plan.inputs;
   mv.signature.outputs = plan.outputs;
   mv.signature.batched = plan.max_batch_size > 0;
-  mv.signature.max_batch_size = plan.max_batch_size;
+  mv.signature.batch_limit = plan.batch_limit();
   ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig applied,
                               applied_model_config(plan, mv.signature, "ensemble"));
   mv.config_json = std::move(applied.json);

@@ -108,7 +108,8 @@ struct ModelVersion {
   /// The loaded model's signature (full shapes; -1 = variable dim, the batch dim first when
   /// batched). Meaningful only when ready.
   ModelSignature signature;
-  /// The config's max_batch_size (0 = no batch dim): the largest dim 0 a request may have.
+  /// The config's max_batch_size, Triton's field (0 = no batch dim): the largest dim 0 a request
+  /// may have. ModelPlan::max_batch_size says more.
   std::int64_t max_batch_size = 0;
   std::unique_ptr<Engine> engine;  ///< null unless ready; null for an ensemble
   /// platform "ensemble": its steps, resolved when it loaded (it has no engine of its own), and

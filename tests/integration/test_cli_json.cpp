@@ -125,8 +125,13 @@ void check_run(const json& r, bool expect_samples) {
     ASSERT_TRUE(r["config"].contains(key) && r["config"][key].is_string()) << key;
   }
   for (const char* key : {"workers", "inflight_per_worker", "priority_levels", "batch_rows",
-                          "max_batch_size", "max_batch", "max_queue_delay_us", "seed"}) {
+                          "max_queue_delay_us", "seed"}) {
     ASSERT_TRUE(r["config"].contains(key) && r["config"][key].is_number()) << key;
+  }
+  for (const char* key : {"max_batch_size", "max_batch"}) {  // as given; null = not given
+    ASSERT_TRUE(r["config"].contains(key) &&
+                (r["config"][key].is_number() || r["config"][key].is_null()))
+        << key;
   }
   EXPECT_EQ(r["config"]["mode"], r["mode"]);
   ASSERT_TRUE(r.contains("machine") && r["machine"].is_object());

@@ -36,7 +36,10 @@ def test_package_surface_and_exception_hierarchy():
 def test_model_and_device_objects():
     model = asyncinfer.load_model("builtin:identity?shape=1x32x32&max_batch=16")
     sig = model.signature
-    assert sig.batched and sig.max_batch_size == 16
+    assert sig.batched and sig.batch_limit == 16
+    assert asyncinfer.load_model("builtin:identity?max_batch_size=0").signature.batch_limit is None
+    with pytest.raises(asyncinfer.InvalidArgument, match="batch_limit 0 must be >= 1"):
+        asyncinfer.load_model("builtin:identity", batch_limit=0)
     assert [(s.name, s.dtype, s.shape) for s in sig.inputs] == [("input0", "f32", (-1, 1, 32, 32))]
     assert sig.outputs[0].numpy_dtype == "float32"
     assert "input0 f32[-1,1,32,32]" in str(sig)
@@ -110,12 +113,18 @@ def test_every_engine_option_as_a_keyword():
     assert set(auto.options) == set(options)
     assert auto.options["workers"] == 1  # auto: identity does not compute on host cores
     assert auto.options["intra_op_threads"] == 1
+    assert auto.options["max_batch_size"] == 64  # unset: identity's batch limit, in effect
     auto.shutdown()
 
 
 def test_bad_options_raise_invalid_argument_naming_them():
     with pytest.raises(asyncinfer.InvalidArgument, match="workers"):
         asyncinfer.Engine("builtin:identity", workers=-1)
+    for bad in (0, -1):
+        with pytest.raises(asyncinfer.InvalidArgument, match="max_batch_size %d must be >= 1" % bad):
+            asyncinfer.Engine("builtin:identity", max_batch_size=bad)
+    with pytest.raises(asyncinfer.InvalidArgument, match="max_batch_size 9 exceeds the model's"):
+        asyncinfer.Engine("builtin:identity?max_batch_size=8", max_batch_size=9)
     with pytest.raises(asyncinfer.InvalidArgument, match="recovery"):
         asyncinfer.Engine("builtin:identity", recovery="often")
     with pytest.raises(asyncinfer.InvalidArgument, match="max_recycle_attempts"):

@@ -37,9 +37,11 @@ class ScriptedModel final : public Model, public std::enable_shared_from_this<Sc
  public:
   using Script = std::function<Decision(const Call&)>;
 
-  explicit ScriptedModel(Script script, std::int64_t max_batch = 64) : script_(std::move(script)) {
+  /// max_batch: the model's batch limit (ModelSignature::batch_limit); nullopt = none.
+  explicit ScriptedModel(Script script, std::optional<std::int64_t> max_batch = 64)
+      : script_(std::move(script)) {
     sig_.batched = true;
-    sig_.max_batch_size = max_batch;
+    sig_.batch_limit = max_batch;
     sig_.inputs.push_back({"x", DType::f32, {-1, -1}});
     sig_.outputs.push_back({"y", DType::f32, {-1, -1}});
   }
@@ -131,7 +133,7 @@ class ControlledModel final : public Model, public std::enable_shared_from_this<
         work_(std::move(work)),
         enqueue_block_(std::move(enqueue_block)) {
     sig_.batched = true;
-    sig_.max_batch_size = 64;
+    sig_.batch_limit = 64;
     sig_.inputs.push_back({"x", DType::f32, {-1, -1}});
     sig_.outputs.push_back({"y", DType::f32, {-1, -1}});
   }

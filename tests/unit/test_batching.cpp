@@ -44,7 +44,7 @@ Future<Outputs> occupy(Engine& e, const std::shared_ptr<ScriptedModel>& m, float
   return f;
 }
 
-EngineOptions one_slot(std::int64_t max_batch) {
+EngineOptions one_slot(std::optional<std::int64_t> max_batch) {
   EngineOptions o;
   o.workers = 1;
   o.max_inflight_per_worker = 1;
@@ -76,37 +76,56 @@ TEST(Batching, QueuedRequestsFormBatchesUpToTheMaxSize) {
   EXPECT_DOUBLE_EQ(metrics.batch_size.sum, 21.0);
 }
 
-// The one max batch size rule (BatchingOptions::max_batch_size): 0 = the model's limit, or
-// kDefaultMaxBatchSize when the model has none; an explicit value is used as given, and one above
-// the model's limit is refused instead of lowered; options() reports the value in effect.
+// The one max batch size rule (BatchingOptions::max_batch_size): unset = the model's batch
+// limit, or kDefaultMaxBatchSize when the model has none; an explicit value is used as given, one
+// above the model's limit is refused instead of lowered, and one below 1 is refused; options()
+// reports the value in effect.
 TEST(Batching, MaxBatchSizeFollowsOneRule) {
   auto device = *open_device("cpu");
-  auto effective = [&](std::int64_t model_max, std::int64_t asked) -> Result<std::int64_t> {
+  auto effective = [&](std::optional<std::int64_t> model_max,
+                       std::optional<std::int64_t> asked) -> Result<std::int64_t> {
     auto m = std::make_shared<ScriptedModel>([](const Call&) { return Decision{}; }, model_max);
     EngineOptions o;
     o.batching.max_batch_size = asked;
     ASYNCINFER_ASSIGN_OR_RETURN(auto e, Engine::create(m, device, o));
-    return e->options().batching.max_batch_size;
+    EXPECT_TRUE(e->options().batching.max_batch_size.has_value());
+    return e->options().batching.max_batch_size.value_or(-1);
   };
-  EXPECT_EQ(effective(32, 0).value(), 32);
+  EXPECT_EQ(effective(32, std::nullopt).value(), 32);
   EXPECT_EQ(effective(32, 8).value(), 8);
   EXPECT_EQ(effective(32, 32).value(), 32);
-  EXPECT_EQ(effective(0, 0).value(), kDefaultMaxBatchSize);
-  EXPECT_EQ(effective(0, 500).value(), 500);  // no silent cap when the model has no limit
+  EXPECT_EQ(effective(std::nullopt, std::nullopt).value(), kDefaultMaxBatchSize);
+  EXPECT_EQ(effective(std::nullopt, 500).value(), 500);  // no silent cap: the model has no limit
+  for (std::int64_t bad : {0, -1}) {
+    auto refused = effective(32, bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(refused.status().message().find("batching.max_batch_size " + std::to_string(bad) +
+                                              " must be >= 1"),
+              std::string_view::npos)
+        << refused.status();
+  }
   auto above = effective(32, 33);
   ASSERT_FALSE(above.ok());
   EXPECT_EQ(above.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(
-      above.status().message().find("max_batch_size 33 exceeds the model's max_batch_size 32"),
-      std::string_view::npos)
+  EXPECT_NE(above.status().message().find("max_batch_size 33 exceeds the model's batch limit 32"),
+            std::string_view::npos)
       << above.status();
   auto unbatched = make_engine("builtin:identity?max_batch_size=0");
   ASSERT_NE(unbatched, nullptr);
   EXPECT_EQ(unbatched->options().batching.max_batch_size, 1);
   // The query key's old spelling still works; giving both is an error naming them.
-  EXPECT_EQ((*load_model("builtin:identity?max_batch=8"))->signature().max_batch_size, 8);
+  EXPECT_EQ((*load_model("builtin:identity?max_batch=8"))->signature().batch_limit, 8);
   EXPECT_EQ(load_model("builtin:identity?max_batch=8&max_batch_size=8").status().code(),
             StatusCode::invalid_argument);
+  // A model's batch limit, when given to load_model, is at least 1 (unset = the model's own).
+  ModelOptions zero_limit;
+  zero_limit.batch_limit = 0;
+  auto refused = load_model("builtin:identity", zero_limit);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(refused.status().message().find("batch_limit 0 must be >= 1"), std::string_view::npos)
+      << refused.status();
 }
 
 TEST(Batching, BatchesGrowPastTheDefaultWhenTheModelHasNoLimit) {
@@ -114,7 +133,7 @@ TEST(Batching, BatchesGrowPastTheDefaultWhenTheModelHasNoLimit) {
       [](const Call& c) {
         return Decision{Status(), c.firsts.at(0) == -1 ? 300ms : 0us};
       },
-      /*max_batch=*/0);
+      /*max_batch=*/std::nullopt);
   auto e = scripted_engine(m, one_slot(100));
   auto blocker = occupy(*e, m, -1);
   std::vector<Future<Outputs>> fs;

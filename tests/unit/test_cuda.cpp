@@ -558,7 +558,7 @@ TEST(CudaWithoutGpu, GemmParametersAreCheckedByName) {
   ASSERT_EQ(sig.outputs.size(), 1u);
   EXPECT_EQ(sig.outputs[0].name, "c");
   EXPECT_EQ(sig.outputs[0].shape, (Shape{-1, 8, 16}));
-  EXPECT_EQ(sig.max_batch_size, 5);
+  EXPECT_EQ(sig.batch_limit, 5);
   EXPECT_TRUE(load_model("builtin:gemm").ok());  // defaults
 
   struct Bad {

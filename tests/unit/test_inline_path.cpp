@@ -141,7 +141,7 @@ TEST(CallerRunStream, DestroyingItRunsEveryQueuedHostFunctionOnceWithAborted) {
 ModelSignature column_signature() {
   ModelSignature sig;
   sig.batched = true;
-  sig.max_batch_size = 8;
+  sig.batch_limit = 8;
   sig.inputs.push_back({"x", DType::f32, {-1, 1}});
   sig.outputs.push_back({"y", DType::f32, {-1, 1}});
   return sig;

@@ -59,7 +59,7 @@ TEST(OpenVino, OnnxSignatureFromTheModel) {
   EXPECT_EQ(sig.inputs[0].dtype, DType::f32);
   EXPECT_EQ(sig.inputs[0].shape, (Shape{-1, 4}));
   EXPECT_TRUE(sig.batched);
-  EXPECT_EQ(sig.max_batch_size, 0);
+  EXPECT_FALSE(sig.batch_limit);
   EXPECT_TRUE((*model)->cancellable());
 }
 
@@ -165,11 +165,11 @@ TEST(OpenVino, StaticModelWithoutABatchDim) {
 TEST(OpenVino, StaticBatchOfOneIsReshapedWhenBatchingIsAskedFor) {
   ModelOptions mo;
   mo.batched = true;
-  mo.max_batch_size = 8;
+  mo.batch_limit = 8;
   auto model = load_model(model_file("static1.onnx"), mo);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   EXPECT_TRUE((*model)->signature().batched);
-  EXPECT_EQ((*model)->signature().max_batch_size, 8);
+  EXPECT_EQ((*model)->signature().batch_limit, 8);
   EXPECT_EQ((*model)->signature().inputs[0].shape, (Shape{-1, 4}));
   auto device = open_device("cpu");
   auto engine = Engine::create(*model, *device, {});

@@ -47,7 +47,7 @@ class PythonModelTest : public ::testing::Test {
     ModelOptions mo;
     mo.inputs = {TensorSpec{"x", DType::f32, Shape{-1, 2}}};
     mo.outputs = {TensorSpec{"y", DType::f32, Shape{-1, 2}}};
-    mo.max_batch_size = 8;
+    mo.batch_limit = 8;
     mo.decoupled = decoupled;
     return mo;
   }

@@ -384,7 +384,7 @@ ModelVersion two_input_model() {
   m.version_text = "1";
   m.max_batch_size = 4;
   m.signature.batched = true;
-  m.signature.max_batch_size = 4;
+  m.signature.batch_limit = 4;
   m.signature.inputs = {{"a", DType::f32, {-1, 3}}, {"b", DType::u8, {-1, 2}}};
   m.signature.outputs = {{"x", DType::f32, {-1, 3}}, {"y", DType::f16, {-1, 2}}};
   return m;

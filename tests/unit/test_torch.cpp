@@ -163,7 +163,7 @@ TEST(TorchDigits, SignatureComesFromTheSidecar) {
   EXPECT_EQ(sig.outputs[0].name, "logits");
   EXPECT_EQ(sig.outputs[0].shape, (Shape{-1, 10}));
   EXPECT_TRUE(sig.batched);
-  EXPECT_EQ(sig.max_batch_size, 64);
+  EXPECT_EQ(sig.batch_limit, 64);
   EXPECT_FALSE((*model)->cancellable());
   EXPECT_EQ((*model)->name(), kDigits);
   // "torch:" prefix too.
@@ -359,12 +359,12 @@ TEST(TorchLoad, SignatureFromCommandLineSpecs) {
   ModelOptions o;
   o.inputs.push_back(*parse_tensor_spec("input:f32:1x32x32", true));
   o.outputs.push_back(*parse_tensor_spec("logits:f32:10", true));
-  o.max_batch_size = 16;
+  o.batch_limit = 16;
   auto model = load_model(file.string(), o);
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelSignature& sig = (*model)->signature();
   EXPECT_TRUE(sig.batched);
-  EXPECT_EQ(sig.max_batch_size, 16);
+  EXPECT_EQ(sig.batch_limit, 16);
   EXPECT_EQ(sig.inputs[0].shape, (Shape{-1, 1, 32, 32}));
   EXPECT_EQ(sig.outputs[0].shape, (Shape{-1, 10}));
   auto w = make_worker(*model, "cpu");
@@ -374,12 +374,12 @@ TEST(TorchLoad, SignatureFromCommandLineSpecs) {
   ASSERT_TRUE(run(*w, io).ok());
   EXPECT_LE(max_abs_diff(io->outputs[0], reference_forward(kDigits, x)), 1e-5f);
 
-  // Specs win over an implicit sidecar; max_batch_size also overrides a sidecar's.
+  // Specs win over an implicit sidecar; batch_limit also overrides a sidecar's.
   ModelOptions limit;
-  limit.max_batch_size = 8;
+  limit.batch_limit = 8;
   auto limited = load_model(kDigits, limit);
   ASSERT_TRUE(limited.ok()) << limited.status();
-  EXPECT_EQ((*limited)->signature().max_batch_size, 8);
+  EXPECT_EQ((*limited)->signature().batch_limit, 8);
 }
 
 TEST(TorchLoad, CommandLineSpecsContradictingTheModelAreRejected) {
@@ -758,7 +758,7 @@ TEST(TorchDigits, StbPipelineReachesTheAccuracyPythonMeasured) {
   ASSERT_TRUE(model.ok()) << model.status();
   auto w = make_worker(*model, "cpu");
   ASSERT_TRUE(w.ok()) << w.status();
-  const std::int64_t max_batch = (*model)->signature().max_batch_size;
+  const std::int64_t max_batch = (*model)->signature().batch_limit.value();
   int correct = 0;
   for (std::size_t begin = 0; begin < items.size(); begin += static_cast<std::size_t>(max_batch)) {
     const std::size_t n = std::min(items.size() - begin, static_cast<std::size_t>(max_batch));

@@ -28,7 +28,9 @@ struct BuiltinConfig {
   DType dtype = DType::f32;
   Shape item_shape = {-1};  // dims after the batch dim
   int inputs = 1;
-  std::int64_t max_batch_size = 64;  // 0: not batched (Triton's meaning of 0 in a model config)
+  // The URI key max_batch_size (Triton's meaning, as in a model config): 0 = not batched, N =
+  // batched with ModelSignature::batch_limit N.
+  std::int64_t max_batch_size = 64;
   double base_us = 0;
   double per_item_us = 0;
   bool cost_from_input = false;
@@ -107,7 +109,7 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
  public:
   BuiltinModel(std::string name, BuiltinConfig cfg) : name_(std::move(name)), cfg_(std::move(cfg)) {
     sig_.batched = cfg_.max_batch_size > 0;
-    sig_.max_batch_size = cfg_.max_batch_size;
+    if (sig_.batched) sig_.batch_limit = cfg_.max_batch_size;
     for (int i = 0; i < cfg_.inputs; ++i) {
       TensorSpec in;
       in.name = "input" + std::to_string(i);
@@ -260,7 +262,7 @@ Result<std::unique_ptr<ModelInstance>> BuiltinModel::create_instance(
 struct StreamConfig {
   DType dtype = DType::f32;
   Shape item_shape = {-1};
-  std::int64_t max_batch_size = 64;
+  std::int64_t max_batch_size = 64;  // the URI key; 0: not batched (Triton's meaning)
   std::int64_t responses = 1;
   double interval_us = 0;
   std::int64_t fail_after = -1;  // >= 0: the batch fails (unavailable) after that many responses
@@ -276,7 +278,7 @@ class StreamModel final : public Model, public std::enable_shared_from_this<Stre
  public:
   StreamModel(std::string name, StreamConfig cfg) : name_(std::move(name)), cfg_(std::move(cfg)) {
     sig_.batched = cfg_.max_batch_size > 0;
-    sig_.max_batch_size = cfg_.max_batch_size;
+    if (sig_.batched) sig_.batch_limit = cfg_.max_batch_size;
     sig_.decoupled = true;
     TensorSpec in{"input0", cfg_.dtype, {}};
     TensorSpec index{"index", DType::i32, {}};

@@ -41,7 +41,7 @@ struct GemmConfig {
   std::int64_t n = 256;
   std::int64_t k = 256;
   DType dtype = DType::f32;
-  std::int64_t max_batch_size = 64;
+  std::int64_t max_batch_size = 64;  // the URI key, >= 1: ModelSignature::batch_limit
 };
 
 Status cublas_status(cublasStatus_t s, const char* call, const char* file, int line) {
@@ -119,7 +119,7 @@ class GemmModel final : public Model, public std::enable_shared_from_this<GemmMo
  public:
   GemmModel(std::string name, GemmConfig cfg) : name_(std::move(name)), cfg_(cfg) {
     sig_.batched = true;
-    sig_.max_batch_size = cfg_.max_batch_size;
+    sig_.batch_limit = cfg_.max_batch_size;
     sig_.inputs.push_back(TensorSpec{"a", cfg_.dtype, {-1, cfg_.m, cfg_.k}});
     sig_.outputs.push_back(TensorSpec{"c", cfg_.dtype, {-1, cfg_.m, cfg_.n}});
   }

@@ -786,11 +786,12 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
               fixed += (fixed.empty() ? "" : ", ") + spec_string(s);
           }
         }
-        return invalid_argument_error(what +
-                                      ": a batch dim was asked for (max_batch_size > 0), "
-                                      "but with dim 0 of its inputs made dynamic these still "
-                                      "have a fixed dim 0: " +
-                                      fixed);
+        return invalid_argument_error(
+            what +
+            ": a batch dim was asked for (batched; a config's max_batch_size > 0), "
+            "but with dim 0 of its inputs made dynamic these still "
+            "have a fixed dim 0: " +
+            fixed);
       }
     }
     batched = *options.batched;
@@ -822,7 +823,7 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
     if (!options.outputs.empty()) s.shape = options.outputs[k].shape;
     sig.outputs.push_back(std::move(s));
   }
-  sig.max_batch_size = batched ? std::max<std::int64_t>(options.max_batch_size, 0) : 0;
+  sig.batch_limit = batched ? options.batch_limit : std::nullopt;
   ASYNCINFER_ASSIGN_OR_RETURN(const std::vector<bool> aliased, aliased_outputs(model, what));
   for (std::size_t i : output_index) {
     // Written in place only when the model itself fixes every dim after the batch dim (a dim

@@ -1,8 +1,8 @@
 // The python backend: a Triton model.py, each instance in its own Python process
 // (python_process.hpp). URI "python:<path to model.py>" or a path ending in "model.py"; the
 // signature comes from ModelOptions (the server passes config.pbtxt's input, output,
-// max_batch_size and model_transaction_policy, and the config itself as JSON for
-// args["model_config"]).
+// max_batch_size (as batched and batch_limit) and model_transaction_policy, and the config itself
+// as JSON for args["model_config"]).
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -67,7 +67,9 @@ std::string minimal_config(const std::string& name, const ModelSignature& sig) {
   };
   json c = {{"name", name},
             {"backend", "python"},
-            {"max_batch_size", sig.batched ? sig.max_batch_size : 0},
+            // Triton's max_batch_size: 0 = no batch dim (and, here, a batched model without a
+            // batch limit of its own).
+            {"max_batch_size", sig.batched ? sig.batch_limit.value_or(0) : 0},
             {"input", list(sig.inputs)},
             {"output", list(sig.outputs)},
             {"model_transaction_policy", {{"decoupled", sig.decoupled}}}};
@@ -185,8 +187,8 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   ModelSignature& sig = setup->signature;
   sig.inputs = options.inputs;
   sig.outputs = options.outputs;
-  sig.batched = options.batched.value_or(options.max_batch_size > 0);
-  sig.max_batch_size = sig.batched ? std::max<std::int64_t>(options.max_batch_size, 0) : 0;
+  sig.batched = options.batched.value_or(options.batch_limit.has_value());
+  sig.batch_limit = sig.batched ? options.batch_limit : std::nullopt;
   sig.decoupled = options.decoupled;
   for (const auto* list : {&sig.inputs, &sig.outputs}) {
     for (const TensorSpec& s : *list) {

@@ -8,7 +8,7 @@
 // Loading (load_torch_model): the file's bytes are read once and kept; libtorch parses them into
 // a module to validate the file. The signature comes from a sidecar JSON file
 // (ModelOptions::signature_path, else "<path>.json" when present) or from the command-line specs
-// (ModelOptions::inputs/outputs/max_batch_size); specs win over an implicit "<path>.json", and
+// (ModelOptions::inputs/outputs/batch_limit); specs win over an implicit "<path>.json", and
 // naming both a signature file and specs is an error. One warm-up forward on zeros (batch 1,
 // every dynamic dim 1) checks that the module runs and that its outputs agree with the signature
 // (count, dtypes, ranks, fixed dims, batch dim).
@@ -17,10 +17,11 @@
 //   {"inputs":  [{"name": "input",  "dtype": "f32", "shape": [-1, 1, 32, 32]}],
 //    "outputs": [{"name": "logits", "dtype": "f32", "shape": [-1, 10]}],
 //    "batched": true,            // default true: dim 0 of every input and output is -1
-//    "max_batch_size": 64}       // default 0 = no limit; ModelOptions::max_batch_size >= 0 wins
+//    "max_batch_size": 64}       // ModelSignature::batch_limit; default 0 = no limit (the
+//                                // file's spelling); a set ModelOptions::batch_limit wins
 // dtype accepts every name parse_dtype() does ("f32", "float32", "int64", ...).
 // With command-line specs the model is batched when every input and output has dim 0 = -1
-// (what parse_tensor_spec(..., batched = true) produces), and max_batch_size -1 means no limit.
+// (what parse_tensor_spec(..., batched = true) produces), and an unset batch_limit means no limit.
 //
 // Instances: each ModelInstance parses its own module from the kept bytes, so no module (nor its
 // TorchScript CompilationUnit and graph executors) is shared between workers. Warm-up runs
@@ -260,9 +261,6 @@ Status check_signature(const ModelSignature& sig, const std::string& source) {
       }
     }
   }
-  if (sig.max_batch_size < 0) {
-    return invalid_argument_error(source + ": max_batch_size must be >= 0 (0 = no limit)");
-  }
   return Status();
 }
 
@@ -321,10 +319,12 @@ Result<ModelSignature> read_sidecar(const std::string& file) {
     sig.batched = j["batched"].get<bool>();
   }
   if (j.contains("max_batch_size")) {
-    if (!j["max_batch_size"].is_number_integer()) {
-      return invalid_argument_error(source + ": \"max_batch_size\" must be an integer >= 0");
+    const nlohmann::json& v = j["max_batch_size"];
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0) {
+      return invalid_argument_error(source +
+                                    ": \"max_batch_size\" must be an integer >= 0 (0 = no limit)");
     }
-    sig.max_batch_size = j["max_batch_size"].get<std::int64_t>();
+    if (v.get<std::int64_t>() > 0) sig.batch_limit = v.get<std::int64_t>();
   }
   ASYNCINFER_RETURN_IF_ERROR(check_signature(sig, source));
   return sig;
@@ -359,7 +359,7 @@ Result<SignatureSource> resolve_signature(const std::string& path, const ModelOp
         if (s.shape.empty() || s.shape[0] != -1) sig.batched = false;
       }
     }
-    sig.max_batch_size = std::max<std::int64_t>(options.max_batch_size, 0);
+    sig.batch_limit = options.batch_limit;
     ASYNCINFER_RETURN_IF_ERROR(check_signature(sig, "torch model '" + path + "': " + out.source));
     return out;
   }
@@ -378,7 +378,7 @@ Result<SignatureSource> resolve_signature(const std::string& path, const ModelOp
   if (!sig.ok()) return sig.status().with_context("torch model '" + path + "'");
   out.signature = std::move(*sig);
   out.source = "signature file '" + file + "'";
-  if (options.max_batch_size >= 0) out.signature.max_batch_size = options.max_batch_size;
+  if (options.batch_limit) out.signature.batch_limit = options.batch_limit;
   return out;
 }
 
