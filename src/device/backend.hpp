@@ -22,12 +22,12 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "asyncinfer/device.hpp"
+#include "core/backend_list.hpp"
 
 namespace asyncinfer::detail {
 
@@ -55,8 +55,7 @@ class DeviceBackendRegistry {
 
  private:
   DeviceBackendRegistry() = default;
-  mutable std::mutex mu_;
-  std::vector<DeviceBackend> backends_;
+  BackendList<DeviceBackend, &DeviceBackend::name> backends_;
 };
 
 /// Registers every device backend this build has (src/backends.cpp: one call per backend, each

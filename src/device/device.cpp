@@ -72,20 +72,10 @@ Status DeviceBackendRegistry::add(DeviceBackend backend) {
   if (!backend.open) {
     return invalid_argument_error("device backend '" + backend.name + "': no opener");
   }
-  std::lock_guard lock(mu_);
-  for (const auto& b : backends_) {
-    if (b.name == backend.name) {
-      return already_exists_error("device backend '" + backend.name + "' is already registered");
-    }
-  }
-  backends_.push_back(std::move(backend));
-  return Status();
+  return backends_.add(std::move(backend), "device backend");
 }
 
-std::vector<DeviceBackend> DeviceBackendRegistry::snapshot() const {
-  std::lock_guard lock(mu_);
-  return backends_;
-}
+std::vector<DeviceBackend> DeviceBackendRegistry::snapshot() const { return backends_.snapshot(); }
 
 std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options) {
   if (!device.capabilities().caller_run_streams) return nullptr;

@@ -19,12 +19,12 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "asyncinfer/model.hpp"
+#include "core/backend_list.hpp"
 
 namespace asyncinfer::detail {
 
@@ -54,8 +54,7 @@ class ModelBackendRegistry {
 
  private:
   ModelBackendRegistry() = default;
-  mutable std::mutex mu_;
-  std::vector<ModelBackend> backends_;
+  BackendList<ModelBackend, &ModelBackend::kind> backends_;
 };
 
 /// Registers every model backend this build has (src/backends.cpp: one call per backend, each

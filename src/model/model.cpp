@@ -122,20 +122,10 @@ Status ModelBackendRegistry::add(ModelBackend backend) {
   if (backend.load == nullptr) {
     return invalid_argument_error("model backend '" + backend.kind + "': no loader");
   }
-  std::lock_guard lock(mu_);
-  for (const auto& b : backends_) {
-    if (b.kind == backend.kind) {
-      return already_exists_error("model backend '" + backend.kind + "' is already registered");
-    }
-  }
-  backends_.push_back(std::move(backend));
-  return Status();
+  return backends_.add(std::move(backend), "model backend");
 }
 
-std::vector<ModelBackend> ModelBackendRegistry::snapshot() const {
-  std::lock_guard lock(mu_);
-  return backends_;
-}
+std::vector<ModelBackend> ModelBackendRegistry::snapshot() const { return backends_.snapshot(); }
 
 ModelUri parse_model_uri(std::string_view uri) noexcept {
   constexpr std::string_view kBuiltin = "builtin:";

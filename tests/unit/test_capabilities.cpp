@@ -16,6 +16,7 @@
 #include "asyncinfer/model.hpp"
 #include "device/backend.hpp"
 #include "device/host_stream.hpp"
+#include "model/backend.hpp"
 #include "test_support.hpp"
 
 namespace asyncinfer {
@@ -249,6 +250,27 @@ TEST(Registries, RegisteringRefusesBadOrTakenNames) {
   auto d = open_device("twice");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->name(), "cpu");
+}
+
+TEST(Registries, ModelBackendsAreUniqueByKind) {
+  auto& registry = detail::ModelBackendRegistry::instance();
+  auto loader = [](std::string_view, std::string_view,
+                   const ModelOptions& o) -> Result<std::shared_ptr<Model>> {
+    return load_model("builtin:identity", o);
+  };
+  const Status taken = registry.add({"builtin:identity", "builtin:identity", loader});
+  EXPECT_EQ(taken.code(), StatusCode::already_exists);
+  EXPECT_NE(taken.message().find("model backend 'builtin:identity' is already registered"),
+            std::string::npos)
+      << taken;
+  EXPECT_EQ(registry.add({"", "", loader}).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(registry.add({"test:nofn", "", nullptr}).code(), StatusCode::invalid_argument);
+  ASSERT_TRUE(registry.add({"test:alias", "test:alias", loader}).ok());
+  EXPECT_EQ(registry.add({"test:alias", "test:alias", loader}).code(), StatusCode::already_exists);
+  const auto kinds = registry.snapshot();
+  EXPECT_EQ(std::count_if(kinds.begin(), kinds.end(),
+                          [](const detail::ModelBackend& b) { return b.kind == "test:alias"; }),
+            1);
 }
 
 }  // namespace
