@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc peers python)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc grpc_stream peers python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -122,6 +122,11 @@ for s in "${sections[@]}"; do
     # gRPC vs HTTP, 1/2/3 servers behind nginx on sim, digits over gRPC vs in process.
     begin grpc
     run grpc /usr/bin/python3 scripts/bench_grpc.py $B
+    ;;
+  grpc_stream)
+    # ModelStreamInfer against ModelInfer, 64 and 1 in flight (bench/bench_grpc_stream).
+    begin grpc_stream
+    run grpc_stream scripts/bench_grpc_stream.sh $B
     ;;
   peers)
     # asyncinfer serve against KServe's model server and Ray Serve on the digits model
