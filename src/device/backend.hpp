@@ -75,7 +75,7 @@ class CallerRunStreams {
 
 /// A caller-run stream of `device`: null unless the device reports
 /// capabilities().caller_run_streams and implements CallerRunStreams. Used by the engine's inline
-/// path (EngineCore::make_stream_and_instance).
+/// path (Worker::make_stream_and_instance).
 std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const StreamOptions& options);
 
 /// Direction of a copy between two tensors' placements.

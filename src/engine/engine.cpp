@@ -11,12 +11,10 @@
 
 namespace asyncinfer {
 
-using detail::Batch;
 using detail::deadline_after;
 using detail::Request;
 using detail::saturating_add;
 using detail::Stage;
-using detail::Worker;
 
 EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                        EngineOptions options, std::int64_t max_rows)
@@ -25,7 +23,6 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       opt_(std::move(options)),
       sig_(model_->signature()),
       max_rows_(max_rows),
-      unified_(device_->info().unified_memory),
       // The device says whether it can run a stream on the caller's thread; the engine decides
       // whether to: not with a hang watchdog, which must find the worker free to replace a hung
       // stream (worker.hpp).
@@ -36,7 +33,9 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       timer_("ai-timer"),
       reaper_(reaper_threads(opt_), "ai-reaper"),
       scheduler_(opt_, sig_.batched),
-      resolver_(opt_, scheduler_, timer_, completion_) {}
+      resolver_(opt_, scheduler_, timer_, completion_),
+      ctx_(*model_, *device_, opt_, sig_, max_rows_, inline_path_, dispatcher_, timer_, reaper_,
+           scheduler_, resolver_) {}
 
 EngineCore::~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
@@ -50,16 +49,12 @@ std::size_t EngineCore::reaper_threads(const EngineOptions& o) {
 Status EngineCore::start() {
   const int threads = std::max(1, opt_.intra_op_threads);  // resolved by Engine::create
   for (int i = 0; i < opt_.workers; ++i) {
-    auto w = std::make_unique<Worker>(i, opt_.breaker);
-    ASYNCINFER_RETURN_IF_ERROR(make_stream_and_instance(*w, threads));
+    auto w = std::make_unique<Worker>(i, threads, ctx_);
+    ASYNCINFER_RETURN_IF_ERROR(w->open());
     workers_.push_back(std::move(w));
   }
-  intra_op_threads_ = threads;
-  live_workers_.store(opt_.workers, std::memory_order_relaxed);
-  for (auto& w : workers_) {
-    Worker* wp = w.get();
-    wp->thread = std::jthread([this, wp] { worker_loop(*wp); });
-  }
+  ctx_.live_workers.store(opt_.workers, std::memory_order_relaxed);
+  for (auto& w : workers_) w->start();
   return Status();
 }
 
@@ -241,7 +236,7 @@ void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_tim
   const EngineState want =
       mode == ShutdownMode::cancel ? EngineState::cancelling : EngineState::draining;
   const bool was_running = scheduler_.begin_shutdown(want) == EngineState::running;
-  if (was_running) health_changed();  // not live, so not ready, from now on
+  if (was_running) ctx_.health_changed();  // not live, so not ready, from now on
   wake_everyone();
   if (state() == EngineState::draining) {
     // Drained, timed out, or escalated by a cancel: then cancelling (Scheduler::wait_drained).
@@ -249,15 +244,10 @@ void EngineCore::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_tim
     wake_everyone();
   }
   cancel_all();
-  for (auto& w : workers_) {
-    if (w->thread.joinable()) w->thread.join();
-  }
+  for (auto& w : workers_) w->join();
   // Destroying the streams stops what still runs (cancellable backends) and delivers their
   // pending completion points (as aborted) to the dispatcher; their requests have ended.
-  for (auto& w : workers_) {
-    w->stream.reset();
-    w->instance.reset();
-  }
+  for (auto& w : workers_) w->close();
   reaper_.shutdown();
   dispatcher_.shutdown();
   completion_.shutdown();
@@ -270,27 +260,19 @@ void EngineCore::escalate_to_cancel() {
   // changed the state yet.
   const EngineState was = scheduler_.begin_shutdown(EngineState::cancelling);
   if (was >= EngineState::cancelling) return;
-  if (was == EngineState::running) health_changed();
+  if (was == EngineState::running) ctx_.health_changed();
   wake_everyone();
   cancel_all();
 }
 
 void EngineCore::wake_everyone() {
   scheduler_.wake_all();
-  for (auto& w : workers_) {
-    { std::lock_guard lock(w->mu); }
-    w->cv.notify_all();
-  }
+  for (auto& w : workers_) w->wake();
 }
 
 void EngineCore::cancel_all() {
   std::vector<std::shared_ptr<Request>> victims = scheduler_.waiting();
-  for (auto& w : workers_) {
-    std::lock_guard lock(w->mu);
-    for (auto& b : w->running) {
-      for (auto& r : b->requests) victims.push_back(r);
-    }
-  }
+  for (auto& w : workers_) w->append_running(victims);
   for (auto& r : victims) {
     const bool was_running = r->stage.load(std::memory_order_acquire) == Stage::running;
     resolver_.try_resolve(

@@ -4,12 +4,6 @@
 
 namespace asyncinfer {
 
-using detail::Batch;
-using detail::ms_text;
-using detail::Pending;
-using detail::Request;
-using detail::Stage;
-using detail::Worker;
 EngineMetrics EngineCore::metrics() const {
   EngineMetrics m;
   m.model = model_->name();
@@ -20,52 +14,37 @@ EngineMetrics EngineCore::metrics() const {
   {
     std::lock_guard lock(reasons_mu_);
     m.rejections_by_reason = rejections_by_reason_;
-    m.late_failures_by_reason = late_failures_by_reason_;
   }
-  m.batches = batches_.load();
-  m.attempts = attempts_.load();
-  m.retries = retries_.load();
-  m.retries_denied_by_budget = retries_denied_.load();
-  m.split_batches = split_batches_.load();
-  m.late_completions = late_completions_.load();
-  m.late_failures = late_failures_.load();
-  m.model_exceptions = model_exceptions_.load();
-  m.watchdog_fired = watchdog_fired_.load();
+  {
+    std::lock_guard lock(ctx_.reasons_mu);
+    m.late_failures_by_reason = ctx_.late_failures_by_reason;
+  }
+  m.batches = ctx_.batches.load();
+  m.attempts = ctx_.attempts.load();
+  m.retries = ctx_.retries.load();
+  m.retries_denied_by_budget = ctx_.retries_denied.load();
+  m.split_batches = ctx_.split_batches.load();
+  m.late_completions = ctx_.late_completions.load();
+  m.late_failures = ctx_.late_failures.load();
+  m.model_exceptions = ctx_.model_exceptions.load();
+  m.watchdog_fired = ctx_.watchdog_fired.load();
   const detail::Scheduler::Depths depths = scheduler_.depths();
   m.queue_depth = depths.queued;
   m.retry_waiting = depths.retry_waiting;
   m.batches_per_s = m.uptime_s > 0 ? static_cast<double>(m.batches) / m.uptime_s : 0;
-  m.live_workers = live_workers_.load();
-  for (const auto& w : workers_) {
-    WorkerMetrics wm;
-    wm.index = w->index;
-    {
-      std::lock_guard lock(w->mu);
-      wm.breaker = detail::to_string(w->breaker.state());
-      wm.inflight_batches = w->inflight;
-      wm.abandoned_instances = w->abandoned;
-      auto [health, reason] = health_of(*w);
-      wm.health = std::string(to_string(health));
-      wm.health_reason = std::move(reason);
-    }
-    wm.batches = w->batches.load();
-    wm.failed_batches = w->failed_batches.load();
-    wm.recycles = w->recycles.load();
-    wm.recycle_failures = w->recycle_attempts_failed.load();
-    wm.stream_batches = w->stream_batches.load();
-    m.workers.push_back(std::move(wm));
-  }
-  m.queue_us = queue_us_.snapshot();
-  m.compute_us = compute_us_.snapshot();
-  m.batch_size = batch_size_.snapshot();
-  m.stats.inference_count = inference_count_.load(std::memory_order_relaxed);
-  m.stats.execution_count = execution_count_.load(std::memory_order_relaxed);
-  m.stats.last_inference_ms = last_inference_ms_.load(std::memory_order_relaxed);
-  m.stats.queue = stat_queue_.load();
-  m.stats.compute_input = stat_input_.load();
-  m.stats.compute_infer = stat_infer_.load();
-  m.stats.compute_output = stat_output_.load();
-  m.stats.batch_stats = batch_stats_.snapshot();
+  m.live_workers = ctx_.live_workers.load();
+  for (const auto& w : workers_) m.workers.push_back(w->metrics());
+  m.queue_us = ctx_.queue_us.snapshot();
+  m.compute_us = ctx_.compute_us.snapshot();
+  m.batch_size = ctx_.batch_size.snapshot();
+  m.stats.inference_count = ctx_.inference_count.load(std::memory_order_relaxed);
+  m.stats.execution_count = ctx_.execution_count.load(std::memory_order_relaxed);
+  m.stats.last_inference_ms = ctx_.last_inference_ms.load(std::memory_order_relaxed);
+  m.stats.queue = ctx_.stat_queue.load();
+  m.stats.compute_input = ctx_.stat_input.load();
+  m.stats.compute_infer = ctx_.stat_infer.load();
+  m.stats.compute_output = ctx_.stat_output.load();
+  m.stats.batch_stats = ctx_.batch_stats.snapshot();
   return m;
 }
 
@@ -76,13 +55,8 @@ EngineHealth EngineCore::health() const {
   std::string first_reason;
   for (const auto& w : workers_) {
     WorkerStatus ws;
-    ws.index = w->index;
-    {
-      std::lock_guard lock(w->mu);
-      auto [health, reason] = health_of(*w);
-      ws.health = health;
-      ws.reason = std::move(reason);
-    }
+    ws.index = w->index();
+    std::tie(ws.health, ws.reason) = w->health();
     if (ws.health == WorkerHealth::healthy) {
       ++healthy;
     } else if (first_reason.empty()) {

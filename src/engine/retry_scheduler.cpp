@@ -1,6 +1,6 @@
 #include "engine/retry_scheduler.hpp"
 
-#include "engine/engine_core.hpp"
+#include "engine/engine_context.hpp"
 
 namespace asyncinfer {
 namespace detail {
@@ -58,44 +58,40 @@ std::vector<std::shared_ptr<Request>> RetryScheduler::all() const {
   return out;
 }
 
-}  // namespace detail
-
-using detail::Request;
-using detail::Stage;
-
-void EngineCore::retry_or_fail(const std::shared_ptr<Request>& r, const Status& st) {
+void EngineContext::retry_or_fail(const std::shared_ptr<Request>& r, const Status& st) {
   {
     std::lock_guard tl(r->timer_mu);
     r->last_error = st;
   }
   if (r->on_response) return fail_partial(r, st);  // decoupled: runs once
-  const int attempts = r->attempts.load(std::memory_order_relaxed);
+  const int tries = r->attempts.load(std::memory_order_relaxed);
   const detail::RetryDecision d =
-      scheduler_.decide_retry(attempts, st.code(), r->deadline, Clock::now());
-  if (d.denied_by_budget) retries_denied_.fetch_add(1, std::memory_order_relaxed);
+      scheduler.decide_retry(tries, st.code(), r->deadline, Clock::now());
+  if (d.denied_by_budget) retries_denied.fetch_add(1, std::memory_order_relaxed);
   if (d.retry) {
-    if (!scheduler_.park_for_retry(r)) {
+    if (!scheduler.park_for_retry(r)) {
       late_failure(1, st, *r);  // ended meanwhile (deadline, cancel)
       return;
     }
-    retries_.fetch_add(1, std::memory_order_relaxed);
-    TimerId id = timer_.add(d.at, [this, r] { requeue_after_backoff(r); });
+    retries.fetch_add(1, std::memory_order_relaxed);
+    TimerId id = timer.add(d.at, [this, r] { requeue_after_backoff(r); });
     std::lock_guard tl(r->timer_mu);
     r->retry_timer = id;
     return;
   }
-  Status final = detail::RetryScheduler::final_status(st, attempts, d.why_not, r->tag);
+  Status final = detail::RetryScheduler::final_status(st, tries, d.why_not, r->tag);
   const Status copy = final;
-  if (!resolver_.try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
+  if (!resolver.try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
     late_failure(1, copy, *r);  // ended meanwhile (deadline, cancel)
   }
 }
 
-void EngineCore::requeue_after_backoff(const std::shared_ptr<Request>& r) {
-  const detail::BackoffEnd end = scheduler_.requeue_after_backoff(r);
+void EngineContext::requeue_after_backoff(const std::shared_ptr<Request>& r) {
+  const detail::BackoffEnd end = scheduler.requeue_after_backoff(r);
   if (end.unservable) {
     end_unservable(r, end.unavailable, "engine shut down while the request waited to retry");
   }
 }
 
+}  // namespace detail
 }  // namespace asyncinfer

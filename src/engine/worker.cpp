@@ -8,19 +8,10 @@
 #include "device/backend.hpp"
 #include "device/host_stream.hpp"
 #include "engine/batcher.hpp"
-#include "engine/engine_core.hpp"
 #include "engine/test_hooks.hpp"
+#include "engine/worker.hpp"
 
-namespace asyncinfer {
-
-using detail::Batch;
-using detail::Breaker;
-using detail::ms_text;
-using detail::Pending;
-using detail::Request;
-using detail::saturating_add;
-using detail::Stage;
-using detail::Worker;
+namespace asyncinfer::detail {
 
 namespace {
 
@@ -28,8 +19,8 @@ namespace {
 /// RequestOptions::on_response while the request is running.
 class BatchResponseSender final : public ResponseSender {
  public:
-  BatchResponseSender(const EngineCore& core, std::vector<std::shared_ptr<Request>> requests)
-      : core_(core), requests_(std::move(requests)) {}
+  BatchResponseSender(const EngineContext& ctx, std::vector<std::shared_ptr<Request>> requests)
+      : ctx_(ctx), requests_(std::move(requests)) {}
 
   std::size_t requests() const noexcept override { return requests_.size(); }
   std::int64_t rows(std::size_t request) const noexcept override {
@@ -51,35 +42,95 @@ class BatchResponseSender final : public ResponseSender {
     // belong to an engine that is gone.
     std::lock_guard gate(r.response_mu);
     if (is_cancelled(request)) {
-      return cancelled_error(core_.context("the request has ended; no more responses", r.tag));
+      return cancelled_error(with_tag("the request has ended; no more responses", r.tag));
     }
-    ASYNCINFER_RETURN_IF_ERROR(core_.check_outputs(outputs, r.rows));
+    ASYNCINFER_RETURN_IF_ERROR(ctx_.check_outputs(outputs, r.rows));
     r.responses_sent.fetch_add(1, std::memory_order_relaxed);
     return r.on_response(std::move(outputs), r.response_stop.get_token());
   }
 
  private:
-  const EngineCore& core_;
+  const EngineContext& ctx_;
   const std::vector<std::shared_ptr<Request>> requests_;
 };
 
 }  // namespace
 
-Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
-  const std::string where = "worker " + std::to_string(w.index);
+Worker::Worker(int index, int intra_op_threads, EngineContext& ctx)
+    : index_(index),
+      intra_op_threads_(intra_op_threads),
+      ctx_(ctx),
+      scheduler_(ctx.scheduler),
+      resolver_(ctx.resolver),
+      breaker_(ctx.opt.breaker) {}
+
+Status Worker::open() { return make_stream_and_instance(); }
+
+void Worker::start() {
+  thread_ = std::jthread([this] { loop(); });
+}
+
+void Worker::wake() {
+  { std::lock_guard lock(mu_); }
+  cv_.notify_all();
+}
+
+void Worker::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::close() {
+  stream_.reset();
+  instance_.reset();
+}
+
+void Worker::append_running(std::vector<std::shared_ptr<Request>>& out) const {
+  std::lock_guard lock(mu_);
+  for (const auto& b : running_) {
+    for (const auto& r : b->requests) out.push_back(r);
+  }
+}
+
+std::pair<WorkerHealth, std::string> Worker::health() const {
+  std::lock_guard lock(mu_);
+  return health_locked();
+}
+
+WorkerMetrics Worker::metrics() const {
+  WorkerMetrics wm;
+  wm.index = index_;
+  {
+    std::lock_guard lock(mu_);
+    wm.breaker = to_string(breaker_.state());
+    wm.inflight_batches = inflight_;
+    wm.abandoned_instances = abandoned_;
+    auto [health, reason] = health_locked();
+    wm.health = std::string(asyncinfer::to_string(health));
+    wm.health_reason = std::move(reason);
+  }
+  wm.batches = batches_.load();
+  wm.failed_batches = failed_batches_.load();
+  wm.recycles = recycles_.load();
+  wm.recycle_failures = recycle_attempts_failed_.load();
+  wm.stream_batches = stream_batches_.load();
+  return wm;
+}
+
+Status Worker::make_stream_and_instance() {
+  const std::string where = "worker " + std::to_string(index_);
   StreamOptions so;
-  so.host_func_executor = completion_point_executor();
-  so.name = "ai-w" + std::to_string(w.index) + "-stream";
+  so.host_func_executor = &ctx_.completion_point;
+  so.name = "ai-w" + std::to_string(index_) + "-stream";
   Result<std::unique_ptr<Stream>> stream = internal_error("no stream");
   detail::HostStream* caller_stream = nullptr;
   try {
     std::unique_ptr<detail::HostStream> own;
-    if (inline_path_) own = detail::create_caller_run_stream(*device_, so);
+    if (ctx_.inline_path) own = detail::create_caller_run_stream(ctx_.device, so);
     if (own) {
       caller_stream = own.get();
       stream = std::unique_ptr<Stream>(std::move(own));
     } else {
-      stream = device_->create_stream(so);  // not the inline path: a stream with its own thread
+      stream = ctx_.device.create_stream(so);  // not the inline path: a stream with its own thread
     }
   } catch (const std::exception& e) {
     stream = internal_error(std::string("device threw while creating a stream: ") + e.what());
@@ -88,163 +139,155 @@ Status EngineCore::make_stream_and_instance(Worker& w, int threads) {
   }
   if (!stream.ok()) return stream.status().with_context(where);
   InstanceOptions io;
-  io.worker_index = w.index;
-  io.intra_op_threads = threads;
+  io.worker_index = index_;
+  io.intra_op_threads = intra_op_threads_;
   Result<std::unique_ptr<ModelInstance>> instance = internal_error("no instance");
   try {
-    instance = model_->create_instance(*device_, **stream, io);
+    instance = ctx_.model.create_instance(ctx_.device, **stream, io);
   } catch (const std::exception& e) {
-    model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
     instance = internal_error(std::string("model threw in create_instance: ") + e.what());
   } catch (...) {
-    model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
     instance = internal_error("model threw an unknown exception in create_instance");
   }
   if (!instance.ok()) {
-    return instance.status().with_context("worker " + std::to_string(w.index) + ": model '" +
-                                          model_->name() + "' on " + device_->name());
+    return instance.status().with_context("worker " + std::to_string(index_) + ": model '" +
+                                          ctx_.model.name() + "' on " + ctx_.device.name());
   }
-  w.stream = std::move(*stream);
-  w.caller_stream = caller_stream;
-  w.instance = std::move(*instance);
+  stream_ = std::move(*stream);
+  caller_stream_ = caller_stream;
+  instance_ = std::move(*instance);
   return Status();
 }
 
-Executor* EngineCore::completion_point_executor() {
-  // The completion point enqueues copies, records events and frees the batch's device memory:
-  // it runs on the thread that reaches it in the stream only where that thread may call the
-  // device (DeviceCapabilities::host_funcs_may_call_device); elsewhere the dispatcher runs it.
-  return device_->capabilities().host_funcs_may_call_device ? static_cast<Executor*>(&inline_)
-                                                            : &dispatcher_;
-}
-
-void EngineCore::worker_loop(Worker& w) {
-  detail::setup_thread("ai-worker-" + std::to_string(w.index));
+void Worker::loop() {
+  detail::setup_thread("ai-worker-" + std::to_string(index_));
   for (;;) {
-    std::int64_t cap = max_rows_;
+    std::int64_t cap = ctx_.max_rows;
     bool do_recycle = false;
     {
-      std::unique_lock lock(w.mu);
+      std::unique_lock lock(mu_);
       for (;;) {
         // Leave at once when cancelling (shutdown(cancel), or a drain that ended), whatever else is
         // pending (a recycle, a backoff, a breaker cool-down): nothing is left for this worker to
         // do.
-        if (cancelling()) return;
-        if (w.gave_up) {
+        if (scheduler_.cancelling()) return;
+        if (gave_up_) {
           // Unhealthy for good: serves nothing and waits for shutdown.
-          if (!accepting()) return;
-          w.cv.wait(lock);
+          if (!scheduler_.accepting()) return;
+          cv_.wait(lock);
           continue;
         }
-        if (w.recycle) {
+        if (recycle_) {
           // Replacing an instance abandons the old one: only within the limit (header).
-          if (w.abandoned > 0 && w.abandoned >= opt_.recovery.max_abandoned_instances) {
-            w.cv.wait(lock);  // the reaper notifies when an abandoned instance is destroyed
+          if (abandoned_ > 0 && abandoned_ >= ctx_.opt.recovery.max_abandoned_instances) {
+            cv_.wait(lock);  // the reaper notifies when an abandoned instance is destroyed
             continue;
           }
-          if (Clock::now() < w.next_recycle) {
-            w.cv.wait_until(lock, w.next_recycle);  // backoff after a failed attempt
+          if (Clock::now() < next_recycle_) {
+            cv_.wait_until(lock, next_recycle_);  // backoff after a failed attempt
             continue;
           }
           do_recycle = true;
           break;
         }
-        if (w.abandoned > opt_.recovery.max_abandoned_instances) {
-          w.cv.wait(lock);  // max_abandoned_instances 0: the replaced instance's work first
+        if (abandoned_ > ctx_.opt.recovery.max_abandoned_instances) {
+          cv_.wait(lock);  // max_abandoned_instances 0: the replaced instance's work first
           continue;
         }
         const std::optional<int> limit =
-            w.breaker.admit(opt_.max_inflight_per_worker, Clock::now());
+            breaker_.admit(ctx_.opt.max_inflight_per_worker, Clock::now());
         if (!limit) {
-          w.cv.wait_until(lock, w.breaker.open_until());  // the cool-down
+          cv_.wait_until(lock, breaker_.open_until());  // the cool-down
           continue;
         }
-        if (w.inflight < *limit) {
-          if (w.breaker.state() == Breaker::half_open) cap = 1;  // probe with one request
+        if (inflight_ < *limit) {
+          if (breaker_.state() == Breaker::half_open) cap = 1;  // probe with one request
           break;
         }
-        w.cv.wait(lock);
+        cv_.wait(lock);
       }
     }
     if (do_recycle) {
-      recycle(w);
+      recycle();
       continue;
     }
     std::shared_ptr<Batch> batch =
-        scheduler_.next_batch({w.index, cap, &w.recycle_wanted, w.breaker.open_flag()});
+        scheduler_.next_batch({index_, cap, &recycle_wanted_, breaker_.open_flag()});
     if (!batch) {
-      if (cancelling()) return;
+      if (scheduler_.cancelling()) return;
       // A recycle, or a breaker that opened while the worker waited for work: back to the
       // loop above, which handles them.
-      if (w.recycle_wanted.load(std::memory_order_acquire)) continue;
-      if (w.breaker.open_flag()->load(std::memory_order_acquire)) continue;
+      if (recycle_wanted_.load(std::memory_order_acquire)) continue;
+      if (breaker_.open_flag()->load(std::memory_order_acquire)) continue;
       return;
     }
-    launch(w, batch);
-    if (w.caller_stream != nullptr) w.caller_stream->run_pending();  // the inline path
+    launch(batch);
+    if (caller_stream_ != nullptr) caller_stream_->run_pending();  // the inline path
   }
 }
 
-void EngineCore::launch(Worker& w, const std::shared_ptr<Batch>& batch) {
+void Worker::launch(const std::shared_ptr<Batch>& batch) {
   {
-    std::lock_guard lock(w.mu);
-    batch->generation = w.generation;
-    ++w.inflight;
-    w.running.push_back(batch);
+    std::lock_guard lock(mu_);
+    batch->generation = generation_;
+    ++inflight_;
+    running_.push_back(batch);
   }
   const Clock::time_point now = Clock::now();
   batch->dispatched = now;
   for (const auto& r : batch->requests) {
     ++r->attempts;
-    queue_us_.observe(detail::us_between(r->enqueued, now));
+    ctx_.queue_us.observe(detail::us_between(r->enqueued, now));
     r->queue_ns += detail::ns_between(r->waiting_since, now);
   }
-  attempts_.fetch_add(batch->requests.size(), std::memory_order_relaxed);
+  ctx_.attempts.fetch_add(batch->requests.size(), std::memory_order_relaxed);
   auto io = std::make_shared<BatchIO>();
   batch->io = io;
   io->stop = batch->stop.get_token();
-  Status s = assemble(w, *batch, *io);
+  Status s = assemble(*batch, *io);
   batch->inputs_ready = Clock::now();
   if (s.ok() && batch->requests.empty()) {  // every request failed in assembly
-    end_without_running(w, batch, Status());
+    end_without_running(batch, Status());
     return;
   }
   if (s.ok()) {
-    if (sig_.decoupled)
-      io->responses = std::make_shared<BatchResponseSender>(*this, batch->requests);
+    if (ctx_.sig.decoupled)
+      io->responses = std::make_shared<BatchResponseSender>(ctx_, batch->requests);
+    ctx_.batches.fetch_add(1, std::memory_order_relaxed);
     batches_.fetch_add(1, std::memory_order_relaxed);
-    w.batches.fetch_add(1, std::memory_order_relaxed);
-    batch_size_.observe(static_cast<double>(batch->rows));
+    ctx_.batch_size.observe(static_cast<double>(batch->rows));
     // On the stream from here until its completion point runs (or it never gets one).
     batch->on_stream.store(true, std::memory_order_relaxed);
-    w.stream_batches.fetch_add(1, std::memory_order_relaxed);
+    stream_batches_.fetch_add(1, std::memory_order_relaxed);
     try {
-      s = w.instance->enqueue(*w.stream, io);
+      s = instance_->enqueue(*stream_, io);
     } catch (const std::exception& e) {
-      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
       s = internal_error(std::string("model threw during enqueue: ") + e.what());
     } catch (...) {
-      model_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
       s = internal_error("model threw an unknown exception during enqueue");
     }
-    if (!s.ok()) s = s.with_context("model '" + model_->name() + "'");
+    if (!s.ok()) s = s.with_context("model '" + ctx_.model.name() + "'");
   }
-  if (s.ok() && !unified_) s = enqueue_copies_back(w, *batch, *io);
+  if (s.ok() && !ctx_.unified) s = enqueue_copies_back(*batch, *io);
   if (!s.ok()) {
-    end_without_running(w, batch, s);
+    end_without_running(batch, s);
     return;
   }
   batch->compute_start = Clock::now();
-  if (opt_.watchdog.count() > 0) {
+  if (ctx_.opt.watchdog.count() > 0) {
     std::lock_guard wl(batch->watchdog_mu);
-    batch->watchdog = timer_.add(saturating_add(batch->compute_start, opt_.watchdog),
-                                 [this, batch] { on_watchdog(batch); });
+    batch->watchdog = ctx_.timer.add(saturating_add(batch->compute_start, ctx_.opt.watchdog),
+                                     [this, batch] { on_watchdog(batch); });
   }
-  s = w.stream->launch_host_func([this, batch](Status st) { on_batch_done(batch, std::move(st)); });
-  if (!s.ok()) end_without_running(w, batch, s);
+  s = stream_->launch_host_func([this, batch](Status st) { on_batch_done(batch, std::move(st)); });
+  if (!s.ok()) end_without_running(batch, s);
 }
 
-Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
+Status Worker::assemble(Batch& batch, BatchIO& io) {
   const detail::AssemblyHook hook = detail::assembly_hook();
   if (hook != nullptr) {
     std::vector<std::shared_ptr<Request>> kept;
@@ -253,10 +296,12 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
         hook(r->inputs);
         kept.push_back(r);
       } catch (const std::exception& e) {
-        fail_alone(r, internal_error(context("batch assembly failed for this request", r->tag) +
-                                     ": " + e.what()));
+        ctx_.fail_alone(
+            r, internal_error(detail::with_tag("batch assembly failed for this request", r->tag) +
+                              ": " + e.what()));
       } catch (...) {
-        fail_alone(r, internal_error(context("batch assembly failed for this request", r->tag)));
+        ctx_.fail_alone(
+            r, internal_error(detail::with_tag("batch assembly failed for this request", r->tag)));
       }
     }
     if (kept.size() != batch.requests.size()) {
@@ -266,16 +311,16 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
     }
     if (batch.requests.empty()) return Status();
   }
-  io.batch_size = sig_.batched ? batch.rows : 1;
+  io.batch_size = ctx_.sig.batched ? batch.rows : 1;
   io.request_rows.reserve(batch.requests.size());
-  for (const auto& r : batch.requests) io.request_rows.push_back(sig_.batched ? r->rows : 1);
+  for (const auto& r : batch.requests) io.request_rows.push_back(ctx_.sig.batched ? r->rows : 1);
   try {
     if (batch.requests.size() == 1) {
       io.host_inputs = batch.requests[0]->inputs;
     } else {
-      io.host_inputs.reserve(sig_.inputs.size());
+      io.host_inputs.reserve(ctx_.sig.inputs.size());
       std::vector<Tensor> parts(batch.requests.size());
-      for (std::size_t i = 0; i < sig_.inputs.size(); ++i) {
+      for (std::size_t i = 0; i < ctx_.sig.inputs.size(); ++i) {
         for (std::size_t j = 0; j < batch.requests.size(); ++j) {
           parts[j] = batch.requests[j]->inputs[i];
         }
@@ -283,13 +328,13 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
         io.host_inputs.push_back(std::move(t));
       }
     }
-    if (unified_) {
+    if (ctx_.unified) {
       io.inputs = io.host_inputs;
     } else {
       io.inputs.reserve(io.host_inputs.size());
       for (const Tensor& h : io.host_inputs) {
-        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d, device_->empty_like(h, MemoryKind::device));
-        ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(d, h));
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor d, ctx_.device.empty_like(h, MemoryKind::device));
+        ASYNCINFER_RETURN_IF_ERROR(stream_->copy(d, h));
         io.inputs.push_back(std::move(d));
       }
     }
@@ -299,58 +344,50 @@ Status EngineCore::assemble(Worker& w, Batch& batch, BatchIO& io) {
   return Status();
 }
 
-void EngineCore::fail_alone(const std::shared_ptr<Request>& r, Status s) {
-  // The request is running (it was dispatched): end it here.
-  const Status copy = s;
-  if (!resolver_.try_resolve(r, detail::stage_for_error(s.code()), std::move(s)))
-    late_failure(1, copy, *r);
-}
-
-Status EngineCore::enqueue_copies_back(Worker& w, Batch& batch, BatchIO& io) {
-  if (sig_.decoupled && io.outputs.empty()) return Status();  // the final flag alone
-  if (io.outputs.size() != sig_.outputs.size()) {
-    return internal_error("model '" + model_->name() + "' gave " +
+Status Worker::enqueue_copies_back(Batch& batch, BatchIO& io) {
+  if (ctx_.sig.decoupled && io.outputs.empty()) return Status();  // the final flag alone
+  if (io.outputs.size() != ctx_.sig.outputs.size()) {
+    return internal_error("model '" + ctx_.model.name() + "' gave " +
                           std::to_string(io.outputs.size()) + " outputs during enqueue on " +
-                          device_->name() + ", its signature has " +
-                          std::to_string(sig_.outputs.size()) +
+                          ctx_.device.name() + ", its signature has " +
+                          std::to_string(ctx_.sig.outputs.size()) +
                           " (on devices without unified memory the outputs must exist when "
                           "enqueue returns)");
   }
   batch.host_outputs.reserve(io.outputs.size());
   for (const Tensor& out : io.outputs) {
     if (!out.defined())
-      return internal_error("model '" + model_->name() + "' left an output undefined");
-    ASYNCINFER_ASSIGN_OR_RETURN(Tensor host, device_->empty_like(out, MemoryKind::pinned_host));
-    ASYNCINFER_RETURN_IF_ERROR(w.stream->copy(host, out));
+      return internal_error("model '" + ctx_.model.name() + "' left an output undefined");
+    ASYNCINFER_ASSIGN_OR_RETURN(Tensor host, ctx_.device.empty_like(out, MemoryKind::pinned_host));
+    ASYNCINFER_RETURN_IF_ERROR(stream_->copy(host, out));
     batch.host_outputs.push_back(std::move(host));
   }
   return Status();
 }
 
-void EngineCore::off_stream(Worker& w, Batch& batch) {
+void Worker::off_stream(Batch& batch) {
   if (batch.on_stream.exchange(false, std::memory_order_relaxed)) {
-    w.stream_batches.fetch_sub(1, std::memory_order_relaxed);
+    stream_batches_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
-void EngineCore::end_without_running(Worker& w, const std::shared_ptr<Batch>& batch, Status s) {
-  off_stream(w, *batch);
+void Worker::end_without_running(const std::shared_ptr<Batch>& batch, Status s) {
+  off_stream(*batch);
   if (batch->done.exchange(true)) return;
   if (!s.ok()) {
-    w.failed_batches.fetch_add(1, std::memory_order_relaxed);
-    breaker_failure(w, s.code());
+    failed_batches_.fetch_add(1, std::memory_order_relaxed);
+    breaker_failure(s.code());
   }
-  release_slot(w, *batch);
-  if (!s.ok()) batch_failed(batch, s);
+  release_slot(*batch);
+  if (!s.ok()) ctx_.batch_failed(batch, s);
   scheduler_.batch_finished();
 }
 
-void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
-  Worker& wk = *workers_[static_cast<std::size_t>(batch->worker)];
-  off_stream(wk, *batch);
+void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
+  off_stream(*batch);
   if (batch->done.exchange(true)) {
     // The watchdog ended it first: its requests have ended; what it brings is late.
-    late_outcome(*batch, st);
+    ctx_.late_outcome(*batch, st);
     return;
   }
   TimerId wd;
@@ -358,59 +395,59 @@ void EngineCore::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
     std::lock_guard wl(batch->watchdog_mu);
     wd = std::exchange(batch->watchdog, TimerId{});
   }
-  timer_.cancel(wd);
+  ctx_.timer.cancel(wd);
   const Clock::time_point now = Clock::now();
   const double compute = detail::us_between(batch->compute_start, now);
-  compute_us_.observe(compute);
-  Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+  ctx_.compute_us.observe(compute);
   // The breaker is updated before the slot is freed, so a worker that just failed its probe
   // cannot take another request in between.
   if (st.ok()) {
-    breaker_success(w);
+    breaker_success();
   } else if (st.code() != StatusCode::aborted) {
-    w.failed_batches.fetch_add(1, std::memory_order_relaxed);
-    breaker_failure(w, st.code());
+    failed_batches_.fetch_add(1, std::memory_order_relaxed);
+    breaker_failure(st.code());
   }
-  const bool stale = release_slot(w, *batch);
-  const Clock::time_point previous(std::chrono::nanoseconds(w.last_completion_ns.exchange(
+  const bool stale = release_slot(*batch);
+  const Clock::time_point previous(std::chrono::nanoseconds(last_completion_ns_.exchange(
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
       std::memory_order_relaxed)));
   detail::Resolver::CallbackBatch callbacks(resolver_);
   if (st.ok()) {
     complete(batch, compute, now, previous);
   } else if (stale && st.code() == StatusCode::aborted) {
-    requeue_all(batch);  // its stream was replaced under it: run it again on the new one
+    ctx_.requeue_all(batch);  // its stream was replaced under it: run it again on the new one
   } else {
-    batch_failed(batch, st);
+    ctx_.batch_failed(batch, st);
   }
   scheduler_.batch_finished();
 }
 
-bool EngineCore::release_slot(Worker& w, const Batch& batch) {
+bool Worker::release_slot(const Batch& batch) {
   bool stale = false;
   {
-    std::lock_guard lock(w.mu);
-    --w.inflight;
-    auto it = std::find_if(w.running.begin(), w.running.end(),
+    std::lock_guard lock(mu_);
+    --inflight_;
+    auto it = std::find_if(running_.begin(), running_.end(),
                            [&](const std::shared_ptr<Batch>& b) { return b.get() == &batch; });
-    if (it != w.running.end()) w.running.erase(it);
-    stale = batch.generation != w.generation;
+    if (it != running_.end()) running_.erase(it);
+    stale = batch.generation != generation_;
   }
-  w.cv.notify_one();
+  cv_.notify_one();
   return stale;
 }
 
-void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us,
-                          Clock::time_point now, Clock::time_point previous) {
-  const std::vector<Tensor>& outs = unified_ ? batch->io->outputs : batch->host_outputs;
+void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Clock::time_point now,
+                      Clock::time_point previous) {
+  const std::vector<Tensor>& outs = ctx_.unified ? batch->io->outputs : batch->host_outputs;
   // A decoupled model's final result may carry no response: the final flag alone.
-  Status check = sig_.decoupled && outs.empty() ? Status() : check_outputs(outs, batch->rows);
+  Status check =
+      ctx_.sig.decoupled && outs.empty() ? Status() : ctx_.check_outputs(outs, batch->rows);
   if (!check.ok()) {
-    batch_failed(batch, check);
+    ctx_.batch_failed(batch, check);
     return;
   }
   scheduler_.observe_batch(compute_us, batch->requests.size());  // for admission control
-  const bool split = sig_.batched && batch->requests.size() > 1;
+  const bool split = ctx_.sig.batched && batch->requests.size() > 1;
   std::int64_t offset = 0;
   std::vector<Outputs> split_outputs(batch->requests.size());
   for (std::size_t k = 0; k < batch->requests.size(); ++k) {
@@ -437,12 +474,12 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
   const std::uint64_t stream_wait_ns = ns(batch->inputs_ready, infer_start);
   const std::uint64_t infer_ns = ns(infer_start, now);
   const std::uint64_t output_ns = ns(now, split_done);
-  execution_count_.fetch_add(1, std::memory_order_relaxed);
-  batch_stats_.add(sig_.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
-  last_inference_ms_.store(std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count(),
-                           std::memory_order_relaxed);
+  ctx_.execution_count.fetch_add(1, std::memory_order_relaxed);
+  ctx_.batch_stats.add(ctx_.sig.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
+  ctx_.last_inference_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count(),
+                               std::memory_order_relaxed);
   std::vector<std::uint64_t> counted(batch->requests.size(), 0);  // queue ns, +1 when counted
   std::uint64_t n = 0;
   std::uint64_t rows = 0;
@@ -452,7 +489,7 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
     if (r.stage.load(std::memory_order_acquire) != Stage::running) continue;
     counted[k] = r.queue_ns + stream_wait_ns + 1;
     ++n;
-    rows += static_cast<std::uint64_t>(sig_.batched ? r.rows : 1);
+    rows += static_cast<std::uint64_t>(ctx_.sig.batched ? r.rows : 1);
     queue_ns += counted[k] - 1;
   }
   auto charge = [&](std::uint64_t requests, std::uint64_t request_rows, std::uint64_t queued,
@@ -465,11 +502,12 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
         a.fetch_sub(v, std::memory_order_relaxed);
       }
     };
-    apply(inference_count_, request_rows);
-    apply(stat_queue_.count, requests);
-    apply(stat_queue_.ns, queued);
-    for (auto [c, each] : {std::pair{&stat_input_, input_ns}, std::pair{&stat_infer_, infer_ns},
-                           std::pair{&stat_output_, output_ns}}) {
+    apply(ctx_.inference_count, request_rows);
+    apply(ctx_.stat_queue.count, requests);
+    apply(ctx_.stat_queue.ns, queued);
+    for (auto [c, each] :
+         {std::pair{&ctx_.stat_input, input_ns}, std::pair{&ctx_.stat_infer, infer_ns},
+          std::pair{&ctx_.stat_output, output_ns}}) {
       apply(c->count, requests);
       apply(c->ns, requests * each);
     }
@@ -479,49 +517,50 @@ void EngineCore::complete(const std::shared_ptr<Batch>& batch, double compute_us
   for (std::size_t k = 0; k < batch->requests.size(); ++k) {
     const auto& r = batch->requests[k];
     if (!resolver_.try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
-      late_completions_.fetch_add(1, std::memory_order_relaxed);
+      ctx_.late_completions.fetch_add(1, std::memory_order_relaxed);
       // It ended (deadline, cancel) between the count and here: not a success after all.
       if (counted[k] != 0) {
-        charge(1, static_cast<std::uint64_t>(sig_.batched ? r->rows : 1), counted[k] - 1, false);
+        charge(1, static_cast<std::uint64_t>(ctx_.sig.batched ? r->rows : 1), counted[k] - 1,
+               false);
       }
     }
   }
 }
 
-Status EngineCore::check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const {
-  if (outs.size() != sig_.outputs.size()) {
-    return internal_error("model '" + model_->name() + "' produced " + std::to_string(outs.size()) +
-                          " outputs, its signature has " + std::to_string(sig_.outputs.size()));
+Status EngineContext::check_outputs(const std::vector<Tensor>& outs, std::int64_t rows) const {
+  if (outs.size() != sig.outputs.size()) {
+    return internal_error("model '" + model.name() + "' produced " + std::to_string(outs.size()) +
+                          " outputs, its signature has " + std::to_string(sig.outputs.size()));
   }
   for (std::size_t i = 0; i < outs.size(); ++i) {
-    const TensorSpec& spec = sig_.outputs[i];
+    const TensorSpec& spec = sig.outputs[i];
     const Tensor& t = outs[i];
     bool ok = t.defined() && t.is_host_accessible() && t.dtype() == spec.dtype &&
               t.rank() == spec.shape.size();
     for (std::size_t d = 0; ok && d < spec.shape.size(); ++d) {
       if (spec.shape[d] >= 0 && spec.shape[d] != t.shape()[d]) ok = false;
     }
-    if (ok && sig_.batched && t.dim(0) != rows) ok = false;
+    if (ok && sig.batched && t.dim(0) != rows) ok = false;
     if (!ok) {
-      return internal_error("model '" + model_->name() + "' returned output '" + spec.name +
-                            "' as " + t.describe() + " but its signature says " +
+      return internal_error("model '" + model.name() + "' returned output '" + spec.name + "' as " +
+                            t.describe() + " but its signature says " +
                             std::string(to_string(spec.dtype)) + shape_to_string(spec.shape) +
-                            (sig_.batched ? " with " + std::to_string(rows) + " rows" : ""));
+                            (sig.batched ? " with " + std::to_string(rows) + " rows" : ""));
     }
     if (t.dtype() == DType::bytes) {
       // The model wrote the elements after the tensor was made: check them once here, so that
       // splitting the batch and every encoder may walk them.
       auto size = serialized_bytes_size(t.data(), t.byte_size(), t.numel());
       if (!size.ok() || *size != t.byte_size()) {
-        return internal_error("model '" + model_->name() + "' returned BYTES output '" +
-                              spec.name + "' whose elements are malformed: " +
-                              (size.ok() ? std::to_string(t.byte_size() - *size) +
-                                               " bytes follow the last element"
-                                         : std::string(size.status().message())));
+        return internal_error(
+            "model '" + model.name() + "' returned BYTES output '" + spec.name +
+            "' whose elements are malformed: " +
+            (size.ok() ? std::to_string(t.byte_size() - *size) + " bytes follow the last element"
+                       : std::string(size.status().message())));
       }
     }
   }
   return Status();
 }
 
-}  // namespace asyncinfer
+}  // namespace asyncinfer::detail

@@ -4,30 +4,19 @@
 #include <algorithm>
 
 #include "asyncinfer/detail/chrono.hpp"
-#include "engine/engine_core.hpp"
+#include "engine/worker.hpp"
 
-namespace asyncinfer {
+namespace asyncinfer::detail {
 
-using detail::Batch;
-using detail::Breaker;
-using detail::deadline_after;
-using detail::ms_text;
-using detail::Pending;
-using detail::Request;
-using detail::saturating_add;
-using detail::Stage;
-using detail::Worker;
-
-void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
+void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
   if (batch->done.load(std::memory_order_acquire)) return;
   {
     // A batch queued on the stream behind an older one that has not finished has not started:
     // its time runs from when the one ahead ends. Check again later instead of failing it.
-    Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
-    std::lock_guard lock(w.mu);
-    bool behind = w.recycle || batch->generation != w.generation;  // its stream is going away:
+    std::lock_guard lock(mu_);
+    bool behind = recycle_ || batch->generation != generation_;  // its stream is going away:
     // it comes back through requeue_all when that stream is destroyed
-    for (const auto& other : w.running) {
+    for (const auto& other : running_) {
       if (behind) break;
       if (other.get() == batch.get()) break;  // `running` is in launch order
       if (!other->done.load(std::memory_order_acquire) && other->generation == batch->generation) {
@@ -36,173 +25,158 @@ void EngineCore::on_watchdog(const std::shared_ptr<Batch>& batch) {
     }
     if (behind) {
       std::lock_guard wl(batch->watchdog_mu);
-      batch->watchdog = timer_.add(saturating_add(Clock::now(), opt_.watchdog),
-                                   [this, batch] { on_watchdog(batch); });
+      batch->watchdog = ctx_.timer.add(saturating_add(Clock::now(), ctx_.opt.watchdog),
+                                       [this, batch] { on_watchdog(batch); });
       return;
     }
   }
   if (batch->done.exchange(true)) return;
-  watchdog_fired_.fetch_add(1, std::memory_order_relaxed);
-  Worker& w = *workers_[static_cast<std::size_t>(batch->worker)];
+  ctx_.watchdog_fired.fetch_add(1, std::memory_order_relaxed);
   bool taken_out = false;  // healthy (or paused) until now, recovering from now
   {
-    std::lock_guard lock(w.mu);
-    if (batch->generation == w.generation) {
-      taken_out = !w.recycle && !w.gave_up;
-      w.recycle = true;
-      w.recycle_wanted.store(true, std::memory_order_release);
+    std::lock_guard lock(mu_);
+    if (batch->generation == generation_) {
+      taken_out = !recycle_ && !gave_up_;
+      recycle_ = true;
+      recycle_wanted_.store(true, std::memory_order_release);
     }
   }
-  if (taken_out) health_changed();
-  w.failed_batches.fetch_add(1, std::memory_order_relaxed);
-  breaker_failure(w, StatusCode::deadline_exceeded);
+  if (taken_out) ctx_.health_changed();
+  failed_batches_.fetch_add(1, std::memory_order_relaxed);
+  breaker_failure(StatusCode::deadline_exceeded);
   scheduler_.wake_workers();  // a worker waiting for work in next_batch sees the flag
-  release_slot(w, *batch);
+  release_slot(*batch);
   batch->stop.request_stop();  // cancellable backends end the hung work
   const Status st = deadline_exceeded_error(
-      "worker " + std::to_string(w.index) +
+      "worker " + std::to_string(index_) +
       ": the batch did not reach its completion point "
       "within the " +
-      std::to_string(opt_.watchdog.count()) +
+      std::to_string(ctx_.opt.watchdog.count()) +
       " ms hang watchdog; the worker's stream and model instance are being replaced");
   for (const auto& r : batch->requests) resolver_.try_resolve(r, Stage::timed_out, st);
   scheduler_.batch_finished();
 }
 
-void EngineCore::recycle(Worker& w) {
-  std::unique_ptr<Stream> old_stream = std::move(w.stream);
-  std::unique_ptr<ModelInstance> old_instance = std::move(w.instance);
+void Worker::recycle() {
+  std::unique_ptr<Stream> old_stream = std::move(stream_);
+  std::unique_ptr<ModelInstance> old_instance = std::move(instance_);
   const bool abandon = old_stream != nullptr || old_instance != nullptr;
   {
-    std::lock_guard lock(w.mu);
-    ++w.generation;
-    if (abandon) ++w.abandoned;
+    std::lock_guard lock(mu_);
+    ++generation_;
+    if (abandon) ++abandoned_;
   }
   if (abandon) {
-    w.recycles.fetch_add(1, std::memory_order_relaxed);
-    Task reap([this, &w, s = std::move(old_stream), i = std::move(old_instance)]() mutable {
+    recycles_.fetch_add(1, std::memory_order_relaxed);
+    Task reap([this, s = std::move(old_stream), i = std::move(old_instance)]() mutable {
       s.reset();  // waits for its running work where the backend cannot stop it
       i.reset();
       {
-        std::lock_guard lock(w.mu);
-        --w.abandoned;
+        std::lock_guard lock(mu_);
+        --abandoned_;
       }
-      w.cv.notify_all();
-      health_changed();  // a worker paused for its abandoned work may serve again
+      cv_.notify_all();
+      ctx_.health_changed();  // a worker paused for its abandoned work may serve again
     });
-    if (!reaper_.post(std::move(reap))) reap();  // NOLINT(bugprone-use-after-move)
+    if (!ctx_.reaper.post(std::move(reap))) reap();  // NOLINT(bugprone-use-after-move)
   }
-  const Status s = make_stream_and_instance(w, intra_op_threads_);
+  const Status s = make_stream_and_instance();
   int failures = 0;
   bool gave_up = false;
   bool last_worker = false;
   std::chrono::milliseconds wait{0};
   {
-    std::lock_guard lock(w.mu);
+    std::lock_guard lock(mu_);
     if (s.ok()) {
-      w.recycle = false;
-      w.recycle_wanted.store(false, std::memory_order_release);
-      w.recycle_failures = 0;
-      w.last_error.clear();
+      recycle_ = false;
+      recycle_wanted_.store(false, std::memory_order_release);
+      recycle_failures_ = 0;
+      last_error_.clear();
     } else {
-      failures = ++w.recycle_failures;
-      w.last_error = s.to_string();
-      if (failures >= opt_.recovery.max_recycle_attempts) {
-        w.gave_up = true;
+      failures = ++recycle_failures_;
+      last_error_ = s.to_string();
+      if (failures >= ctx_.opt.recovery.max_recycle_attempts) {
+        gave_up_ = true;
         gave_up = true;
-        // Under w.mu with gave_up: whoever sees the worker unhealthy (health()) then sees it
+        // Under mu_ with gave_up: whoever sees the worker unhealthy (health()) then sees it
         // gone from live_workers (metrics()) too.
-        last_worker = live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+        last_worker = ctx_.live_workers.fetch_sub(1, std::memory_order_acq_rel) == 1;
       } else {
         wait = recycle_backoff(failures);
-        w.next_recycle = deadline_after(wait);
+        next_recycle_ = deadline_after(wait);
       }
     }
   }
   if (s.ok()) {
-    health_changed();  // healthy again (or paused until its abandoned work ends)
+    ctx_.health_changed();  // healthy again (or paused until its abandoned work ends)
     return;
   }
-  w.recycle_attempts_failed.fetch_add(1, std::memory_order_relaxed);
+  recycle_attempts_failed_.fetch_add(1, std::memory_order_relaxed);
   if (gave_up) {
-    health_changed();  // recovering -> unhealthy for good
-    worker_gave_up(w, last_worker,
-                   "worker " + std::to_string(w.index) + " is unhealthy: no model instance after " +
-                       std::to_string(failures) + " attempt" + (failures == 1 ? "" : "s") +
-                       "; last error: " + s.to_string());
+    ctx_.health_changed();  // recovering -> unhealthy for good
+    give_up(last_worker, "worker " + std::to_string(index_) +
+                             " is unhealthy: no model instance after " + std::to_string(failures) +
+                             " attempt" + (failures == 1 ? "" : "s") +
+                             "; last error: " + s.to_string());
     return;
   }
-  recycle_log_.log(LogLevel::warning,
-                   "engine: worker " + std::to_string(w.index) +
-                       " could not replace its stream and model instance (attempt " +
-                       std::to_string(failures) + " of " +
-                       std::to_string(opt_.recovery.max_recycle_attempts) + "; next in " +
-                       ms_text(wait) + "): " + s.to_string());
+  ctx_.recycle_log.log(LogLevel::warning,
+                       "engine: worker " + std::to_string(index_) +
+                           " could not replace its stream and model instance (attempt " +
+                           std::to_string(failures) + " of " +
+                           std::to_string(ctx_.opt.recovery.max_recycle_attempts) + "; next in " +
+                           ms_text(wait) + "): " + s.to_string());
 }
 
-std::chrono::milliseconds EngineCore::recycle_backoff(int failures) const {
-  std::chrono::milliseconds wait = opt_.recovery.recycle_backoff;
-  for (int i = 1; i < failures && wait < opt_.recovery.max_recycle_backoff; ++i) {
+std::chrono::milliseconds Worker::recycle_backoff(int failures) const {
+  std::chrono::milliseconds wait = ctx_.opt.recovery.recycle_backoff;
+  for (int i = 1; i < failures && wait < ctx_.opt.recovery.max_recycle_backoff; ++i) {
     wait = detail::saturating_sum(wait, wait);
   }
-  return std::min(wait, opt_.recovery.max_recycle_backoff);
+  return std::min(wait, ctx_.opt.recovery.max_recycle_backoff);
 }
 
-void EngineCore::worker_gave_up(Worker& w, bool last_worker, const std::string& cause) {
+void Worker::give_up(bool last_worker, const std::string& cause) {
   log(LogLevel::error, "engine: " + cause);
-  w.cv.notify_all();
-  if (!last_worker) return;
-  const Status st = unavailable_error("no worker of the engine can serve requests: " + cause);
-  // Later submits are refused with `st` (blocked ones too); what waits ends with it.
-  for (auto& r : scheduler_.no_workers(st)) end_unservable(r, st, "");
-  scheduler_.wake_all();
+  cv_.notify_all();
+  if (last_worker) ctx_.no_worker_left(cause);
 }
 
-void EngineCore::health_changed() noexcept {
-  if (!opt_.on_health_change) return;
-  try {
-    opt_.on_health_change();
-  } catch (...) {
-    detail::report_callback_exception("on_health_change", std::current_exception());
-  }
-}
-
-std::pair<WorkerHealth, std::string> EngineCore::health_of(const Worker& w) const {
-  if (w.gave_up) {
+std::pair<WorkerHealth, std::string> Worker::health_locked() const {
+  if (gave_up_) {
     return {WorkerHealth::unhealthy, "no model instance after " +
-                                         std::to_string(w.recycle_failures) +
-                                         " attempts; last error: " + w.last_error};
+                                         std::to_string(recycle_failures_) +
+                                         " attempts; last error: " + last_error_};
   }
-  const int max_abandoned = opt_.recovery.max_abandoned_instances;
-  if ((w.recycle && w.abandoned > 0 && w.abandoned >= max_abandoned) ||
-      w.abandoned > max_abandoned) {
-    return {WorkerHealth::paused, "waiting for " + std::to_string(w.abandoned) +
+  const int max_abandoned = ctx_.opt.recovery.max_abandoned_instances;
+  if ((recycle_ && abandoned_ > 0 && abandoned_ >= max_abandoned) || abandoned_ > max_abandoned) {
+    return {WorkerHealth::paused, "waiting for " + std::to_string(abandoned_) +
                                       " abandoned model instance(s) to finish their work "
                                       "(max_abandoned_instances " +
                                       std::to_string(max_abandoned) + ")"};
   }
-  if (w.recycle) {
+  if (recycle_) {
     return {WorkerHealth::recovering,
-            w.last_error.empty()
+            last_error_.empty()
                 ? std::string("replacing its stream and model instance after a hang")
                 : "replacing its stream and model instance after a hang; attempt " +
-                      std::to_string(w.recycle_failures) + " failed: " + w.last_error};
+                      std::to_string(recycle_failures_) + " failed: " + last_error_};
   }
   return {WorkerHealth::healthy, std::string()};
 }
 
-void EngineCore::breaker_success(Worker& w) {
-  if (opt_.breaker.failure_threshold <= 0) return;
-  std::lock_guard lock(w.mu);
-  w.breaker.record_success();
+void Worker::breaker_success() {
+  if (ctx_.opt.breaker.failure_threshold <= 0) return;
+  std::lock_guard lock(mu_);
+  breaker_.record_success();
 }
 
-void EngineCore::breaker_failure(Worker& w, StatusCode code) {
-  if (opt_.breaker.failure_threshold <= 0) return;
+void Worker::breaker_failure(StatusCode code) {
+  if (ctx_.opt.breaker.failure_threshold <= 0) return;
   bool opened = false;
   {
-    std::lock_guard lock(w.mu);
-    opened = w.breaker.record_failure(code, Clock::now());
+    std::lock_guard lock(mu_);
+    opened = breaker_.record_failure(code, Clock::now());
   }
   if (opened) {
     // A worker waiting for work in next_batch must not take the next request now.
@@ -210,4 +184,4 @@ void EngineCore::breaker_failure(Worker& w, StatusCode code) {
   }
 }
 
-}  // namespace asyncinfer
+}  // namespace asyncinfer::detail

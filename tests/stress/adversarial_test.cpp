@@ -925,7 +925,7 @@ TEST(AdvEngine, RetryDeadlineWatchdogAndBreakerTogetherEndEveryRequestOnce) {
 }
 
 // Caught (fixed): the hang watchdog also fails every batch that is merely queued on the stream
-// behind a hung batch. EngineCore::launch (worker.cpp) arms each batch's watchdog at `compute_start
+// behind a hung batch. Worker::launch (worker.cpp) arms each batch's watchdog at `compute_start
 // + watchdog` where compute_start is the time the batch was *enqueued* on the worker's stream, not
 // when it began to run; a batch launched right behind a hung one (with the default
 // max_inflight_per_worker = 2 that is simply the next request) reaches its watchdog at the same
@@ -1337,7 +1337,7 @@ TEST(AdvInput, RequestTimeoutOfMicrosecondsMaxIsNoDeadline) {
 }
 
 // Caught (fixed): EngineOptions::watchdog = milliseconds::max() (accepted by validate_options)
-// fails every batch at once: EngineCore::launch (worker.cpp) arms the watchdog at
+// fails every batch at once: Worker::launch (worker.cpp) arms the watchdog at
 // `batch->compute_start + opt_.watchdog`, which overflows to a point in the past, so the timer
 // fires immediately, the batch is failed with deadline_exceeded ("hang watchdog") and the worker
 // is recycled after every batch.
