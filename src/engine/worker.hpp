@@ -29,10 +29,11 @@
 // thread; the destruction of replaced instances on a reaper thread. The public methods may be
 // called from any thread unless they say otherwise.
 //
-// Locks: `mu_` guards the fields marked so; never held together with the Scheduler's mutex, and
-// nothing else is taken under it. The atomic mirrors (`recycle_wanted_`, the breaker's
-// open_flag()) let the Scheduler, which holds its own mutex, see that the worker must stop taking
-// work without taking `mu_`.
+// Locks: `mu_` guards the fields marked so; never held together with the Scheduler's mutex.
+// Under it only leaf locks are taken: a batch's watchdog mutex and the deadline timer's, when the
+// watchdog re-arms itself for a batch queued behind another (on_watchdog). The atomic mirrors
+// (`recycle_wanted_`, the breaker's open_flag()) let the Scheduler, which holds its own mutex, see
+// that the worker must stop taking work without taking `mu_`.
 #pragma once
 
 #include <atomic>
