@@ -21,11 +21,10 @@
 //
 // Rapid reset (CVE-2023-44487): a client that cancels its calls (RST_STREAM) as fast as it opens
 // them keeps the server working for streams that are gone, which HTTP/2's MAX_CONCURRENT_STREAMS
-// does not bound. The reactors tell the acceptor of each call they start and end (when they call
-// Finish: the server's work for it is over; OnDone may lag far behind on a loaded machine), and of
-// each that the client cancelled (call_started, call_ended with `reset`); a connection whose calls
-// still in progress pass twice its stream limit, or whose resets pass max_resets within
-// reset_window, is closed (the rule of gRPC-Go's fix and Netty's maxRstFramesPerWindow).
+// does not bound. The reactors tell the acceptor of each call they start and end, and of each that
+// the client cancelled (call_started, call_ended with `reset`); a connection whose calls still in
+// progress pass twice its stream limit, or whose resets pass max_resets within reset_window, is
+// closed (the rule of gRPC-Go's fix and Netty's maxRstFramesPerWindow).
 //
 // Threads: one, blocked in epoll_wait on the listening socket, the duplicates and an eventfd
 // (stop, or a descriptor come back); no timeouts, no polling. call_started / call_ended may be

@@ -48,13 +48,16 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   void OnDone() override {
     int code = 0;
     double micros = 0;
+    bool reset = false;
     {
       // gRPC orders Finish before OnDone; the lock makes that visible to ThreadSanitizer too
       // (gRPC's own synchronization is not instrumented).
       std::lock_guard lock(mu_);
       code = code_;
       micros = micros_;
+      reset = reset_;
     }
+    impl_.acceptor->call_ended(peer_, reset);
     impl_.count(code);
     impl_.metrics.observe_infer_us(micros);
     impl_.remove(this);
@@ -103,21 +106,13 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 
   /// The last thing done with the call: OnDone may run (on another thread) as soon as it is in.
   void finish(const Status& s) { finish(to_grpc(s)); }
-  ///
-  /// The call stops counting as in progress for the acceptor's rapid-reset limit here, not in
-  /// OnDone: the server's work for it is over, and OnDone may come long after the client has its
-  /// answer and has opened its next call (a loaded machine), which would count a well-behaved
-  /// client's 64 calls in flight as hundreds.
   void finish(grpc::Status s) {
-    bool reset = false;
     {
       std::lock_guard lock(mu_);
       code_ = static_cast<int>(s.error_code());
       micros_ = micros_since(start_);
       finished_ = true;
-      reset = reset_;
     }
-    impl_.acceptor->call_ended(peer_, reset);
     Finish(std::move(s));
   }
 

@@ -133,11 +133,14 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       std::lock_guard lock(ctx_mu_);
       done_ = true;
     }
+    bool reset = false;
     {
       // Everything before Finish happened under mu_: taking it orders the destructor after it
       // for ThreadSanitizer as well (gRPC's own synchronization is not instrumented).
       std::lock_guard lock(mu_);
+      reset = reset_;
     }
+    impl_.acceptor->call_ended(peer_, reset);
     impl_.remove(this);
     release();
   }
@@ -164,7 +167,6 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     bool read = false;
     grpc::ByteBuffer* write = nullptr;
     std::optional<grpc::Status> finish;
-    bool reset = false;  ///< with finish: the client had cancelled the stream (reset_)
   };
 
   void handle(ParsedInfer message) {
@@ -366,7 +368,6 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       } else {
         a.finish = grpc::Status::OK;
       }
-      a.reset = reset_;
       set_end(StreamEnd::finished);
     }
     return a;
@@ -382,11 +383,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   void run(Actions& a) {
     if (a.read) StartRead(&read_buf_);
     if (a.write != nullptr) StartWrite(a.write);
-    if (a.finish) {
-      // Out of the acceptor's calls in progress here, not in OnDone (as InferCall::finish).
-      impl_.acceptor->call_ended(peer_, a.reset);
-      Finish(std::move(*a.finish));
-    }
+    if (a.finish) Finish(std::move(*a.finish));
   }
 
   GrpcServer::Impl& impl_;
@@ -415,7 +412,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// a state of its own: a write may be pending in every end state before finished.
   bool writing_ = false;
   /// The client cancelled the stream before it finished (for the acceptor's reset limit): a
-  /// fact recorded by OnCancel, read when it finishes, not a state.
+  /// fact recorded by OnCancel, read by OnDone, not a state.
   bool reset_ = false;
 
   std::mutex ctx_mu_;
