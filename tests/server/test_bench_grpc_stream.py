@@ -113,5 +113,41 @@ class BenchGrpcStream(unittest.TestCase):
         self.assertIn("cannot connect", r.stderr)
 
 
+class BusyMachine(unittest.TestCase):
+    """A well-behaved client must not trip the rapid-reset limit on a starved machine.
+
+    The limit closed a connection whose calls in progress passed twice its stream limit. A call
+    counted as in progress until gRPC ran its OnDone, which on a loaded machine comes well after
+    the client has its answer and has sent the next call: 64 unary calls on one connection were
+    counted as hundreds and the connection was closed (UNAVAILABLE). Now a call counts against
+    twice the limit until the server finishes it, and until OnDone only against twice the limit
+    plus an allowance for that lag (grpc_acceptor.hpp). With a stream limit of 4, 4 calls in
+    flight on one connection (counted as up to 52 not ended) and busy processes on every core,
+    the run must see no error.
+    """
+
+    def test_calls_in_flight_at_the_stream_limit_under_cpu_load(self):
+        repo = Repository()
+        shutil.copytree(os.path.join(EXAMPLE_REPOSITORY, "identity"),
+                        os.path.join(repo.path, "identity"))
+        server = Server(repo.path, "--grpc-max-concurrent-streams", "4").start()
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(2 * (os.cpu_count() or 2))]
+        try:
+            r = bench("--address", server.grpc_target, "--model", "identity", "--mode", "unary",
+                      "-c", "4", "--connections", "1", "--duration-s", "3", "--warmup-s", "0.2")
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+            server.stop()
+            repo.cleanup()
+        log = "\n".join(server.lines)
+        out = r.stdout + r.stderr + "\nserver log:\n" + log
+        self.assertEqual(r.returncode, 0, out)
+        self.assertRegex(out, r"errors\s+0 \(0 in the measured window\)")
+        self.assertNotIn("rapid reset", log, out)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -45,7 +45,8 @@ struct GrpcAcceptor::Impl {
   struct Connection {
     int fd = -1;   ///< the descriptor gRPC has; its number names the connection ("fd:N")
     int dup = -1;  ///< ours, on the epoll set
-    std::size_t calls = 0;
+    std::size_t calls = 0;    ///< started, not ended (OnDone)
+    std::size_t running = 0;  ///< started, not finished (Finish)
     std::size_t resets = 0;
     Clock::time_point window_start;
     bool closing = false;
@@ -332,10 +333,11 @@ struct GrpcAcceptor::Impl {
 
   /// Shuts the connection down: gRPC sees its socket end and closes it; the loop then sees the
   /// duplicate hang up.
-  void close_locked(Connection& c, const char* why) {
+  void close_locked(Connection& c, std::string_view why) {
     if (c.closing) return;
     c.closing = true;
-    std::fprintf(stderr, "asyncinfer serve: grpc: closing connection %d: %s\n", c.fd, why);
+    std::fprintf(stderr, "asyncinfer serve: grpc: closing connection %d: %.*s\n", c.fd,
+                 static_cast<int>(why.size()), why.data());
     ::shutdown(c.dup, SHUT_RDWR);
   }
 };
@@ -460,11 +462,26 @@ void GrpcAcceptor::call_started(std::string_view peer) {
   std::lock_guard lock(im.mu);
   Impl::Connection* c = im.find_locked(peer);
   if (c == nullptr) return;
-  // More calls in progress than the streams HTTP/2 lets a client open: streams were reset while
+  ++c->calls;
+  // More calls running than the streams HTTP/2 lets a client open: streams were reset while
   // their calls still run, faster than they end.
-  if (++c->calls > 2 * im.opt.max_concurrent_streams) {
-    im.close_locked(*c, "calls in progress passed twice its stream limit (HTTP/2 rapid reset)");
+  if (++c->running > 2 * im.opt.max_concurrent_streams) {
+    im.close_locked(*c,
+                    "calls in progress passed twice its stream limit while still running (HTTP/2 "
+                    "rapid reset)");
+  } else if (c->calls > 2 * im.opt.max_concurrent_streams + kEndLag) {
+    im.close_locked(*c, "calls in progress passed twice its stream limit plus " +
+                            std::to_string(kEndLag) +
+                            " with their answers not delivered (streams opened past the limit, "
+                            "answers not read)");
   }
+}
+
+void GrpcAcceptor::call_finished(std::string_view peer) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  Impl::Connection* c = im.find_locked(peer);
+  if (c != nullptr && c->running > 0) --c->running;
 }
 
 void GrpcAcceptor::call_ended(std::string_view peer, bool reset) {

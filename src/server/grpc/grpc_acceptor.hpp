@@ -21,14 +21,25 @@
 //
 // Rapid reset (CVE-2023-44487): a client that cancels its calls (RST_STREAM) as fast as it opens
 // them keeps the server working for streams that are gone, which HTTP/2's MAX_CONCURRENT_STREAMS
-// does not bound. The reactors tell the acceptor of each call they start and end, and of each that
-// the client cancelled (call_started, call_ended with `reset`); a connection whose calls still in
-// progress pass twice its stream limit, or whose resets pass max_resets within reset_window, is
-// closed (the rule of gRPC-Go's fix and Netty's maxRstFramesPerWindow).
+// does not bound. The reactors tell the acceptor of each call they start, finish and end, and of
+// each that the client cancelled (call_started, call_finished, call_ended with `reset`). A
+// connection is closed when:
+//   - its calls still running (started, not finished) pass twice its stream limit: streams were
+//     reset while their work runs (the rule of gRPC-Go's fix);
+//   - its calls not yet ended (OnDone) pass twice its stream limit plus kEndLag: answers the
+//     client does not read, on streams it opened past the limit (a client that never
+//     acknowledges SETTINGS). gRPC ends a call only some time after the client has its answer,
+//     and on a starved machine a well-behaved client's next calls arrive long before: with every
+//     core busy, 4 calls in flight on one connection were counted as up to 52 not ended, 64 as
+//     up to 192. That lag is a number of calls (rate times delay) whatever the stream limit, so
+//     it is an allowance added to the limit, not a multiple of it;
+//   - its cancellations pass max_resets within reset_window, counted whether the server had
+//     finished the call or not (Netty's maxRstFramesPerWindow): with a fast model the client's
+//     RST_STREAM mostly lands after the server finished.
 //
 // Threads: one, blocked in epoll_wait on the listening socket, the duplicates and an eventfd
-// (stop, or a descriptor come back); no timeouts, no polling. call_started / call_ended may be
-// called from any thread.
+// (stop, or a descriptor come back); no timeouts, no polling. call_started, call_finished and
+// call_ended may be called from any thread.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -78,9 +89,16 @@ class GrpcAcceptor {
   /// Connections open now.
   std::size_t connections() const;
 
-  /// A call of the connection whose peer (CallbackServerContext::peer()) is `peer` started or
-  /// ended; `reset`: the client cancelled it before it was answered. Any thread; cheap.
+  /// Calls not yet ended past twice the stream limit plus this many close a connection (see
+  /// above): the allowance for gRPC's lag between answering a call and ending it.
+  static constexpr std::size_t kEndLag = 256;
+
+  /// A call of the connection whose peer (CallbackServerContext::peer()) is `peer` started, was
+  /// finished by the server (Finish: its work is over, its answer may still wait to be sent), or
+  /// ended (OnDone); `reset`: the client cancelled it before it ended. Each call reports each
+  /// once, in that order. Any thread; cheap.
   void call_started(std::string_view peer);
+  void call_finished(std::string_view peer);
   void call_ended(std::string_view peer, bool reset);
 
   struct Impl;

@@ -38,7 +38,9 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
     {
       std::lock_guard lock(mu_);
       cancelled_ = true;
-      reset_ = by_client && !finished_;
+      // Whether or not the server had finished it: with a fast model a rapid-reset client's
+      // RST_STREAM mostly lands after Finish (grpc_acceptor.hpp).
+      reset_ = by_client;
       have = inflight_.valid();
     }
     // inflight_ is set once, before `have` can be true, and never changed after.
@@ -111,8 +113,8 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
       std::lock_guard lock(mu_);
       code_ = static_cast<int>(s.error_code());
       micros_ = micros_since(start_);
-      finished_ = true;
     }
+    impl_.acceptor->call_finished(peer_);
     Finish(std::move(s));
   }
 
@@ -127,8 +129,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   std::mutex mu_;
   InflightRequest inflight_;
   bool cancelled_ = false;
-  bool finished_ = false;  ///< Finish was called
-  bool reset_ = false;     ///< the client cancelled it before it was answered
+  bool reset_ = false;  ///< the client cancelled it (before OnDone)
   int code_ = 0;
   double micros_ = 0;
 };

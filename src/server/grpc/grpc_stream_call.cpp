@@ -114,7 +114,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     const bool by_client = !deadline_passed(ctx_);
     {
       std::lock_guard lock(mu_);
-      reset_ = by_client && end_ != StreamEnd::finished;
+      reset_ = by_client;  // finished or not (InferCall::OnCancel)
       // Once cut off (a failed write) or finished, a cancel changes nothing more.
       if (end_ == StreamEnd::open || end_ == StreamEnd::draining) set_end(StreamEnd::cancelled);
       drop_queued_locked();
@@ -383,7 +383,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   void run(Actions& a) {
     if (a.read) StartRead(&read_buf_);
     if (a.write != nullptr) StartWrite(a.write);
-    if (a.finish) Finish(std::move(*a.finish));
+    if (a.finish) {
+      impl_.acceptor->call_finished(peer_);
+      Finish(std::move(*a.finish));
+    }
   }
 
   GrpcServer::Impl& impl_;
@@ -411,8 +414,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// A write is pending (queue_.front()). An outstanding operation beside the states above, not
   /// a state of its own: a write may be pending in every end state before finished.
   bool writing_ = false;
-  /// The client cancelled the stream before it finished (for the acceptor's reset limit): a
-  /// fact recorded by OnCancel, read by OnDone, not a state.
+  /// The client cancelled the stream (for the acceptor's reset limit): a fact recorded by
+  /// OnCancel, read by OnDone, not a state.
   bool reset_ = false;
 
   std::mutex ctx_mu_;
