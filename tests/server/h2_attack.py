@@ -86,11 +86,14 @@ class Connection:
         if out:
             self.sock.sendall(out)
 
-    def open_call(self, message, reset=False):
-        """HEADERS and the message; with `reset`, RST_STREAM right after."""
+    def open_call(self, message, reset=False, path=None):
+        """HEADERS and the message; with `reset`, RST_STREAM right after. `path`: the method
+        (default ModelInfer), e.g. "/grpc.health.v1.Health/Watch"."""
+        headers = HEADERS if path is None else [
+            (k, path if k == ":path" else v) for k, v in HEADERS]
         with self.lock:
             sid = self.h2.get_next_available_stream_id()
-            self.h2.send_headers(sid, HEADERS)
+            self.h2.send_headers(sid, headers)
             self.h2.send_data(sid, message, end_stream=not reset)
             if reset:
                 self.h2.reset_stream(sid)

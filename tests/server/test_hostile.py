@@ -508,6 +508,43 @@ class Http2Abuse(harness.unittest.TestCase):
             self.assertLess(rss1 - rss0, 64, "grew by %.0f MB" % (rss1 - rss0))
             server.wait_line(r"grpc: closing connection \d+: calls in progress passed")
 
+    def test_zero_window_streams_of_every_method_are_counted(self):
+        # Not only ModelInfer: streams of the methods answered without the engine (here
+        # ModelMetadata) and health Watch streams (which never end by themselves) opened past the
+        # limit on a zero window, SETTINGS never acknowledged, close the connection too. They
+        # were not counted: 13,107 Watch streams fit in one connection's 64 KiB window and held
+        # about 236 MB until something else closed it.
+        import grpc_client
+        import h2_attack
+        metadata = h2_attack.grpc_message(grpc_client.pb.ModelMetadataRequest(name="identity"))
+        watch = h2_attack.grpc_message(grpc_client.health_pb2.HealthCheckRequest(service=""))
+        with Server(EXAMPLE_REPOSITORY) as server:
+            rss0, _ = rss_mb(server.proc.pid)
+            for path, message in (("/inference.GRPCInferenceService/ModelMetadata", metadata),
+                                  ("/grpc.health.v1.Health/Watch", watch)):
+                conn = h2_attack.Connection(server.grpc_port, window=0, ack=False,
+                                            ignore_stream_limit=True)
+                sent = 0
+                try:
+                    for i in range(20_000):
+                        conn.open_call(message, path=path)
+                        sent += 1
+                        if i % 100 == 99:
+                            conn.send_pending()
+                            if conn.closed.is_set():
+                                break
+                    conn.send_pending()
+                except (OSError, h2_attack.h2.exceptions.ProtocolError):
+                    pass  # the server closed the connection
+                self.assertTrue(conn.closed.wait(10), "%s: the connection was not closed" % path)
+                self.assertLess(sent, 2000, "%s: sent %d streams before the server closed"
+                                % (path, sent))
+                conn.close()
+                self.assertTrue(grpc_infer(server.grpc_target))
+            rss1, _ = rss_mb(server.proc.pid)
+            self.assertLess(rss1 - rss0, 64, "grew by %.0f MB" % (rss1 - rss0))
+            server.wait_line(r"grpc: closing connection \d+: calls in progress passed")
+
     def test_sigterm_with_streams_stuck_on_zero_windows(self):
         import h2_attack
         with Server(EXAMPLE_REPOSITORY, "--drain-timeout", "2") as server:

@@ -54,7 +54,11 @@ namespace {
 /// stop ends it with UNAVAILABLE after its last status.
 class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckResponse>, public Call {
  public:
-  HealthWatch(GrpcServer::Impl& impl, bool known) : Call(1), impl_(impl), known_(known) {
+  HealthWatch(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx, bool known)
+      : Call(1), impl_(impl), ctx_(ctx), peer_(ctx->peer()), known_(known) {
+    // Counted as every call is (CountedUnary): watches opened past the stream limit, or reset
+    // as fast as they are opened, meet the acceptor's limits.
+    impl_.acceptor->call_started(peer_);
     if (known_) {
       impl_.add_watch(this);  // calls on_health
     } else {
@@ -89,19 +93,24 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   }
 
   void OnCancel() override {
+    const bool by_client = !deadline_passed(ctx_);
     Actions a;
     {
       std::lock_guard lock(mu_);
       broken_ = true;
+      reset_ = by_client;
       a = next_locked();
     }
     run(a);
   }
 
   void OnDone() override {
+    bool reset = false;
     {
       std::lock_guard lock(mu_);  // orders the destructor after Finish for ThreadSanitizer
+      reset = reset_;
     }
+    impl_.acceptor->call_ended(peer_, reset);
     impl_.remove(this, impl_.watches);
     release();
   }
@@ -141,10 +150,15 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
 
   void run(Actions& a) {
     if (a.write) StartWrite(&out_);
-    if (a.finish) Finish(std::move(*a.finish));
+    if (a.finish) {
+      impl_.acceptor->call_finished(peer_);
+      Finish(std::move(*a.finish));
+    }
   }
 
   GrpcServer::Impl& impl_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::string peer_;
   const bool known_;
   std::mutex mu_;
   hpb::HealthCheckResponse out_;  // being written while writing_
@@ -154,6 +168,7 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   bool stopping_ = false;
   bool broken_ = false;
   bool finished_ = false;
+  bool reset_ = false;  ///< the client cancelled it (for the acceptor's reset limit)
 };
 
 bool health_service_known(const std::string& service) {
@@ -170,21 +185,21 @@ class HealthService final : public hpb::Health::CallbackService {
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
                                   const hpb::HealthCheckRequest* in,
                                   hpb::HealthCheckResponse* out) override {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    auto* r = new CountedUnary(impl_, ctx);
     if (!health_service_known(in->service())) {
-      r->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + in->service() +
+      r->answer(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + in->service() +
                                                               "' (this server reports \"\" and " +
                                                               kServiceName + ")"));
       return r;
     }
     out->set_status(static_cast<HealthStatus>(impl_.refresh_health()));
-    r->Finish(grpc::Status::OK);
+    r->answer(grpc::Status::OK);
     return r;
   }
 
   grpc::ServerWriteReactor<hpb::HealthCheckResponse>* Watch(
-      grpc::CallbackServerContext*, const hpb::HealthCheckRequest* in) override {
-    return new HealthWatch(impl_, health_service_known(in->service()));
+      grpc::CallbackServerContext* ctx, const hpb::HealthCheckRequest* in) override {
+    return new HealthWatch(impl_, ctx, health_service_known(in->service()));
   }
 
  private:

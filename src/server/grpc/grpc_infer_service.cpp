@@ -261,7 +261,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     std::optional<std::string> config;
     if (grpc::Status s = load_request_config(*in, &config); !s.ok()) return done(ctx, s);
     // Answered from the repository's control thread once the model serves (or failed).
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    auto* r = new CountedUnary(impl_, ctx);
     impl_.core.repository().load_model(model_name_of(*in), std::move(config),
                                        [this, r](const Status& s) { finish(r, s); });
     return r;
@@ -271,7 +271,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
                                                   const pb::RepositoryModelUnloadRequest* in,
                                                   pb::RepositoryModelUnloadResponse*) override {
     if (grpc::Status s = check_unload_request(*in); !s.ok()) return done(ctx, s);
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    auto* r = new CountedUnary(impl_, ctx);
     impl_.core.repository().unload_model(model_name_of(*in),
                                          [this, r](const Status& s) { finish(r, s); });
     return r;
@@ -322,21 +322,21 @@ class GrpcServer::Impl::Service final : public ServiceBase {
 
  private:
   grpc::ServerUnaryReactor* done(grpc::CallbackServerContext* ctx, const Status& s) {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    auto* r = new CountedUnary(impl_, ctx);
     finish(r, s);
     return r;
   }
 
   grpc::ServerUnaryReactor* done(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
     impl_.count(s.error_code());
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(s);
+    auto* r = new CountedUnary(impl_, ctx);
+    r->answer(s);
     return r;
   }
 
-  void finish(grpc::ServerUnaryReactor* r, const Status& s) {
+  void finish(CountedUnary* r, const Status& s) {
     impl_.count(grpc_code(s.code()));
-    r->Finish(to_grpc(s));
+    r->answer(to_grpc(s));
   }
 
   Impl& impl_;

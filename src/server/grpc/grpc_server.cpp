@@ -30,6 +30,25 @@ const ProtocolMetrics::Labels& code_labels() {
 
 }  // namespace
 
+// ---- CountedUnary ------------------------------------------------------------------------------
+
+CountedUnary::CountedUnary(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx)
+    : impl_(impl), ctx_(ctx), peer_(ctx->peer()) {
+  impl_.acceptor->call_started(peer_);
+}
+
+void CountedUnary::answer(grpc::Status s) {
+  impl_.acceptor->call_finished(peer_);
+  Finish(std::move(s));
+}
+
+void CountedUnary::OnCancel() { reset_.store(!deadline_passed(ctx_), std::memory_order_relaxed); }
+
+void CountedUnary::OnDone() {
+  impl_.acceptor->call_ended(peer_, reset_.load(std::memory_order_relaxed));
+  delete this;
+}
+
 GrpcServer::Impl::Impl(InferenceServer& s, GrpcOptions o)
     : core(s), opt(std::move(o)), metrics(s.protocol_metrics("grpc", code_labels())) {}
 

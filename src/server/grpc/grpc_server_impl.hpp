@@ -98,6 +98,26 @@ class Call {
   std::atomic<int> refs_;
 };
 
+/// A unary call answered without the engine (readiness, metadata, configuration, statistics,
+/// the repository, shared memory, the health Check): the acceptor counts it as it counts an
+/// inference call (started, finished, ended, reset by the client), so that a client resetting
+/// the calls of any method meets the same per-connection limits (grpc_acceptor.hpp). Answer it
+/// once with answer(), from any thread; it frees itself in OnDone. `impl` outlives it (gRPC's
+/// shutdown waits for OnDone).
+class CountedUnary final : public grpc::ServerUnaryReactor {
+ public:
+  CountedUnary(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx);
+  void answer(grpc::Status s);
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  GrpcServer::Impl& impl_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::string peer_;
+  std::atomic<bool> reset_{false};  ///< the client cancelled it (OnCancel, read in OnDone)
+};
+
 struct GrpcServer::Impl {
   Impl(InferenceServer& s, GrpcOptions o);  // grpc_server.cpp
 
