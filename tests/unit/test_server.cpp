@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ensemble.hpp"
+#include "grpc/grpc_acceptor.hpp"
 #include "http/oip_json.hpp"
 #include "inference_server.hpp"
 #include "limits.hpp"
@@ -1006,3 +1007,27 @@ TEST(SharedMemory, TensorsReadInPlaceKeepTheRegionAfterItIsUnregistered) {
 
 }  // namespace
 }  // namespace asyncinfer::server
+
+// A client's RST_STREAM for its own expired deadline does not count toward --grpc-max-resets.
+// gRPC's C core rounds the grpc-timeout header up to about three significant digits, so for
+// deadlines over 100 s the server's deadline came up to a second (ten over 1,000 s) after the
+// client's, and such cancellations were counted as resets (a connection with
+// --grpc-max-resets 1 was closed by three calls with a 100.5 s deadline).
+TEST(GrpcAcceptor, CancelledByDeadlineAllowsForTransitAndTimeoutRounding) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  using std::chrono::system_clock;
+  const system_clock::time_point t0 = system_clock::now();
+  const auto by_deadline = [&](system_clock::duration sent, system_clock::duration at) {
+    return asyncinfer::server::GrpcAcceptor::cancelled_by_deadline(t0 + sent, t0, t0 + at);
+  };
+  EXPECT_FALSE(asyncinfer::server::GrpcAcceptor::cancelled_by_deadline(
+      system_clock::time_point::max(), t0, t0 + seconds(1)));
+  EXPECT_TRUE(by_deadline(seconds(5), seconds(6)));          // past it
+  EXPECT_TRUE(by_deadline(seconds(5), milliseconds(4950)));  // within the 100 ms of transit
+  EXPECT_FALSE(by_deadline(seconds(5), seconds(4)));         // the client gave up a second early
+  EXPECT_TRUE(by_deadline(seconds(101), milliseconds(100500)));    // 100.5 s sent as 101 s
+  EXPECT_TRUE(by_deadline(seconds(1010), milliseconds(1000500)));  // 1,000.5 s sent as 1,010 s
+  EXPECT_FALSE(by_deadline(seconds(101), seconds(50)));
+  EXPECT_FALSE(by_deadline(seconds(1010), seconds(900)));
+}

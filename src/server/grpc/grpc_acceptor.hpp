@@ -45,6 +45,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -98,6 +99,26 @@ class GrpcAcceptor {
   /// finished by the server (Finish: its work is over, its answer may still wait to be sent), or
   /// ended (OnDone); `reset`: the client cancelled it before it ended. Each call reports each
   /// once, in that order. Any thread; cheap.
+  /// Whether a call that the client cancelled at `now` (RST_STREAM) was ended by its deadline
+  /// (`deadline`: the server's, for a call that arrived at `started`) rather than by the client:
+  /// a deadline does not count toward max_resets. The client's RST for an expired deadline can
+  /// come before the server's deadline by the request's transit, and by how much gRPC rounded
+  /// the grpc-timeout header up (about three significant digits in gRPC's C core: 100.5 s is
+  /// sent as 101 s, 1,000.5 s as 1,010 s): within 100 ms or 2 % of the timeout, whichever is
+  /// larger, counts as the deadline. No deadline (max()): never.
+  static bool cancelled_by_deadline(std::chrono::system_clock::time_point deadline,
+                                    std::chrono::system_clock::time_point started,
+                                    std::chrono::system_clock::time_point now) {
+    using std::chrono::system_clock;
+    if (deadline == system_clock::time_point::max()) return false;
+    if (deadline <= now) return true;
+    const system_clock::duration timeout =
+        deadline > started ? deadline - started : system_clock::duration::zero();
+    const system_clock::duration slack =
+        std::max<system_clock::duration>(std::chrono::milliseconds(100), timeout / 50);
+    return deadline - now <= slack;
+  }
+
   void call_started(std::string_view peer);
   void call_finished(std::string_view peer);
   void call_ended(std::string_view peer, bool reset);

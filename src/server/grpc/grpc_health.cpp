@@ -93,7 +93,7 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   }
 
   void OnCancel() override {
-    const bool by_client = !deadline_passed(ctx_);
+    const bool by_client = !deadline_passed(ctx_, started_);
     Actions a;
     {
       std::lock_guard lock(mu_);
@@ -159,6 +159,8 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   GrpcServer::Impl& impl_;
   grpc::CallbackServerContext* const ctx_;
   const std::string peer_;
+  /// When it arrived, on the deadline's clock (deadline_passed).
+  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
   const bool known_;
   std::mutex mu_;
   hpb::HealthCheckResponse out_;  // being written while writing_

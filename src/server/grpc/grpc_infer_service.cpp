@@ -34,7 +34,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 
   void OnCancel() override {
     bool have = false;
-    const bool by_client = !deadline_passed(ctx_);
+    const bool by_client = !deadline_passed(ctx_, started_);
     {
       std::lock_guard lock(mu_);
       cancelled_ = true;
@@ -123,6 +123,8 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   grpc::ByteBuffer* response_;
   Clock::time_point start_;
   const std::string peer_;  ///< its connection, for the acceptor's reset limit
+  /// When it arrived, on the deadline's clock (deadline_passed).
+  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
   /// Its share of the server's memory budget (the request's tensors, then the response); set
   /// before the request is submitted and after it completes, never both at once.
   MemoryBudget::Lease lease_;

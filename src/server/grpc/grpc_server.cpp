@@ -42,7 +42,9 @@ void CountedUnary::answer(grpc::Status s) {
   Finish(std::move(s));
 }
 
-void CountedUnary::OnCancel() { reset_.store(!deadline_passed(ctx_), std::memory_order_relaxed); }
+void CountedUnary::OnCancel() {
+  reset_.store(!deadline_passed(ctx_, started_), std::memory_order_relaxed);
+}
 
 void CountedUnary::OnDone() {
   impl_.acceptor->call_ended(peer_, reset_.load(std::memory_order_relaxed));

@@ -54,12 +54,13 @@ inline std::optional<Clock::time_point> call_deadline(const grpc::CallbackServer
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(d - now);
 }
 
-/// Whether a call cancelled now was cancelled by its deadline rather than by the client (a
-/// client's RST_STREAM counts toward the reset limit; its deadline does not). The client's clock
-/// runs ahead of the server's by the request's transit (its RST for an expired deadline arrives
-/// before the server's own timer fires), so a deadline within 100 ms counts as passed.
-inline bool deadline_passed(const grpc::CallbackServerContext* ctx) {
-  return ctx->deadline() <= std::chrono::system_clock::now() + std::chrono::milliseconds(100);
+/// Whether a call cancelled now, which arrived at `started`, was cancelled by its deadline rather
+/// than by the client (a client's RST_STREAM counts toward the reset limit; its deadline does
+/// not): GrpcAcceptor::cancelled_by_deadline, for the transit and gRPC's rounding of the timeout.
+inline bool deadline_passed(const grpc::CallbackServerContext* ctx,
+                            std::chrono::system_clock::time_point started) {
+  return GrpcAcceptor::cancelled_by_deadline(ctx->deadline(), started,
+                                             std::chrono::system_clock::now());
 }
 
 inline double micros_since(Clock::time_point t) {
@@ -115,6 +116,7 @@ class CountedUnary final : public grpc::ServerUnaryReactor {
   GrpcServer::Impl& impl_;
   grpc::CallbackServerContext* const ctx_;
   const std::string peer_;
+  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
   std::atomic<bool> reset_{false};  ///< the client cancelled it (OnCancel, read in OnDone)
 };
 

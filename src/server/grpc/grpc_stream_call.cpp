@@ -111,7 +111,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnCancel() override {
-    const bool by_client = !deadline_passed(ctx_);
+    const bool by_client = !deadline_passed(ctx_, started_);
     {
       std::lock_guard lock(mu_);
       reset_ = by_client;  // finished or not (InferCall::OnCancel)
@@ -393,6 +393,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   grpc::CallbackServerContext* ctx_;
   const std::optional<Clock::time_point> deadline_;
   const std::string peer_;     ///< its connection, for the acceptor's reset limit
+  /// When it arrived, on the deadline's clock (deadline_passed).
+  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
   grpc::ByteBuffer read_buf_;  // only the read path touches it
   std::uint64_t received_ = 0;
 
