@@ -95,10 +95,6 @@ class GrpcAcceptor {
   /// above): the allowance for gRPC's lag between answering a call and ending it.
   static constexpr std::size_t kEndLag = 256;
 
-  /// A call of the connection whose peer (CallbackServerContext::peer()) is `peer` started, was
-  /// finished by the server (Finish: its work is over, its answer may still wait to be sent), or
-  /// ended (OnDone); `reset`: the client cancelled it before it ended. Each call reports each
-  /// once, in that order. Any thread; cheap.
   /// Whether a call that the client cancelled at `now` (RST_STREAM) was ended by its deadline
   /// (`deadline`: the server's, for a call that arrived at `started`) rather than by the client:
   /// a deadline does not count toward max_resets. The client's RST for an expired deadline can
@@ -119,6 +115,10 @@ class GrpcAcceptor {
     return deadline - now <= slack;
   }
 
+  /// A call of the connection whose peer (CallbackServerContext::peer()) is `peer` started, was
+  /// finished by the server (Finish: its work is over, its answer may still wait to be sent), or
+  /// ended (OnDone); `reset`: the client cancelled it before it ended. Each call reports each
+  /// once, in that order. Any thread; cheap.
   void call_started(std::string_view peer);
   void call_finished(std::string_view peer);
   void call_ended(std::string_view peer, bool reset);
