@@ -43,8 +43,8 @@ struct GrpcAcceptor::Impl {
 
   /// One connection handed to gRPC.
   struct Connection {
-    int fd = -1;   ///< the descriptor gRPC has; its number names the connection ("fd:N")
-    int dup = -1;  ///< ours, on the epoll set
+    int fd = -1;              ///< the descriptor gRPC has; its number names the connection ("fd:N")
+    int dup = -1;             ///< ours, on the epoll set
     std::size_t calls = 0;    ///< started, not ended (OnDone)
     std::size_t running = 0;  ///< started, not finished (Finish)
     std::size_t resets = 0;

@@ -392,7 +392,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   GrpcServer::Impl& impl_;
   grpc::CallbackServerContext* ctx_;
   const std::optional<Clock::time_point> deadline_;
-  const std::string peer_;     ///< its connection, for the acceptor's reset limit
+  const std::string peer_;  ///< its connection, for the acceptor's reset limit
   /// When it arrived, on the deadline's clock (deadline_passed).
   const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
   grpc::ByteBuffer read_buf_;  // only the read path touches it
