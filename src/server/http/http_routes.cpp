@@ -1,7 +1,8 @@
 // The routing of the HTTP frontend (Session's handling, http_server_impl.hpp): the Open Inference
 // Protocol's endpoints (/v2, health, model metadata and readiness, Triton's repository index,
 // inference) on the API port and /metrics on the metrics port; an inference request is decoded
-// (oip_json.hpp), submitted to its engine, and its completion posted back to the session's strand.
+// (oip_json.hpp), submitted to its engine, and its completion posted back to the session's I/O
+// thread.
 #include <charconv>
 #include <initializer_list>
 #include <string>
@@ -359,7 +360,7 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
   decoded_.request.completion_hands_off = true;  // the callback below only posts
   auto accepted = impl_.core.submit(
       model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
-        // On the thread that ended the request: hand the result to this session's strand.
+        // On the thread that ended the request: hand the result to this session's I/O thread.
         net::post(self->executor(),
                   [self, r = std::move(r)]() mutable { self->on_infer_done(std::move(r)); });
       });

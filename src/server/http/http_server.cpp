@@ -1,6 +1,6 @@
 // HttpServer (http_server.hpp): start (the address, the ports, the I/O threads), the listeners
-// (one acceptor each, on its strand; the connection limit), the set of open sessions, drain and
-// stop. A connection's life is in http_session.cpp, the routing in http_routes.cpp.
+// (one acceptor each, on the first I/O thread; the connection limit), the set of open sessions,
+// drain and stop. A connection's life is in http_session.cpp, the routing in http_routes.cpp.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -24,8 +24,13 @@ HttpServer::Impl::Impl(InferenceServer& s, HttpOptions o)
     : core(s),
       opt(std::move(o)),
       metrics(s.protocol_metrics("http", status_class_labels())),
-      ioc(opt.threads > 0 ? opt.threads : 1),
-      codec_pool(static_cast<std::size_t>(opt.threads > 0 ? opt.threads : 1)) {}
+      codec_pool(static_cast<std::size_t>(opt.threads > 0 ? opt.threads : 1)) {
+  // Each context is run by one thread. The hint says so to Asio's scheduler, which then queues
+  // work posted from that thread without its lock and never wakes another thread for it.
+  for (int i = 0; i < (opt.threads > 0 ? opt.threads : 1); ++i) {
+    iocs.push_back(std::make_unique<net::io_context>(1));
+  }
+}
 
 // ---- listeners -------------------------------------------------------------------------------
 
@@ -34,7 +39,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   Listener(Impl& impl, bool metrics)
       : impl_(impl),
         metrics_(metrics),
-        acceptor_(net::make_strand(impl.ioc)),
+        acceptor_(impl.iocs.front()->get_executor()),
         retry_(acceptor_.get_executor()) {}
 
   Status open(const tcp::endpoint& endpoint) {
@@ -58,16 +63,16 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   const char* name() const noexcept { return metrics_ ? "metrics" : "http"; }
 
   void accept() {
-    acceptor_.async_accept(net::make_strand(impl_.ioc),
+    acceptor_.async_accept(impl_.pick_ioc().get_executor(),
                            [self = shared_from_this()](beast::error_code ec, Socket s) {
                              self->on_accept(ec, std::move(s));
                            });
   }
 
-  /// Closes the acceptor on its strand; the future is ready once it is closed (or, should the
+  /// Closes the acceptor on its I/O thread; the future is ready once it is closed (or, should the
   /// io_context have stopped, at once: the promise is then broken).
   std::future<void> close() {
-    // From now on nothing is posted to the strand from outside (the io_context may be going).
+    // From now on nothing is posted to the acceptor from outside (the io_context may be going).
     if (open_.exchange(false)) impl_.core.connection_budget().unsubscribe(subscription_);
     auto done = std::make_shared<std::promise<void>>();
     std::future<void> closed = done->get_future();
@@ -82,7 +87,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   }
 
   /// A connection of this listener closed: if it was refusing connections for want of room, it
-  /// checks (on its strand) whether there is room again. Any thread.
+  /// checks (on its I/O thread) whether there is room again. Any thread.
   void connection_closed() {
     if (!full_.load(std::memory_order_acquire) || !open_.load(std::memory_order_acquire)) return;
     net::post(acceptor_.get_executor(), [self = shared_from_this()] { self->recheck(); });
@@ -136,7 +141,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     }
     auto session = std::make_shared<Session>(impl_, std::move(socket), kind);
     impl_.add(session);
-    net::dispatch(session->executor(), [session] { session->start(); });
+    net::post(session->executor(), [session] { session->start(); });
     accept();
   }
 
@@ -169,7 +174,8 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     });
   }
 
-  /// On the strand: descriptors came back (a subscription armed by a pause or a refusal).
+  /// On the acceptor's thread: descriptors came back (a subscription armed by a pause or a
+  /// refusal).
   void on_budget_release() {
     if (closed_) return;
     if (paused_) {
@@ -209,7 +215,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     std::fprintf(stderr, "asyncinfer serve: %s: accepting connections again\n", name());
   }
 
-  /// On the strand: room again for one more connection?
+  /// On the acceptor's thread: room again for one more connection?
   void recheck() {
     if (closed_ || refusing_ != Refusing::full) return;
     const ConnectionBudget& b = impl_.core.connection_budget();
@@ -236,8 +242,8 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   SpareDescriptor spare_;
   int port_ = 0;
   bool closed_ = false;
-  Refusing refusing_ = Refusing::none;  // on the strand
-  bool paused_ = false;                 // on the strand: accept() waits for a descriptor
+  Refusing refusing_ = Refusing::none;  // on the acceptor's thread
+  bool paused_ = false;                 // on the acceptor's thread: accept() waits for a descriptor
   std::size_t subscription_ = 0;        // to the ConnectionBudget
   std::atomic<bool> open_{false};       // subscribed, not closed
   std::atomic<bool> full_{false};       // refusing_ == full, for connection_closed()
@@ -327,13 +333,13 @@ Status HttpServer::start() {
     im.metrics_listener->subscribe();
     im.metrics_listener->accept();
   }
-  im.work.emplace(net::make_work_guard(im.ioc));
-  for (int i = 0; i < im.opt.threads; ++i) {
-    im.threads.emplace_back([&im] {
+  for (auto& ioc : im.iocs) im.work.push_back(net::make_work_guard(*ioc));
+  for (auto& ioc : im.iocs) {
+    im.threads.emplace_back([ioc = ioc.get()] {
       // A handler that throws (out of memory, say) loses its connection, not the server.
       for (;;) {
         try {
-          im.ioc.run();
+          ioc->run();
           return;
         } catch (const std::exception& e) {
           std::fprintf(stderr, "asyncinfer serve: http: a connection failed: %s\n", e.what());
@@ -377,7 +383,7 @@ void HttpServer::stop() {
   if (im.http_listener) im.http_listener->close();
   if (im.metrics_listener) im.metrics_listener->close();
   for (auto& s : im.snapshot()) net::post(s->executor(), [s] { s->on_stop(); });
-  im.work.reset();
+  im.work.clear();
   // Closing finishes every session's pending operations; give it a moment, then stop.
   {
     std::unique_lock lock(im.mu);
@@ -387,7 +393,7 @@ void HttpServer::stop() {
   // Decodes and encodes still queued are dropped (their sessions are closed); one running ends.
   im.codec_pool.stop();
   im.codec_pool.join();
-  im.ioc.stop();
+  for (auto& ioc : im.iocs) ioc->stop();
   for (std::thread& t : im.threads) t.join();
   im.threads.clear();
 }

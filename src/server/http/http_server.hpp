@@ -1,12 +1,13 @@
 // http_server.hpp — the HTTP/REST frontend of `asyncinfer serve`: the Open Inference Protocol
 // (KServe v2) with Triton's binary tensor extension on one port, Prometheus /metrics on another.
 //
-// Design (after Boost.Beast's advanced server example): a fixed pool of I/O threads runs one
-// io_context; each connection is a session on its own strand, and its life is a chain of
-// completion handlers — wait for bytes, read the header, read the body, hand the request to the
-// core, write the response — so no thread is ever parked on a connection or a request. An
+// Design (after Boost.Beast's advanced server example, with nginx's worker model for the
+// threads): a fixed pool of I/O threads, each running an io_context of its own; each connection
+// is a session placed on one of them at accept (round robin) and kept there, and its life is a
+// chain of completion handlers — wait for bytes, read the header, read the body, hand the request
+// to the core, write the response — so no thread is ever parked on a connection or a request. An
 // inference request goes to its engine (InferenceServer::submit); the engine's completion
-// callback posts the response back to the session's strand, and while the request runs the
+// callback posts the response back to the session's I/O thread, and while the request runs the
 // session keeps a read pending on the socket so a client that disconnects cancels its engine
 // request at once. Requests of one connection are answered in order (keep-alive and pipelining:
 // bytes read ahead stay in the session's buffer for the next request).

@@ -1,14 +1,14 @@
 // http_server_impl.hpp — what the files of the HTTP frontend share (internal to src/server/http):
 // the Beast types, HttpServer::Impl (the server's state: the core, the options, the io_context
 // and its threads, the listeners, the open sessions) and Session (one connection: its socket on
-// its strand, its buffer, the request being read or answered, its one timer).
+// its I/O thread's io_context, its buffer, the request being read or answered, its one timer).
 //
 // The frontend's files, one concept each (http_server.hpp has the design):
 //   http_server.cpp    HttpServer: start (the address, the ports), the listeners, drain, stop
 //   http_session.cpp   a connection's life: reading, writing, the deadline timer, closing
 //   http_routes.cpp    what a request asks for: the OIP's endpoints, /metrics, inference
 //
-// Thread safety: a Session is used on its strand only; Impl's set of sessions is under `mu`.
+// Thread safety: a Session is used on its I/O thread only; Impl's set of sessions is under `mu`.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
@@ -49,10 +49,12 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using Response = http::response<http::string_body>;
 // Concrete executor types: the type-erased any_io_executor costs a few percent per request.
-using Strand = net::strand<net::io_context::executor_type>;
-using Socket = net::basic_stream_socket<tcp, Strand>;
-using Timer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, Strand>;
-using Acceptor = net::basic_socket_acceptor<tcp, Strand>;
+// No strand: each io_context is run by one thread (HttpServer::Impl::iocs), which already
+// serializes a connection's handlers, and a strand on it only added a lock per handler.
+using IoExecutor = net::io_context::executor_type;
+using Socket = net::basic_stream_socket<tcp, IoExecutor>;
+using Timer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, IoExecutor>;
+using Acceptor = net::basic_socket_acceptor<tcp, IoExecutor>;
 
 constexpr std::size_t kReadChunk = 16 * 1024;
 /// How long a connection that is being closed keeps draining what the client still sends, so
@@ -82,9 +84,20 @@ struct HttpServer::Impl {
   std::atomic<bool> draining{false};
   bool stopped = false;
 
-  net::io_context ioc;
-  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  /// One io_context per I/O thread, each run by its own thread alone (nginx's worker model):
+  /// a connection stays on the context it was given at accept, so its reads, handlers and writes
+  /// never hand over between I/O threads, and no thread sleeps on a context another one polls.
+  /// One context run by every thread (Asio's default) woke a second thread through the
+  /// scheduler's condition variable for most completions: docs/performance.md, "HTTP: one
+  /// io_context per I/O thread".
+  std::vector<std::unique_ptr<net::io_context>> iocs;
+  std::vector<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
+  std::atomic<std::size_t> next_ioc{0};
+  /// The context for a new connection: round robin. Any thread.
+  net::io_context& pick_ioc() {
+    return *iocs[next_ioc.fetch_add(1, std::memory_order_relaxed) % iocs.size()];
+  }
   /// Where large bodies are decoded and large responses encoded, off the I/O threads.
   net::thread_pool codec_pool;
   net::thread_pool::executor_type codec() { return codec_pool.get_executor(); }
@@ -103,7 +116,7 @@ struct HttpServer::Impl {
 // ---- one connection ----------------------------------------------------------------------------
 
 /// The responses of one generate / generate_stream request between the model's thread and the
-/// session's strand: at most kMaxQueuedEvents not yet written, then the model's send waits
+/// session's I/O thread: at most kMaxQueuedEvents not yet written, then the model's send waits
 /// (back-pressure). Thread-safe.
 class EventQueue {
  public:
@@ -118,7 +131,7 @@ class EventQueue {
     ++queued_;
     return true;
   }
-  /// On the strand, once an event is written (or dropped).
+  /// On the session's I/O thread, once an event is written (or dropped).
   void written() {
     {
       std::lock_guard lock(mu_);
@@ -151,7 +164,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   ~Session();
 
-  /// Runs on the session's strand.
+  /// Runs on the session's I/O thread.
   void start();
 
   /// Posted by the server when it starts draining.
@@ -160,7 +173,7 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Posted by the server when it stops.
   void on_stop();
 
-  Strand executor() { return socket_.get_executor(); }
+  IoExecutor executor() { return socket_.get_executor(); }
 
  private:
   // ---- reading ----------------------------------------------------------------------------------
@@ -248,7 +261,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void discard();
   void close();
 
-  // ---- state (used on the session's strand only) ------------------------------------------------
+  // ---- state (used on the session's I/O thread only) --------------------------------------------
   HttpServer::Impl& impl_;
   Socket socket_;
   Timer timer_;

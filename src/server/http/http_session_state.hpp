@@ -11,8 +11,8 @@
 //   - idle → idle: start() enters the first wait; idle → writing: a connection refused at the
 //     connection limit is answered 429 at once; idle → lingering: --idle-timeout passed;
 //   - header → handling: a request without a body; header|body → writing: answered without the
-//     engine (a refusal, an error, an endpoint answered on the strand);
-//   - handling → handling: a large body is decoded off the strand, then its request runs;
+//     engine (a refusal, an error, an endpoint answered on the I/O thread);
+//   - handling → handling: a large body is decoded off the I/O thread, then its request runs;
 //   - writing → idle, or → lingering when the connection does not stay open;
 //   - any phase → closed (close(): an error, the client gone, stop, drain of an idle one).
 //
@@ -23,7 +23,7 @@
 // the header was being written. A session closed mid-stream stays where it was (a closed session
 // writes nothing more).
 //
-// Thread safety: constants; the states themselves live in a Session, on its strand.
+// Thread safety: constants; the states themselves live in a Session, on its I/O thread.
 #pragma once
 
 #include <cstdint>
