@@ -24,7 +24,7 @@
 // does not bound. The reactors of every method (inference, the other unary methods through
 // CountedUnary, health Check and Watch) tell the acceptor of each call they start, finish and
 // end, and of each that the client cancelled (call_started, call_finished, call_ended with
-// `reset`). A connection is closed when:
+// `reset`), each through its AcceptorAccount (grpc_server_impl.hpp). A connection is closed when:
 //   - its calls still running (started, not finished) pass twice its stream limit: streams were
 //     reset while their work runs (the rule of gRPC-Go's fix);
 //   - its calls not yet ended (OnDone) pass twice its stream limit plus kEndLag: answers the

@@ -55,10 +55,9 @@ namespace {
 class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckResponse>, public Call {
  public:
   HealthWatch(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx, bool known)
-      : Call(1), impl_(impl), ctx_(ctx), peer_(ctx->peer()), known_(known) {
-    // Counted as every call is (CountedUnary): watches opened past the stream limit, or reset
+      : Call(1), impl_(impl), account_(*impl.acceptor, ctx), known_(known) {
+    // Counted as every call is (AcceptorAccount): watches opened past the stream limit, or reset
     // as fast as they are opened, meet the acceptor's limits.
-    impl_.acceptor->call_started(peer_);
     if (known_) {
       impl_.add_watch(this);  // calls on_health
     } else {
@@ -93,24 +92,19 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   }
 
   void OnCancel() override {
-    const bool by_client = !deadline_passed(ctx_, started_);
+    account_.cancelled();
     Actions a;
     {
       std::lock_guard lock(mu_);
       broken_ = true;
-      reset_ = by_client;
       a = next_locked();
     }
     run(a);
   }
 
   void OnDone() override {
-    bool reset = false;
-    {
-      std::lock_guard lock(mu_);  // orders the destructor after Finish for ThreadSanitizer
-      reset = reset_;
-    }
-    impl_.acceptor->call_ended(peer_, reset);
+    { std::lock_guard lock(mu_); }  // orders the destructor after Finish for ThreadSanitizer
+    account_.ended();
     impl_.remove(this, impl_.watches);
     release();
   }
@@ -151,16 +145,13 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   void run(Actions& a) {
     if (a.write) StartWrite(&out_);
     if (a.finish) {
-      impl_.acceptor->call_finished(peer_);
+      account_.finished();
       Finish(std::move(*a.finish));
     }
   }
 
   GrpcServer::Impl& impl_;
-  grpc::CallbackServerContext* const ctx_;
-  const std::string peer_;
-  /// When it arrived, on the deadline's clock (deadline_passed).
-  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
+  AcceptorAccount account_;
   const bool known_;
   std::mutex mu_;
   hpb::HealthCheckResponse out_;  // being written while writing_
@@ -170,7 +161,6 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   bool stopping_ = false;
   bool broken_ = false;
   bool finished_ = false;
-  bool reset_ = false;  ///< the client cancelled it (for the acceptor's reset limit)
 };
 
 bool health_service_known(const std::string& service) {

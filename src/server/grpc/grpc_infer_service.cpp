@@ -20,10 +20,9 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
         ctx_(ctx),
         response_(response),
         start_(Clock::now()),
-        peer_(ctx->peer()),
+        account_(*impl.acceptor, ctx),
         lease_(impl.core.memory().lease()) {
     impl_.add(this);
-    impl_.acceptor->call_started(peer_);
   }
 
   /// Runs in the method handler; drops the handler's reference at the end.
@@ -34,13 +33,10 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 
   void OnCancel() override {
     bool have = false;
-    const bool by_client = !deadline_passed(ctx_, started_);
+    account_.cancelled();
     {
       std::lock_guard lock(mu_);
       cancelled_ = true;
-      // Whether or not the server had finished it: with a fast model a rapid-reset client's
-      // RST_STREAM mostly lands after Finish (grpc_acceptor.hpp).
-      reset_ = by_client;
       have = inflight_.valid();
     }
     // inflight_ is set once, before `have` can be true, and never changed after.
@@ -50,16 +46,14 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   void OnDone() override {
     int code = 0;
     double micros = 0;
-    bool reset = false;
     {
       // gRPC orders Finish before OnDone; the lock makes that visible to ThreadSanitizer too
       // (gRPC's own synchronization is not instrumented).
       std::lock_guard lock(mu_);
       code = code_;
       micros = micros_;
-      reset = reset_;
     }
-    impl_.acceptor->call_ended(peer_, reset);
+    account_.ended();
     impl_.count(code);
     impl_.metrics.observe_infer_us(micros);
     impl_.remove(this);
@@ -114,7 +108,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
       code_ = static_cast<int>(s.error_code());
       micros_ = micros_since(start_);
     }
-    impl_.acceptor->call_finished(peer_);
+    account_.finished();
     Finish(std::move(s));
   }
 
@@ -122,16 +116,13 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   grpc::CallbackServerContext* ctx_;
   grpc::ByteBuffer* response_;
   Clock::time_point start_;
-  const std::string peer_;  ///< its connection, for the acceptor's reset limit
-  /// When it arrived, on the deadline's clock (deadline_passed).
-  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
+  AcceptorAccount account_;
   /// Its share of the server's memory budget (the request's tensors, then the response); set
   /// before the request is submitted and after it completes, never both at once.
   MemoryBudget::Lease lease_;
   std::mutex mu_;
   InflightRequest inflight_;
   bool cancelled_ = false;
-  bool reset_ = false;  ///< the client cancelled it (before OnDone)
   int code_ = 0;
   double micros_ = 0;
 };

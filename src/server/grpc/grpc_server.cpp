@@ -33,21 +33,17 @@ const ProtocolMetrics::Labels& code_labels() {
 // ---- CountedUnary ------------------------------------------------------------------------------
 
 CountedUnary::CountedUnary(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx)
-    : impl_(impl), ctx_(ctx), peer_(ctx->peer()) {
-  impl_.acceptor->call_started(peer_);
-}
+    : account_(*impl.acceptor, ctx) {}
 
 void CountedUnary::answer(grpc::Status s) {
-  impl_.acceptor->call_finished(peer_);
+  account_.finished();
   Finish(std::move(s));
 }
 
-void CountedUnary::OnCancel() {
-  reset_.store(!deadline_passed(ctx_, started_), std::memory_order_relaxed);
-}
+void CountedUnary::OnCancel() { account_.cancelled(); }
 
 void CountedUnary::OnDone() {
-  impl_.acceptor->call_ended(peer_, reset_.load(std::memory_order_relaxed));
+  account_.ended();
   delete this;
 }
 

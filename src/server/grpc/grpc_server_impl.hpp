@@ -63,6 +63,37 @@ inline bool deadline_passed(const grpc::CallbackServerContext* ctx,
                                              std::chrono::system_clock::now());
 }
 
+/// One call's account with the acceptor's per-connection limits (grpc_acceptor.hpp). Every
+/// reactor holds one, so that the calls of every method meet the same limits: made with the
+/// reactor (call_started), `finished()` once its answer is in, just before Finish, `ended()` in
+/// OnDone, and `cancelled()` in OnCancel, which counts a reset unless the deadline cancelled it
+/// (deadline_passed). Thread safety: cancelled() may run on another thread than the others;
+/// finished() and ended() are called once each, in that order. `acceptor` and `ctx` outlive it
+/// (gRPC's shutdown waits for OnDone).
+class AcceptorAccount {
+ public:
+  AcceptorAccount(GrpcAcceptor& acceptor, const grpc::CallbackServerContext* ctx)
+      : acceptor_(acceptor), ctx_(ctx), peer_(ctx->peer()) {
+    acceptor_.call_started(peer_);
+  }
+  AcceptorAccount(const AcceptorAccount&) = delete;
+  AcceptorAccount& operator=(const AcceptorAccount&) = delete;
+
+  /// In OnCancel: the client's cancellation counts, whether or not the server had finished the
+  /// call (with a fast model a rapid-reset client's RST_STREAM mostly lands after Finish).
+  void cancelled() { reset_.store(!deadline_passed(ctx_, started_), std::memory_order_release); }
+  void finished() { acceptor_.call_finished(peer_); }
+  void ended() { acceptor_.call_ended(peer_, reset_.load(std::memory_order_acquire)); }
+
+ private:
+  GrpcAcceptor& acceptor_;
+  const grpc::CallbackServerContext* const ctx_;
+  const std::string peer_;  ///< its connection
+  /// When it arrived, on the deadline's clock (deadline_passed).
+  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
+  std::atomic<bool> reset_{false};  ///< the client cancelled it
+};
+
 inline double micros_since(Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
 }
@@ -101,10 +132,9 @@ class Call {
 
 /// A unary call answered without the engine (readiness, metadata, configuration, statistics,
 /// the repository, shared memory, the health Check): the acceptor counts it as it counts an
-/// inference call (started, finished, ended, reset by the client), so that a client resetting
-/// the calls of any method meets the same per-connection limits (grpc_acceptor.hpp). Answer it
-/// once with answer(), from any thread; it frees itself in OnDone. `impl` outlives it (gRPC's
-/// shutdown waits for OnDone).
+/// inference call (AcceptorAccount), so that a client resetting the calls of any method meets
+/// the same per-connection limits. Answer it once with answer(), from any thread; it frees
+/// itself in OnDone. `impl` outlives it (gRPC's shutdown waits for OnDone).
 class CountedUnary final : public grpc::ServerUnaryReactor {
  public:
   CountedUnary(GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx);
@@ -113,11 +143,7 @@ class CountedUnary final : public grpc::ServerUnaryReactor {
   void OnDone() override;
 
  private:
-  GrpcServer::Impl& impl_;
-  grpc::CallbackServerContext* const ctx_;
-  const std::string peer_;
-  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
-  std::atomic<bool> reset_{false};  ///< the client cancelled it (OnCancel, read in OnDone)
+  AcceptorAccount account_;
 };
 
 struct GrpcServer::Impl {

@@ -34,10 +34,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
         impl_(impl),
         ctx_(ctx),
         deadline_(call_deadline(ctx)),
-        peer_(ctx->peer()),
+        account_(*impl.acceptor, ctx),
         queued_lease_(impl.core.memory().lease()) {
     impl_.add(this);
-    impl_.acceptor->call_started(peer_);
     Actions a;
     {
       std::lock_guard lock(mu_);
@@ -111,10 +110,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnCancel() override {
-    const bool by_client = !deadline_passed(ctx_, started_);
+    account_.cancelled();
     {
       std::lock_guard lock(mu_);
-      reset_ = by_client;  // finished or not (InferCall::OnCancel)
       // Once cut off (a failed write) or finished, a cancel changes nothing more.
       if (end_ == StreamEnd::open || end_ == StreamEnd::draining) set_end(StreamEnd::cancelled);
       drop_queued_locked();
@@ -133,14 +131,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       std::lock_guard lock(ctx_mu_);
       done_ = true;
     }
-    bool reset = false;
-    {
-      // Everything before Finish happened under mu_: taking it orders the destructor after it
-      // for ThreadSanitizer as well (gRPC's own synchronization is not instrumented).
-      std::lock_guard lock(mu_);
-      reset = reset_;
-    }
-    impl_.acceptor->call_ended(peer_, reset);
+    // Everything before Finish happened under mu_: taking it orders the destructor after it for
+    // ThreadSanitizer as well (gRPC's own synchronization is not instrumented).
+    { std::lock_guard lock(mu_); }
+    account_.ended();
     impl_.remove(this);
     release();
   }
@@ -384,7 +378,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (a.read) StartRead(&read_buf_);
     if (a.write != nullptr) StartWrite(a.write);
     if (a.finish) {
-      impl_.acceptor->call_finished(peer_);
+      account_.finished();
       Finish(std::move(*a.finish));
     }
   }
@@ -392,9 +386,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   GrpcServer::Impl& impl_;
   grpc::CallbackServerContext* ctx_;
   const std::optional<Clock::time_point> deadline_;
-  const std::string peer_;  ///< its connection, for the acceptor's reset limit
-  /// When it arrived, on the deadline's clock (deadline_passed).
-  const std::chrono::system_clock::time_point started_ = std::chrono::system_clock::now();
+  AcceptorAccount account_;
   grpc::ByteBuffer read_buf_;  // only the read path touches it
   std::uint64_t received_ = 0;
 
@@ -416,9 +408,6 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// A write is pending (queue_.front()). An outstanding operation beside the states above, not
   /// a state of its own: a write may be pending in every end state before finished.
   bool writing_ = false;
-  /// The client cancelled the stream (for the acceptor's reset limit): a fact recorded by
-  /// OnCancel, read by OnDone, not a state.
-  bool reset_ = false;
 
   std::mutex ctx_mu_;
   /// OnDone has run: ctx_ is gone (under ctx_mu_, not mu_, so it cannot join the states above;
