@@ -239,6 +239,28 @@ class FileDescriptors(harness.unittest.TestCase):
                 lambda: requests.get(server.url + "/v2/health/ready", timeout=1).status_code
                 == 200, 2.0), server.log())
 
+    def test_io_threads_open_their_event_loops_at_start(self):
+        # Each HTTP I/O thread runs an event loop of its own (an epoll descriptor, an eventfd, a
+        # timerfd). Opened with the first connection placed on its thread, at a moment when
+        # descriptors had run out, the failure escaped the accept handler and the port never
+        # accepted again (found when the loops were split per thread).
+        with Server(EXAMPLE_REPOSITORY, "--http-threads", "8") as server:
+            pid = server.proc.pid
+            open_now = len(os.listdir("/proc/%d/fd" % pid))
+            hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]
+            # Room for the next connection, not for an event loop.
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (open_now + 2, hard))
+            try:
+                self.assertEqual(
+                    requests.get(server.url + "/v2/health/live", timeout=5).status_code, 200)
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
+            # Connections placed on every thread in turn are answered.
+            for _ in range(8):
+                self.assertIsNotNone(serves_again_within(
+                    lambda: requests.get(server.url + "/v2/health/live", timeout=1).status_code
+                    == 200, 2.0), server.log())
+
     def test_connect_close_churn_does_not_fill_the_slots(self):
         # One client that connects and closes in a loop, never holding two at once: its closed
         # connections must not pile up in the count (found by a hostile review). A connection

@@ -29,6 +29,10 @@ HttpServer::Impl::Impl(InferenceServer& s, HttpOptions o)
   // work posted from that thread without its lock and never wakes another thread for it.
   for (int i = 0; i < (opt.threads > 0 ? opt.threads : 1); ++i) {
     iocs.push_back(std::make_unique<net::io_context>(1));
+    // Its reactor (an epoll descriptor, an eventfd and a timerfd) opens now, with the server,
+    // not when the first connection is placed on it: that may be when descriptors run out, and
+    // the failure would then escape the listener's accept handler and stop it accepting.
+    tcp::socket open_reactor(*iocs.back());
   }
 }
 
