@@ -591,6 +591,10 @@ class Finalize(harness.unittest.TestCase):
             while stub_pids(s.proc.pid).get("add_sub") and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.assertEqual(stub_pids(s.proc.pid), {})
+            # The line comes over the process's log channel: it may reach the server's log
+            # just after the process has gone.
+            harness.wait_for(lambda: s.log().count("add_sub finalize called") >= 2,
+                             what="2 finalize lines in the server's log")
             self.assertEqual(s.log().count("add_sub finalize called"), 2)
             client.load_model("add_sub")
             # A restarted process (after a crash) is finalized too: its spawning thread is gone
@@ -608,6 +612,10 @@ class Finalize(harness.unittest.TestCase):
             deadline = time.monotonic() + 20
             while stub_pids(s.proc.pid).get("add_sub") and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # The line comes over the process's log channel: it may reach the server's log
+            # just after the process has gone.
+            harness.wait_for(lambda: s.log().count("add_sub finalize called") >= 4,
+                             what="4 finalize lines in the server's log")
             self.assertEqual(s.log().count("add_sub finalize called"), 4)
             client.load_model("add_sub")
             r = client.infer("add_sub", [http_input("INPUT0", a), http_input("INPUT1", a)])
