@@ -88,8 +88,8 @@ struct HttpServer::Impl {
   /// a connection stays on the context it was given at accept, so its reads, handlers and writes
   /// never hand over between I/O threads, and no thread sleeps on a context another one polls.
   /// One context run by every thread (Asio's default) woke a second thread through the
-  /// scheduler's condition variable for most completions: docs/performance.md, "HTTP: one
-  /// io_context per I/O thread".
+  /// scheduler's condition variable for most completions: docs/performance.md, "The HTTP hot
+  /// path: one io_context per I/O thread".
   std::vector<std::unique_ptr<net::io_context>> iocs;
   std::vector<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
