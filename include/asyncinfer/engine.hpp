@@ -125,7 +125,7 @@ struct RequestOptions {
   /// caller-run stream's, on the inline path; shutdown's, when shutdown cancels it): a callback
   /// that called into the engine could deadlock there. Ignored with ordered delivery, whose
   /// callbacks always run on the completion executor, in order. The HTTP front end sets it: its
-  /// callbacks post to the connection's strand (at one connection, server-side p50 77 → 37 us:
+  /// callbacks post to the connection's I/O thread (at one connection, server-side p50 77 → 37 us:
   /// docs/performance.md).
   bool inline_callback = false;
   /// Decoupled models (ModelSignature::decoupled), where it is required: receives each response

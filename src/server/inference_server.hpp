@@ -83,7 +83,7 @@ struct InferRequest {
   std::optional<Clock::time_point> deadline;
   std::vector<InferInput> inputs;        ///< any order
   std::vector<RequestedOutput> outputs;  ///< empty = every output, in signature order
-  /// The caller's `done` only hands the response over (a post to a connection's strand): then,
+  /// The caller's `done` only hands the response over (a post to a connection's I/O thread): then,
   /// unless outputs go to shared memory or into the response cache (copies), `done` runs on the
   /// thread that ends the request instead of the engine's completion executor
   /// (RequestOptions::inline_callback), one thread hand-off fewer.
