@@ -10,7 +10,9 @@
 // must start it, and the drain calls take_ready() until it returns nothing, delivering each run
 // of values with no lock held. So order holds with any number of completing threads, and the
 // caller's code (user callbacks) never runs under this class's mutex. A key with nothing
-// outstanding is forgotten.
+// outstanding is forgotten, and its numbering then starts again at 0: the numbers order
+// deliveries, they do not identify work (the pipeline once used them as item keys: a lost item,
+// tests/stress AdvPipeline.ItemDeliveredButNotRetiredDoesNotShareItsIdentity).
 //
 // Thread safety: every method is thread-safe (one mutex, a leaf: nothing else is locked under
 // it). Blocking: none beyond that mutex. `T` is moved in and out; `Key` needs std::hash and

@@ -52,6 +52,12 @@ using detail::elapsed_us_since;
 using detail::Outcome;
 
 struct PItem {
+  /// Unique for the pipeline's life: the item's key in active_, the stage queues (after its
+  /// priority, so FIFO within a level) and engine_calls_.
+  std::uint64_t id = 0;
+  /// Its number in the delivery sequence (order_). Not an identity: once every number has been
+  /// delivered the sequence is forgotten and numbering starts again at 0, while an item
+  /// delivered early (ended while a stage still holds it) may not be retired yet.
   std::uint64_t seq = 0;
   int slot = -1;
   int level = 0;
@@ -79,7 +85,7 @@ struct Stage {
   int index = 0;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::pair<int, std::uint64_t>, ItemPtr> queue;  // (level, seq): priority, then FIFO
+  std::map<std::pair<int, std::uint64_t>, ItemPtr> queue;  // (level, id): priority, then FIFO
   int inflight = 0;                                        // device: on the stream, not done
   std::unique_ptr<Stream> stream;
   std::vector<std::unique_ptr<Event>> events;  // one per window slot
@@ -222,9 +228,10 @@ class PipelineCore {
       // Its number in the one delivery sequence (PipelineOptions::ordered): every item accepted
       // here reaches deliver() exactly once, whatever its outcome.
       item->seq = order_.assign();
+      item->id = next_id_++;
       ++in_flight_;
       max_in_flight_ = std::max(max_in_flight_, in_flight_);
-      active_.emplace(item->seq, item);
+      active_.emplace(item->id, item);
       if (!first_submit_) first_submit_ = now;
     }
     submitted_.fetch_add(1, std::memory_order_relaxed);
@@ -257,7 +264,7 @@ class PipelineCore {
       std::lock_guard lock(st.mu);
       item->stage_enter = Clock::now();
       item->at_stage.store(st.index);
-      st.queue.emplace(std::make_pair(item->level, item->seq), item);
+      st.queue.emplace(std::make_pair(item->level, item->id), item);
       item->queued_stage.store(st.index);
     }
     st.cv.notify_one();
@@ -368,7 +375,7 @@ class PipelineCore {
         ++engine_pending_;
         std::erase_if(engine_calls_, [](const auto& kv) { return kv.second.is_ready(); });
       }
-      const std::uint64_t seq = item->seq;
+      const std::uint64_t id = item->id;
       call.on_complete([this, sp, item, t0](const Result<Outputs>& r) {
         account(*sp, elapsed_s_since(t0));
         if (r.ok()) {
@@ -383,7 +390,7 @@ class PipelineCore {
         engine_cv_.notify_all();
       });
       std::lock_guard lock(engine_mu_);
-      if (!call.is_ready()) engine_calls_.emplace(seq, std::move(call));
+      if (!call.is_ready()) engine_calls_.emplace(id, std::move(call));
     }
   }
 
@@ -526,7 +533,7 @@ class PipelineCore {
       Stage& st = *stages_[static_cast<std::size_t>(q)];
       std::lock_guard lock(st.mu);
       if (item->queued_stage.load() == q) {
-        st.queue.erase(std::make_pair(item->level, item->seq));
+        st.queue.erase(std::make_pair(item->level, item->id));
         item->queued_stage.store(-1);
       }
     }
@@ -558,7 +565,7 @@ class PipelineCore {
       std::lock_guard lock(window_mu_);
       free_slots_.push_back(item->slot);
       --in_flight_;
-      active_.erase(item->seq);
+      active_.erase(item->id);
     }
     window_cv_.notify_one();
     drain_cv_.notify_all();
@@ -584,7 +591,7 @@ class PipelineCore {
       std::vector<ItemPtr> items;
       {
         std::lock_guard lock(window_mu_);
-        for (auto& [seq, it] : active_) items.push_back(it);
+        for (auto& [id, it] : active_) items.push_back(it);
       }
       for (auto& it : items) {
         end(it, Outcome::shut_down, aborted_error("pipeline shut down before the item finished"));
@@ -604,7 +611,7 @@ class PipelineCore {
       // Requests still inside engine stages: cancel them (they end at once) and wait for their
       // callbacks, which use this pipeline.
       std::unique_lock lock(engine_mu_);
-      for (auto& [seq, call] : engine_calls_) call.cancel();
+      for (auto& [id, call] : engine_calls_) call.cancel();
       engine_cv_.wait(lock, [this] { return engine_pending_ == 0; });
       engine_calls_.clear();
     }
@@ -691,7 +698,8 @@ class PipelineCore {
   std::int64_t max_in_flight_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> first_submit_;
-  std::unordered_map<std::uint64_t, ItemPtr> active_;
+  std::unordered_map<std::uint64_t, ItemPtr> active_;  // by PItem::id
+  std::uint64_t next_id_ = 0;                          // under window_mu_
   std::atomic<bool> stop_stages_{false};
 
   std::mutex engine_mu_;
