@@ -334,6 +334,11 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--completion-threads", o->completion_threads,
                   "Engine threads that run completion callbacks")
       ->capture_default_str();
+  app->add_option("--spin-wait-us", o->spin_wait_us,
+                  "How long an engine thread spins for its next piece of work at low load "
+                  "before it sleeps (us; 0 = sleep at once)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   app->add_option("--queue-capacity", o->queue_capacity,
                   "Engine queue capacity; 0 = max(4096, 2 x concurrency)")
       ->capture_default_str();

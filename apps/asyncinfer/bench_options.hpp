@@ -76,6 +76,7 @@ struct BenchOptions {
   PriorityArg priority;
   double timeout_ms = 0;  ///< 0 = none
   int completion_threads = 1;
+  int spin_wait_us = 10;            // EngineOptions::spin_wait
   std::int64_t queue_capacity = 0;  ///< 0 = auto (max(4096, 2 × concurrency))
   int max_attempts = 1;
   int intra_op_threads = 0;  ///< 0 = the engine's rule (EngineOptions::intra_op_threads)

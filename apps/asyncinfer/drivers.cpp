@@ -545,6 +545,7 @@ EngineOptions engine_options(const BenchOptions& o, const RunPoint& point) {
   e.workers = o.workers;
   e.max_inflight_per_worker = o.inflight_per_worker;
   e.completion_threads = o.completion_threads;
+  e.spin_wait = microseconds(o.spin_wait_us);
   e.priority_levels = o.priority_levels;
   e.default_priority = std::min(e.default_priority, o.priority_levels);
   e.batching.max_batch_size = o.max_batch_size;

@@ -58,6 +58,7 @@ json config_json(const BenchReport& rep, const RunResult* run) {
       {"priority", o.priority.to_string().empty() ? json(nullptr) : json(o.priority.to_string())},
       {"timeout_ms", o.timeout_ms > 0 ? json(o.timeout_ms) : json(nullptr)},
       {"completion_threads", o.completion_threads},
+      {"spin_wait_us", o.spin_wait_us},
       {"queue_capacity", o.queue_capacity > 0 ? json(o.queue_capacity) : json(nullptr)},
       {"max_attempts", o.max_attempts},
       {"intra_op_threads", o.intra_op_threads},
@@ -303,9 +304,9 @@ void print_table(std::FILE* f, const BenchReport& rep) {
   std::fprintf(
       f,
       "  engine   %d worker(s) of %d intra-op thread(s), %d in flight per worker, max batch size "
-      "%s, queue delay %lld us, %d completion thread(s)\n",
+      "%s, queue delay %lld us, %d completion thread(s), spin wait %d us\n",
       o.workers, std::max(1, o.intra_op_threads), o.inflight_per_worker, max_batch.c_str(),
-      static_cast<long long>(o.max_queue_delay_us), o.completion_threads);
+      static_cast<long long>(o.max_queue_delay_us), o.completion_threads, o.spin_wait_us);
   std::fprintf(f, "  machine  %u cores, %s, malloc %s\n", rep.machine.cores,
                rep.machine.cpu_model.c_str(), rep.machine.allocator.c_str());
 

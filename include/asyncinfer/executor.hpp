@@ -25,7 +25,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stop_token>
 #include <string>
@@ -96,6 +98,12 @@ class ThreadPool final : public Executor {
     return f;
   }
 
+  /// From now on, a worker that finds the queue empty spins up to `budget` for a new task before
+  /// it sleeps, whenever `when()` is true (asked without the pool's lock, from the worker; it
+  /// must be cheap and thread-safe). The spin's own bounds are src/core/spin_wait.hpp's. Call at
+  /// most once, before the pool's tasks depend on it; a budget of 0 leaves the pool as it was.
+  void spin_before_sleep(std::chrono::nanoseconds budget, std::function<bool()> when);
+
   /// Stops intake, runs the tasks already queued, joins the workers. Idempotent. Must not be
   /// called from one of this pool's own workers (aborts: it would join itself).
   void shutdown();
@@ -119,6 +127,12 @@ class ThreadPool final : public Executor {
   std::size_t thread_count_ = 0;
   std::vector<std::jthread> threads_;
   std::string name_;
+  struct Spin {
+    std::chrono::nanoseconds budget;
+    std::function<bool()> when;
+  };
+  std::unique_ptr<const Spin> spin_;      // under mu_; set once, then lives as long as the pool
+  std::atomic<std::uint64_t> posted_{0};  // tasks posted; written under mu_, read by spinners
   std::atomic<std::uint64_t> exceptions_{0};
 };
 

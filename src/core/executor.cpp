@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <optional>
+
+#include "core/spin_wait.hpp"
 
 namespace asyncinfer {
 namespace {
@@ -64,9 +67,17 @@ bool ThreadPool::post(Task&& task) {
     std::lock_guard lock(mu_);
     if (stopping_) return false;
     queue_.push_back(std::move(task));
+    posted_.store(posted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
   cv_.notify_one();
   return true;
+}
+
+void ThreadPool::spin_before_sleep(std::chrono::nanoseconds budget, std::function<bool()> when) {
+  if (budget.count() <= 0 || !when) return;
+  std::lock_guard lock(mu_);
+  ASYNCINFER_CHECK(spin_ == nullptr);  // once: workers use it without the lock
+  spin_ = std::make_unique<const Spin>(Spin{budget, std::move(when)});
 }
 
 void ThreadPool::shutdown() {
@@ -96,8 +107,20 @@ void ThreadPool::worker_loop(std::stop_token /*stop*/, std::size_t index) {
   // workers exit only once the queue is empty, so every accepted task runs exactly once.
   detail::setup_thread(name_ + "-" + std::to_string(index));
   tl_current_pool = this;
+  std::optional<detail::SpinWait> spinner;  // this worker's, once spin_before_sleep was called
   std::unique_lock lock(mu_);
   for (;;) {
+    if (spin_ != nullptr && queue_.empty() && !stopping_) {
+      // Stay awake briefly for the next task (spin_wait.hpp): its post() then wakes nobody.
+      const Spin* spin = spin_.get();  // never replaced nor freed before the workers are joined
+      const std::uint64_t seen = posted_.load(std::memory_order_relaxed);
+      lock.unlock();
+      if (!spinner) spinner.emplace(spin->budget);
+      if (spin->when()) {
+        spinner->spin([&] { return posted_.load(std::memory_order_acquire) != seen; });
+      }
+      lock.lock();
+    }
     cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) break;  // stopping and drained
     Task task = std::move(queue_.front());

@@ -60,6 +60,9 @@ Status validate_options(const EngineOptions& o, const ModelSignature& sig, std::
   if (o.completion_threads < 1 || o.completion_threads > 256) {
     return bad("completion_threads must be in 1..256");
   }
+  if (o.spin_wait.count() < 0 || o.spin_wait.count() > 1000) {
+    return bad("spin_wait must be in 0..1000 us");
+  }
   if (o.priority_levels < 1 || o.priority_levels > 64)
     return bad("priority_levels must be in 1..64");
   if (o.default_priority < 1 || o.default_priority > o.priority_levels) {
@@ -149,6 +152,8 @@ EngineOptions Engine::resolve_options(const Model& model, const Device& device,
     }
   }
   if (options.intra_op_threads == 0) options.intra_op_threads = 1;
+  // On one core a spinning thread only holds the core that the thread it waits for needs.
+  if (detail::available_cores() < 2) options.spin_wait = std::chrono::microseconds(0);
   return options;
 }
 

@@ -173,7 +173,11 @@ void Resolver::run_sink(const std::shared_ptr<Request>& r, Result<Outputs>&& res
       tl_callbacks->pending_.push_back(Pending{r, std::move(result)});  // posted with its batch
       return;
     }
-    post(Task([this, r, res = std::move(result)]() mutable { invoke_callback(*r, res); }));
+    queued_callbacks_.fetch_add(1, std::memory_order_relaxed);
+    post(Task([this, r, res = std::move(result)]() mutable {
+      invoke_callback(*r, res);
+      queued_callbacks_.fetch_sub(1, std::memory_order_relaxed);
+    }));
   } else if (r->promise) {
     r->promise->set_result(std::move(result));
   }
@@ -197,8 +201,11 @@ Resolver::CallbackBatch::CallbackBatch(Resolver& resolver)
 Resolver::CallbackBatch::~CallbackBatch() {
   tl_callbacks = prev_;
   if (pending_.empty()) return;
-  resolver_.post(Task([&resolver = resolver_, pending = std::move(pending_)]() mutable {
+  const auto n = static_cast<std::int64_t>(pending_.size());
+  resolver_.queued_callbacks_.fetch_add(n, std::memory_order_relaxed);
+  resolver_.post(Task([&resolver = resolver_, pending = std::move(pending_), n]() mutable {
     for (Pending& p : pending) resolver.invoke_callback(*p.request, p.result);
+    resolver.queued_callbacks_.fetch_sub(n, std::memory_order_relaxed);
   }));
 }
 

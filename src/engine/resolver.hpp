@@ -128,6 +128,14 @@ class Resolver {
   std::int64_t in_flight() const noexcept {
     return inflight_requests_.load(std::memory_order_relaxed);
   }
+  /// Accepted requests whose callback has not run yet: in_flight() plus the ended ones whose
+  /// callbacks wait on the completion executor (ordered delivery's backlog aside). The engine's
+  /// load, as a closed-loop caller sees it: what decides whether its threads spin before they
+  /// sleep (EngineOptions::spin_wait).
+  std::int64_t undelivered() const noexcept {
+    return inflight_requests_.load(std::memory_order_relaxed) +
+           queued_callbacks_.load(std::memory_order_relaxed);
+  }
 
  private:
   /// The ending's bookkeeping, then the sink: in order (deliver_ordered) or at once (run_sink).
@@ -152,6 +160,7 @@ class Resolver {
   // Hot counters live on their own cache lines: they are bumped from several threads at once.
   OutcomeCounters outcomes_;
   alignas(64) std::atomic<std::int64_t> inflight_requests_{0};
+  std::atomic<std::int64_t> queued_callbacks_{0};  // posted to the completion executor, not run
   alignas(64) DurationCounter stat_success_;  // Triton's InferenceStats success and fail
   DurationCounter stat_fail_;
   Histogram request_us_;

@@ -152,6 +152,7 @@ void Scheduler::enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_
   transition(*r, Stage::submitting, Stage::queued, lock);
   retry_.on_request(now);
   queue_.push_back(r);
+  pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   lock.unlock();
   work_cv_.notify_one();
 }
@@ -198,12 +199,27 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
   const auto flag = [](const std::atomic<bool>* f) {
     return f != nullptr && f->load(std::memory_order_acquire);
   };
-  std::unique_lock lock(mu_);
+  std::unique_lock lock = lock_spinning(mu_);
+  bool spun = false;
   for (;;) {
     if (cancelling()) return nullptr;
     if (flag(taker.recycle_wanted) || flag(taker.breaker_open)) return nullptr;
     if (queue_.empty()) {
       if (!accepting() && retry_.empty() && inflight_batches_ == 0) return nullptr;
+      if (taker.spin != nullptr && !spun) {
+        // Stay awake briefly for the next request (spin_wait.hpp): its accept() then wakes
+        // nobody. Whatever else would wake this wait (a state change, the taker's flags) is
+        // seen when the spin ends, at most its budget later.
+        spun = true;
+        const std::uint64_t seen = pushed_.load(std::memory_order_relaxed);
+        lock.unlock();
+        taker.spin->spin([&] {
+          return pushed_.load(std::memory_order_acquire) != seen || !accepting() ||
+                 flag(taker.recycle_wanted) || flag(taker.breaker_open);
+        });
+        lock.lock();
+        continue;
+      }
       work_cv_.wait(lock);
       continue;
     }
@@ -263,6 +279,7 @@ Requeued Scheduler::requeue(const std::vector<std::shared_ptr<Request>>& rs, boo
       r->batch.reset();
       r->waiting_since = Clock::now();
       queue_.push_front(r);
+      pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     }
   }
   work_cv_.notify_all();
@@ -291,6 +308,7 @@ BackoffEnd Scheduler::requeue_after_backoff(const std::shared_ptr<Request>& r) {
   r->enqueued = Clock::now();
   r->waiting_since = r->enqueued;
   queue_.push_back(ref);  // retries do not count against queue_capacity
+  pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   lock.unlock();
   work_cv_.notify_one();
   out.requeued = true;

@@ -22,7 +22,9 @@
 //
 // Thread safety: every public method may be called from any thread. Blocking: accept() (a full
 // queue with QueueFullPolicy::block), next_batch() and wait_drained() wait on condition variables
-// (never by polling); the rest only take the mutex.
+// (never by polling; next_batch() first spins up to the taker's SpinWait budget when it passes
+// one, spin_wait.hpp); the rest only take the mutex, after a short spin on the hot paths
+// (accept(), next_batch(): lock_spinning).
 #pragma once
 
 #include <atomic>
@@ -35,6 +37,7 @@
 
 #include "asyncinfer/detail/transitions.hpp"
 #include "asyncinfer/engine.hpp"
+#include "core/spin_wait.hpp"
 #include "engine/admission.hpp"
 #include "engine/batcher.hpp"
 #include "engine/request.hpp"
@@ -77,6 +80,9 @@ struct Taker {
   std::int64_t max_rows = 1;
   const std::atomic<bool>* recycle_wanted = nullptr;
   const std::atomic<bool>* breaker_open = nullptr;
+  /// Non-null: the worker's own SpinWait, used once before it sleeps on an empty queue
+  /// (spin_wait.hpp; the worker passes it only while few requests are in flight).
+  SpinWait* spin = nullptr;
 };
 
 /// What withdraw() did with a request.
@@ -150,7 +156,7 @@ class Scheduler {
   /// Blocks only with QueueFullPolicy::block and a full queue.
   template <class OnAccepted>
   std::optional<Refusal> accept(const std::shared_ptr<Request>& r, OnAccepted&& on_accepted) {
-    std::unique_lock lock(mu_);
+    std::unique_lock lock = lock_spinning(mu_);  // held briefly by next_batch, on another core
     Clock::time_point now;
     if (auto refusal = admit(*r, lock, now)) return refusal;
     r->seq = next_seq_++;
@@ -241,6 +247,8 @@ class Scheduler {
   AdmissionControl admission_;
   std::int64_t inflight_batches_ = 0;  // under mu_
   std::uint64_t next_seq_ = 0;         // under mu_
+  std::atomic<std::uint64_t> pushed_{0};  // requests put in queue_; written under mu_, read by
+                                          // a spinning worker without it
   std::optional<Status> no_workers_;   // under mu_: every worker gave up
 };
 

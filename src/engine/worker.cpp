@@ -62,7 +62,8 @@ Worker::Worker(int index, int intra_op_threads, EngineContext& ctx)
       ctx_(ctx),
       scheduler_(ctx.scheduler),
       resolver_(ctx.resolver),
-      breaker_(ctx.opt.breaker) {}
+      breaker_(ctx.opt.breaker),
+      spin_(ctx.opt.spin_wait) {}
 
 Status Worker::open() { return make_stream_and_instance(); }
 
@@ -213,8 +214,12 @@ void Worker::loop() {
       recycle();
       continue;
     }
-    std::shared_ptr<Batch> batch =
-        scheduler_.next_batch({index_, cap, &recycle_wanted_, breaker_.open_flag()});
+    // At most one request per worker in flight: the next one most likely comes from a caller
+    // waiting on the last result, soon, and alone; sleeping would cost a wake-up a request
+    // (spin_wait.hpp). With more in flight, sleeping lets them gather into a batch.
+    const bool few = resolver_.undelivered() <= ctx_.opt.workers;
+    std::shared_ptr<Batch> batch = scheduler_.next_batch(
+        {index_, cap, &recycle_wanted_, breaker_.open_flag(), few ? &spin_ : nullptr});
     if (!batch) {
       if (scheduler_.cancelling()) return;
       // A recycle, or a breaker that opened while the worker waited for work: back to the

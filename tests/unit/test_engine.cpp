@@ -499,6 +499,60 @@ TEST(Engine, CreateRejectsBadOptionsByName) {
   EngineOptions q;
   q.retry.retryable_codes = {StatusCode::invalid_argument};
   EXPECT_FALSE(Engine::create(model, device, q).ok());
+  for (auto spin : {std::chrono::microseconds(-1), std::chrono::microseconds(1001)}) {
+    EngineOptions w;
+    w.spin_wait = spin;
+    auto rw = Engine::create(model, device, w);
+    ASSERT_FALSE(rw.ok()) << spin.count();
+    EXPECT_NE(rw.status().message().find("spin_wait must be in 0..1000 us"), std::string_view::npos)
+        << rw.status();
+  }
+}
+
+// A closed loop of one request in flight, each callback submitting the next: the case the spin
+// before sleeping is for (EngineOptions::spin_wait). Every request ends exactly once with its own
+// input, with no spin, the default spin and the longest, on one and on two completion threads.
+TEST(Engine, AClosedLoopOfOneInFlightEndsEveryRequestWhateverTheSpin) {
+  auto model = *load_model("builtin:identity");
+  auto device = *open_device("cpu");
+  for (int spin_us : {0, 10, 1000}) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("spin_wait " + std::to_string(spin_us) + " us, " + std::to_string(threads) +
+                   " completion threads");
+      EngineOptions o;
+      o.workers = 1;
+      o.completion_threads = threads;
+      o.spin_wait = std::chrono::microseconds(spin_us);
+      auto engine = *Engine::create(model, device, o);
+      constexpr int kRequests = 2000;
+      std::atomic<int> next{0};
+      std::atomic<int> wrong{0};
+      Promise<int> done;
+      Future<int> finished = done.get_future();
+      std::function<void()> issue = [&] {
+        const int k = next.fetch_add(1);
+        const float value = static_cast<float>(k);
+        Status s = engine->submit(one(value), [&, value](const Result<Outputs>& r) {
+          if (!r.ok() || first_value(*r) != value) ++wrong;
+          if (value + 1 < kRequests) {
+            issue();
+          } else {
+            done.set_value(0);
+          }
+        });
+        if (!s.ok()) {
+          ++wrong;
+          done.set_value(0);
+        }
+      };
+      issue();
+      ASSERT_TRUE(get_within(finished).ok());
+      EXPECT_EQ(wrong.load(), 0);
+      EXPECT_EQ(next.load(), kRequests);
+      engine->shutdown(ShutdownMode::drain);
+      EXPECT_EQ(engine->metrics().completed, static_cast<std::uint64_t>(kRequests));
+    }
+  }
 }
 
 TEST(Models, RegistryListsTheKindsBuiltAndNamesWhatIsUnknown) {

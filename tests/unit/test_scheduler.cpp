@@ -302,6 +302,46 @@ TEST(Scheduler, ADrainEndsWhenTheLastBatchFinishes) {
   EXPECT_EQ(s.state(), EngineState::cancelling);
 }
 
+TEST(Scheduler, AWorkerSpinningForWorkTakesARequestAcceptedMeanwhile) {
+  Scheduler s(options(), true);
+  SpinWait spin(std::chrono::seconds(10));  // long: the request must end it, not the budget
+  std::jthread submitter([&] {
+    std::this_thread::sleep_for(2ms);
+    int hooks = 0;
+    EXPECT_FALSE(accept(s, prepared(), hooks));
+  });
+  const auto start = Clock::now();
+  auto batch = s.next_batch({0, 8, nullptr, nullptr, &spin});
+  ASSERT_NE(batch, nullptr);
+  EXPECT_EQ(batch->requests.size(), 1u);
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+TEST(Scheduler, AShutdownOrATakersFlagEndsASpinningWorkersWait) {
+  {
+    Scheduler s(options(), true);
+    SpinWait spin(std::chrono::seconds(10));
+    std::jthread stopper([&] {
+      std::this_thread::sleep_for(2ms);
+      s.begin_shutdown(EngineState::cancelling);
+    });
+    const auto start = Clock::now();
+    EXPECT_EQ(s.next_batch({0, 8, nullptr, nullptr, &spin}), nullptr);
+    EXPECT_LT(Clock::now() - start, 5s);
+  }
+  Scheduler s(options(), true);
+  SpinWait spin(std::chrono::seconds(10));
+  std::atomic<bool> recycle{false};
+  std::jthread flagger([&] {
+    std::this_thread::sleep_for(2ms);
+    recycle = true;
+    s.wake_workers();
+  });
+  const auto start = Clock::now();
+  EXPECT_EQ(s.next_batch({0, 8, &recycle, nullptr, &spin}), nullptr);
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
 TEST(SchedulerDeathTest, AnIllegalLifeCycleChangeAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
