@@ -233,6 +233,7 @@ class Engine:
                  queue_capacity: int = 4096,
                  queue_full_policy: Union[str, QueueFullPolicy] = "reject",
                  submit_timeout: Seconds = 1.0, completion_threads: int = 1,
+                 spin_wait_us: int = 10,
                  priority_levels: int = 3, default_priority: int = 2,
                  priority_aging: Seconds = 0.0, max_batch_size: Optional[int] = None,
                  preferred_batch_sizes: Sequence[int] = (), max_queue_delay_us: int = 0,

@@ -241,6 +241,8 @@ Options (defaults are the C++ EngineOptions defaults):
   queue_full_policy       'reject' (ResourceExhausted at once) or 'block' (wait up to submit_timeout)
   submit_timeout          s; how long 'block' waits for queue space
   completion_threads      threads that run callbacks and fulfil futures
+  spin_wait_us            µs an engine thread spins for its next piece of work at low load
+                          before it sleeps (0..1000; 0 = sleep at once)
   priority_levels         priorities 1 (highest) .. priority_levels
   default_priority        the priority of requests that give none
   priority_aging          s; 0 = off; a request queued this long is served as priority 1
@@ -330,7 +332,8 @@ void init_engine(py::module_& m) {
       .def(py::init([](const py::object& model, const py::object& device, int workers,
                        int max_inflight_per_worker, std::size_t queue_capacity,
                        const py::object& queue_full_policy_arg, const py::object& submit_timeout,
-                       int completion_threads, int priority_levels, int default_priority,
+                       int completion_threads, std::int64_t spin_wait_us, int priority_levels,
+                       int default_priority,
                        const py::object& priority_aging, std::optional<std::int64_t> max_batch_size,
                        std::vector<std::int64_t> preferred_batch_sizes,
                        std::int64_t max_queue_delay_us, bool split_failed_batches,
@@ -347,6 +350,7 @@ void init_engine(py::module_& m) {
              o.queue_full_policy = queue_full_policy(queue_full_policy_arg);
              o.submit_timeout = to_duration_as<microseconds>(submit_timeout, "submit_timeout");
              o.completion_threads = completion_threads;
+             o.spin_wait = microseconds(spin_wait_us);
              o.priority_levels = priority_levels;
              o.default_priority = default_priority;
              o.priority_aging = to_duration_as<microseconds>(priority_aging, "priority_aging");
@@ -377,6 +381,7 @@ void init_engine(py::module_& m) {
            py::arg("queue_capacity") = d.queue_capacity, py::arg("queue_full_policy") = "reject",
            py::arg("submit_timeout") = to_seconds(d.submit_timeout),
            py::arg("completion_threads") = d.completion_threads,
+           py::arg("spin_wait_us") = d.spin_wait.count(),
            py::arg("priority_levels") = d.priority_levels,
            py::arg("default_priority") = d.default_priority,
            py::arg("priority_aging") = to_seconds(d.priority_aging),

@@ -49,6 +49,7 @@ py::dict options_dict(const EngineOptions& o) {
   d["queue_full_policy"] = o.queue_full_policy == QueueFullPolicy::block ? "block" : "reject";
   d["submit_timeout"] = to_seconds(o.submit_timeout);
   d["completion_threads"] = o.completion_threads;
+  d["spin_wait_us"] = static_cast<std::int64_t>(o.spin_wait.count());
   d["priority_levels"] = o.priority_levels;
   d["default_priority"] = o.default_priority;
   d["priority_aging"] = to_seconds(o.priority_aging);

@@ -107,6 +107,7 @@ constexpr std::string_view kKnownParameters[] = {
     "recycle_backoff_ms",
     "max_inflight_per_worker",
     "completion_threads",
+    "spin_wait_us",
     "intra_op_threads",
     "breaker_failure_threshold",
     "breaker_cooldown_ms",
@@ -164,6 +165,9 @@ Status apply_parameters(const inference::ModelConfig& c, std::string_view model,
     } else if (key == "completion_threads") {
       ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 1, 256));
       e.completion_threads = static_cast<int>(n);
+    } else if (key == "spin_wait_us") {
+      ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 1000));
+      e.spin_wait = std::chrono::microseconds(n);
     } else if (key == "intra_op_threads") {
       ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t n, parse_int(model, key, value, 0, 1024));
       e.intra_op_threads = static_cast<int>(n);

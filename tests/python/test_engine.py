@@ -72,7 +72,7 @@ def test_every_engine_option_as_a_keyword():
                                    budget_window=2.0)
     options = dict(workers=2, max_inflight_per_worker=3, queue_capacity=100,
                    queue_full_policy="block", submit_timeout=0.5, completion_threads=2,
-                   priority_levels=4, default_priority=3, priority_aging=0.25, max_batch_size=8,
+                   spin_wait_us=0, priority_levels=4, default_priority=3, priority_aging=0.25, max_batch_size=8,
                    preferred_batch_sizes=[4, 8], max_queue_delay_us=100,
                    split_failed_batches=False, ordered_delivery=True, default_timeout=5.0,
                    allow_timeout_override=True, admission_control=True, retry=retry,

@@ -76,6 +76,7 @@ dynamic_batching {
 instance_group [ { kind: KIND_GPU, gpus: [ 1 ], count: 3 } ]
 parameters { key: "retries" value { string_value: "2" } }
 parameters { key: "watchdog_ms" value { string_value: "1500" } }
+parameters { key: "spin_wait_us" value { string_value: "0" } }
 )");
   ASSERT_TRUE(p.ok()) << p.status();
   const EngineOptions& e = p->engine;
@@ -91,6 +92,7 @@ parameters { key: "watchdog_ms" value { string_value: "1500" } }
   EXPECT_EQ(e.workers, 3);
   EXPECT_EQ(e.retry.max_attempts, 3);
   EXPECT_EQ(e.watchdog, std::chrono::milliseconds(1500));
+  EXPECT_EQ(e.spin_wait, std::chrono::microseconds(0));
   EXPECT_EQ(p->device, "cuda:1");
   EXPECT_FALSE(p->device_auto);
 }
