@@ -233,8 +233,10 @@ struct EngineOptions {
   /// saves the two futex wake-ups a request otherwise costs (tens of µs each when they cross
   /// vCPUs on a virtual machine); a thread whose spins keep running out stops spinning for a
   /// while, so a server whose next request is a network round trip away spends little on it.
-  /// 0 = never spin (sleep at once); a process allowed fewer than 2 cores never spins. At most
-  /// 1,000 µs. Source: src/core/spin_wait.hpp.
+  /// 0 = never spin (sleep at once); an engine created on a thread allowed fewer than 2 cores
+  /// never spins (Engine::options() then says 0). At most 1,000 µs; values near that cost
+  /// latency where busy threads outnumber the cores (many engines, a loaded host), since a
+  /// spinner holds a core until its budget runs out. Source: src/core/spin_wait.hpp.
   std::chrono::microseconds spin_wait{10};
   /// Priority levels 1..priority_levels; requests without one get default_priority.
   int priority_levels = 3;

@@ -126,6 +126,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   options = resolve_options(*model, *device, std::move(options));
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));
   options.batching.max_batch_size = max_rows;  // what Engine::options() reports
+  // On one core a spinning thread only holds the core that the thread it waits for needs. After
+  // the validation, so that a bad value is refused whatever the affinity.
+  if (detail::available_cores() < 2) options.spin_wait = std::chrono::microseconds(0);
   auto core = std::make_shared<EngineCore>(std::move(model), std::move(device), std::move(options),
                                            max_rows);
   Status s = core->start();
@@ -152,8 +155,6 @@ EngineOptions Engine::resolve_options(const Model& model, const Device& device,
     }
   }
   if (options.intra_op_threads == 0) options.intra_op_threads = 1;
-  // On one core a spinning thread only holds the core that the thread it waits for needs.
-  if (detail::available_cores() < 2) options.spin_wait = std::chrono::microseconds(0);
   return options;
 }
 

@@ -1,5 +1,6 @@
 // Engine: sync and async inference, callbacks, futures, request ids, many consumers (issue 4).
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -507,6 +508,38 @@ TEST(Engine, CreateRejectsBadOptionsByName) {
     EXPECT_NE(rw.status().message().find("spin_wait must be in 0..1000 us"), std::string_view::npos)
         << rw.status();
   }
+}
+
+// On one core the spin is off, but a bad value is still refused (it once passed unchecked there:
+// the affinity rule ran before the validation).
+TEST(Engine, SpinWaitIsOffOnOneCoreAndStillValidatedThere) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c) {
+    if (CPU_ISSET(c, &saved)) first = c;
+  }
+  ASSERT_GE(first, 0);
+  cpu_set_t single;
+  CPU_ZERO(&single);
+  CPU_SET(first, &single);
+  ASSERT_EQ(sched_setaffinity(0, sizeof single, &single), 0);
+  auto model = *load_model("builtin:identity");
+  auto device = *open_device("cpu");
+  EngineOptions bad;
+  bad.spin_wait = std::chrono::microseconds(5000);
+  auto refused = Engine::create(model, device, bad);
+  EngineOptions good;
+  good.spin_wait = std::chrono::microseconds(10);
+  auto made = Engine::create(model, device, good);
+  ASSERT_EQ(sched_setaffinity(0, sizeof saved, &saved), 0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("spin_wait must be in 0..1000 us"),
+            std::string_view::npos)
+      << refused.status();
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ((*made)->options().spin_wait, std::chrono::microseconds(0));
+  EXPECT_EQ(first_value(*get_within((*made)->submit(one(3)))), 3.0f);
 }
 
 // A closed loop of one request in flight, each callback submitting the next: the case the spin
