@@ -228,8 +228,9 @@ struct EngineOptions {
   /// Threads that run completion callbacks and fulfil futures.
   int completion_threads = 1;
   /// How long an engine thread stays awake, spinning, for its next piece of work before it
-  /// sleeps: a worker that finds the queue empty while at most one request per worker is in
-  /// flight, and a completion thread that finds nothing to run. At one request in flight this
+  /// sleeps: a worker that finds the queue empty, and a completion thread that finds nothing to
+  /// run, while at most one request per worker is undelivered (in flight, or its callback not
+  /// yet run). At one request in flight this
   /// saves the two futex wake-ups a request otherwise costs (tens of µs each when they cross
   /// vCPUs on a virtual machine); a thread whose spins keep running out stops spinning for a
   /// while, so a server whose next request is a network round trip away spends little on it.

@@ -4,10 +4,10 @@
 //
 // Why: at one request in flight, each hand-off finds the other thread asleep on a futex, and its
 // wake-up costs far more than the work it hands over. On a virtual machine whose idle vCPUs halt,
-// a wake-up that crosses vCPUs took ~20 µs (docs/performance.md, "Spinning before sleeping at
-// low load"), against ~1 µs of engine work a request. A thread that stays awake a few
-// microseconds after its work is done takes the next hand-off without any wake-up: the handing
-// side's notify finds no sleeper and returns without a system call.
+// a wake-up that crosses vCPUs took ~20 µs (docs/performance.md, "Spinning before sleeping"),
+// against ~1 µs of engine work a request. A thread that stays awake a few microseconds after its
+// work is done takes the next hand-off without any wake-up: the handing side's notify finds no
+// sleeper and returns without a system call.
 //
 // The cost is bounded: a spin lasts at most its budget, once per idle period, and a thread whose
 // spins keep failing (the next piece of work comes later than the budget, as on a server whose

@@ -55,7 +55,7 @@ Status EngineCore::start() {
   }
   ctx_.live_workers.store(opt_.workers, std::memory_order_relaxed);
   // The completion threads spin before sleeping under the workers' rule (Worker::loop): while
-  // at most one request per worker is in flight.
+  // at most one request per worker is undelivered.
   completion_.spin_before_sleep(opt_.spin_wait, [this] {
     return resolver_.undelivered() <= static_cast<std::int64_t>(opt_.workers);
   });

@@ -214,9 +214,10 @@ void Worker::loop() {
       recycle();
       continue;
     }
-    // At most one request per worker in flight: the next one most likely comes from a caller
-    // waiting on the last result, soon, and alone; sleeping would cost a wake-up a request
-    // (spin_wait.hpp). With more in flight, sleeping lets them gather into a batch.
+    // At most one request per worker undelivered (in flight, or its callback not run): the next
+    // one most likely comes from a caller waiting on the last result, soon, and alone; sleeping
+    // would cost a wake-up a request (spin_wait.hpp). With more in flight, sleeping lets them
+    // gather into a batch.
     const bool few = resolver_.undelivered() <= ctx_.opt.workers;
     std::shared_ptr<Batch> batch = scheduler_.next_batch(
         {index_, cap, &recycle_wanted_, breaker_.open_flag(), few ? &spin_ : nullptr});
