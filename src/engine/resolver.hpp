@@ -161,7 +161,7 @@ class Resolver {
   OutcomeCounters outcomes_;
   alignas(64) std::atomic<std::int64_t> inflight_requests_{0};
   std::atomic<std::int64_t> queued_callbacks_{0};  // posted to the completion executor, not run
-  alignas(64) DurationCounter stat_success_;  // Triton's InferenceStats success and fail
+  alignas(64) DurationCounter stat_success_;       // Triton's InferenceStats success and fail
   DurationCounter stat_fail_;
   Histogram request_us_;
   std::atomic<std::uint64_t> callback_exceptions_{0};

@@ -152,7 +152,7 @@ void Scheduler::enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_
   transition(*r, Stage::submitting, Stage::queued, lock);
   retry_.on_request(now);
   queue_.push_back(r);
-  pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  count_push();
   lock.unlock();
   work_cv_.notify_one();
 }
@@ -279,7 +279,7 @@ Requeued Scheduler::requeue(const std::vector<std::shared_ptr<Request>>& rs, boo
       r->batch.reset();
       r->waiting_since = Clock::now();
       queue_.push_front(r);
-      pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      count_push();
     }
   }
   work_cv_.notify_all();
@@ -308,7 +308,7 @@ BackoffEnd Scheduler::requeue_after_backoff(const std::shared_ptr<Request>& r) {
   r->enqueued = Clock::now();
   r->waiting_since = r->enqueued;
   queue_.push_back(ref);  // retries do not count against queue_capacity
-  pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  count_push();
   lock.unlock();
   work_cv_.notify_one();
   out.requeued = true;

@@ -228,6 +228,11 @@ class Scheduler {
   /// the workers (which leave once nothing is left).
   void notify_progress();
 
+  /// After a request was put in queue_ (under mu_): tells a spinning worker (next_batch).
+  void count_push() noexcept {
+    pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
   // Options (fixed).
   const std::size_t queue_capacity_;
   const QueueFullPolicy queue_full_policy_;
@@ -245,11 +250,11 @@ class Scheduler {
   RequestQueue queue_;                                    // under mu_
   RetryScheduler retry_;                                  // its waiting set under mu_
   AdmissionControl admission_;
-  std::int64_t inflight_batches_ = 0;  // under mu_
-  std::uint64_t next_seq_ = 0;         // under mu_
+  std::int64_t inflight_batches_ = 0;     // under mu_
+  std::uint64_t next_seq_ = 0;            // under mu_
   std::atomic<std::uint64_t> pushed_{0};  // requests put in queue_; written under mu_, read by
                                           // a spinning worker without it
-  std::optional<Status> no_workers_;   // under mu_: every worker gave up
+  std::optional<Status> no_workers_;      // under mu_: every worker gave up
 };
 
 }  // namespace asyncinfer::detail

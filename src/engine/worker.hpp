@@ -177,8 +177,8 @@ class Worker {
   std::atomic<std::uint64_t> recycles_{0};
   std::atomic<std::uint64_t> recycle_attempts_failed_{0};
   std::atomic<std::int64_t> stream_batches_{0};  // launched, completion point not yet run
-  SpinWait spin_;  // the worker thread's only: its wait for work at low load (loop)
-  std::jthread thread_;                          // last: joined before the rest is destroyed
+  SpinWait spin_;        // the worker thread's only: its wait for work at low load (loop)
+  std::jthread thread_;  // last: joined before the rest is destroyed
 };
 
 }  // namespace asyncinfer::detail
