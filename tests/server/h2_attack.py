@@ -124,11 +124,13 @@ def open_streams(port, n, window=0, ignore_stream_limit=True):
     return conn, sent
 
 
-def rapid_reset(port, seconds):
+def rapid_reset(port, seconds, rate=None):
     """Opens and resets calls on connection after connection for `seconds` (each closed by the
-    server, or by a protocol error, makes way for the next); returns (calls, connections)."""
+    server, or by a protocol error, makes way for the next), at most `rate` calls a second (None:
+    as fast as this process can); returns (calls, connections)."""
     message = identity_message()
-    end = time.monotonic() + seconds
+    start = time.monotonic()
+    end = start + seconds
     calls = connections = 0
     while time.monotonic() < end:
         try:
@@ -144,6 +146,10 @@ def rapid_reset(port, seconds):
                     conn.open_call(message, reset=True)
                     calls += 1
                 conn.send_pending()
+                if rate is not None:
+                    ahead = calls / rate - (time.monotonic() - start)
+                    if ahead > 0:
+                        time.sleep(ahead)
         except (OSError, h2.exceptions.ProtocolError, h2.exceptions.FlowControlError):
             pass
         conn.close()
