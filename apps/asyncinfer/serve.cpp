@@ -39,6 +39,7 @@ struct ServeOptions {
   std::size_t grpc_max_message_bytes = 64u << 20;
   double grpc_max_connection_age_s = 0;
   int http_threads = 0;
+  int http_spin_wait_us = 0;
   double drain_timeout_s = 30;
   double header_timeout_s = 10;
   double body_timeout_s = 60;
@@ -168,6 +169,7 @@ int run_serve(const ServeOptions& o) {
   ho.http_port = o.http_port;
   ho.metrics_port = o.metrics_port;
   ho.threads = o.http_threads;
+  ho.spin_wait = std::chrono::microseconds(o.http_spin_wait_us);
   ho.max_body_bytes = o.max_body_bytes;
   ho.max_header_bytes = o.max_header_bytes;
   ho.header_timeout = ms(o.header_timeout_s);
@@ -269,6 +271,12 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--http-threads", o->http_threads, "I/O threads (0 = one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  app->add_option("--http-spin-wait-us", o->http_spin_wait_us,
+                  "Microseconds an HTTP I/O thread whose one request is in an engine busy-polls "
+                  "for the answer before it sleeps (0 = never; a latency mode for few "
+                  "connections, with the model's spin_wait_us)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   app->add_option("--drain-timeout", o->drain_timeout_s,
                   "Seconds in-flight requests get to finish after SIGTERM/SIGINT")
       ->capture_default_str()

@@ -13,6 +13,7 @@ import re
 import resource
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -324,6 +325,77 @@ class Shutdown(harness.unittest.TestCase):
             self.assertEqual(results["long"][0], 503, results)
         finally:
             server.stop()
+
+
+class IoSpin(harness.unittest.TestCase):
+    """--http-spin-wait-us (HttpOptions::spin_wait): an I/O thread whose one request is in an
+    engine spins for the answer before it sleeps. Whatever the spin, every request gets its own
+    answer: one at a time, eight at once (the spin off and on as the count moves), answers that
+    come later than the spin (the slow model), and an idle server spends no CPU on it."""
+
+    def identity(self, server, values, session):
+        body = json.dumps({"inputs": [{"name": "input0", "shape": [1, 16], "datatype": "FP32",
+                                       "data": values}]})
+        r = session.post("http://127.0.0.1:%d/v2/models/identity/infer" % server.http_port,
+                         data=body, timeout=10)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["outputs"][0]["data"], values)
+
+    def test_every_request_answered_whatever_the_spin(self):
+        for spin in ("0", "50", "1000"):
+            with self.subTest(spin=spin), Server(EXAMPLE_REPOSITORY, "--http-spin-wait-us",
+                                                  spin) as server:
+                with requests.Session() as s:
+                    for i in range(300):
+                        self.identity(server, [float(i * 16 + k) for k in range(16)], s)
+
+                errors = []
+
+                def client(c):
+                    try:
+                        with requests.Session() as s:
+                            for i in range(100):
+                                self.identity(server, [float(c * 10_000 + i * 16 + k)
+                                                       for k in range(16)], s)
+                    except Exception as e:  # recorded, asserted below
+                        errors.append(repr(e))
+
+                threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+                self.assertFalse(any(t.is_alive() for t in threads), "a client hung")
+                self.assertEqual(errors, [])
+
+                # Answers that come after the spin ran out: 2 ms each on the simulated device.
+                with requests.Session() as s:
+                    for _ in range(20):
+                        r = s.post(server.url + SLOW, data=slow_body(2000), timeout=10)
+                        self.assertEqual(r.status_code, 200, r.text)
+                        self.assertEqual(r.json()["outputs"][0]["data"], [2000.0])
+
+                # Idle: nothing awaited, so nothing spins.
+                t0 = cpu_seconds(server.proc.pid)
+                time.sleep(1)
+                self.assertLess(cpu_seconds(server.proc.pid) - t0, 0.05)
+
+    def test_out_of_range_is_refused_by_name(self):
+        for bad in ("-1", "1001"):
+            p = subprocess.run([harness.ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,
+                                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+                                "--http-spin-wait-us", bad],
+                               capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("--http-spin-wait-us", p.stderr)
+            self.assertIn("1000", p.stderr)
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Soak(harness.unittest.TestCase):

@@ -365,6 +365,7 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
                   [self, r = std::move(r)]() mutable { self->on_infer_done(std::move(r)); });
       });
   if (!accepted.ok()) return respond_status(accepted.status());
+  ++loop_.submitted;  // until on_infer_done
   inflight_ = std::move(*accepted);
   set_phase(Phase::handling);
   // Watch the socket meanwhile: a disconnect cancels the request.
@@ -401,6 +402,7 @@ void Session::on_repository_done(const Status& s) {
 }
 
 void Session::on_infer_done(Result<InferResponse> r) {
+  ++loop_.received;
   inflight_ = InflightRequest();
   if (closed()) return;
   if (client_gone_) return close();

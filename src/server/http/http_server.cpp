@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "asyncinfer/executor.hpp"
+#include "core/spin_wait.hpp"
 #include "http_server_impl.hpp"
 
 namespace asyncinfer::server {
@@ -20,6 +22,25 @@ const ProtocolMetrics::Labels& status_class_labels() {
 
 }  // namespace
 
+/// An I/O thread's loop: io_context::run, except that while exactly one inference request of
+/// its sessions is in an engine, the thread busy-polls the context (poll_one: posted handlers,
+/// then the reactor without blocking) for up to HttpOptions::spin_wait before it sleeps in
+/// epoll_wait. An answer posted while the thread is outside the context's scheduler costs the
+/// engine's thread no eventfd write and this thread no wake-up (Asio's scheduler interrupts its
+/// reactor only while a thread waits in it); other connections' bytes are read meanwhile. More
+/// than one request awaited means answers come often enough without it; none means the next
+/// thing is a client's bytes, a network round trip away. Returns when the context is stopped.
+static void run_io_loop(HttpServer::Impl::IoLoop& loop, detail::SpinWait& spin) {
+  for (;;) {
+    // One awaited: poll the context (posted handlers, then the reactor without blocking) until
+    // something runs, the answer or another connection's bytes, for up to the budget.
+    if (loop.submitted - loop.received == 1 && spin.spin([&] { return loop.ioc.poll_one() > 0; })) {
+      continue;
+    }
+    if (loop.ioc.run_one() == 0) return;  // stopped
+  }
+}
+
 HttpServer::Impl::Impl(InferenceServer& s, HttpOptions o)
     : core(s),
       opt(std::move(o)),
@@ -28,11 +49,11 @@ HttpServer::Impl::Impl(InferenceServer& s, HttpOptions o)
   // Each context is run by one thread. The hint says so to Asio's scheduler, which then queues
   // work posted from that thread without its lock and never wakes another thread for it.
   for (int i = 0; i < (opt.threads > 0 ? opt.threads : 1); ++i) {
-    iocs.push_back(std::make_unique<net::io_context>(1));
+    loops.push_back(std::make_unique<IoLoop>());
     // Its reactor (an epoll descriptor, an eventfd and a timerfd) opens now, with the server,
     // not when the first connection is placed on it: that may be when descriptors run out, and
     // the failure would then escape the listener's accept handler and stop it accepting.
-    tcp::socket open_reactor(*iocs.back());
+    tcp::socket open_reactor(loops.back()->ioc);
   }
 }
 
@@ -43,7 +64,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   Listener(Impl& impl, bool metrics)
       : impl_(impl),
         metrics_(metrics),
-        acceptor_(impl.iocs.front()->get_executor()),
+        acceptor_(impl.loops.front()->ioc.get_executor()),
         retry_(acceptor_.get_executor()) {}
 
   Status open(const tcp::endpoint& endpoint) {
@@ -323,6 +344,12 @@ Status HttpServer::start() {
   };
   ASYNCINFER_RETURN_IF_ERROR(check_port(im.opt.http_port, "--http-port", false));
   ASYNCINFER_RETURN_IF_ERROR(check_port(im.opt.metrics_port, "--metrics-port", true));
+  if (im.opt.spin_wait < std::chrono::microseconds(0) ||
+      im.opt.spin_wait > std::chrono::microseconds(1000)) {
+    return invalid_argument_error("--http-spin-wait-us " +
+                                  std::to_string(im.opt.spin_wait.count()) +
+                                  " is out of range (0 .. 1000)");
+  }
   im.http_listener = std::make_shared<Impl::Listener>(im, false);
   ASYNCINFER_RETURN_IF_ERROR(
       im.http_listener->open({address, static_cast<unsigned short>(im.opt.http_port)}));
@@ -337,13 +364,17 @@ Status HttpServer::start() {
     im.metrics_listener->subscribe();
     im.metrics_listener->accept();
   }
-  for (auto& ioc : im.iocs) im.work.push_back(net::make_work_guard(*ioc));
-  for (auto& ioc : im.iocs) {
-    im.threads.emplace_back([ioc = ioc.get()] {
+  for (auto& loop : im.loops) im.work.push_back(net::make_work_guard(loop->ioc));
+  for (auto& loop : im.loops) {
+    // On one core a spin would only hold the core that the engine's thread needs to answer.
+    const std::chrono::microseconds spin_wait =
+        detail::available_cores() < 2 ? std::chrono::microseconds(0) : im.opt.spin_wait;
+    im.threads.emplace_back([loop = loop.get(), spin_wait] {
+      detail::SpinWait spin(spin_wait);
       // A handler that throws (out of memory, say) loses its connection, not the server.
       for (;;) {
         try {
-          ioc->run();
+          run_io_loop(*loop, spin);
           return;
         } catch (const std::exception& e) {
           std::fprintf(stderr, "asyncinfer serve: http: a connection failed: %s\n", e.what());
@@ -397,7 +428,7 @@ void HttpServer::stop() {
   // Decodes and encodes still queued are dropped (their sessions are closed); one running ends.
   im.codec_pool.stop();
   im.codec_pool.join();
-  for (auto& ioc : im.iocs) ioc->stop();
+  for (auto& loop : im.loops) loop->ioc.stop();
   for (std::thread& t : im.threads) t.join();
   im.threads.clear();
 }

@@ -50,6 +50,15 @@ struct HttpOptions {
   std::chrono::milliseconds idle_timeout{60'000};
   std::size_t max_connections = 4096;
   int max_json_depth = 64;
+  /// How long an I/O thread whose one inference request is in an engine busy-polls its event
+  /// loop (the answer, other connections' bytes) before it sleeps in epoll_wait; 0 = never (the
+  /// default), at most 1,000 µs; never on a process allowed one core. Only at that load: a
+  /// thread with more than one request in an engine, or none, sleeps at once. A latency mode
+  /// for few connections, with the model's `spin_wait_us` at about a client's round trip, so
+  /// that neither the engine's worker nor the I/O thread needs a wake-up per request: one
+  /// connection's server-side p50 went from 74 to 36 µs, but 8 connections lost throughput
+  /// (docs/performance.md, "One connection without wake-ups").
+  std::chrono::microseconds spin_wait{0};
 };
 
 class HttpServer : public Frontend {

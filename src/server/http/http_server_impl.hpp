@@ -90,13 +90,27 @@ struct HttpServer::Impl {
   /// One context run by every thread (Asio's default) woke a second thread through the
   /// scheduler's condition variable for most completions: docs/performance.md, "The HTTP hot
   /// path: one io_context per I/O thread".
-  std::vector<std::unique_ptr<net::io_context>> iocs;
+  struct IoLoop {
+    net::io_context ioc{1};
+    /// Inference requests of this loop's sessions submitted to an engine, and their answers run
+    /// on this loop (Session::on_infer_done): the I/O thread's alone (HttpOptions::spin_wait).
+    std::uint64_t submitted = 0;
+    std::uint64_t received = 0;
+  };
+  std::vector<std::unique_ptr<IoLoop>> loops;
   std::vector<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
-  std::atomic<std::size_t> next_ioc{0};
+  std::atomic<std::size_t> next_loop{0};
   /// The context for a new connection: round robin. Any thread.
   net::io_context& pick_ioc() {
-    return *iocs[next_ioc.fetch_add(1, std::memory_order_relaxed) % iocs.size()];
+    return loops[next_loop.fetch_add(1, std::memory_order_relaxed) % loops.size()]->ioc;
+  }
+  /// The loop that runs `ioc`.
+  IoLoop& loop_of(const net::io_context& ioc) {
+    for (auto& l : loops) {
+      if (&l->ioc == &ioc) return *l;
+    }
+    return *loops.front();  // unreachable: every session's context is one of these
   }
   /// Where large bodies are decoded and large responses encoded, off the I/O threads.
   net::thread_pool codec_pool;
@@ -264,6 +278,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- state (used on the session's I/O thread only) --------------------------------------------
   HttpServer::Impl& impl_;
   Socket socket_;
+  HttpServer::Impl::IoLoop& loop_;  ///< the loop that runs socket_'s context
   Timer timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -14,7 +14,11 @@
 namespace asyncinfer::server {
 
 Session::Session(HttpServer::Impl& impl, Socket socket, Kind kind)
-    : impl_(impl), socket_(std::move(socket)), timer_(socket_.get_executor()), kind_(kind) {
+    : impl_(impl),
+      socket_(std::move(socket)),
+      loop_(impl.loop_of(socket_.get_executor().context())),
+      timer_(socket_.get_executor()),
+      kind_(kind) {
   if (kind_ == Kind::api) impl_.metrics.connection_opened();
 }
 
