@@ -187,10 +187,7 @@ int run_serve(const ServeOptions& o) {
   Status s = http.start();
   if (!s.ok()) return refuse(s);
   log_line("http: listening on " + o.host + ":" + std::to_string(http.http_port()) + " (" +
-           std::to_string(ho.threads > 0 ? ho.threads
-                                         : static_cast<int>(
-                                               std::max(1u, std::thread::hardware_concurrency()))) +
-           " I/O threads)");
+           std::to_string(http.io_threads()) + " I/O threads)");
   if (http.metrics_port() >= 0) {
     log_line("metrics: listening on " + o.host + ":" + std::to_string(http.metrics_port()) +
              " (/metrics)");

@@ -380,6 +380,26 @@ class IoSpin(harness.unittest.TestCase):
                 time.sleep(1)
                 self.assertLess(cpu_seconds(server.proc.pid) - t0, 0.05)
 
+    def test_io_threads_are_one_per_core_the_process_may_use(self):
+        # --http-threads 0 counted the machine's cores, so a server under `taskset -c 0` ran two
+        # I/O threads on one core.
+        cpu = min(os.sched_getaffinity(0))
+        p = subprocess.Popen([harness.ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,
+                              "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        try:
+            line = ""
+            deadline = time.monotonic() + 30
+            while "http: listening" not in line and time.monotonic() < deadline:
+                line = p.stderr.readline()
+                if not line:
+                    break
+            self.assertIn("(1 I/O threads)", line)
+        finally:
+            p.terminate()
+            p.communicate(timeout=30)
+
     def test_out_of_range_is_refused_by_name(self):
         for bad in ("-1", "1001"):
             p = subprocess.run([harness.ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,

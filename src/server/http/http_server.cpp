@@ -317,7 +317,8 @@ std::vector<std::shared_ptr<Session>> HttpServer::Impl::snapshot() const {
 
 HttpServer::HttpServer(InferenceServer& server, HttpOptions options) {
   if (options.threads <= 0) {
-    options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // The cores this process may run on (taskset, cgroup cpusets), not the machine's.
+    options.threads = detail::available_cores();
   }
   impl_ = std::make_unique<Impl>(server, std::move(options));
   impl_->on_closed = [this] { closed(); };
@@ -384,6 +385,8 @@ Status HttpServer::start() {
   }
   return Status();
 }
+
+int HttpServer::io_threads() const noexcept { return impl_->opt.threads; }
 
 int HttpServer::http_port() const noexcept {
   return impl_->http_listener ? impl_->http_listener->port() : 0;

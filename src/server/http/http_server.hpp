@@ -74,6 +74,8 @@ class HttpServer : public Frontend {
   /// The bound ports (after start).
   int http_port() const noexcept;
   int metrics_port() const noexcept;
+  /// I/O threads (HttpOptions::threads, or one per core this process may run on).
+  int io_threads() const noexcept;
 
   std::string name() const override { return "http"; }
   void stop_accepting() override;
