@@ -88,9 +88,10 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
   const char* name() const noexcept { return metrics_ ? "metrics" : "http"; }
 
   void accept() {
-    acceptor_.async_accept(impl_.pick_ioc().get_executor(),
-                           [self = shared_from_this()](beast::error_code ec, Socket s) {
-                             self->on_accept(ec, std::move(s));
+    Impl::IoLoop& loop = impl_.pick_loop();
+    acceptor_.async_accept(loop.ioc.get_executor(),
+                           [self = shared_from_this(), &loop](beast::error_code ec, Socket s) {
+                             self->on_accept(ec, std::move(s), loop);
                            });
   }
 
@@ -132,7 +133,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
  private:
   enum class Refusing : std::uint8_t { none, full, accept_failed };
 
-  void on_accept(beast::error_code ec, Socket socket) {
+  void on_accept(beast::error_code ec, Socket socket, Impl::IoLoop& loop) {
     if (closed_ || !acceptor_.is_open()) return;
     if (ec) return on_accept_error(ec);
     if (refusing_ == Refusing::accept_failed && descriptors_recovered()) accepting_again();
@@ -164,7 +165,7 @@ class HttpServer::Impl::Listener : public std::enable_shared_from_this<Listener>
     } else if (refusing_ == Refusing::full) {
       accepting_again();
     }
-    auto session = std::make_shared<Session>(impl_, std::move(socket), kind);
+    auto session = std::make_shared<Session>(impl_, std::move(socket), kind, loop);
     impl_.add(session);
     net::post(session->executor(), [session] { session->start(); });
     accept();

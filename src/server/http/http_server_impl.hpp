@@ -101,16 +101,9 @@ struct HttpServer::Impl {
   std::vector<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
   std::atomic<std::size_t> next_loop{0};
-  /// The context for a new connection: round robin. Any thread.
-  net::io_context& pick_ioc() {
-    return loops[next_loop.fetch_add(1, std::memory_order_relaxed) % loops.size()]->ioc;
-  }
-  /// The loop that runs `ioc`.
-  IoLoop& loop_of(const net::io_context& ioc) {
-    for (auto& l : loops) {
-      if (&l->ioc == &ioc) return *l;
-    }
-    return *loops.front();  // unreachable: every session's context is one of these
+  /// The loop for a new connection: round robin. Any thread.
+  IoLoop& pick_loop() {
+    return *loops[next_loop.fetch_add(1, std::memory_order_relaxed) % loops.size()];
   }
   /// Where large bodies are decoded and large responses encoded, off the I/O threads.
   net::thread_pool codec_pool;
@@ -174,7 +167,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   using Kind = SessionKind;
 
-  Session(HttpServer::Impl& impl, Socket socket, Kind kind);
+  /// `loop`: the one whose context `socket` was accepted on.
+  Session(HttpServer::Impl& impl, Socket socket, Kind kind, HttpServer::Impl::IoLoop& loop);
 
   ~Session();
 
@@ -278,7 +272,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- state (used on the session's I/O thread only) --------------------------------------------
   HttpServer::Impl& impl_;
   Socket socket_;
-  HttpServer::Impl::IoLoop& loop_;  ///< the loop that runs socket_'s context
+  HttpServer::Impl::IoLoop& loop_;  ///< the loop whose context runs socket_
   Timer timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -13,10 +13,10 @@
 
 namespace asyncinfer::server {
 
-Session::Session(HttpServer::Impl& impl, Socket socket, Kind kind)
+Session::Session(HttpServer::Impl& impl, Socket socket, Kind kind, HttpServer::Impl::IoLoop& loop)
     : impl_(impl),
       socket_(std::move(socket)),
-      loop_(impl.loop_of(socket_.get_executor().context())),
+      loop_(loop),
       timer_(socket_.get_executor()),
       kind_(kind) {
   if (kind_ == Kind::api) impl_.metrics.connection_opened();
