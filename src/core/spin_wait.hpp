@@ -23,7 +23,17 @@
 #include <cstdint>
 #include <mutex>
 
+#include "asyncinfer/executor.hpp"  // available_cores
+
 namespace asyncinfer::detail {
+
+/// The spin budget a thread of this process may use: `requested`, or 0 where the process may run
+/// on fewer than 2 cores (its affinity). There a spinning thread only holds the core that the
+/// thread it waits for needs. Checked when a budget is set up (an engine's or an HTTP I/O
+/// thread's), not per wait.
+inline std::chrono::microseconds spin_budget(std::chrono::microseconds requested) noexcept {
+  return available_cores() < 2 ? std::chrono::microseconds(0) : requested;
+}
 
 /// The CPU's spin-wait hint (x86 `pause`, ARM `yield`); nothing elsewhere.
 inline void cpu_relax() noexcept {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "asyncinfer/detail/chrono.hpp"
+#include "core/spin_wait.hpp"
 #include "engine/engine_core.hpp"
 
 namespace asyncinfer {
@@ -126,9 +127,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   options = resolve_options(*model, *device, std::move(options));
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));
   options.batching.max_batch_size = max_rows;  // what Engine::options() reports
-  // On one core a spinning thread only holds the core that the thread it waits for needs. After
-  // the validation, so that a bad value is refused whatever the affinity.
-  if (detail::available_cores() < 2) options.spin_wait = std::chrono::microseconds(0);
+  // After the validation, so that a bad value is refused whatever the affinity.
+  options.spin_wait = detail::spin_budget(options.spin_wait);
   auto core = std::make_shared<EngineCore>(std::move(model), std::move(device), std::move(options),
                                            max_rows);
   Status s = core->start();

@@ -367,10 +367,8 @@ Status HttpServer::start() {
     im.metrics_listener->accept();
   }
   for (auto& loop : im.loops) im.work.push_back(net::make_work_guard(loop->ioc));
+  const std::chrono::microseconds spin_wait = detail::spin_budget(im.opt.spin_wait);
   for (auto& loop : im.loops) {
-    // On one core a spin would only hold the core that the engine's thread needs to answer.
-    const std::chrono::microseconds spin_wait =
-        detail::available_cores() < 2 ? std::chrono::microseconds(0) : im.opt.spin_wait;
     im.threads.emplace_back([loop = loop.get(), spin_wait] {
       detail::SpinWait spin(spin_wait);
       // A handler that throws (out of memory, say) loses its connection, not the server.
