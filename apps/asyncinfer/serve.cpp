@@ -40,6 +40,7 @@ struct ServeOptions {
   double grpc_max_connection_age_s = 0;
   int http_threads = 0;
   int http_spin_wait_us = 0;
+  int http_caller_run_us = 50;
   double drain_timeout_s = 30;
   double header_timeout_s = 10;
   double body_timeout_s = 60;
@@ -170,6 +171,7 @@ int run_serve(const ServeOptions& o) {
   ho.metrics_port = o.metrics_port;
   ho.threads = o.http_threads;
   ho.spin_wait = std::chrono::microseconds(o.http_spin_wait_us);
+  ho.caller_run = std::chrono::microseconds(o.http_caller_run_us);
   ho.max_body_bytes = o.max_body_bytes;
   ho.max_header_bytes = o.max_header_bytes;
   ho.header_timeout = ms(o.header_timeout_s);
@@ -272,6 +274,12 @@ Command add_serve_command(CLI::App& parent) {
                   "Microseconds an HTTP I/O thread whose one request is in an engine busy-polls "
                   "for the answer before it sleeps (0 = never; a latency mode for few "
                   "connections, with the model's spin_wait_us)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app->add_option("--http-caller-run-us", o->http_caller_run_us,
+                  "An HTTP I/O thread runs an inference request itself, instead of waking an "
+                  "idle engine worker, when the model's recent batches took at most this many "
+                  "microseconds on the cpu device (0 = never)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   app->add_option("--drain-timeout", o->drain_timeout_s,

@@ -128,6 +128,29 @@ struct RequestOptions {
   /// callbacks post to the connection's I/O thread (at one connection, server-side p50 77 → 37 us:
   /// docs/performance.md).
   bool inline_callback = false;
+  /// Caller runs: 0 (the default) never. Otherwise submit may run the request itself, on the
+  /// calling thread, instead of waking a worker, when all of these hold at acceptance:
+  ///   - the engine runs on the inline path (a cpu device with no hang watchdog: each batch runs
+  ///     on a worker's own thread, with no stream thread);
+  ///   - a worker is asleep waiting for work (not spinning, not running a batch) and nothing is
+  ///     queued, so a worker would take this request alone and at once;
+  ///   - no max_queue_delay is configured (a batcher waiting for company is not bypassed), and
+  ///     the model is not decoupled (its on_response may block for back-pressure);
+  ///   - the model supports it (Model::supports_caller_runs: builtin models without a cost read
+  ///     from the input; not libtorch, not python);
+  ///   - the model's recent batches took at most this long to compute (a moving average of the
+  ///     compute time per batch, weight 1/8; nothing runs on the caller before the first batch
+  ///     completed).
+  /// It then runs as that worker would run it, with that worker's stream and model instance,
+  /// while the worker stays asleep (it cannot take work until the request's batch has ended).
+  /// Everything else holds: deadlines, cancellation, statistics, retries, the breaker. submit
+  /// then returns after the model ran, and after the completion callback ran when it is inline
+  /// (inline_callback); a future is then ready, unless the batch failed and the request waits
+  /// for a retry. Two cross-thread wake-ups fewer per request where requests arrive one at a
+  /// time: the HTTP front end sets it for its I/O threads (`--http-caller-run-us`). The average
+  /// is a prediction: one caller run that takes longer than 16 × this and 10 ms turns caller
+  /// runs off for the engine's life, with a warning in the log.
+  std::chrono::microseconds caller_run_max_compute{0};
   /// Decoupled models (ModelSignature::decoupled), where it is required: receives each response
   /// the model sends before the final one, in the order sent, one host tensor per signature
   /// output with this request's rows. The completion (future or callback) then carries the final

@@ -153,6 +153,13 @@ class Model {
   virtual const std::string& name() const noexcept = 0;
   /// Whether running work stops early when BatchIO::stop fires (a libtorch call cannot).
   virtual bool cancellable() const noexcept { return false; }
+  /// Whether a submitting thread may run a batch with an instance of this model, in place of the
+  /// worker that owns the instance (RequestOptions::caller_run_max_compute), one thread at a
+  /// time: the instance's enqueue and kernels keep no per-thread state (libtorch sets the
+  /// running thread's OpenMP thread count, so torch says no), and a batch's cost follows its
+  /// inputs' size, not their values, and always ends (no injected hang), so that the model's
+  /// recent compute time predicts the next batch's. false by default.
+  virtual bool supports_caller_runs() const noexcept { return false; }
   /// Whether the model's work runs on the host's CPU cores when its instances use `device`
   /// (libtorch on the cpu and sim devices) rather than on an accelerator or a simulated
   /// engine. EngineOptions::workers = 0 (auto) starts one worker per core for such a model.

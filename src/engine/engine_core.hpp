@@ -103,6 +103,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// ordered-delivery sequence and its deadline timer, and it takes its place in the queue.
   /// Whatever ended the request before (see request.hpp, `refusal`) makes it a refusal instead.
   Status accept(const std::shared_ptr<Request>& r);
+  /// accept()'s caller run: runs the lent worker's batch here, gives the worker back, and stops
+  /// caller runs for good when the batch took far longer than `bound` allowed
+  /// (caller_runs_tripped_).
+  void run_lent(const detail::Lent& lent, std::chrono::microseconds bound);
+  /// A caller run that took longer than 16 × its bound and than this trips caller_runs_tripped_
+  /// (a stalled VM takes a few milliseconds; a mispredicted model, its whole cost).
+  static constexpr int kCallerRunTripMs = 10;
 
   /// Counts a refusal under `reason` (EngineMetrics::rejections_by_reason); returns `s`.
   Status reject(const char* reason, Status s);
@@ -152,6 +159,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // The inline path (worker.hpp): a device with DeviceCapabilities::caller_run_streams (cpu) and
   // no hang watchdog.
   bool inline_path_;
+  // RequestOptions::caller_run_max_compute applies: the inline path, no max_queue_delay, not
+  // decoupled, and the model supports it (Model::supports_caller_runs). Tripped for good by a
+  // caller run that took far longer than its bound (run_lent).
+  bool caller_runs_;
+  std::atomic<bool> caller_runs_tripped_{false};
   Clock::time_point started_;
 
   // Executors. Destroyed in reverse order; shutdown() stops them in the right order first.

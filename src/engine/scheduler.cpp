@@ -19,7 +19,8 @@ Scheduler::Scheduler(const EngineOptions& o, bool batched)
       priority_aging_(o.priority_aging),
       queue_(o.priority_levels),
       retry_(o.retry),
-      admission_(o.admission_control, o.workers) {}
+      admission_(o.admission_control, o.workers),
+      parked_(static_cast<std::size_t>(std::max(o.workers, 0))) {}
 
 // ---- life cycle ---------------------------------------------------------------------------------
 
@@ -153,8 +154,63 @@ void Scheduler::enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_
   retry_.on_request(now);
   queue_.push_back(r);
   count_push();
+  const bool any_lent = lent_count_ > 0;
   lock.unlock();
-  work_cv_.notify_one();
+  notify_one_worker(any_lent);
+}
+
+bool Scheduler::lend(const std::shared_ptr<Request>& r, Clock::time_point now, Lent& out,
+                     const std::unique_lock<std::mutex>& lock) {
+  if (!queue_.empty() || no_workers_) return false;
+  const double compute = batch_compute_us_.load(std::memory_order_relaxed);
+  if (compute <= 0 || compute > static_cast<double>(r->caller_run_max.count())) return false;
+  const auto flag = [](const std::atomic<bool>* f) {
+    return f != nullptr && f->load(std::memory_order_acquire);
+  };
+  for (std::size_t w = 0; w < parked_.size(); ++w) {
+    Parked& p = parked_[w];
+    if (p.asleep == nullptr || p.lent) continue;
+    const Taker& t = *p.asleep;
+    if (flag(t.recycle_wanted) || flag(t.breaker_open) || r->rows > t.max_rows) continue;
+    r->enqueued = now;
+    r->waiting_since = now;
+    retry_.on_request(now);
+    transition(*r, Stage::submitting, Stage::queued, lock);
+    auto batch = std::make_shared<Batch>();
+    batch->worker = t.worker;
+    r->batch = batch;  // before the transition: whoever sees `running` sees the batch
+    transition(*r, Stage::queued, Stage::running, lock);
+    batch->requests.push_back(r);
+    batch->rows = r->rows;
+    batch->live.store(1, std::memory_order_relaxed);
+    ++inflight_batches_;
+    p.lent = true;
+    ++lent_count_;
+    out.batch = std::move(batch);
+    out.worker = t.worker;
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::give_back(int worker) {
+  bool wake = false;
+  {
+    std::lock_guard lock(mu_);
+    Parked& p = parked_[static_cast<std::size_t>(worker)];
+    p.lent = false;
+    --lent_count_;
+    // Still asleep in next_batch, where it may have swallowed a notification meant for it
+    // meanwhile: wake it (and the others) when anything asks for a worker.
+    const auto flag = [](const std::atomic<bool>* f) {
+      return f != nullptr && f->load(std::memory_order_acquire);
+    };
+    wake = !queue_.empty() || !accepting() || p.asleep == nullptr ||
+           flag(p.asleep->recycle_wanted) || flag(p.asleep->breaker_open);
+    // Under the lock: once it is released, a shutdown may join the worker and return, and the
+    // engine may be gone.
+    if (wake) work_cv_.notify_all();
+  }
 }
 
 Withdrawal Scheduler::withdraw(const std::shared_ptr<Request>& r, Stage to, const Status& why,
@@ -200,8 +256,19 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
     return f != nullptr && f->load(std::memory_order_acquire);
   };
   std::unique_lock lock = lock_spinning(mu_);
+  if (static_cast<std::size_t>(taker.worker) >= parked_.size()) {
+    parked_.resize(static_cast<std::size_t>(taker.worker) + 1);
+  }
+  Parked& me = parked_[static_cast<std::size_t>(taker.worker)];
   bool spun = false;
   for (;;) {
+    if (me.lent) {
+      // A caller runs a batch with this worker's stream and instance (accept()): nothing else
+      // until it is given back, not even leaving for a shutdown (which would destroy them).
+      work_cv_.wait(lock);
+      continue;
+    }
+    me.asleep = nullptr;  // awake, under the lock
     if (cancelling()) return nullptr;
     if (flag(taker.recycle_wanted) || flag(taker.breaker_open)) return nullptr;
     if (queue_.empty()) {
@@ -220,6 +287,7 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
         lock.lock();
         continue;
       }
+      me.asleep = &taker;  // accept() may lend it from here (Lent)
       work_cv_.wait(lock);
       continue;
     }
@@ -309,8 +377,9 @@ BackoffEnd Scheduler::requeue_after_backoff(const std::shared_ptr<Request>& r) {
   r->waiting_since = r->enqueued;
   queue_.push_back(ref);  // retries do not count against queue_capacity
   count_push();
+  const bool any_lent = lent_count_ > 0;
   lock.unlock();
-  work_cv_.notify_one();
+  notify_one_worker(any_lent);
   out.requeued = true;
   return out;
 }

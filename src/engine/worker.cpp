@@ -234,6 +234,11 @@ void Worker::loop() {
   }
 }
 
+void Worker::run_lent(const std::shared_ptr<Batch>& batch) {
+  launch(batch);
+  if (caller_stream_ != nullptr) caller_stream_->run_pending();
+}
+
 void Worker::launch(const std::shared_ptr<Batch>& batch) {
   {
     std::lock_guard lock(mu_);

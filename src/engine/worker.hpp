@@ -88,6 +88,13 @@ class Worker {
   /// pending completion points as aborted) and the model instance. After join().
   void close();
 
+  /// Runs `batch` (a batch of one from Scheduler::accept, Lent) on the calling thread, with this
+  /// worker's stream and model instance, exactly as the worker's loop would: launch, then the
+  /// inline path's run of the stream (its completion point ends the request). Only while the
+  /// scheduler holds this worker lent (its thread waits in next_batch, and touches neither until
+  /// Scheduler::give_back), and only on the inline path. Blocks for the model's run.
+  void run_lent(const std::shared_ptr<Batch>& batch);
+
   // ---- reading (thread-safe) ------------------------------------------------------------------
 
   /// Appends the requests of its batches in flight to `out` (shutdown cancels them). Takes the

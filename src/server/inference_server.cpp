@@ -489,6 +489,11 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   }
   if (cache_ && target->response_cache) {
     options.inline_callback = false;  // filling the cache copies the outputs
+  }
+  // The caller runs it only where its completion only hands the answer on (the callback then
+  // runs on the caller too, and posts to itself).
+  if (options.inline_callback) options.caller_run_max_compute = request.caller_run_max_compute;
+  if (cache_ && target->response_cache) {
     return submit_cached(target, std::move(inputs), options, std::move(request.id),
                          std::move(selected), std::move(done));
   }
@@ -1097,6 +1102,7 @@ Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inp
   }
   steps.timeout.reset();
   steps.inline_callback = false;  // a step's completion submits the next steps
+  steps.caller_run_max_compute = std::chrono::microseconds(0);  // each on its engine's workers
   steps.on_response = nullptr;
   auto run = std::make_shared<EnsembleRun>(*this, std::move(model), std::move(steps), std::move(id),
                                            std::move(selected), std::move(done), depth);

@@ -88,6 +88,10 @@ struct InferRequest {
   /// thread that ends the request instead of the engine's completion executor
   /// (RequestOptions::inline_callback), one thread hand-off fewer.
   bool completion_hands_off = false;
+  /// With completion_hands_off: the submitting thread may run the request itself
+  /// (RequestOptions::caller_run_max_compute), unless its outputs go to shared memory or into the
+  /// response cache. 0 = never.
+  std::chrono::microseconds caller_run_max_compute{0};
   /// Decoupled models (ModelSignature::decoupled), where it is required: each response before
   /// the final one (which the Completion carries, maybe with no outputs: the final flag alone,
   /// delivered after any on_response in progress has returned). Runs on the model's thread; may

@@ -49,6 +49,7 @@ class ScriptedModel final : public Model, public std::enable_shared_from_this<Sc
   const ModelSignature& signature() const noexcept override { return sig_; }
   const std::string& name() const noexcept override { return name_; }
   bool cancellable() const noexcept override { return true; }
+  bool supports_caller_runs() const noexcept override { return true; }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
                                                          const InstanceOptions& o) override {

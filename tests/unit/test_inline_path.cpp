@@ -14,6 +14,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
+#include "asyncinfer/log.hpp"
 #include "device/backend.hpp"
 #include "device/host_stream.hpp"
 #include "test_models.hpp"
@@ -166,8 +167,12 @@ Result<Kernel> copy_kernel(const std::shared_ptr<BatchIO>& io, std::string name,
 /// A batched f32 identity whose kernel records the name of the thread it runs on.
 class ThreadProbeModel final : public Model, public std::enable_shared_from_this<ThreadProbeModel> {
  public:
-  ThreadProbeModel() : sig_(column_signature()) {}
+  explicit ThreadProbeModel(bool caller_runs = true)
+      : sig_(column_signature()), caller_runs_(caller_runs) {}
   const ModelSignature& signature() const noexcept override { return sig_; }
+  bool supports_caller_runs() const noexcept override { return caller_runs_; }
+  /// Each kernel from now on sleeps this long first.
+  void set_sleep(std::chrono::milliseconds d) { sleep_ms_ = static_cast<int>(d.count()); }
   const std::string& name() const noexcept override { return name_; }
   Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
                                                          const InstanceOptions&) override {
@@ -184,6 +189,9 @@ class ThreadProbeModel final : public Model, public std::enable_shared_from_this
     explicit Instance(std::shared_ptr<ThreadProbeModel> m) : model_(std::move(m)) {}
     Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
       ASYNCINFER_ASSIGN_OR_RETURN(Kernel k, copy_kernel(io, "probe", [m = model_] {
+                                    if (const int ms = m->sleep_ms_.load(); ms > 0) {
+                                      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+                                    }
                                     std::lock_guard lock(m->mu_);
                                     m->threads_.push_back(this_thread_name());
                                   }));
@@ -196,6 +204,8 @@ class ThreadProbeModel final : public Model, public std::enable_shared_from_this
 
   ModelSignature sig_;
   std::string name_ = "thread_probe";
+  const bool caller_runs_;
+  std::atomic<int> sleep_ms_{0};
   mutable std::mutex mu_;
   std::vector<std::string> threads_;
 };
@@ -634,6 +644,267 @@ TEST(InlinePathAttack, ManySubmittersEveryRequestEndsOnceAndTheGaugesReturnToZer
     for (const auto& w : m.workers) EXPECT_EQ(w.stream_batches, 0) << w.index;
     e->shutdown();
   }
+}
+
+// ---- RequestOptions::caller_run_max_compute: an idle worker lent to the submitter ---------------
+
+/// Names the calling thread (pthread names are what this_thread_name() reads).
+void name_this_thread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
+/// Where the kernels of `n` requests ran, each submitted alone after the engine's only worker has
+/// had time to fall asleep (no spin), from a thread named "submitter", with `ro`; `returned_first`
+/// counts callbacks that ran after their submit returned. The first request runs before the
+/// loop, so that the engine has measured a batch.
+struct CallerRunTrace {
+  std::vector<std::string> kernels;
+  std::vector<std::string> callbacks;
+  int returned_first = 0;
+};
+CallerRunTrace caller_run_trace(EngineOptions o, RequestOptions ro, int n,
+                                const std::string& spec = "cpu", bool model_supports = true) {
+  CallerRunTrace out;
+  auto model = std::make_shared<ThreadProbeModel>(model_supports);
+  o.workers = 1;
+  o.spin_wait = 0us;
+  auto e = make_engine(model, o, spec);
+  if (!e) return out;
+  std::thread submitter([&] {
+    name_this_thread("submitter");
+    EXPECT_TRUE(get_within(e->submit({one_row(-1)}), 10s).ok());
+    std::mutex mu;
+    for (int i = 0; i < n; ++i) {
+      std::this_thread::sleep_for(20ms);  // the worker waits for work, asleep
+      Promise<int> called;
+      auto f = called.get_future();
+      std::atomic<bool> returned{false};
+      Status s = e->submit(
+          {one_row(static_cast<float>(i))},
+          [&, i](const Result<Outputs>& r) {
+            EXPECT_TRUE(r.ok()) << r.status();
+            if (r.ok()) {
+              EXPECT_EQ((*r)[0].data_as<float>()[0], static_cast<float>(i));
+            }
+            {
+              std::lock_guard lock(mu);
+              out.callbacks.push_back(this_thread_name());
+              if (returned.load()) ++out.returned_first;
+            }
+            called.set_value(i);
+          },
+          ro);
+      returned.store(true);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(get_within(f, 10s).ok());
+    }
+  });
+  submitter.join();
+  e->shutdown();
+  out.kernels = model->threads();
+  if (!out.kernels.empty()) out.kernels.erase(out.kernels.begin());  // the warm-up's
+  return out;
+}
+
+RequestOptions caller_runs(std::chrono::microseconds bound, bool inline_cb = true) {
+  RequestOptions ro;
+  ro.caller_run_max_compute = bound;
+  ro.inline_callback = inline_cb;
+  return ro;
+}
+
+TEST(CallerRuns, AnIdleWorkerIsLentAndTheSubmitterRunsTheBatchAndTheCallbackBeforeReturning) {
+  const CallerRunTrace t = caller_run_trace({}, caller_runs(100ms), 10);
+  ASSERT_EQ(t.kernels.size(), 10u);
+  ASSERT_EQ(t.callbacks.size(), 10u);
+  for (const auto& k : t.kernels) EXPECT_EQ(k, "submitter");
+  for (const auto& c : t.callbacks) EXPECT_EQ(c, "submitter");
+  EXPECT_EQ(t.returned_first, 0);  // each callback ran inside its submit
+}
+
+TEST(CallerRuns, WithoutTheOptionTheWorkerRunsIt) {
+  const CallerRunTrace t = caller_run_trace({}, caller_runs(0us), 5);
+  ASSERT_EQ(t.kernels.size(), 5u);
+  for (const auto& k : t.kernels) EXPECT_EQ(k, "ai-worker-0");
+}
+
+TEST(CallerRuns, AModelSlowerThanTheBoundRunsOnTheWorker) {
+  // The warm-up's batch takes at least its kernel's time; a bound of 1 us is below it.
+  const CallerRunTrace t = caller_run_trace({}, caller_runs(1us), 5);
+  ASSERT_EQ(t.kernels.size(), 5u);
+  for (const auto& k : t.kernels) EXPECT_EQ(k, "ai-worker-0");
+}
+
+TEST(CallerRuns, NotWithAWatchdogABatchingDelayOrOffTheInlinePath) {
+  EngineOptions watchdog;
+  watchdog.watchdog = 10s;
+  EngineOptions delay;
+  delay.batching.max_queue_delay = 100us;
+  for (const auto& [spec, o] :
+       {std::pair{std::string("cpu"), watchdog}, std::pair{std::string("cpu"), delay},
+        std::pair{std::string("sim"), EngineOptions{}}}) {
+    const CallerRunTrace t = caller_run_trace(o, caller_runs(100ms), 3, spec);
+    ASSERT_EQ(t.kernels.size(), 3u) << spec;
+    for (const auto& k : t.kernels) EXPECT_NE(k, "submitter") << spec;
+  }
+}
+
+TEST(CallerRuns, NotForAModelThatDoesNotSupportIt) {
+  const CallerRunTrace t = caller_run_trace({}, caller_runs(100ms), 3, "cpu", false);
+  ASSERT_EQ(t.kernels.size(), 3u);
+  for (const auto& k : t.kernels) EXPECT_EQ(k, "ai-worker-0");
+  // The builtin models say no where their cost is read from the input, or a hang is injected.
+  for (const char* uri : {"builtin:fixed_cost?cost_from_input=true", "builtin:faulty?mode=hang"}) {
+    auto m = load_model(uri);
+    ASSERT_TRUE(m.ok()) << uri << ": " << m.status();
+    EXPECT_FALSE((*m)->supports_caller_runs()) << uri;
+  }
+  auto identity = load_model("builtin:identity");
+  ASSERT_TRUE(identity.ok());
+  EXPECT_TRUE((*identity)->supports_caller_runs());
+}
+
+TEST(CallerRuns, ARunFarLongerThanItsBoundTurnsThemOffForTheEngineWithAWarning) {
+  std::mutex log_mu;
+  std::vector<std::string> warnings;
+  set_log_hook([&](LogLevel level, std::string_view m) {
+    std::lock_guard lock(log_mu);
+    if (level == LogLevel::warning) warnings.emplace_back(m);
+  });
+  auto model = std::make_shared<ThreadProbeModel>();
+  EngineOptions o;
+  o.workers = 1;
+  o.spin_wait = 0us;
+  auto e = make_engine(model, o);
+  ASSERT_TRUE(e);
+  std::vector<Clock::duration> took;
+  std::thread submitter([&] {
+    name_this_thread("submitter");
+    EXPECT_TRUE(get_within(e->submit({one_row(0)}), 10s).ok());  // measured: well under 1 ms
+    // After the slow one, the average needs 13 fast batches to come back under the bound: the
+    // last request would run on its caller again but for the trip.
+    for (int i = 1; i <= 18; ++i) {
+      std::this_thread::sleep_for(20ms);
+      model->set_sleep(i == 2 ? 40ms : 0ms);  // the second takes 40 ms: over 16 x 1 ms and 10 ms
+      const auto t0 = Clock::now();
+      auto f = e->submit({one_row(static_cast<float>(i))}, caller_runs(1ms));
+      took.push_back(Clock::now() - t0);
+      EXPECT_TRUE(get_within(f, 10s).ok());
+    }
+  });
+  submitter.join();
+  e->shutdown();
+  set_log_hook(nullptr);
+  const auto threads = model->threads();
+  ASSERT_EQ(threads.size(), 19u);
+  EXPECT_EQ(threads[1], "submitter");
+  EXPECT_EQ(threads[2], "submitter");  // the prediction failed here...
+  for (std::size_t i = 3; i < threads.size(); ++i) {
+    EXPECT_EQ(threads[i], "ai-worker-0") << i;  // ...so every later one woke the worker
+  }
+  EXPECT_GE(took[1], 40ms);
+  std::lock_guard lock(log_mu);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("no longer run requests"), std::string::npos) << warnings[0];
+}
+
+TEST(CallerRuns, WithoutAnInlineCallbackTheCallbackStillRunsOnTheCompletionExecutor) {
+  const CallerRunTrace t = caller_run_trace({}, caller_runs(100ms, false), 5);
+  ASSERT_EQ(t.kernels.size(), 5u);
+  for (const auto& k : t.kernels) EXPECT_EQ(k, "submitter");
+  for (const auto& c : t.callbacks) EXPECT_EQ(c.rfind("ai-callback", 0), 0u) << c;
+}
+
+TEST(CallerRunsAttack, ManySubmittersRacingShutdownEveryRequestEndsOnce) {
+  // Lent workers, queued requests and a shutdown(cancel) at once: each accepted request ends
+  // exactly once, each refused one never, and shutdown waits for the batches run by callers.
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto model = std::make_shared<ScriptedModel>([](const testing::Call& c) {
+      Decision d;
+      if (c.index % 7 == 0) d.delay = 200us;
+      if (c.index % 11 == 0) d.status = internal_error("scripted failure");
+      return d;
+    });
+    EngineOptions o;
+    o.workers = 1 + round % 3;
+    o.spin_wait = 0us;
+    o.retry.max_attempts = 2;
+    auto e = make_engine(model, o);
+    ASSERT_TRUE(e);
+    ASSERT_TRUE(get_within(e->submit({one_row(0)}), 10s).ok());  // a measured batch
+    constexpr int kThreads = 6, kEach = 60;
+    std::vector<std::atomic<int>> seen(kThreads * kEach);
+    std::atomic<int> wrong{0}, ended{0}, accepted{0};
+    std::vector<std::thread> submitters;
+    for (int t = 0; t < kThreads; ++t) {
+      submitters.emplace_back([&, t] {
+        for (int i = 0; i < kEach; ++i) {
+          const int id = t * kEach + i;
+          RequestOptions ro = caller_runs(100ms, id % 2 == 0);
+          Status s = e->submit(
+              {one_row(static_cast<float>(id))},
+              [&, id](const Result<Outputs>& r) {
+                if (r.ok() && (*r)[0].data_as<float>()[0] != static_cast<float>(id)) ++wrong;
+                ++seen[static_cast<std::size_t>(id)];
+                ++ended;
+              },
+              ro);
+          if (s.ok()) ++accepted;
+          if (i % 10 == 0) std::this_thread::sleep_for(50us);
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * (round % 5)));
+    e->shutdown(ShutdownMode::cancel);
+    for (auto& th : submitters) th.join();
+    ASSERT_TRUE(testing::eventually([&] { return ended.load() == accepted.load(); }, 20s))
+        << ended.load() << " of " << accepted.load();
+    EXPECT_EQ(wrong.load(), 0);
+    for (auto& s : seen) EXPECT_LE(s.load(), 1);
+  }
+}
+
+TEST(CallerRunsAttack, AWorkerLentToASlowCallerServesTheQueueOnlyAfterItsGivenBack) {
+  // The first request after the warm-up runs on its caller for 300 ms (the average allowed it);
+  // another thread's request meanwhile waits in the queue, since the only worker is lent, then
+  // runs on the worker; a drain waits for both.
+  std::atomic<bool> slow{false};
+  auto model = std::make_shared<ScriptedModel>([&](const testing::Call&) {
+    Decision d;
+    if (slow.exchange(false)) d.delay = 300ms;
+    return d;
+  });
+  EngineOptions o;
+  o.workers = 1;
+  o.spin_wait = 0us;
+  auto e = make_engine(model, o);
+  ASSERT_TRUE(e);
+  ASSERT_TRUE(get_within(e->submit({one_row(0)}), 10s).ok());
+  std::this_thread::sleep_for(20ms);
+  slow = true;
+  Future<Outputs> first;
+  Clock::duration submit_took{};
+  std::thread caller([&] {
+    const auto t0 = Clock::now();
+    first = e->submit({one_row(1)}, caller_runs(100ms));
+    submit_took = Clock::now() - t0;  // the model ran inside it
+  });
+  ASSERT_TRUE(testing::eventually([&] { return !slow.load(); }, 5s));  // the slow call began
+  const auto before = Clock::now();
+  Future<Outputs> second = e->submit({one_row(2)});
+  EXPECT_FALSE(second.wait_for(100ms));  // queued behind the lent worker
+  auto r2 = get_within(second, 10s);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ((*r2)[0].data_as<float>()[0], 2.0f);
+  EXPECT_GE(Clock::now() - before, 200ms);
+  caller.join();
+  EXPECT_GE(submit_took, 250ms);
+  auto r1 = get_within(first, 1s);  // ready once its submit returned
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ((*r1)[0].data_as<float>()[0], 1.0f);
+  e->shutdown();
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.completed, 3u);
+  EXPECT_EQ(m.inflight_requests, 0);
 }
 
 }  // namespace

@@ -126,6 +126,10 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
   const ModelSignature& signature() const noexcept override { return sig_; }
   const std::string& name() const noexcept override { return name_; }
   bool cancellable() const noexcept override { return cfg_.cancellable; }
+  /// No per-thread state; not with a cost read from the input, nor with an injected hang.
+  bool supports_caller_runs() const noexcept override {
+    return !cfg_.cost_from_input && cfg_.mode != FaultMode::hang;
+  }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& stream,
                                                          const InstanceOptions& options) override;

@@ -358,6 +358,9 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
   lease_.hold(tensors);
   auto self = shared_from_this();
   decoded_.request.completion_hands_off = true;  // the callback below only posts
+  // This thread may run the request itself (HttpOptions::caller_run) when its inputs are small:
+  // the model's recent average says nothing of a request many times larger than its own.
+  if (tensors < kCodecInlineBytes) decoded_.request.caller_run_max_compute = impl_.opt.caller_run;
   auto accepted = impl_.core.submit(
       model, std::move(decoded_.request), [self](Result<InferResponse> r) mutable {
         // On the thread that ended the request: hand the result to this session's I/O thread.

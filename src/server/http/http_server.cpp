@@ -352,6 +352,12 @@ Status HttpServer::start() {
                                   std::to_string(im.opt.spin_wait.count()) +
                                   " is out of range (0 .. 1000)");
   }
+  if (im.opt.caller_run < std::chrono::microseconds(0) ||
+      im.opt.caller_run > std::chrono::microseconds(1000)) {
+    return invalid_argument_error("--http-caller-run-us " +
+                                  std::to_string(im.opt.caller_run.count()) +
+                                  " is out of range (0 .. 1000)");
+  }
   im.http_listener = std::make_shared<Impl::Listener>(im, false);
   ASYNCINFER_RETURN_IF_ERROR(
       im.http_listener->open({address, static_cast<unsigned short>(im.opt.http_port)}));
