@@ -327,6 +327,18 @@ class Shutdown(harness.unittest.TestCase):
             server.stop()
 
 
+def assert_microseconds_flag_range(test, flag):
+    """`serve` refuses `flag` (a 0..1000 µs option) at -1 and 1001, naming it and its range."""
+    for bad in ("-1", "1001"):
+        p = subprocess.run([harness.ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,
+                            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+                            flag, bad],
+                           capture_output=True, text=True, timeout=30)
+        test.assertNotEqual(p.returncode, 0)
+        test.assertIn(flag, p.stderr)
+        test.assertIn("1000", p.stderr)
+
+
 class IoSpin(harness.unittest.TestCase):
     """--http-spin-wait-us (HttpOptions::spin_wait): an I/O thread whose one request is in an
     engine spins for the answer before it sleeps. Whatever the spin, every request gets its own
@@ -401,14 +413,7 @@ class IoSpin(harness.unittest.TestCase):
             p.communicate(timeout=30)
 
     def test_out_of_range_is_refused_by_name(self):
-        for bad in ("-1", "1001"):
-            p = subprocess.run([harness.ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,
-                                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-                                "--http-spin-wait-us", bad],
-                               capture_output=True, text=True, timeout=30)
-            self.assertNotEqual(p.returncode, 0)
-            self.assertIn("--http-spin-wait-us", p.stderr)
-            self.assertIn("1000", p.stderr)
+        assert_microseconds_flag_range(self, "--http-spin-wait-us")
 
 
 def worker_wakeups(pid):
@@ -460,14 +465,7 @@ class CallerRuns(harness.unittest.TestCase):
                     self.assertLess(wakeups, 40, "worker wake-ups for 200 requests")
 
     def test_out_of_range_is_refused_by_name(self):
-        for bad in ("-1", "1001"):
-            p = subprocess.run([harness.ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,
-                                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-                                "--http-caller-run-us", bad],
-                               capture_output=True, text=True, timeout=30)
-            self.assertNotEqual(p.returncode, 0)
-            self.assertIn("--http-caller-run-us", p.stderr)
-            self.assertIn("1000", p.stderr)
+        assert_microseconds_flag_range(self, "--http-caller-run-us")
 
 
 def cpu_seconds(pid):
