@@ -9,6 +9,18 @@
 
 namespace asyncinfer::detail {
 
+namespace {
+
+/// A worker's flags say it must stop taking work: a recycle is wanted, or its breaker opened.
+bool must_stop(const Taker& t) {
+  const auto set = [](const std::atomic<bool>* f) {
+    return f != nullptr && f->load(std::memory_order_acquire);
+  };
+  return set(t.recycle_wanted) || set(t.breaker_open);
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const EngineOptions& o, bool batched)
     : queue_capacity_(o.queue_capacity),
       queue_full_policy_(o.queue_full_policy),
@@ -164,14 +176,11 @@ bool Scheduler::lend(const std::shared_ptr<Request>& r, Clock::time_point now, L
   if (!queue_.empty() || no_workers_) return false;
   const double compute = batch_compute_us_.load(std::memory_order_relaxed);
   if (compute <= 0 || compute > static_cast<double>(r->caller_run_max.count())) return false;
-  const auto flag = [](const std::atomic<bool>* f) {
-    return f != nullptr && f->load(std::memory_order_acquire);
-  };
   for (std::size_t w = 0; w < parked_.size(); ++w) {
     Parked& p = parked_[w];
     if (p.asleep == nullptr || p.lent) continue;
     const Taker& t = *p.asleep;
-    if (flag(t.recycle_wanted) || flag(t.breaker_open) || r->rows > t.max_rows) continue;
+    if (must_stop(t) || r->rows > t.max_rows) continue;
     r->enqueued = now;
     r->waiting_since = now;
     retry_.on_request(now);
@@ -202,11 +211,7 @@ void Scheduler::give_back(int worker) {
     --lent_count_;
     // Still asleep in next_batch, where it may have swallowed a notification meant for it
     // meanwhile: wake it (and the others) when anything asks for a worker.
-    const auto flag = [](const std::atomic<bool>* f) {
-      return f != nullptr && f->load(std::memory_order_acquire);
-    };
-    wake = !queue_.empty() || !accepting() || p.asleep == nullptr ||
-           flag(p.asleep->recycle_wanted) || flag(p.asleep->breaker_open);
+    wake = !queue_.empty() || !accepting() || p.asleep == nullptr || must_stop(*p.asleep);
     // Under the lock: once it is released, a shutdown may join the worker and return, and the
     // engine may be gone.
     if (wake) work_cv_.notify_all();
@@ -252,9 +257,6 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
   config.max_queue_delay = max_queue_delay_;
   config.preferred_batch_sizes = preferred_batch_sizes_;
   config.priority_aging = priority_aging_;
-  const auto flag = [](const std::atomic<bool>* f) {
-    return f != nullptr && f->load(std::memory_order_acquire);
-  };
   std::unique_lock lock = lock_spinning(mu_);
   if (static_cast<std::size_t>(taker.worker) >= parked_.size()) {
     parked_.resize(static_cast<std::size_t>(taker.worker) + 1);
@@ -270,7 +272,7 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
     }
     me.asleep = nullptr;  // awake, under the lock
     if (cancelling()) return nullptr;
-    if (flag(taker.recycle_wanted) || flag(taker.breaker_open)) return nullptr;
+    if (must_stop(taker)) return nullptr;
     if (queue_.empty()) {
       if (!accepting() && retry_.empty() && inflight_batches_ == 0) return nullptr;
       if (taker.spin != nullptr && !spun) {
@@ -282,7 +284,7 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
         lock.unlock();
         taker.spin->spin([&] {
           return pushed_.load(std::memory_order_acquire) != seen || !accepting() ||
-                 flag(taker.recycle_wanted) || flag(taker.breaker_open);
+                 must_stop(taker);
         });
         lock.lock();
         continue;

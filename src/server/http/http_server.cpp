@@ -346,18 +346,15 @@ Status HttpServer::start() {
   };
   ASYNCINFER_RETURN_IF_ERROR(check_port(im.opt.http_port, "--http-port", false));
   ASYNCINFER_RETURN_IF_ERROR(check_port(im.opt.metrics_port, "--metrics-port", true));
-  if (im.opt.spin_wait < std::chrono::microseconds(0) ||
-      im.opt.spin_wait > std::chrono::microseconds(1000)) {
-    return invalid_argument_error("--http-spin-wait-us " +
-                                  std::to_string(im.opt.spin_wait.count()) +
-                                  " is out of range (0 .. 1000)");
-  }
-  if (im.opt.caller_run < std::chrono::microseconds(0) ||
-      im.opt.caller_run > std::chrono::microseconds(1000)) {
-    return invalid_argument_error("--http-caller-run-us " +
-                                  std::to_string(im.opt.caller_run.count()) +
-                                  " is out of range (0 .. 1000)");
-  }
+  auto check_us = [](std::chrono::microseconds us, const char* what) -> Status {
+    if (us < std::chrono::microseconds(0) || us > std::chrono::microseconds(1000)) {
+      return invalid_argument_error(std::string(what) + " " + std::to_string(us.count()) +
+                                    " is out of range (0 .. 1000)");
+    }
+    return Status();
+  };
+  ASYNCINFER_RETURN_IF_ERROR(check_us(im.opt.spin_wait, "--http-spin-wait-us"));
+  ASYNCINFER_RETURN_IF_ERROR(check_us(im.opt.caller_run, "--http-caller-run-us"));
   im.http_listener = std::make_shared<Impl::Listener>(im, false);
   ASYNCINFER_RETURN_IF_ERROR(
       im.http_listener->open({address, static_cast<unsigned short>(im.opt.http_port)}));
