@@ -692,6 +692,36 @@ class Deadlines(RpcCase):
             self.assertLess(time.monotonic(), deadline, "the engine request was not cancelled")
             time.sleep(0.05)
 
+    def test_cancel_storm_while_queued_ends_every_call(self):
+        """ModelInfer's OnCancel and OnDone run on gRPC's own threads, inline: calls cancelled or
+        timed out while they wait in the queue race the engine's completions of the others.
+        Every call ends with its own code, every engine request ends, and the server goes on
+        serving."""
+        before = self.ended()
+        busy = self.stub.ModelInfer.future(gc.slow_request(800_000), timeout=30)
+        time.sleep(0.2)  # the only worker is busy: the calls below wait in the queue
+        cancelled = [self.stub.ModelInfer.future(gc.slow_request(1000, f"c{i}"), timeout=30)
+                     for i in range(30)]
+        timed = [self.stub.ModelInfer.future(gc.slow_request(1000, f"t{i}"),
+                                             timeout=0.05 + 0.005 * i) for i in range(30)]
+        time.sleep(0.05)
+        for f in cancelled:
+            f.cancel()
+        for f in cancelled:
+            self.assertTrue(f.cancelled())
+        for f in timed:
+            with self.assertRaises(grpc.RpcError) as e:
+                f.result(timeout=10)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertEqual(gc.output(busy.result(timeout=10), "output0")[1], [1, 1])
+        deadline = time.monotonic() + 10
+        while self.ended() < before + 60:
+            self.assertLess(time.monotonic(), deadline,
+                            f"{self.ended() - before} of 60 engine requests ended")
+            time.sleep(0.05)
+        r = self.stub.ModelInfer(gc.slow_request(1000, "after"), timeout=10)
+        self.assertEqual(r.id, "after")
+
     def test_stream_cancel_frees_the_slot(self):
         release = threading.Event()
 

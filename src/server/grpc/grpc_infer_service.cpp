@@ -43,6 +43,16 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
     if (have) inflight_.cancel();
   }
 
+  /// OnDone and OnCancel run on the gRPC thread that sees the call end (a completion-queue
+  /// thread), not after a hand-off to gRPC's default executor: that hand-off cost a futex wake
+  /// and a context switch a call, 3-4 µs of server CPU (docs/performance.md, "gRPC: no
+  /// executor hop at the end of a call"). Both reactions are short and never block: OnDone
+  /// counts and frees; OnCancel marks the call and cancels the engine request, whose completion
+  /// runs on the engine's completion executor. gRPC 1.51's header calls this hook internal, not
+  /// API: a gRPC without it fails to compile here (`override`), it cannot change meaning
+  /// silently.
+  bool InternalInlineable() override { return true; }
+
   void OnDone() override {
     int code = 0;
     double micros = 0;
