@@ -20,7 +20,7 @@ out=$B/bench-out
 mkdir -p "$out"
 doc=docs/performance.md
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc grpc_stream peers python)
+[ ${#sections[@]} -eq 0 ] && sections=(machine micro engine batching pipeline digits contention baseline server grpc grpc_stream grpc_digits peers python)
 
 # run NAME CMD...: appends "$ CMD" and its output, as a code block, to section NAME.
 run() {
@@ -127,6 +127,11 @@ for s in "${sections[@]}"; do
     # ModelStreamInfer against ModelInfer, 64 and 1 in flight (bench/bench_grpc_stream).
     begin grpc_stream
     run grpc_stream scripts/bench_grpc_stream.sh $B
+    ;;
+  grpc_digits)
+    # The digits model over gRPC against in process, per CPU second (client CPU apart).
+    begin grpc_digits
+    run grpc_digits scripts/bench_grpc_digits.sh $B
     ;;
   peers)
     # asyncinfer serve against KServe's model server and Ray Serve on the digits model
