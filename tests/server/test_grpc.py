@@ -693,19 +693,32 @@ class Deadlines(RpcCase):
             time.sleep(0.05)
 
     def test_cancel_storm_while_queued_ends_every_call(self):
-        """ModelInfer's OnCancel and OnDone run on gRPC's own threads, inline: calls cancelled or
-        timed out while they wait in the queue race the engine's completions of the others.
-        Every call ends with its own code, every engine request ends, and the server goes on
-        serving."""
-        before = self.ended()
-        busy = self.stub.ModelInfer.future(gc.slow_request(800_000), timeout=30)
-        time.sleep(0.2)  # the only worker is busy: the calls below wait in the queue
+        """ModelInfer's OnCancel and OnDone run on gRPC's own threads, inline: calls cancelled
+        while they wait in the queue race calls timing out beside them. Every call ends with its
+        own code, every request the engine accepted ends, and the server goes on serving."""
+        def count(kind):
+            return metric(self.server, "asyncinfer_inference_request_" + kind, model="slow")
+
+        def ended():  # failure counts the timed-out and cancelled requests too
+            return count("success") + count("failure")
+
+        accepted0, ended0, cancelled0 = count("accepted"), ended(), count("cancelled")
+        def wait_accepted(n):
+            deadline = time.monotonic() + 10
+            while count("accepted") < accepted0 + n:
+                self.assertLess(time.monotonic(), deadline, "the calls did not reach the engine")
+                time.sleep(0.02)
+
+        busy = self.stub.ModelInfer.future(gc.slow_request(1_500_000), timeout=30)
+        wait_accepted(1)
+        time.sleep(0.1)  # the busy request holds the only worker
         cancelled = [self.stub.ModelInfer.future(gc.slow_request(1000, f"c{i}"), timeout=30)
                      for i in range(30)]
-        timed = [self.stub.ModelInfer.future(gc.slow_request(1000, f"t{i}"),
-                                             timeout=0.05 + 0.005 * i) for i in range(30)]
-        time.sleep(0.05)
-        for f in cancelled:
+        wait_accepted(31)  # all of them wait behind the busy one
+        timed = []
+        for i, f in enumerate(cancelled):
+            timed.append(self.stub.ModelInfer.future(gc.slow_request(1000, f"t{i}"),
+                                                     timeout=0.05 + 0.005 * i))
             f.cancel()
         for f in cancelled:
             self.assertTrue(f.cancelled())
@@ -715,10 +728,14 @@ class Deadlines(RpcCase):
             self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
         self.assertEqual(gc.output(busy.result(timeout=10), "output0")[1], [1, 1])
         deadline = time.monotonic() + 10
-        while self.ended() < before + 60:
+        while ended() - ended0 < count("accepted") - accepted0:
             self.assertLess(time.monotonic(), deadline,
-                            f"{self.ended() - before} of 60 engine requests ended")
+                            f"{ended() - ended0} of {count('accepted') - accepted0} engine "
+                            "requests ended")
             time.sleep(0.05)
+        # The 30 were cancelled in the queue, not run after the busy one (the timed-out ones
+        # may count as cancelled too: gRPC's cancel at the deadline or the engine's deadline).
+        self.assertGreaterEqual(count("cancelled") - cancelled0, 30)
         r = self.stub.ModelInfer(gc.slow_request(1000, "after"), timeout=10)
         self.assertEqual(r.id, "after")
 
