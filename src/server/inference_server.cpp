@@ -489,14 +489,12 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   }
   if (cache_ && target->response_cache) {
     options.inline_callback = false;  // filling the cache copies the outputs
+    return submit_cached(target, std::move(inputs), options, std::move(request.id),
+                         std::move(selected), std::move(done));
   }
   // The caller runs it only where its completion only hands the answer on (the callback then
   // runs on the caller too, and posts to itself).
   if (options.inline_callback) options.caller_run_max_compute = request.caller_run_max_compute;
-  if (cache_ && target->response_cache) {
-    return submit_cached(target, std::move(inputs), options, std::move(request.id),
-                         std::move(selected), std::move(done));
-  }
   return run(target, std::move(inputs), options, std::move(request.id), std::move(selected),
              std::move(done));
 }
