@@ -71,6 +71,7 @@ InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, Se
     : repository_(std::move(repository)),
       options_(std::move(options)),
       memory_(options_.max_inflight_bytes),
+      shared_memory_(&memory_, options_.max_shm_regions),
       connections_(options_.connection_fds) {
   if (options_.response_cache_bytes > 0) {
     cache_ = std::make_unique<ResponseCache>(options_.response_cache_bytes);
@@ -542,8 +543,9 @@ Result<ModelRef> InferenceServer::successor(const ModelVersion& retired,
 InferenceServer::Completion InferenceServer::write_to_shared_memory(
     std::vector<RequestedOutput> requested, Completion done) {
   // Runs where the response is made (the engine's completion executor, or the caller's thread on
-  // a cache hit), before the frontend encodes it. The regions stay mapped until then: the
-  // requested outputs hold them.
+  // a cache hit), before the frontend encodes it. The regions stay open until then: the
+  // requested outputs hold them. A client that shrank its object gets this request's error
+  // (SharedMemoryRegion::write), never a fault in the server.
   return
       [requested = std::move(requested), done = std::move(done)](Result<InferResponse> r) mutable {
         if (r.ok()) {
@@ -563,8 +565,11 @@ InferenceServer::Completion InferenceServer::write_to_shared_memory(
             if (!o.tensor.is_host_accessible()) {
               return done(internal_error("output '" + want.name + "' is not in host memory"));
             }
-            if (n > 0)
-              std::memcpy(want.region->data() + want.shared_memory->offset, o.tensor.data(), n);
+            if (n > 0) {
+              Status w = want.region->write(want.shared_memory->offset, o.tensor.data(), n,
+                                            "output '" + want.name + "'");
+              if (!w.ok()) return done(std::move(w));
+            }
             o.shared_memory =
                 SharedMemoryTensor{want.shared_memory->region, n, want.shared_memory->offset};
           }

@@ -179,6 +179,9 @@ struct ServerOptions {
   bool strict_readiness = true;
   /// --max-inflight-bytes: the MemoryBudget of every frontend (limits.hpp); 0 = no limit.
   std::size_t max_inflight_bytes = std::size_t{1} << 30;
+  /// --max-shm-regions: system shared memory regions registered at once (each holds one
+  /// descriptor; shared_memory.hpp); 0 = no limit.
+  std::size_t max_shm_regions = 256;
   /// Descriptors client connections may take, all frontends together (ConnectionBudget); 0 = no
   /// limit. The serve command sets it from RLIMIT_NOFILE less a reserve.
   std::size_t connection_fds = 0;
@@ -344,10 +347,10 @@ class InferenceServer {
   std::unique_ptr<ModelRepository> repository_;
   ServerOptions options_;
   std::unique_ptr<ResponseCache> cache_;
+  MemoryBudget memory_;  // before shared_memory_, which counts input copies against it
   SharedMemoryManager shared_memory_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
-  MemoryBudget memory_;
   // Mutable: readiness, a const question, re-examines a failure for want of descriptors and
   // wakes a listener that waits for one (ListenerHealth::recheck_descriptors).
   mutable ConnectionBudget connections_;

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -957,7 +958,7 @@ class ShmObject {
 
 TEST(SharedMemory, RegisterChecksNameKeyAndWindow) {
   ShmObject obj(8192);
-  SharedMemoryManager m;
+  SharedMemoryManager m(nullptr, 0);
   ASSERT_TRUE(m.register_region("r", obj.key(), 4100, 64).ok());  // an offset off the page
   EXPECT_EQ(m.register_region("r", obj.key(), 0, 8).code(), StatusCode::already_exists);
   EXPECT_EQ(m.register_region("x", "/asyncinfer-no-such-key", 0, 8).code(), StatusCode::internal);
@@ -977,34 +978,87 @@ TEST(SharedMemory, RegisterChecksNameKeyAndWindow) {
   EXPECT_EQ(m.window({"nope", 4, 0}, "input 'a'").status().code(), StatusCode::invalid_argument);
 }
 
-TEST(SharedMemory, TensorsReadInPlaceKeepTheRegionAfterItIsUnregistered) {
+TEST(SharedMemory, RegistrationsAreCappedAndHoldOneDescriptorEach) {
   ShmObject obj(4096);
-  SharedMemoryManager m;
+  SharedMemoryManager m(nullptr, 3);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(m.register_region("r" + std::to_string(i), obj.key(), 0, 8).ok());
+  }
+  Status over = m.register_region("r3", obj.key(), 0, 8);
+  EXPECT_EQ(over.code(), StatusCode::resource_exhausted);
+  EXPECT_NE(over.message().find("--max-shm-regions 3"), std::string_view::npos) << over.message();
+  m.unregister("r0");
+  EXPECT_TRUE(m.register_region("r3", obj.key(), 0, 8).ok());
+}
+
+// Inputs are copied out of the region when the request is decoded (shared_memory.hpp says why):
+// what the client writes afterwards, or an object it shrinks, changes nothing the request holds.
+TEST(SharedMemory, TensorsAreCopiesCountedAgainstTheBudget) {
+  ShmObject obj(4096);
+  MemoryBudget budget(1024);
+  SharedMemoryManager m(&budget, 0);
   ASSERT_TRUE(m.register_region("in", obj.key(), 0, 4096).ok());
   auto region = m.find("in");
   ASSERT_TRUE(region.ok());
   const float values[4] = {1.5F, -2.0F, 3.25F, 4.0F};
-  std::memcpy((*region)->data() + 16, values, sizeof values);
-  auto t = tensor_in_region(*region, {"in", 16, 16}, DType::f32, {1, 4}, "input 'x'");
+  ASSERT_TRUE((*region)->write(16, values, sizeof values, "output 'y'").ok());
+  auto t = m.read_tensor(*region, {"in", 16, 16}, DType::f32, {1, 4}, "input 'x'");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
-  EXPECT_EQ(t->data(), static_cast<void*>((*region)->data() + 16));  // no copy
+  EXPECT_EQ(budget.used(), 16u);  // the copy is counted while it lives
+  const float other[4] = {9, 9, 9, 9};
+  ASSERT_TRUE((*region)->write(16, other, sizeof other, "output 'y'").ok());
+  EXPECT_EQ(t->data_as<float>()[2], 3.25F);  // the client's later write is not seen
   region = Result<SharedMemoryRef>(internal_error("dropped"));
   m.unregister("in");
   EXPECT_TRUE(m.status("").value().empty());
-  EXPECT_EQ(t->data_as<float>()[2], 3.25F);  // still mapped: the tensor holds the region
+  EXPECT_EQ(t->data_as<float>()[2], 3.25F);
+  t = Result<Tensor>(internal_error("dropped"));
+  EXPECT_EQ(budget.used(), 0u);
   ASSERT_TRUE(m.register_region("in", obj.key(), 0, 4096).ok());  // the name is free at once
-  // A size that disagrees with the shape; BYTES must fill its window exactly.
+  // Past the budget: refused before anything is read.
   auto r2 = m.find("in").value();
-  EXPECT_EQ(tensor_in_region(r2, {"in", 12, 0}, DType::f32, {1, 4}, "input 'x'").status().code(),
+  auto big = m.read_tensor(r2, {"in", 2048, 0}, DType::u8, {2048}, "input 'x'");
+  EXPECT_EQ(big.status().code(), StatusCode::resource_exhausted);
+  EXPECT_NE(big.status().message().find("--max-inflight-bytes"), std::string_view::npos);
+  // A size that disagrees with the shape; BYTES must fill its window exactly.
+  EXPECT_EQ(m.read_tensor(r2, {"in", 12, 0}, DType::f32, {1, 4}, "input 'x'").status().code(),
             StatusCode::invalid_argument);
   std::string two;
   append_serialized_element(two, "ab");
   append_serialized_element(two, "");
-  std::memcpy(r2->data(), two.data(), two.size());
-  auto b = tensor_in_region(r2, {"in", two.size(), 0}, DType::bytes, {2}, "input 's'");
+  ASSERT_TRUE(r2->write(0, two.data(), two.size(), "output 's'").ok());
+  auto b = m.read_tensor(r2, {"in", two.size(), 0}, DType::bytes, {2}, "input 's'");
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_EQ(b->string_elements().value()[0], "ab");
-  EXPECT_FALSE(tensor_in_region(r2, {"in", two.size() + 3, 0}, DType::bytes, {2}, "s").ok());
+  EXPECT_FALSE(m.read_tensor(r2, {"in", two.size() + 3, 0}, DType::bytes, {2}, "s").ok());
+}
+
+// A client that shrinks its object below its window: reads and writes fail with the reason (a
+// mapping would have been SIGBUS), and nothing grows the object back.
+TEST(SharedMemory, AShrunkObjectFailsReadsAndWritesWithoutGrowingIt) {
+  ShmObject obj(4096);
+  SharedMemoryManager m(nullptr, 0);
+  ASSERT_TRUE(m.register_region("r", obj.key(), 128, 64).ok());
+  const int fd = ::shm_open(obj.key().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 100), 0);
+  auto region = m.find("r").value();
+  auto t = m.read_tensor(region, {"r", 16, 0}, DType::f32, {4}, "input 'x'");
+  EXPECT_EQ(t.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(t.status().message().find("now holds 100 bytes (it was shrunk after registration)"),
+            std::string_view::npos)
+      << t.status().message();
+  const char bytes[16] = {};
+  Status w = region->write(0, bytes, sizeof bytes, "output 'y'");
+  EXPECT_EQ(w.code(), StatusCode::invalid_argument);
+  EXPECT_NE(w.message().find("output 'y'"), std::string_view::npos);
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_size, 100);
+  ASSERT_EQ(::ftruncate(fd, 4096), 0);  // grown again by its owner: served again
+  EXPECT_TRUE(region->write(0, bytes, sizeof bytes, "output 'y'").ok());
+  EXPECT_TRUE(m.read_tensor(region, {"r", 16, 0}, DType::f32, {4}, "input 'x'").ok());
+  ::close(fd);
 }
 
 }  // namespace

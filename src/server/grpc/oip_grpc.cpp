@@ -256,8 +256,8 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
         return invalid_argument_error(what + " has contents and shared_memory_region; give one");
       }
       ASYNCINFER_ASSIGN_OR_RETURN(SharedMemoryRef region, shared_memory.window(*shm, what));
-      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t,
-                                  tensor_in_region(region, *shm, slot.dtype, std::move(dims), what));
+      ASYNCINFER_ASSIGN_OR_RETURN(
+          Tensor t, shared_memory.read_tensor(region, *shm, slot.dtype, std::move(dims), what));
       req.inputs.push_back({in.name(), std::move(t)});
       continue;
     }
@@ -273,8 +273,8 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
         // Length-prefixed elements, as in HTTP's binary form (tritonclient sends BYTES this way).
         auto t = Tensor::from_serialized(dims, std::move(bytes));
         if (!t.ok()) {
-          return t.status().with_context("raw_input_contents[" + std::to_string(k_raw) + "] (" + what +
-                                         ")");
+          return t.status().with_context("raw_input_contents[" + std::to_string(k_raw) + "] (" +
+                                         what + ")");
         }
         req.inputs.push_back({in.name(), std::move(*t)});
         continue;

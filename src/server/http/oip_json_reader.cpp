@@ -505,17 +505,19 @@ bool RequestReader::end_input() {
   auto shm = shared_memory_parameters(in.parameters, what);
   if (!shm.ok()) return fail(shm.status());
   if (*shm) {
-    // Read in place: the tensor views the client's region (Triton's system shared memory).
+    // Copied out of the client's region now (Triton's system shared memory; why a copy:
+    // shared_memory.hpp).
     if (in.has_data || size_param != in.parameters.end()) {
-      return fail_here(what + ": give one of \"data\", binary_data_size or "
-                              "shared_memory_region");
+      return fail_here(what +
+                       ": give one of \"data\", binary_data_size or "
+                       "shared_memory_region");
     }
     if (shared_memory_ == nullptr) {
       return fail_here(what + ": shared memory is not available on this endpoint");
     }
     auto region = shared_memory_->window(**shm, what);
     if (!region.ok()) return fail(region.status());
-    auto t = tensor_in_region(*region, **shm, in.slot.dtype, in.shape, what);
+    auto t = shared_memory_->read_tensor(*region, **shm, in.slot.dtype, in.shape, what);
     if (!t.ok()) return fail(t.status());
     in.tensor = std::move(*t);
   } else if (size_param != in.parameters.end()) {
@@ -527,8 +529,8 @@ bool RequestReader::end_input() {
     const bool variable = in.slot.dtype == DType::bytes;
     if (variable ? bytes < in.slot.byte_size : bytes != in.slot.byte_size) {
       if (variable) {
-        return fail_here(what + ": binary_data_size " + std::to_string(bytes) + " is too small for " +
-                         std::to_string(in.slot.element_count) +
+        return fail_here(what + ": binary_data_size " + std::to_string(bytes) +
+                         " is too small for " + std::to_string(in.slot.element_count) +
                          " BYTES elements (each needs a 4-byte length prefix)");
       }
       return fail_here(what + ": binary_data_size " + std::to_string(bytes) +
@@ -541,7 +543,8 @@ bool RequestReader::end_input() {
                        " bytes of binary data left after the JSON");
     }
     if (variable) {
-      auto t = Tensor::from_serialized(in.shape, std::string(binary_.substr(binary_offset_, bytes)));
+      auto t =
+          Tensor::from_serialized(in.shape, std::string(binary_.substr(binary_offset_, bytes)));
       if (!t.ok()) return fail(t.status().with_context(what + ": binary data"));
       in.tensor = std::move(*t);
     } else {
