@@ -5,10 +5,12 @@
 // (ASYNCINFER_HAVE_SERVER; the gRPC frontend: ASYNCINFER_HAVE_GRPC).
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -49,6 +51,8 @@ struct ServeOptions {
   std::size_t max_header_bytes = 16u << 10;
   std::size_t max_connections = 4096;
   std::size_t max_inflight_bytes = std::size_t{1} << 30;
+  std::size_t max_shm_regions = 256;
+  std::size_t max_model_instances = 0;  // 0: max(16, 4 per core)
   std::size_t grpc_max_connections = 1024;
   std::size_t grpc_max_concurrent_streams = 100;
   std::size_t grpc_max_resets = 1000;
@@ -96,10 +100,10 @@ std::size_t open_fds() {
 
 /// What client connections may take of the descriptor limit: the limit less what is open now
 /// (the models are loaded) and a reserve for what the server opens later (gRPC's and the engines'
-/// own, accept() itself, model files); 0 = no limit known.
-std::size_t connection_fds(std::size_t limit) {
+/// own, accept() itself, model files, one per shared memory region); 0 = no limit known.
+std::size_t connection_fds(std::size_t limit, std::size_t shm_regions) {
   if (limit == 0) return 0;
-  const std::size_t reserve = 64 + limit / 16;
+  const std::size_t reserve = 64 + limit / 16 + shm_regions;
   const std::size_t used = open_fds();
   return limit > used + reserve + 16 ? limit - used - reserve : 16;
 }
@@ -133,6 +137,11 @@ int run_serve(const ServeOptions& o) {
   ro.load_models = o.load_models;
   ro.poll_interval = ms(o.repository_poll_secs);
   ro.drain_timeout = ms(o.drain_timeout_s);
+  ro.max_instances =
+      o.max_model_instances != 0
+          ? o.max_model_instances
+          : std::max<std::size_t>(16, 4 * std::max(1u, std::thread::hardware_concurrency()));
+  ro.max_warmup_bytes = o.max_inflight_bytes;
   auto repository = ModelRepository::load(o.repository, log_line, ro);
   if (!repository.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: --model-repository: %s\n",
@@ -143,7 +152,8 @@ int run_serve(const ServeOptions& o) {
   so.version = ASYNCINFER_VERSION;
   so.strict_readiness = o.strict_readiness;
   so.max_inflight_bytes = o.max_inflight_bytes;
-  so.connection_fds = connection_fds(fds);
+  so.max_shm_regions = o.max_shm_regions;
+  so.connection_fds = connection_fds(fds, o.max_shm_regions);
   so.response_cache_bytes = *cache_bytes;
   auto snapshot = (*repository)->snapshot();
   for (const auto& m : snapshot->models) {
@@ -329,6 +339,17 @@ Command add_serve_command(CLI::App& parent) {
                   "responses (HTTP 503 / gRPC RESOURCE_EXHAUSTED above; 0 = no limit)")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 44));
+  app->add_option("--max-shm-regions", o->max_shm_regions,
+                  "System shared memory regions registered at once, each holding one "
+                  "descriptor (a registration past it is refused: HTTP 503 / gRPC "
+                  "RESOURCE_EXHAUSTED; 0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
+  app->add_option("--max-model-instances", o->max_model_instances,
+                  "Instances one model version may have, all instance groups together (a "
+                  "config asking for more is refused at load; 0 = 4 per core, at least 16)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{4096}));
   app->add_option("--grpc-max-connections", o->grpc_max_connections,
                   "Open gRPC connections at most (closed at once above)")
       ->capture_default_str()

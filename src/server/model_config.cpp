@@ -262,6 +262,10 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                           "\"onnxruntime_onnx\" for OpenVINO IR and ONNX; backend: \"python\" "
                           "for model.py; backend: \"builtin\")");
   }
+  if (!c.default_model_filename().empty()) {
+    ASYNCINFER_RETURN_IF_ERROR(check_file_name(
+        model, "default_model_filename", c.default_model_filename(), "the model's version folder"));
+  }
   // openvino takes the other parameters as OpenVINO properties; python hands them to model.py
   // (args["model_config"]["parameters"]).
   if (plan.backend != ModelPlan::Backend::openvino && plan.backend != ModelPlan::Backend::python) {

@@ -12,6 +12,7 @@
 //                              (no protobuf)
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +27,21 @@ namespace asyncinfer::server {
 
 /// invalid_argument "model '<model>': config.pbtxt: <what>".
 Status bad(std::string_view model, const std::string& what);
+
+/// Every file name a config gives (default_model_filename, a warm-up's input_data_file) must be
+/// one path component that stays inside the folder it is read from (`folder`, for the message):
+/// not empty, no '/', no NUL, not "." or "..". A load request's config override is a client's
+/// text, and a name such as "/tmp/x.py" or "../../x" would make the server read, or for a
+/// model.py run, a file outside the repository. invalid_argument naming `field` and the name.
+Status check_file_name(std::string_view model, std::string_view field, const std::string& name,
+                       std::string_view folder);
+
+/// What one config may ask for at most, whatever the machine (a load request's config override
+/// is a client's text): instances of one model in all groups (the serve command bounds them
+/// further by the machine, RepositoryOptions::max_instances), and runs of one warm-up sample
+/// (run one window at a time, model_repository.cpp).
+inline constexpr int kMaxInstanceCount = 4096;
+inline constexpr std::uint32_t kMaxWarmupCount = 10000;
 
 // The steps of plan_model(), each over one section of the config (model_config_sections.cpp).
 // Warnings for ignored fields are appended to `warnings`.

@@ -299,6 +299,11 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
     first = false;
     device = d;
     device_auto = automatic;
+    if (g.count() > kMaxInstanceCount - workers) {  // never an int overflow
+      return bad(model, "instance_group count " + std::to_string(g.count()) +
+                            ": a model has at most " + std::to_string(kMaxInstanceCount) +
+                            " instances in all");
+    }
     workers += g.count() == 0 ? 1 : g.count();
   }
   // No instance_group on an openvino model: as many workers as OpenVINO's throughput hint has
@@ -391,6 +396,10 @@ Status plan_warmup(const inference::ModelConfig& c, std::string_view model, Mode
     WarmupSample sample;
     sample.name = w.name();
     sample.count = std::max(w.count(), 1u);  // Triton: 0 = once
+    if (sample.count > kMaxWarmupCount) {
+      return bad(model, what + ": count " + std::to_string(w.count()) + " is over the limit of " +
+                            std::to_string(kMaxWarmupCount) + " runs of one sample");
+    }
     if (c.max_batch_size() > 0) {
       if (w.batch_size() < 1 || w.batch_size() > static_cast<std::uint32_t>(c.max_batch_size())) {
         return bad(model, what + ": batch_size " + std::to_string(w.batch_size()) +
@@ -427,11 +436,9 @@ Status plan_warmup(const inference::ModelConfig& c, std::string_view model, Mode
         case inference::ModelWarmup::Input::kInputDataFile:
           input.data = WarmupSample::Input::Data::file;
           input.file = in.input_data_file();
-          if (input.file.empty() || input.file.find('/') != std::string::npos ||
-              input.file == "." || input.file == "..") {
-            return bad(model, what + " input '" + name + "': input_data_file '" + input.file +
-                                  "' must name a file in the model's warmup folder");
-          }
+          ASYNCINFER_RETURN_IF_ERROR(
+              check_file_name(model, what + " input '" + name + "': input_data_file", input.file,
+                              "the model's warmup folder"));
           break;
         default:
           return bad(model, what + " input '" + name +

@@ -14,6 +14,17 @@ namespace asyncinfer::server {
 Status bad(std::string_view model, const std::string& what) {
   return invalid_argument_error("model '" + std::string(model) + "': config.pbtxt: " + what);
 }
+
+Status check_file_name(std::string_view model, std::string_view field, const std::string& name,
+                       std::string_view folder) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return bad(model, std::string(field) + " '" + name + "' must name a file in " +
+                          std::string(folder) + " (one path component: no '/', not '.' or '..')");
+  }
+  return Status();
+}
+
 std::vector<std::int64_t> VersionPolicy::select(std::vector<std::int64_t> available) const {
   std::sort(available.begin(), available.end());
   available.erase(std::unique(available.begin(), available.end()), available.end());

@@ -22,8 +22,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -117,9 +119,26 @@ Result<Tensor> warmup_tensor(const WarmupSample::Input& in, Shape shape, const f
 /// Runs the plan's model_warmup on `engine` before its version turns ready (Triton's rule): each
 /// sample `count` times, submitted at once, and waits for them (at most 5 minutes a sample).
 /// The error names the sample and what failed.
+/// The bytes the inputs of a warm-up sample would take, counted before any is made: BYTES
+/// elements at their largest (a 4-byte length and 8 random letters) or the file's size.
+Result<std::size_t> warmup_bytes(const WarmupSample::Input& in, const Shape& shape,
+                                 const fs::path& dir) {
+  if (in.dtype != DType::bytes) return checked_byte_size(in.dtype, shape);
+  if (in.data == WarmupSample::Input::Data::file) {
+    std::error_code ec;
+    const auto size = fs::file_size(dir / "warmup" / in.file, ec);
+    return ec ? std::size_t{0} : static_cast<std::size_t>(size);  // unreadable: said later
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(std::size_t n, checked_element_count(shape));
+  if (n > std::numeric_limits<std::size_t>::max() / 12) {
+    return invalid_argument_error("shape " + shape_to_string(shape) + " is too large");
+  }
+  return n * 12;
+}
+
 Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& sig,
                   const fs::path& dir, const std::function<void(const std::string&)>& log,
-                  const std::string& head) {
+                  const std::string& head, std::size_t max_bytes) {
   std::mt19937_64 rng(0x5eed);
   for (const WarmupSample& w : plan.warmup) {
     const std::string what = "model_warmup '" + w.name + "'";
@@ -130,6 +149,7 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
         if (!known) return invalid_argument_error("the model has no input '" + in.name + "'");
       }
       Inputs inputs;
+      std::size_t bytes = 0;
       for (const TensorSpec& spec : sig.inputs) {
         auto it = std::find_if(w.inputs.begin(), w.inputs.end(),
                                [&](const WarmupSample::Input& in) { return in.name == spec.name; });
@@ -144,21 +164,41 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
         Shape shape;
         if (sig.batched) shape.push_back(w.batch_size);
         shape.insert(shape.end(), it->dims.begin(), it->dims.end());
+        // Checked before the tensor is made: dims [4294967296] must not allocate 16 GiB.
+        ASYNCINFER_ASSIGN_OR_RETURN(std::size_t b, warmup_bytes(*it, shape, dir));
+        bytes = b > std::numeric_limits<std::size_t>::max() - bytes
+                    ? std::numeric_limits<std::size_t>::max()
+                    : bytes + b;
+        if (max_bytes != 0 && bytes > max_bytes) {
+          return resource_exhausted_error(
+              "its inputs take " + std::to_string(bytes) + " bytes or more, over the limit of " +
+              std::to_string(max_bytes) + " bytes a request may hold (--max-inflight-bytes)");
+        }
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, warmup_tensor(*it, std::move(shape), dir, rng));
         inputs.push_back(std::move(t));
       }
       const auto start = std::chrono::steady_clock::now();
-      std::vector<Future<Outputs>> runs;
       RequestOptions ro;  // a decoupled model's responses are dropped, its final kept
       if (sig.decoupled) ro.on_response = [](const Outputs&, std::stop_token) { return Status(); };
-      for (std::uint32_t i = 0; i < w.count; ++i) runs.push_back(engine.submit(inputs, ro));
-      for (Future<Outputs>& f : runs) {
+      // The runs share the inputs and go in a window of a few per worker: a count of millions
+      // holds no more memory than a few runs do.
+      const std::size_t window =
+          2 * std::max<std::size_t>(static_cast<std::size_t>(engine.options().workers), 1);
+      std::deque<Future<Outputs>> runs;
+      auto await_oldest = [&runs]() -> Status {
+        Future<Outputs> f = std::move(runs.front());
+        runs.pop_front();
         if (!f.wait_for(std::chrono::minutes(5))) {
           return deadline_exceeded_error("a run did not finish within 5 minutes");
         }
         Result<Outputs> r = f.get();
-        if (!r.ok()) return r.status();
+        return r.ok() ? Status() : r.status();
+      };
+      for (std::uint32_t i = 0; i < w.count; ++i) {
+        if (runs.size() >= window) ASYNCINFER_RETURN_IF_ERROR(await_oldest());
+        runs.push_back(engine.submit(inputs, ro));
       }
+      while (!runs.empty()) ASYNCINFER_RETURN_IF_ERROR(await_oldest());
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - start)
                           .count();
@@ -359,6 +399,44 @@ std::string model_fingerprint(const fs::path& dir) {
   if (fs::is_directory(dir / "warmup", ec))
     out += "\nwarmup:\n" + folder_fingerprint(dir / "warmup");
   return out;
+}
+
+/// The backend parameters that name a host program or folder: python_interpreter (the program a
+/// python model's processes run) and OpenVINO's CACHE_DIR (where it writes compiled blobs).
+constexpr std::string_view kHostPathParameters[] = {"python_interpreter", "CACHE_DIR"};
+
+/// A load request's config override is a client's text: it may not give a host-path parameter
+/// another value than the repository's own config.pbtxt gives (absent there: absent here), or a
+/// client who can reach the port could run any program as the server's user. invalid_argument
+/// naming the parameter.
+Status check_override_host_paths(const ModelPlan& override_plan, const fs::path& dir,
+                                 const std::string& name) {
+  BackendParameters on_disk;
+  if (auto text = read_file(dir / "config.pbtxt"); text.ok()) {
+    std::vector<std::string> ignored;
+    if (auto plan = plan_model_config(*text, "config.pbtxt", name, &ignored); plan.ok()) {
+      on_disk = plan->backend_parameters;
+    }
+  }
+  auto value_in = [](const BackendParameters& ps, std::string_view key) -> const std::string* {
+    for (const auto& [k, v] : ps) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  };
+  for (std::string_view key : kHostPathParameters) {
+    const std::string* asked = value_in(override_plan.backend_parameters, key);
+    const std::string* own = value_in(on_disk, key);
+    if (asked != nullptr && (own == nullptr || *own != *asked)) {
+      return invalid_argument_error(
+          "model '" + name + "': the load's config parameter may not set parameters { key: \"" +
+          std::string(key) +
+          "\" } (a host path) to a value the repository's config.pbtxt does "
+          "not give; set it in " +
+          (dir / "config.pbtxt").string());
+    }
+  }
+  return Status();
 }
 
 bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
@@ -733,6 +811,9 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   if (config_json) {
     text = "json:" + *config_json;
     plan = plan_model_config_json(*config_json, "the load's config parameter", name, &warnings);
+    if (plan.ok()) {
+      if (Status s = check_override_host_paths(*plan, dir, name); !s.ok()) plan = s;
+    }
   } else if (auto t = read_file(config_path); !t.ok()) {
     plan = not_found_error("no config.pbtxt in " + dir.string() +
                            " (asyncinfer needs one: it does not guess a model's config)");
@@ -827,6 +908,13 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   auto open = [this](const std::string& spec) { return open_device_once(spec); };
   Status s = [&]() -> Status {
     if (plan->backend == ModelPlan::Backend::ensemble) return load_ensemble(*mv, *plan);
+    if (options_.max_instances != 0 &&
+        static_cast<std::size_t>(plan->engine.workers) > options_.max_instances) {
+      return resource_exhausted_error(
+          "config.pbtxt: instance_group asks for " + std::to_string(plan->engine.workers) +
+          " instances, over the limit of " + std::to_string(options_.max_instances) +
+          " a model may have on this machine (--max-model-instances)");
+    }
     Result<std::shared_ptr<Model>> model = internal_error("unset");
     if (plan->backend == ModelPlan::Backend::builtin) {
       model = asyncinfer::load_model(plan->builtin_uri);
@@ -891,7 +979,8 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       LoadingEngine loading(*this, name, engine->get(), epoch);
       // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
       // UNAVAILABLE with the reason (and its engine is shut down here).
-      ASYNCINFER_RETURN_IF_ERROR(run_warmup(**engine, *plan, mv->signature, dir, log, head));
+      ASYNCINFER_RETURN_IF_ERROR(
+          run_warmup(**engine, *plan, mv->signature, dir, log, head, options_.max_warmup_bytes));
       // The workers the engine started (0 in the plan: the model's own preference, openvino).
       ModelPlan started = *plan;
       started.engine.workers = (*engine)->options().workers;

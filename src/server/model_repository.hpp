@@ -81,6 +81,13 @@ struct RepositoryOptions {
   /// (Engine::shutdown(drain)); those left then are cancelled. A replaced version has no limit
   /// but shutdown's.
   std::chrono::milliseconds drain_timeout{30000};
+  /// Instances (workers, Python processes) one model version may have, all instance groups
+  /// together (--max-model-instances); more is refused at load, naming the field and the
+  /// limit. 0 = no limit but the config's own (kMaxInstanceCount).
+  std::size_t max_instances = 0;
+  /// Bytes the inputs of one warm-up sample may take (the serve command gives
+  /// --max-inflight-bytes: a warm-up request is a request); more is refused at load. 0 = no limit.
+  std::size_t max_warmup_bytes = 0;
 };
 
 /// A ModelVersion's `retired`: an atomic flag that a version being made can be moved with (the
