@@ -24,6 +24,11 @@
 
 namespace asyncinfer::server {
 
+/// Ensembles inside ensembles: at most this many in one chain (an ensemble whose steps are plain
+/// models is a chain of 1). A deeper one is refused when it loads; a chain that a later reload of
+/// a step made deeper (or a cycle) fails its requests at the step past the limit.
+inline constexpr int kMaxEnsembleNesting = 8;
+
 /// An ensemble's steps with every tensor named by an index.
 struct EnsembleGraph {
   struct Step {

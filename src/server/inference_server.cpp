@@ -938,9 +938,9 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
                         ? failed_precondition_error("model '" + step.model + "' is now decoupled")
                         : step_fits(step, sig);
       if (!fits.ok()) return end(fits.with_context(step_context(j)));
-      if ((*ref)->ensemble && depth_ >= kMaxEnsembleDepth) {
+      if ((*ref)->ensemble && depth_ + 1 >= kMaxEnsembleNesting) {
         return end(failed_precondition_error(
-            "ensembles nest more than " + std::to_string(kMaxEnsembleDepth) +
+            "ensembles nest more than " + std::to_string(kMaxEnsembleNesting) +
             " deep (a cycle through ensembles reloaded since they loaded?)"));
       }
       Inputs inputs(sig.inputs.size());
@@ -1069,9 +1069,6 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     if (!model_->signature.batched || outputs.empty() || outputs[0].rank() == 0) return 1;
     return static_cast<std::uint64_t>(outputs[0].shape()[0]);
   }
-
-  /// Ensembles inside ensembles, at most this deep (a guard against a cycle that reloads made).
-  static constexpr int kMaxEnsembleDepth = 8;
 
   InferenceServer& server_;
   const ModelRef model_;

@@ -1059,6 +1059,23 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
     return v->signature;
   };
   ASYNCINFER_ASSIGN_OR_RETURN(mv.ensemble, resolve_ensemble(plan, signature_of));
+  // How many ensembles a request of this one runs through in a chain, this one included; past
+  // the limit every request would fail, so the load does (the recursion stops there too).
+  std::function<int(const EnsembleGraph&, int)> nesting = [&](const EnsembleGraph& g, int level) {
+    int deepest = level;
+    for (const EnsembleGraph::Step& st : g.steps) {
+      if (deepest > kMaxEnsembleNesting) break;
+      ModelRef next = version_of(st.model, st.version.empty() ? -1 : std::stoll(st.version));
+      if (next && next->ensemble) deepest = std::max(deepest, nesting(*next->ensemble, level + 1));
+    }
+    return deepest;
+  };
+  if (const int n = nesting(*mv.ensemble, 1); n > kMaxEnsembleNesting) {
+    return invalid_argument_error(
+        "ensemble '" + plan.name + "' nests " + (n > kMaxEnsembleNesting + 1 ? "more than " : "") +
+        std::to_string(n - 1) + " ensembles below it; a chain of ensembles may be at most " +
+        std::to_string(kMaxEnsembleNesting) + " deep");
+  }
   mv.ensemble_counters = std::make_shared<EnsembleCounters>();
   mv.signature.inputs = plan.inputs;
   mv.signature.outputs = plan.outputs;
