@@ -4,7 +4,8 @@
 //
 // One file of about 1100 lines, on purpose: it implements one class whose request path is one
 // chain of calls back into its private members. submit() goes to run(), through submit_cached()
-// when the response cache applies; a CacheFollower whose leader failed calls run() itself; an
+// when the response cache applies; a CacheFollower whose leader failed looks the key up again
+// and may lead a new flight through run(); an
 // EnsembleRun calls find(), run() and run_ensemble() for each step; run() retries on successor()
 // when the version it was given was retired meanwhile. Every path answers through
 // make_response(), in this file's anonymous namespace. Kept together, the rule that each request
@@ -655,9 +656,11 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
 // ---- the response cache -------------------------------------------------------------------------
 
 /// A request waiting for an identical one in flight (ResponseCache's follower): answered with
-/// the leader's outputs, or, when the leader failed, run on the engine itself (and its answer
-/// cached).
-class InferenceServer::CacheFollower final : public InflightRequest::Handle {
+/// the leader's outputs, or, when the leader failed, looked up again (rejoin): a hit, a follower
+/// of the new flight, or that flight's leader, which runs on the engine and fills the cache.
+class InferenceServer::CacheFollower final
+    : public InflightRequest::Handle,
+      public std::enable_shared_from_this<InferenceServer::CacheFollower> {
  public:
   CacheFollower(InferenceServer& server, ModelRef model, Inputs inputs, RequestOptions options,
                 std::string id, std::vector<std::size_t> selected, Completion done,
@@ -709,41 +712,11 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
       return done(make_response(model_, std::move(id_), selected_, *r));
     }
     // The leader failed: its failure (its deadline, its cancellation) is not this request's. It
-    // runs on its own, within what is left of the model's default timeout from its own arrival
-    // (not a fresh one), and its answer is cached.
-    RequestOptions options = options_;
-    if (const auto& t = model_->engine->options().default_timeout; t && !options.deadline) {
-      options.deadline = start_ + *t;
-    }
-    auto shared = std::make_shared<Completion>();
-    {
-      std::lock_guard lock(mu_);
-      *shared = std::move(done_);
-    }
-    ResponseCache* cache = server_.cache_.get();
-    auto accepted = server_.run(
-        model_, std::move(inputs_), options, std::move(id_), std::move(selected_),
-        [shared](Result<InferResponse> out) { (*shared)(std::move(out)); },
-        [cache, key = key_, &counters, lookup_ns](const Result<Outputs>& result) {
-          const Clock::time_point t = Clock::now();
-          cache->finish(*key, false, result);  // led nothing: no followers come back
-          counters.miss(lookup_ns + ns_since(t));
-        });
-    if (!accepted.ok()) {
-      {
-        std::lock_guard lock(mu_);
-        ended_ = true;
-      }
-      return (*shared)(accepted.status());  // run() destroyed its completion uncalled
-    }
-    bool cancel_now = false;
-    {
-      std::lock_guard lock(mu_);
-      ended_ = true;
-      own_ = std::move(*accepted);  // set once, never changed after
-      cancel_now = cancelled_;
-    }
-    if (cancel_now) own_.cancel();
+    // looks the key up again, within what is left of the model's default timeout from its own
+    // arrival (not a fresh one): the first of the failed leader's followers to do so leads a new
+    // flight and the others follow it, so that one computation answers them all rather than
+    // each computing alone, one after another (issue 45). A result cached meanwhile is a hit.
+    rejoin();
   }
 
   void cancel() override {
@@ -766,6 +739,66 @@ class InferenceServer::CacheFollower final : public InflightRequest::Handle {
   }
 
  private:
+  /// A second lookup after the leader failed: a hit answers, a follower waits for the new
+  /// leader (on_leader again), a leader (or a request alone) runs on the engine and fills the
+  /// cache for those who follow it.
+  void rejoin() {
+    const Clock::time_point t = Clock::now();
+    ResponseCache* cache = server_.cache_.get();
+    ResponseCache::Waiter waiter = [self = shared_from_this()](const Result<Outputs>& r) {
+      self->on_leader(r);
+    };
+    ResponseCache::Lookup found = cache->lookup(*key_, true, waiter);
+    std::uint64_t lookup_ns = 0;
+    {
+      std::lock_guard lock(mu_);
+      lookup_ns_ += ns_since(t);
+      lookup_ns = lookup_ns_;
+      if (found.role == ResponseCache::Role::follower) {
+        ticket_ = found.ticket;  // cancel() withdraws this one now
+        return;
+      }
+    }
+    CacheCounters& counters = model_->cache_counters;
+    auto shared = std::make_shared<Completion>();
+    {
+      std::lock_guard lock(mu_);
+      *shared = std::move(done_);
+    }
+    if (found.role == ResponseCache::Role::hit) {
+      {
+        std::lock_guard lock(mu_);
+        ended_ = true;
+      }
+      counters.hit(lookup_ns);
+      return (*shared)(make_response(model_, std::move(id_), selected_, found.outputs));
+    }
+    RequestOptions options = options_;
+    if (const auto& d = model_->engine->options().default_timeout; d && !options.deadline) {
+      options.deadline = start_ + *d;
+    }
+    const bool led = found.role == ResponseCache::Role::leader;
+    auto accepted = server_.run(
+        model_, std::move(inputs_), options, std::move(id_), std::move(selected_),
+        [shared](Result<InferResponse> out) { (*shared)(std::move(out)); },
+        server_.fill_cache(*model_, key_, led, lookup_ns));
+    if (!accepted.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        ended_ = true;
+      }
+      return (*shared)(accepted.status());  // run() destroyed its completion uncalled
+    }
+    bool cancel_now = false;
+    {
+      std::lock_guard lock(mu_);
+      ended_ = true;
+      own_ = std::move(*accepted);  // set once, never changed after
+      cancel_now = cancelled_;
+    }
+    if (cancel_now) own_.cancel();
+  }
+
   InferenceServer& server_;
   const ModelRef model_;
   Inputs inputs_;
@@ -833,13 +866,20 @@ Result<InflightRequest> InferenceServer::submit_cached(const ModelRef& ref, Inpu
   }
   const bool led = found.role == ResponseCache::Role::leader;
   return run(ref, std::move(inputs), options, std::move(id), std::move(selected), std::move(done),
-             [this, &counters, key = std::move(key), led, lookup_ns](const Result<Outputs>& r) {
-               // Timed: the copy into the cache (Triton's cache_miss is lookup + insertion).
-               const Clock::time_point t = Clock::now();
-               std::vector<ResponseCache::Waiter> followers = cache_->finish(*key, led, r);
-               counters.miss(lookup_ns + ns_since(t));
-               for (ResponseCache::Waiter& w : followers) w(r);
-             });
+             fill_cache(model, std::move(key), led, lookup_ns));
+}
+
+InferenceServer::Finished InferenceServer::fill_cache(const ModelVersion& model,
+                                                      std::shared_ptr<const CacheKey> key, bool led,
+                                                      std::uint64_t lookup_ns) {
+  return [this, &counters = model.cache_counters, key = std::move(key), led,
+          lookup_ns](const Result<Outputs>& r) {
+    // Timed: the copy into the cache (Triton's cache_miss is lookup + insertion).
+    const Clock::time_point t = Clock::now();
+    std::vector<ResponseCache::Waiter> followers = cache_->finish(*key, led, r);
+    counters.miss(lookup_ns + ns_since(t));
+    for (ResponseCache::Waiter& w : followers) w(r);
+  };
 }
 
 // ---- metrics ------------------------------------------------------------------------------------

@@ -333,6 +333,10 @@ class InferenceServer {
   Result<InflightRequest> submit_cached(const ModelRef& model, Inputs inputs,
                                         const RequestOptions& options, std::string id,
                                         std::vector<std::size_t> selected, Completion done);
+  /// The `finished` of a request that computes for the cache key `key` (as the flight's leader
+  /// when `led`): stores the result, counts the miss, and answers the flight's followers.
+  Finished fill_cache(const ModelVersion& model, std::shared_ptr<const CacheKey> key, bool led,
+                      std::uint64_t lookup_ns);
 
   /// ready() and ready_unannounced().
   bool ready(bool announce) const;
