@@ -42,6 +42,7 @@ import types
 
 SOCK = globals().get("_asyncinfer_sock")
 MAX_MESSAGE = 1 << 20
+MAX_REPLY = 160 * 1024  # the server's receive buffer (kMaxMessage in python_process.cpp)
 ALIGN = 64
 
 _NUMPY_OF = None  # filled in once numpy is imported (main)
@@ -59,8 +60,19 @@ def recv():
     return json.loads(data), fds
 
 
+class MessageTooLong(Exception):
+    """A reply that the server could not receive whole: it is refused here, with the reason,
+    instead of breaking the channel (the server would have to end the process)."""
+
+
 def send(obj, fds=()):
     data = json.dumps(obj, separators=(",", ":")).encode()
+    if len(data) > MAX_REPLY:
+        raise MessageTooLong(
+            "the response's description is %d bytes, over the %d bytes of the control channel "
+            "(%d output tensors)" % (len(data), MAX_REPLY, len(obj.get("outputs") or [])
+                                     + sum(len(r.get("outputs") or [])
+                                           for r in obj.get("responses") or [])))
     if fds:
         socket.send_fds(SOCK, [data], list(fds))
     else:
@@ -128,6 +140,7 @@ class Stub:
         self.utils = utils
         self.model = None
         self.model_config = {}
+        self.output_names = set()
         self.decoupled = False
         self.input = None  # mmap of the input arena
         self.output = OutputArena()
@@ -154,6 +167,8 @@ class Stub:
         np = _np
         out = []
         for t in response.output_tensors():
+            if t.name() not in self.output_names:
+                continue  # not in the config: dropped, as Triton does
             arr = t.as_numpy()
             if arr.dtype.kind in ("O", "S", "U"):
                 flat = self.utils.serialize_byte_tensor(arr)
@@ -173,6 +188,7 @@ class Stub:
     def initialize(self, msg):
         args = msg["args"]
         self.model_config = json.loads(args["model_config"])
+        self.output_names = {o["name"] for o in self.model_config.get("output", [])}
         policy = self.model_config.get("model_transaction_policy") or {}
         self.decoupled = bool(policy.get("decoupled", False))
         path = msg["model_py"]
@@ -226,7 +242,10 @@ class Stub:
             fields = _error_fields(e)
             send({"op": "done", "error": fields["message"], "traceback": fields["traceback"]})
             return
-        send(reply, fds)
+        try:
+            send(reply, fds)
+        except MessageTooLong as e:
+            send({"op": "done", "error": str(e), "traceback": ""})
         for fd in fds:
             os.close(fd)
 
@@ -343,9 +362,13 @@ class ResponseSender:
                     specs, fds, extra = self._stub.output.layout(self._stub.encode(response))
                     msg["outputs"] = specs
                     msg.update(extra)
-            send(msg, fds)
-            for fd in fds:
-                os.close(fd)
+            try:
+                send(msg, fds)
+            except MessageTooLong as e:
+                raise utils.TritonModelException("send: " + str(e)) from None
+            finally:
+                for fd in fds:
+                    os.close(fd)
             reply, _ = recv()
             self._cancelled = bool(reply.get("cancelled", False))
             if final:
