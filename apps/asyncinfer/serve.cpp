@@ -204,6 +204,7 @@ int run_serve(const ServeOptions& o) {
     go.max_message_bytes = o.grpc_max_message_bytes;
     go.max_connection_age = ms(o.grpc_max_connection_age_s);
     go.max_connection_idle = ms(o.idle_timeout_s);
+    go.stream_stall_timeout = ms(o.idle_timeout_s);
     go.max_connections = o.grpc_max_connections;
     go.max_concurrent_streams = o.grpc_max_concurrent_streams;
     go.max_resets = o.grpc_max_resets;
