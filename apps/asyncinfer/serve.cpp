@@ -57,6 +57,8 @@ struct ServeOptions {
   std::vector<std::string> cache_config;
   std::string model_control_mode = "none";
   double repository_poll_secs = 15;
+  double model_load_timeout_s = 600;
+  int model_load_threads = 4;
   std::vector<std::string> load_models;
 };
 
@@ -133,6 +135,9 @@ int run_serve(const ServeOptions& o) {
   ro.load_models = o.load_models;
   ro.poll_interval = ms(o.repository_poll_secs);
   ro.drain_timeout = ms(o.drain_timeout_s);
+  ro.load_timeout =
+      o.model_load_timeout_s > 0 ? ms(o.model_load_timeout_s) : std::chrono::milliseconds::max();
+  ro.load_threads = o.model_load_threads;
   auto repository = ModelRepository::load(o.repository, log_line, ro);
   if (!repository.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: --model-repository: %s\n",
@@ -319,6 +324,17 @@ Command add_serve_command(CLI::App& parent) {
                   "poll mode: seconds between two scans of the repository")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 86400.0));
+  app->add_option("--model-load-timeout", o->model_load_timeout_s,
+                  "Seconds one model version's load may take (its file, every instance's "
+                  "creation: a model.py's initialize(), and its warm-up); past it the load is "
+                  "cancelled and the version is UNAVAILABLE (0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0 * 7));
+  app->add_option("--model-load-thread-count", o->model_load_threads,
+                  "Models loaded at once (at start, and explicit mode's load calls; one model's "
+                  "loads stay in order)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   app->add_option("--load-model", o->load_models,
                   "explicit mode: a model to load at start (repeatable; * = every model)");
   app->add_option("--max-connections", o->max_connections,

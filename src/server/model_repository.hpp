@@ -21,9 +21,13 @@
 // UNAVAILABLE and the reason, and logged; the others serve. Devices are opened once per spec and
 // shared by the engines on them.
 //
-// Thread safety: every member may be called from any thread. Loads (and poll mode's scans) run
-// one at a time, in order, on the control thread; an unload takes effect at once, on the
-// caller's thread.
+// Thread safety: every member may be called from any thread. Loads run on the control threads
+// (RepositoryOptions::load_threads): those of different models at once, those of one model one
+// at a time in the order they were asked for; poll mode's scans run alone. An unload takes effect
+// at once, on the caller's thread, and cuts a load of the same model short. Every load has a
+// deadline (RepositoryOptions::load_timeout); a load past it, unloaded or shut down meanwhile is
+// cancelled through one stop token (EngineOptions::create_stop: a Python instance's process is
+// killed; a warm-up's engine is shut down).
 #pragma once
 
 #include <atomic>
@@ -44,6 +48,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
+#include "asyncinfer/executor.hpp"
 #include "asyncinfer/status.hpp"
 #include "ensemble.hpp"
 #include "observers.hpp"
@@ -81,6 +86,15 @@ struct RepositoryOptions {
   /// (Engine::shutdown(drain)); those left then are cancelled. A replaced version has no limit
   /// but shutdown's.
   std::chrono::milliseconds drain_timeout{30000};
+  /// How long one model version's load may take (--model-load-timeout): the model file, every
+  /// instance's creation (a Python model's initialize()) and the warm-up. Past it the load is
+  /// cancelled (a Python instance's process is killed) and the version is UNAVAILABLE with a
+  /// reason naming the timeout. max() = no limit.
+  std::chrono::milliseconds load_timeout{600'000};
+  /// Loads that run at once (--model-load-thread-count, Triton's flag and default): the models
+  /// of the repository at start, and the load calls of explicit mode, each model's own in the
+  /// order they came. At least 1.
+  int load_threads = 4;
 };
 
 /// A ModelVersion's `retired`: an atomic flag that a version being made can be moved with (the
@@ -339,6 +353,22 @@ class ModelRepository {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
+
+  /// One version's load in progress: what an unload of its model, shutdown() and its deadline
+  /// (load_timer_) cancel. Registered for the whole of load_version (under draining_mu_).
+  struct LoadTicket {
+    std::string model;
+    std::stop_source stop;
+    std::atomic<bool> timed_out{false};  ///< its deadline cancelled it
+  };
+  /// Registers a load of `model` asked for at `epoch`: cancelled at once when the model was
+  /// unloaded since or the server stops (as LoadingEngine), and when `load_timeout` passes.
+  std::shared_ptr<LoadTicket> start_load(const std::string& model, std::uint64_t epoch,
+                                         TimerId* deadline);
+  void end_load(const std::shared_ptr<LoadTicket>& ticket, TimerId deadline);
+  std::vector<std::shared_ptr<LoadTicket>> loads_;  ///< under draining_mu_
+  /// The loads' deadlines.
+  DeadlineTimer load_timer_{"ai-load-timer"};
 
   /// Versions replaced or unloaded whose engines are draining, the threads draining them, and
   /// the engines being loaded (shutdown() cuts them all short).
