@@ -5,9 +5,11 @@
 // (ASYNCINFER_HAVE_SERVER; the gRPC frontend: ASYNCINFER_HAVE_GRPC).
 #include <sys/resource.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -138,7 +140,23 @@ int run_serve(const ServeOptions& o) {
   ro.load_timeout =
       o.model_load_timeout_s > 0 ? ms(o.model_load_timeout_s) : std::chrono::milliseconds::max();
   ro.load_threads = o.model_load_threads;
-  auto repository = ModelRepository::load(o.repository, log_line, ro);
+  // SIGTERM or SIGINT while the models load cuts the loads short and ends the server: a hanging
+  // model.py's initialize() does not hold the exit for --model-load-timeout.
+  std::stop_source start_stop;
+  ro.start_stop = start_stop.get_token();
+  std::atomic<int> start_signal{0};
+  auto repository = [&] {
+    StartupSignalWatch watch([&](int s) {
+      start_signal.store(s);
+      start_stop.request_stop();
+    });
+    return ModelRepository::load(o.repository, log_line, ro);
+  }();  // the watch has ended: a signal from now on waits for run_until_signalled
+  if (const int s = start_signal.load(); s != 0) {
+    log_line(std::string("received ") + StartupSignalWatch::name(s) +
+             " while the models loaded: the loads were cancelled; exiting");
+    return 0;
+  }
   if (!repository.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: --model-repository: %s\n",
                  repository.status().to_string().c_str());

@@ -693,6 +693,9 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
     }
   }
   const std::size_t plain = order_for_loading(root, names);
+  // A signal during start-up (RepositoryOptions::start_stop) cuts the loads short.
+  std::stop_callback on_start_stop(repo->options_.start_stop,
+                                   [r = repo.get()] { r->cancel_loads(); });
   auto load_one = [&](const std::string& name) {
     const bool wanted =
         all || std::find(o.load_models.begin(), o.load_models.end(), name) != o.load_models.end();
@@ -1336,15 +1339,20 @@ void ModelRepository::end_load(const std::shared_ptr<LoadTicket>& ticket, TimerI
   if (it != loads_.end()) loads_.erase(it);
 }
 
-void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+void ModelRepository::cancel_loads() {
   stopping_.store(true);
-  const auto deadline = Clock::now() + drain_timeout;
-  {
-    // Loads serve no one: cancelled first, so that a hanging one (a model.py's initialize())
-    // ends while the serving engines drain.
-    std::lock_guard lock(draining_mu_);
-    for (const auto& t : loads_) t->stop.request_stop();
+  std::lock_guard lock(draining_mu_);
+  for (const auto& t : loads_) t->stop.request_stop();
+  for (const auto& [model, e] : loading_) {
+    e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
   }
+}
+
+void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+  const auto deadline = Clock::now() + drain_timeout;
+  // Loads serve no one: cancelled first, so that a hanging one (a model.py's initialize()) ends
+  // while the serving engines drain.
+  cancel_loads();
   // The versions that serve (and those unloading) get `mode` within `drain_timeout`.
   auto engines_down = [&] {
     std::vector<ModelRef> all;

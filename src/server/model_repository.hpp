@@ -41,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -95,6 +96,11 @@ struct RepositoryOptions {
   /// of the repository at start, and the load calls of explicit mode, each model's own in the
   /// order they came. At least 1.
   int load_threads = 4;
+  /// Cancels the loads at start (ModelRepository::load; a signal during start-up): the loads
+  /// running are cut short as shutdown() cuts them, the models not loaded yet are left
+  /// UNAVAILABLE ("the server is shutting down"), and load() returns once those running have
+  /// ended. Default: never fires.
+  std::stop_token start_stop;
 };
 
 /// A ModelVersion's `retired`: an atomic flag that a version being made can be moved with (the
@@ -366,6 +372,9 @@ class ModelRepository {
   std::shared_ptr<LoadTicket> start_load(const std::string& model, std::uint64_t epoch,
                                          TimerId* deadline);
   void end_load(const std::shared_ptr<LoadTicket>& ticket, TimerId deadline);
+  /// No load starts from now on (stopping_) and those running are cancelled: their tickets, and
+  /// the engines warming up. What shutdown() does first; load()'s start_stop does it too.
+  void cancel_loads();
   std::vector<std::shared_ptr<LoadTicket>> loads_;  ///< under draining_mu_
   /// The loads' deadlines.
   DeadlineTimer load_timer_{"ai-load-timer"};

@@ -8,13 +8,17 @@ returns. Each finding is reproduced on loopback with a short timeout and bounded
   serves a third client, and counts them (asyncinfer_{grpc,http}_stalled_streams_total).
 - Loads: a model.py whose initialize() sleeps for ever. Its load fails after --model-load-timeout
   naming the model and the timeout, its process killed; another model loads beside it at once
-  (--model-load-thread-count); an unload ends its load; SIGTERM exits within the drain timeout.
+  (--model-load-thread-count); an unload ends its load; SIGTERM exits within the drain timeout,
+  also while the models load at start.
 """
 
 import http.client
 import json
 import os
+import signal
 import socket
+import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -328,6 +332,32 @@ class HangingInitialize(harness.unittest.TestCase):
               % (code, took))
         self.assertIsNotNone(code, "the server did not exit within 30 s")
         self.assertLess(took, 2 + 4)
+        harness.wait_for(lambda: gone(pid), timeout=5, what="the stub process to be gone")
+
+    def test_sigterm_ends_a_hanging_load_at_start(self):
+        # Loaded at start (--model-control-mode none), before the server listens: SIGTERM still
+        # cuts the loads short and ends the server, not after --model-load-timeout.
+        with tempfile.TemporaryFile(mode="w+") as log:
+            proc = subprocess.Popen(
+                [harness.ARGS.cli, "serve", "--model-repository", self.repo.path, "--host",
+                 "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0"],
+                stdout=subprocess.DEVNULL, stderr=log)
+            try:
+                pid = wait_pid(self.repo, "hang")
+                start = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                code = proc.wait(timeout=30)
+                took = time.monotonic() - start
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            log.seek(0)
+            text = log.read()
+        print("SIGTERM during the loads at start: exit %s after %.2f s" % (code, took))
+        self.assertEqual(code, 0, text)
+        self.assertLess(took, 4, text)
+        self.assertIn("while the models loaded", text)
         harness.wait_for(lambda: gone(pid), timeout=5, what="the stub process to be gone")
 
 
