@@ -10,13 +10,15 @@
 //
 // Design: the served set is an immutable RepositorySnapshot behind a shared_ptr; a change (Triton's
 // model control: a load, an unload, a poll that found changed files) builds the next snapshot on
-// the repository's one control thread and swaps it in, so lookups take no lock but the swap's.
+// one of the repository's control threads and swaps it in (publishing one model replaces only its
+// entry, under snapshot_mu_, so loads of different models run at once), so lookups take no lock
+// but the swap's.
 // A request holds its ModelVersion by ModelRef (shared_ptr) from lookup to response: a version
 // replaced or unloaded meanwhile stays whole until its last request ends. A reload loads the new
 // versions beside the serving ones, swaps only once they are ready, and then drains the old ones
 // (Engine::shutdown(drain)); a version that fails to load leaves the one it was to replace
 // serving, with the reason in the index (ServedModel::load_error) and the log. A version whose
-// last reference goes is destroyed on the control thread, never on one of its engine's threads.
+// last reference goes is destroyed on a control thread, never on one of its engine's threads.
 // A model whose config is bad, or a version whose file or engine fails, is kept with state
 // UNAVAILABLE and the reason, and logged; the others serve. Devices are opened once per spec and
 // shared by the engines on them.
@@ -230,7 +232,7 @@ struct RepositorySnapshot {
 class ModelRepository {
  public:
   using Log = std::function<void(const std::string& line)>;
-  /// A control call's outcome, called once: a load's on the control thread; an unload's, and a
+  /// A control call's outcome, called once: a load's on a control thread; an unload's, and a
   /// call refused at once, on the caller's.
   using Done = std::function<void(const Status&)>;
 
@@ -242,7 +244,7 @@ class ModelRepository {
   static Result<std::unique_ptr<ModelRepository>> load(const std::filesystem::path& root,
                                                        const Log& log,
                                                        RepositoryOptions options = {});
-  /// Stops the control thread (a call still queued gets unavailable) and every engine.
+  /// Stops the control threads (a call still queued gets unavailable) and every engine.
   ~ModelRepository();
   ModelRepository(const ModelRepository&) = delete;
   ModelRepository& operator=(const ModelRepository&) = delete;
