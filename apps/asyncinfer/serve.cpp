@@ -6,9 +6,11 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +63,8 @@ struct ServeOptions {
   std::vector<std::string> cache_config;
   std::string model_control_mode = "none";
   double repository_poll_secs = 15;
+  double model_load_timeout_s = 600;
+  int model_load_threads = 4;
   std::vector<std::string> load_models;
 };
 
@@ -142,7 +146,26 @@ int run_serve(const ServeOptions& o) {
           ? o.max_model_instances
           : std::max<std::size_t>(16, 4 * std::max(1u, std::thread::hardware_concurrency()));
   ro.max_warmup_bytes = o.max_inflight_bytes;
-  auto repository = ModelRepository::load(o.repository, log_line, ro);
+  ro.load_timeout =
+      o.model_load_timeout_s > 0 ? ms(o.model_load_timeout_s) : std::chrono::milliseconds::max();
+  ro.load_threads = o.model_load_threads;
+  // SIGTERM or SIGINT while the models load cuts the loads short and ends the server: a hanging
+  // model.py's initialize() does not hold the exit for --model-load-timeout.
+  std::stop_source start_stop;
+  ro.start_stop = start_stop.get_token();
+  std::atomic<int> start_signal{0};
+  auto repository = [&] {
+    StartupSignalWatch watch([&](int s) {
+      start_signal.store(s);
+      start_stop.request_stop();
+    });
+    return ModelRepository::load(o.repository, log_line, ro);
+  }();  // the watch has ended: a signal from now on waits for run_until_signalled
+  if (const int s = start_signal.load(); s != 0) {
+    log_line(std::string("received ") + StartupSignalWatch::name(s) +
+             " while the models loaded: the loads were cancelled; exiting");
+    return 0;
+  }
   if (!repository.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: --model-repository: %s\n",
                  repository.status().to_string().c_str());
@@ -214,6 +237,7 @@ int run_serve(const ServeOptions& o) {
     go.max_message_bytes = o.grpc_max_message_bytes;
     go.max_connection_age = ms(o.grpc_max_connection_age_s);
     go.max_connection_idle = ms(o.idle_timeout_s);
+    go.stream_stall_timeout = ms(o.idle_timeout_s);
     go.max_connections = o.grpc_max_connections;
     go.max_concurrent_streams = o.grpc_max_concurrent_streams;
     go.max_resets = o.grpc_max_resets;
@@ -328,6 +352,17 @@ Command add_serve_command(CLI::App& parent) {
                   "poll mode: seconds between two scans of the repository")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 86400.0));
+  app->add_option("--model-load-timeout", o->model_load_timeout_s,
+                  "Seconds one model version's load may take (its file, every instance's "
+                  "creation: a model.py's initialize(), and its warm-up); past it the load is "
+                  "cancelled and the version is UNAVAILABLE (0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0 * 7));
+  app->add_option("--model-load-thread-count", o->model_load_threads,
+                  "Models loaded at once (at start, and explicit mode's load calls; one model's "
+                  "loads stay in order)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   app->add_option("--load-model", o->load_models,
                   "explicit mode: a model to load at start (repeatable; * = every model)");
   app->add_option("--max-connections", o->max_connections,

@@ -322,6 +322,12 @@ struct EngineOptions {
   /// before it falls back to cancel, so that a hung model cannot make shutdown hang (max(): it
   /// waits for the work as long as it takes).
   std::chrono::milliseconds drain_timeout{30'000};
+  /// Abandons Engine::create while it makes the workers' model instances (a model server's load
+  /// that timed out, or was unloaded or shut down meanwhile): handed to each instance's creation
+  /// (InstanceOptions::stop), so that a backend whose creation may take long (a Python model's
+  /// initialize()) ends it; create() then fails with that instance's error (cancelled). Only the
+  /// first instances of create() see it, never the recycled ones. Default: never fires.
+  std::stop_token create_stop;
 };
 
 class EngineCore;

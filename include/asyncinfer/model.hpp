@@ -142,6 +142,10 @@ struct InstanceOptions {
   /// Threads the instance may use for one forward pass (libtorch intra-op threads):
   /// EngineOptions::intra_op_threads, 1 unless the user set it.
   int intra_op_threads = 1;
+  /// Fires when the creation is to be abandoned (EngineOptions::create_stop: the load was
+  /// cancelled or timed out). A backend whose create_instance may block for long watches it and
+  /// then returns cancelled promptly, leaving nothing behind; a quick one may ignore it.
+  std::stop_token stop;
 };
 
 /// A loaded model.

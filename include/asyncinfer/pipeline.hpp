@@ -159,6 +159,8 @@ class Pipeline {
                                         const ItemOptions& options = {});
   /// Stops: drain finishes items in flight (falling back to cancel after the drain timeout);
   /// cancel resolves them as shut_down (aborted) at once. Joins every thread. Idempotent.
+  /// Thread-safe: a cancel from another thread while a drain runs cuts that drain short, and
+  /// returns once that shutdown has finished. Blocks.
   void shutdown(ShutdownMode mode = ShutdownMode::drain);
 
   PipelineMetrics metrics() const;

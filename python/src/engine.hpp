@@ -27,6 +27,7 @@ struct EngineHolder final : ExitStoppable {
   std::shared_ptr<BindingStats> stats = std::make_shared<BindingStats>();
   int exit_order() const noexcept override { return 2; }
   void stop_at_exit() noexcept override { engine->shutdown(ShutdownMode::drain); }
+  void cancel_at_exit() noexcept override { engine->shutdown(ShutdownMode::cancel); }
 };
 
 /// The Python object.

@@ -37,6 +37,7 @@ struct PipelineHolder final : ExitStoppable {
   std::shared_ptr<BindingStats> stats = std::make_shared<BindingStats>();
   int exit_order() const noexcept override { return 1; }  // before the engines its stages use
   void stop_at_exit() noexcept override { pipeline->shutdown(ShutdownMode::drain); }
+  void cancel_at_exit() noexcept override { pipeline->shutdown(ShutdownMode::cancel); }
 };
 
 py::object item_value(const PipelineItem& item, const ItemBox& box) {

@@ -1,7 +1,13 @@
 // runtime.cpp — GIL hand-offs, deferred reference release, the exit hook (runtime.hpp).
 #include "runtime.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 
 #include <algorithm>
 #include <chrono>
@@ -107,6 +113,93 @@ std::atomic<std::uint64_t> g_reported{0};
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
+// ---- Ctrl-C during the exit drain ---------------------------------------------------------------
+
+// While the exit hook drains, the main thread waits in C++ without the GIL, so Python's own SIGINT
+// handler (which only sets a flag for the interpreter loop) would be seen after the drain.
+// ExitInterrupt takes SIGINT for that time: its handler writes to a pipe, a watcher thread reads
+// it and cancels every object; the hook then restores Python's handler. The interrupted exit
+// itself happens at the very end of finalization (interrupted_exit, a Py_AtExit function).
+std::atomic<bool> g_interrupted{false};
+std::atomic<int> g_interrupt_fd{-1};  // the pipe's write end while an ExitInterrupt is active
+
+void on_exit_sigint(int /*sig*/) {
+  const int saved = errno;
+  const char byte = 'i';
+  if (g_interrupt_fd >= 0) {
+    [[maybe_unused]] const ssize_t n = ::write(g_interrupt_fd, &byte, 1);
+  }
+  errno = saved;
+}
+
+// A Py_AtExit function: after Py_FinalizeEx has flushed sys.stdout and sys.stderr. Ends the
+// process as CPython ends one on an uncaught KeyboardInterrupt (Modules/main.c, exit_sigint).
+void interrupted_exit() {
+  if (!g_interrupted.load()) return;
+  std::fflush(nullptr);
+  ::signal(SIGINT, SIG_DFL);
+  ::kill(::getpid(), SIGINT);
+  ::_exit(128 + SIGINT);  // where the signal did not end it
+}
+
+class ExitInterrupt {
+ public:
+  /// Takes SIGINT (unless it is ignored) for `live`, which must outlive this.
+  explicit ExitInterrupt(const std::vector<std::shared_ptr<ExitStoppable>>& live) {
+    struct sigaction now {};
+    if (::sigaction(SIGINT, nullptr, &now) != 0 || now.sa_handler == SIG_IGN) return;
+    if (::pipe2(fds_, O_CLOEXEC) != 0) return;
+    g_interrupt_fd = fds_[1];
+    struct sigaction take {};
+    take.sa_handler = &on_exit_sigint;
+    sigemptyset(&take.sa_mask);
+    take.sa_flags = SA_RESTART;
+    if (::sigaction(SIGINT, &take, &old_) != 0) {
+      close_pipe();
+      return;
+    }
+    installed_ = true;
+    watcher_ = std::thread([this, &live] {
+      pthread_setname_np(pthread_self(), "asyncinfer-int");
+      char byte = 0;
+      for (;;) {
+        const ssize_t n = ::read(fds_[0], &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n != 1 || byte != 'i') return;  // 'q': the drain ended
+        if (g_interrupted.exchange(true)) continue;
+        static const char kSaid[] =
+            "KeyboardInterrupt: asyncinfer's exit drain was interrupted; the requests left are "
+            "cancelled\n";
+        [[maybe_unused]] const ssize_t w = ::write(STDERR_FILENO, kSaid, sizeof(kSaid) - 1);
+        for (const auto& obj : live) obj->cancel_at_exit();
+      }
+    });
+  }
+  ~ExitInterrupt() {
+    if (!installed_) return;
+    ::sigaction(SIGINT, &old_, nullptr);
+    const char byte = 'q';
+    [[maybe_unused]] const ssize_t n = ::write(fds_[1], &byte, 1);
+    watcher_.join();
+    g_interrupt_fd = -1;
+    close_pipe();
+  }
+  ExitInterrupt(const ExitInterrupt&) = delete;
+  ExitInterrupt& operator=(const ExitInterrupt&) = delete;
+
+ private:
+  void close_pipe() {
+    for (int& fd : fds_) {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+  }
+  int fds_[2] = {-1, -1};
+  struct sigaction old_ {};
+  bool installed_ = false;
+  std::thread watcher_;
+};
+
 void at_exit() {
   std::vector<std::shared_ptr<ExitStoppable>> live;
   {
@@ -118,6 +211,7 @@ void at_exit() {
   std::stable_sort(live.begin(), live.end(),
                    [](const auto& a, const auto& b) { return a->exit_order() < b->exit_order(); });
   without_gil([&] {
+    ExitInterrupt interrupt(live);  // a Ctrl-C meanwhile cancels what is left
     for (auto& obj : live) obj->stop_at_exit();
     join_reaper();
   });
@@ -248,6 +342,7 @@ void init_runtime(py::module_& m) {
   m.def("_at_exit", &at_exit,
         "Stops every engine and pipeline (drain). Registered with atexit; not for users.");
   py::module_::import("atexit").attr("register")(m.attr("_at_exit"));
+  Py_AtExit(&interrupted_exit);
 }
 
 }  // namespace asyncinfer::python

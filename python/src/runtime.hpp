@@ -20,7 +20,11 @@
 // (drain, bounded by its drain_timeout) with the GIL released, so callbacks still owed run; then
 // it sets exiting(). From then on no library thread calls into Python (a callback is dropped and
 // its references leaked), and a non-main thread that comes back from a blocking call parks
-// instead of taking the GIL of an interpreter that is being torn down.
+// instead of taking the GIL of an interpreter that is being torn down. A Ctrl-C (SIGINT) during
+// that drain cuts it short: the hook takes SIGINT for its duration (unless it is ignored), a
+// watcher thread then cancels every object (cancel_at_exit), and once the interpreter has
+// finalized (stdout flushed) the process ends as an uncaught KeyboardInterrupt ends CPython:
+// killed by SIGINT (a shell shows 130).
 //
 // Callbacks of an engine run on that engine's completion threads; LibraryGil marks them with
 // their engine (CallbackScope), so the binding refuses shutdown() from one (it would wait for
@@ -160,8 +164,11 @@ class ExitStoppable {
   virtual ~ExitStoppable() = default;
   /// Lower runs first (pipelines before the engines their stages use).
   virtual int exit_order() const noexcept = 0;
-  /// Stops the object; called without the GIL.
+  /// Stops the object (drain); called without the GIL.
   virtual void stop_at_exit() noexcept = 0;
+  /// Cuts that drain short (cancel): what is left ends at once. Called without the GIL, on
+  /// another thread while stop_at_exit() runs (a Ctrl-C during the exit drain).
+  virtual void cancel_at_exit() noexcept = 0;
 };
 void register_for_exit(const std::shared_ptr<ExitStoppable>& obj);
 void unregister_for_exit(const ExitStoppable* obj);

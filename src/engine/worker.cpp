@@ -65,7 +65,7 @@ Worker::Worker(int index, int intra_op_threads, EngineContext& ctx)
       breaker_(ctx.opt.breaker),
       spin_(ctx.opt.spin_wait) {}
 
-Status Worker::open() { return make_stream_and_instance(); }
+Status Worker::open() { return make_stream_and_instance(ctx_.opt.create_stop); }
 
 void Worker::start() {
   thread_ = std::jthread([this] { loop(); });
@@ -117,7 +117,7 @@ WorkerMetrics Worker::metrics() const {
   return wm;
 }
 
-Status Worker::make_stream_and_instance() {
+Status Worker::make_stream_and_instance(std::stop_token stop) {
   const std::string where = "worker " + std::to_string(index_);
   StreamOptions so;
   so.host_func_executor = &ctx_.completion_point;
@@ -142,6 +142,7 @@ Status Worker::make_stream_and_instance() {
   InstanceOptions io;
   io.worker_index = index_;
   io.intra_op_threads = intra_op_threads_;
+  io.stop = std::move(stop);
   Result<std::unique_ptr<ModelInstance>> instance = internal_error("no instance");
   try {
     instance = ctx_.model.create_instance(ctx_.device, **stream, io);

@@ -109,8 +109,9 @@ class Worker {
   // ---- the loop, launch and the completion point (worker.cpp) ---------------------------------
 
   void loop();
-  /// A new stream and model instance (at open() and on every recycle attempt).
-  Status make_stream_and_instance();
+  /// A new stream and model instance (at open() and on every recycle attempt). `stop`:
+  /// EngineOptions::create_stop at open(), none for a recycle.
+  Status make_stream_and_instance(std::stop_token stop = {});
   void launch(const std::shared_ptr<Batch>& batch);
   /// Builds the batch's inputs. Requests whose preparation throws fail alone and leave the batch.
   Status assemble(Batch& batch, BatchIO& io);

@@ -574,7 +574,19 @@ class PipelineCore {
   // ---- shutdown and metrics ---------------------------------------------------------------
 
   void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
-    std::lock_guard guard(shutdown_mu_);
+    std::unique_lock guard(shutdown_mu_, std::try_to_lock);
+    if (!guard.owns_lock()) {
+      // Another thread is shutting down: a cancel cuts its drain short (what is in flight ends
+      // now), then both wait for that shutdown to finish, as Engine::shutdown does.
+      if (mode == ShutdownMode::cancel) {
+        {
+          std::lock_guard lock(window_mu_);
+          cut_drain_ = true;
+        }
+        drain_cv_.notify_all();
+      }
+      guard.lock();
+    }
     if (shut_) return;
     {
       std::lock_guard lock(window_mu_);
@@ -584,8 +596,9 @@ class PipelineCore {
     bool drained = mode == ShutdownMode::drain;
     if (drained) {
       std::unique_lock lock(window_mu_);
-      drained = drain_cv_.wait_until(lock, deadline_after(drain_timeout),
-                                     [this] { return in_flight_ == 0; });
+      drain_cv_.wait_until(lock, deadline_after(drain_timeout),
+                           [this] { return in_flight_ == 0 || cut_drain_; });
+      drained = in_flight_ == 0;
     }
     if (!drained) {
       std::vector<ItemPtr> items;
@@ -697,6 +710,7 @@ class PipelineCore {
   std::int64_t in_flight_ = 0;
   std::int64_t max_in_flight_ = 0;
   bool stopping_ = false;
+  bool cut_drain_ = false;  ///< a cancel came during a drain (under window_mu_)
   std::optional<Clock::time_point> first_submit_;
   std::unordered_map<std::uint64_t, ItemPtr> active_;  // by PItem::id
   std::uint64_t next_id_ = 0;                          // under window_mu_

@@ -24,11 +24,45 @@ sigset_t shutdown_set() {
   return set;
 }
 
+/// StartupSignalWatch's wake-up, as the value of its own SIGTERM.
+constexpr int kWake = 0x57a7;
+
 const char* signal_name(int s) {
   return s == SIGTERM ? "SIGTERM" : s == SIGINT ? "SIGINT" : "signal";
 }
 
 }  // namespace
+
+StartupSignalWatch::StartupSignalWatch(std::function<void(int)> on_signal)
+    : thread_([this, on_signal = std::move(on_signal)] {
+        const sigset_t set = shutdown_set();
+        for (;;) {
+          siginfo_t info{};
+          const int s = sigwaitinfo(&set, &info);
+          if (s < 0) continue;
+          // The destructor's own wake-up (pthread_sigqueue with kWake): no signal of a user's is
+          // lost to it.
+          if (info.si_code == SI_QUEUE && info.si_value.sival_int == kWake &&
+              stopping_.load(std::memory_order_acquire)) {
+            return;
+          }
+          int none = 0;
+          if (signal_.compare_exchange_strong(none, s, std::memory_order_acq_rel) && on_signal) {
+            on_signal(s);
+          }
+        }
+      }) {}
+
+StartupSignalWatch::~StartupSignalWatch() {
+  stopping_.store(true, std::memory_order_release);
+  // Blocked in every thread: sigwaitinfo takes it, and tells it from a user's by its value.
+  sigval wake{};
+  wake.sival_int = kWake;
+  pthread_sigqueue(thread_.native_handle(), SIGTERM, wake);
+  thread_.join();
+}
+
+const char* StartupSignalWatch::name(int s) noexcept { return signal_name(s); }
 
 void block_shutdown_signals() {
   const sigset_t set = shutdown_set();

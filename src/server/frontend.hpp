@@ -27,11 +27,13 @@
 // once, from the thread that owns the frontends.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "asyncinfer/status.hpp"
 
@@ -84,6 +86,29 @@ class Frontend {
 void block_shutdown_signals();
 
 using LogLine = std::function<void(const std::string& line)>;
+
+/// Takes SIGTERM and SIGINT while the models load at start, before run_until_signalled does
+/// (block_shutdown_signals first): the first one runs `on_signal` with its number, on the
+/// watcher's own thread (e.g. to cancel the loads: RepositoryOptions::start_stop); later ones
+/// are taken and ignored. The destructor stops the watcher (blocks until it has ended).
+/// signal() is thread-safe.
+class StartupSignalWatch {
+ public:
+  explicit StartupSignalWatch(std::function<void(int)> on_signal);
+  ~StartupSignalWatch();
+  StartupSignalWatch(const StartupSignalWatch&) = delete;
+  StartupSignalWatch& operator=(const StartupSignalWatch&) = delete;
+
+  /// The signal that came (SIGTERM or SIGINT), or 0 while none has.
+  int signal() const noexcept { return signal_.load(std::memory_order_acquire); }
+  /// "SIGTERM", "SIGINT" or "signal".
+  static const char* name(int s) noexcept;
+
+ private:
+  std::atomic<int> signal_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
 
 /// Waits for SIGTERM or SIGINT, then runs the shutdown sequence above over `frontends` and
 /// returns the exit code (0). `drain_timeout` bounds steps 3 and 4 together.

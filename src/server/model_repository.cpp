@@ -443,7 +443,9 @@ bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
   return std::find(list.begin(), list.end(), v) != list.end();
 }
 
-void order_for_loading(const fs::path& root, std::vector<std::string>& names) {
+/// Returns how many of `names`, now in order, are plain models (those first; they do not depend
+/// on each other).
+std::size_t order_for_loading(const fs::path& root, std::vector<std::string>& names) {
   // Ensembles after the models they run, and after the ensembles they run (Triton loads an
   // ensemble's steps first): plain models in their order, then ensembles depth first.
   std::map<std::string, std::vector<std::string>> ensembles;  // name -> its steps' models
@@ -475,31 +477,38 @@ void order_for_loading(const fs::path& root, std::vector<std::string>& names) {
   };
   for (const auto& [name, steps] : ensembles) place(name);
   names = std::move(ordered);
+  return plain.size();
 }
 
 }  // namespace
 
 // ---- the control thread -------------------------------------------------------------------------
 
-/// One thread that runs the control calls in order, poll mode's scans between them, and the
-/// destruction of versions whose last reference went (ModelRepository::make_version).
+/// The control threads (RepositoryOptions::load_threads): they run the control calls, poll
+/// mode's scans, and the destruction of versions whose last reference went
+/// (ModelRepository::make_version). Calls of different models run at once; those of one model
+/// (its key) one at a time, in the order they were posted; a scan runs alone.
 class ModelRepository::Control {
  public:
   /// `run` is false when the repository stops before the job ran (answer unavailable).
   using Job = std::function<void(bool run)>;
 
-  void start(ModelRepository* repo, std::chrono::milliseconds poll) {
+  /// Starts `threads` threads (at least 1); poll mode scans every `poll` (0: never).
+  void start(ModelRepository* repo, std::chrono::milliseconds poll, int threads) {
     std::lock_guard lock(mu_);
-    thread_ = std::thread([this, repo, poll] { loop(repo, poll); });
+    next_poll_ = Clock::now() + poll;
+    for (int i = 0; i < std::max(1, threads); ++i) {
+      threads_.emplace_back([this, repo, poll] { loop(repo, poll); });
+    }
   }
 
-  /// Runs `job` on the control thread, after those posted before it; once the jobs have
-  /// stopped (stop_jobs), at once with run = false.
-  void post(Job job) {
+  /// Runs `job` on a control thread once every job of `key` posted before it has ended; once
+  /// the jobs have stopped (stop_jobs), at once with run = false.
+  void post(std::string key, Job job) {
     {
       std::lock_guard lock(mu_);
       if (accepting_) {
-        jobs_.push_back(std::move(job));
+        jobs_.push_back({std::move(key), std::move(job)});
         cv_.notify_all();
         return;
       }
@@ -507,12 +516,12 @@ class ModelRepository::Control {
     job(false);
   }
 
-  /// Destroys `v` on the control thread (never on one of its engine's threads, where ~Engine
-  /// would wait for itself); inline once the thread has stopped.
+  /// Destroys `v` on a control thread (never on one of its engine's threads, where ~Engine
+  /// would wait for itself); inline once the threads have stopped.
   void reap(ModelVersion* v) {
     {
       std::lock_guard lock(mu_);
-      if (thread_.joinable() && !stopped_) {
+      if (!threads_.empty() && !stopped_) {
         dead_.push_back(v);
         cv_.notify_all();
         return;
@@ -522,29 +531,31 @@ class ModelRepository::Control {
   }
 
   /// No job runs from now on: those queued get run = false (here), scans stop, and this
-  /// returns once the job running (if any) has ended. The thread goes on destroying versions.
+  /// returns once the jobs running (if any) have ended. The threads go on destroying versions.
   void stop_jobs() {
-    std::deque<Job> jobs;
+    std::deque<Queued> jobs;
     {
       std::unique_lock lock(mu_);
       accepting_ = false;
       jobs.swap(jobs_);
     }
-    for (Job& j : jobs) j(false);
+    for (Queued& j : jobs) j.job(false);
     std::unique_lock lock(mu_);
     cv_.notify_all();
-    cv_.wait(lock, [this] { return !busy_; });
+    cv_.wait(lock, [this] { return busy_ == 0; });
   }
 
-  /// stop_jobs(), then joins the thread; versions queued for destruction are destroyed.
+  /// stop_jobs(), then joins the threads; versions queued for destruction are destroyed.
   void stop() {
     stop_jobs();
+    std::vector<std::thread> threads;
     {
       std::lock_guard lock(mu_);
       stopped_ = true;
       cv_.notify_all();
+      threads.swap(threads_);
     }
-    if (thread_.joinable()) thread_.join();
+    for (std::thread& t : threads) t.join();
     std::deque<ModelVersion*> dead;
     {
       std::lock_guard lock(mu_);
@@ -554,8 +565,27 @@ class ModelRepository::Control {
   }
 
  private:
+  struct Queued {
+    std::string key;
+    Job job;
+  };
+
+  /// The first queued job whose key has no job running or queued before it (under mu_); none
+  /// while a scan runs.
+  std::deque<Queued>::iterator next_job_locked() {
+    if (polling_) return jobs_.end();
+    std::vector<const std::string*> ahead;
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      const bool blocked = running_.count(it->key) > 0 ||
+                           std::any_of(ahead.begin(), ahead.end(),
+                                       [&](const std::string* k) { return *k == it->key; });
+      if (!blocked) return it;
+      ahead.push_back(&it->key);
+    }
+    return jobs_.end();
+  }
+
   void loop(ModelRepository* repo, std::chrono::milliseconds poll) {
-    auto next_poll = Clock::now() + poll;
     std::unique_lock lock(mu_);
     for (;;) {
       if (!dead_.empty()) {
@@ -567,42 +597,51 @@ class ModelRepository::Control {
         continue;
       }
       if (stopped_) return;
-      if (!jobs_.empty()) {
-        Job job = std::move(jobs_.front());
-        jobs_.pop_front();
-        busy_ = true;
+      if (auto it = next_job_locked(); it != jobs_.end()) {
+        Queued job = std::move(*it);
+        jobs_.erase(it);
+        ++busy_;
+        running_.insert(job.key);
         lock.unlock();
-        job(true);
+        job.job(true);
         lock.lock();
-        busy_ = false;
+        running_.erase(running_.find(job.key));
+        --busy_;
         cv_.notify_all();
         continue;
       }
-      if (poll.count() <= 0 || !accepting_) {
+      if (poll.count() <= 0 || !accepting_ || polling_) {
         cv_.wait(lock);
         continue;
       }
-      if (cv_.wait_until(lock, next_poll) == std::cv_status::timeout && jobs_.empty() &&
-          dead_.empty() && !stopped_ && accepting_) {
-        busy_ = true;
+      // A scan runs alone: when it is due and no job runs or waits.
+      if (cv_.wait_until(lock, next_poll_) == std::cv_status::timeout && jobs_.empty() &&
+          dead_.empty() && !stopped_ && accepting_ && busy_ == 0 && !polling_ &&
+          Clock::now() >= next_poll_) {
+        polling_ = true;
+        ++busy_;
         lock.unlock();
         repo->poll();
         lock.lock();
-        busy_ = false;
+        polling_ = false;
+        --busy_;
         cv_.notify_all();
-        next_poll = Clock::now() + poll;
+        next_poll_ = Clock::now() + poll;
       }
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;
+  std::deque<Queued> jobs_;
+  std::multiset<std::string> running_;  ///< the keys of the jobs running
   std::deque<ModelVersion*> dead_;
+  Clock::time_point next_poll_;
   bool accepting_ = true;  ///< jobs are taken (false after stop_jobs)
-  bool busy_ = false;      ///< a job or a scan is running
-  bool stopped_ = false;   ///< the thread is to end
-  std::thread thread_;
+  int busy_ = 0;           ///< jobs and scans running
+  bool polling_ = false;   ///< a scan runs (no job starts meanwhile)
+  bool stopped_ = false;   ///< the threads are to end
+  std::vector<std::thread> threads_;
 };
 
 // ---- snapshots, epochs and publishing -----------------------------------------------------------
@@ -731,8 +770,11 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
                              (root / n).string());
     }
   }
-  order_for_loading(root, names);
-  for (const std::string& name : names) {
+  const std::size_t plain = order_for_loading(root, names);
+  // A signal during start-up (RepositoryOptions::start_stop) cuts the loads short.
+  std::stop_callback on_start_stop(repo->options_.start_stop,
+                                   [r = repo.get()] { r->cancel_loads(); });
+  auto load_one = [&](const std::string& name) {
     const bool wanted =
         all || std::find(o.load_models.begin(), o.load_models.end(), name) != o.load_models.end();
     if (!wanted) {
@@ -742,17 +784,33 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
       m->reason = "not loaded (--model-control-mode explicit: POST /v2/repository/models/" + name +
                   "/load loads it)";
       repo->publish(std::move(m));
-      continue;
+      return;
     }
     std::vector<ModelRef> replaced;
     Status status;
     if (auto m = repo->build(name, nullptr, std::nullopt, 0, &replaced, &status)) {
       repo->publish(std::move(m));
     }
+  };
+  // The plain models load_threads at a time (they do not depend on each other), then the
+  // ensembles in order, each after the models it runs.
+  {
+    std::atomic<std::size_t> next{0};
+    auto loader = [&] {
+      for (std::size_t i = next++; i < plain; i = next++) load_one(names[i]);
+    };
+    const std::size_t extra =
+        std::min<std::size_t>(static_cast<std::size_t>(std::max(1, o.load_threads)), plain);
+    std::vector<std::thread> threads;
+    for (std::size_t i = 1; i < extra; ++i) threads.emplace_back(loader);
+    loader();
+    for (std::thread& t : threads) t.join();
   }
-  repo->control_->start(repo.get(), o.control_mode == ModelControlMode::poll
-                                        ? o.poll_interval
-                                        : std::chrono::milliseconds(0));
+  for (std::size_t i = plain; i < names.size(); ++i) load_one(names[i]);
+  repo->control_->start(
+      repo.get(),
+      o.control_mode == ModelControlMode::poll ? o.poll_interval : std::chrono::milliseconds(0),
+      o.control_mode == ModelControlMode::poll ? 1 : o.load_threads);
   if (o.control_mode != ModelControlMode::none) {
     log("model control: " + std::string(to_string(o.control_mode)) +
         (o.control_mode == ModelControlMode::poll
@@ -906,6 +964,10 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
   std::error_code ec;
   auto open = [this](const std::string& spec) { return open_device_once(spec); };
+  // Its deadline, and what an unload or shutdown cancels it through.
+  TimerId deadline;
+  const std::shared_ptr<LoadTicket> ticket = start_load(name, epoch, &deadline);
+  const std::stop_token stop = ticket->stop.get_token();
   Status s = [&]() -> Status {
     if (plan->backend == ModelPlan::Backend::ensemble) return load_ensemble(*mv, *plan);
     if (options_.max_instances != 0 &&
@@ -970,13 +1032,19 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       // changes are pushed to the observers (on_change), not polled.
       EngineOptions eo = plan->engine;
       eo.on_health_change = [observers = observers_] { observers->notify(); };
+      eo.create_stop = stop;  // a Python instance's initialize() is cut short
       auto engine = Engine::create(*model, *device, std::move(eo));
       if (!engine.ok()) {
         last = engine.status();
+        if (stop.stop_requested()) break;  // cancelled: no other device is tried
         continue;
       }
-      // While it loads (its warm-up may be long), shutdown() can cancel it.
+      // While it loads (its warm-up may be long), shutdown() and an unload can cancel it, and so
+      // can its deadline.
       LoadingEngine loading(*this, name, engine->get(), epoch);
+      Engine* e = engine->get();
+      std::stop_callback on_deadline(
+          stop, [e] { e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); });
       // Triton: a version turns ready only after its warm-up ran; a failed one leaves it
       // UNAVAILABLE with the reason (and its engine is shut down here).
       ASYNCINFER_RETURN_IF_ERROR(
@@ -995,6 +1063,16 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     }
     return last;
   }();
+  end_load(ticket, deadline);
+  if (ticket->timed_out.load()) {
+    const auto secs = std::chrono::duration<double>(options_.load_timeout).count();
+    std::ostringstream text;
+    text << "the load took longer than --model-load-timeout (" << secs << " s) and was cancelled";
+    if (!s.ok()) text << ": " << s.message();
+    s = deadline_exceeded_error(text.str());
+    mv->engine.reset();
+    mv->ensemble.reset();
+  }
   if (s.ok() && mv->ensemble) {
     mv->state = ModelState::ready;
     log(head + "READY (ensemble of " + std::to_string(mv->ensemble->steps.size()) + " steps)");
@@ -1168,6 +1246,10 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
     for (const auto& [model, e] : loading_) {
       if (model == name) e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
     }
+    // Before its engine exists (a Python instance's initialize() runs): its stop token.
+    for (const auto& t : loads_) {
+      if (t->model == name) t->stop.request_stop();
+    }
   }
   if (done) done(Status());
   if (versions.empty()) return;
@@ -1219,11 +1301,13 @@ void ModelRepository::load_model(std::string name, std::optional<std::string> co
   }
   if (Status s = check_model_name(name); !s.ok()) return done(s);
   const std::uint64_t epoch = epoch_of(name);  // an unload after this call wins over it
-  control_->post([this, name = std::move(name), config_json = std::move(config_json), epoch,
+  std::string key = name;
+  control_->post(std::move(key),
+                 [this, name = std::move(name), config_json = std::move(config_json), epoch,
                   done = std::move(done)](bool run) {
-    if (!run) return done(unavailable_error("the server is shutting down"));
-    reload(name, config_json, epoch, done);
-  });
+                   if (!run) return done(unavailable_error("the server is shutting down"));
+                   reload(name, config_json, epoch, done);
+                 });
 }
 
 void ModelRepository::unload_model(std::string name, Done done) {
@@ -1334,9 +1418,47 @@ ModelRepository::LoadingEngine::~LoadingEngine() {
   repo_.loading_.erase(it);
 }
 
-void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+std::shared_ptr<ModelRepository::LoadTicket> ModelRepository::start_load(const std::string& model,
+                                                                         std::uint64_t epoch,
+                                                                         TimerId* deadline) {
+  auto ticket = std::make_shared<LoadTicket>();
+  ticket->model = model;
+  {
+    std::lock_guard lock(draining_mu_);
+    loads_.push_back(ticket);
+  }
+  // As LoadingEngine: an unload or shutdown that came before the registration found nothing.
+  if (stopping_.load() || epoch_of(model) != epoch) ticket->stop.request_stop();
+  if (options_.load_timeout != std::chrono::milliseconds::max()) {
+    *deadline = load_timer_.add(Clock::now() + options_.load_timeout, [ticket] {
+      ticket->timed_out.store(true);
+      ticket->stop.request_stop();
+    });
+  }
+  return ticket;
+}
+
+void ModelRepository::end_load(const std::shared_ptr<LoadTicket>& ticket, TimerId deadline) {
+  if (deadline) load_timer_.cancel(deadline);
+  std::lock_guard lock(draining_mu_);
+  auto it = std::find(loads_.begin(), loads_.end(), ticket);
+  if (it != loads_.end()) loads_.erase(it);
+}
+
+void ModelRepository::cancel_loads() {
   stopping_.store(true);
+  std::lock_guard lock(draining_mu_);
+  for (const auto& t : loads_) t->stop.request_stop();
+  for (const auto& [model, e] : loading_) {
+    e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+  }
+}
+
+void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
   const auto deadline = Clock::now() + drain_timeout;
+  // Loads serve no one: cancelled first, so that a hanging one (a model.py's initialize()) ends
+  // while the serving engines drain.
+  cancel_loads();
   // The versions that serve (and those unloading) get `mode` within `drain_timeout`.
   auto engines_down = [&] {
     std::vector<ModelRef> all;
@@ -1365,6 +1487,7 @@ void ModelRepository::shutdown(ShutdownMode mode, std::chrono::milliseconds drai
       for (const auto& [model, e] : loading_) {
         e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
       }
+      for (const auto& t : loads_) t->stop.request_stop();
       if (mode == ShutdownMode::drain) {
         drains_cv_.wait_until(lock, deadline, [this] {
           return std::all_of(drains_.begin(), drains_.end(),

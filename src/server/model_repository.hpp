@@ -10,20 +10,26 @@
 //
 // Design: the served set is an immutable RepositorySnapshot behind a shared_ptr; a change (Triton's
 // model control: a load, an unload, a poll that found changed files) builds the next snapshot on
-// the repository's one control thread and swaps it in, so lookups take no lock but the swap's.
+// one of the repository's control threads and swaps it in (publishing one model replaces only its
+// entry, under snapshot_mu_, so loads of different models run at once), so lookups take no lock
+// but the swap's.
 // A request holds its ModelVersion by ModelRef (shared_ptr) from lookup to response: a version
 // replaced or unloaded meanwhile stays whole until its last request ends. A reload loads the new
 // versions beside the serving ones, swaps only once they are ready, and then drains the old ones
 // (Engine::shutdown(drain)); a version that fails to load leaves the one it was to replace
 // serving, with the reason in the index (ServedModel::load_error) and the log. A version whose
-// last reference goes is destroyed on the control thread, never on one of its engine's threads.
+// last reference goes is destroyed on a control thread, never on one of its engine's threads.
 // A model whose config is bad, or a version whose file or engine fails, is kept with state
 // UNAVAILABLE and the reason, and logged; the others serve. Devices are opened once per spec and
 // shared by the engines on them.
 //
-// Thread safety: every member may be called from any thread. Loads (and poll mode's scans) run
-// one at a time, in order, on the control thread; an unload takes effect at once, on the
-// caller's thread.
+// Thread safety: every member may be called from any thread. Loads run on the control threads
+// (RepositoryOptions::load_threads): those of different models at once, those of one model one
+// at a time in the order they were asked for; poll mode's scans run alone. An unload takes effect
+// at once, on the caller's thread, and cuts a load of the same model short. Every load has a
+// deadline (RepositoryOptions::load_timeout); a load past it, unloaded or shut down meanwhile is
+// cancelled through one stop token (EngineOptions::create_stop: a Python instance's process is
+// killed; a warm-up's engine is shut down).
 #pragma once
 
 #include <atomic>
@@ -37,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -44,6 +51,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
+#include "asyncinfer/executor.hpp"
 #include "asyncinfer/status.hpp"
 #include "ensemble.hpp"
 #include "observers.hpp"
@@ -88,6 +96,20 @@ struct RepositoryOptions {
   /// Bytes the inputs of one warm-up sample may take (the serve command gives
   /// --max-inflight-bytes: a warm-up request is a request); more is refused at load. 0 = no limit.
   std::size_t max_warmup_bytes = 0;
+  /// How long one model version's load may take (--model-load-timeout): the model file, every
+  /// instance's creation (a Python model's initialize()) and the warm-up. Past it the load is
+  /// cancelled (a Python instance's process is killed) and the version is UNAVAILABLE with a
+  /// reason naming the timeout. max() = no limit.
+  std::chrono::milliseconds load_timeout{600'000};
+  /// Loads that run at once (--model-load-thread-count, Triton's flag and default): the models
+  /// of the repository at start, and the load calls of explicit mode, each model's own in the
+  /// order they came. At least 1.
+  int load_threads = 4;
+  /// Cancels the loads at start (ModelRepository::load; a signal during start-up): the loads
+  /// running are cut short as shutdown() cuts them, the models not loaded yet are left
+  /// UNAVAILABLE ("the server is shutting down"), and load() returns once those running have
+  /// ended. Default: never fires.
+  std::stop_token start_stop;
 };
 
 /// A ModelVersion's `retired`: an atomic flag that a version being made can be moved with (the
@@ -217,7 +239,7 @@ struct RepositorySnapshot {
 class ModelRepository {
  public:
   using Log = std::function<void(const std::string& line)>;
-  /// A control call's outcome, called once: a load's on the control thread; an unload's, and a
+  /// A control call's outcome, called once: a load's on a control thread; an unload's, and a
   /// call refused at once, on the caller's.
   using Done = std::function<void(const Status&)>;
 
@@ -229,7 +251,7 @@ class ModelRepository {
   static Result<std::unique_ptr<ModelRepository>> load(const std::filesystem::path& root,
                                                        const Log& log,
                                                        RepositoryOptions options = {});
-  /// Stops the control thread (a call still queued gets unavailable) and every engine.
+  /// Stops the control threads (a call still queued gets unavailable) and every engine.
   ~ModelRepository();
   ModelRepository(const ModelRepository&) = delete;
   ModelRepository& operator=(const ModelRepository&) = delete;
@@ -346,6 +368,25 @@ class ModelRepository {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
+
+  /// One version's load in progress: what an unload of its model, shutdown() and its deadline
+  /// (load_timer_) cancel. Registered for the whole of load_version (under draining_mu_).
+  struct LoadTicket {
+    std::string model;
+    std::stop_source stop;
+    std::atomic<bool> timed_out{false};  ///< its deadline cancelled it
+  };
+  /// Registers a load of `model` asked for at `epoch`: cancelled at once when the model was
+  /// unloaded since or the server stops (as LoadingEngine), and when `load_timeout` passes.
+  std::shared_ptr<LoadTicket> start_load(const std::string& model, std::uint64_t epoch,
+                                         TimerId* deadline);
+  void end_load(const std::shared_ptr<LoadTicket>& ticket, TimerId deadline);
+  /// No load starts from now on (stopping_) and those running are cancelled: their tickets, and
+  /// the engines warming up. What shutdown() does first; load()'s start_stop does it too.
+  void cancel_loads();
+  std::vector<std::shared_ptr<LoadTicket>> loads_;  ///< under draining_mu_
+  /// The loads' deadlines.
+  DeadlineTimer load_timer_{"ai-load-timer"};
 
   /// Versions replaced or unloaded whose engines are draining, the threads draining them, and
   /// the engines being loaded (shutdown() cuts them all short).

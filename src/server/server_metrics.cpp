@@ -24,6 +24,9 @@ void ProtocolMetrics::connection_closed() noexcept {
 void ProtocolMetrics::connection_rejected() noexcept {
   rejected_.fetch_add(1, std::memory_order_relaxed);
 }
+void ProtocolMetrics::stream_stalled() noexcept {
+  stalled_streams_.fetch_add(1, std::memory_order_relaxed);
+}
 std::uint64_t ProtocolMetrics::requests(std::size_t index) const noexcept {
   return index < requests_.size() ? requests_[index].load(std::memory_order_relaxed) : 0;
 }
@@ -36,6 +39,10 @@ void ProtocolMetrics::collect(metrics::Families& out) const {
     out.counter(p + "requests_total", help, {{labels_.name, labels_.values[i]}},
                 static_cast<double>(requests(i)));
   }
+  out.counter(p + "stalled_streams_total",
+              "Response streams (gRPC ModelStreamInfer, HTTP generate_stream) cancelled because "
+              "the client read nothing for --idle-timeout; their requests were cancelled",
+              {}, static_cast<double>(stalled_streams()));
   if (connections_families_) collect_connections(p, out);
   collect_latency(p, out);
 }

@@ -45,6 +45,9 @@ class ProtocolMetrics {
   void connection_closed() noexcept;
   /// A connection refused, e.g. over the connection limit.
   void connection_rejected() noexcept;
+  /// A response stream (gRPC ModelStreamInfer, HTTP generate_stream) cancelled because its
+  /// client read nothing for the idle timeout (--idle-timeout): its requests were cancelled.
+  void stream_stalled() noexcept;
   /// Server-side time of one inference request, from the request read in full to the response
   /// handed to the transport, in µs.
   void observe_infer_us(double us) noexcept { infer_us_.observe(us); }
@@ -53,6 +56,9 @@ class ProtocolMetrics {
     return active_.load(std::memory_order_relaxed);
   }
   std::uint64_t requests(std::size_t index) const noexcept;
+  std::uint64_t stalled_streams() const noexcept {
+    return stalled_streams_.load(std::memory_order_relaxed);
+  }
   HistogramSnapshot infer_us() const { return infer_us_.snapshot(); }
   const std::string& protocol() const noexcept { return protocol_; }
 
@@ -70,6 +76,7 @@ class ProtocolMetrics {
   std::atomic<std::int64_t> active_{0};
   std::atomic<std::uint64_t> connections_{0};
   std::atomic<std::uint64_t> rejected_{0};
+  std::atomic<std::uint64_t> stalled_streams_{0};
   Histogram infer_us_;
 };
 

@@ -163,3 +163,43 @@ def test_engines_dropped_in_their_callbacks_share_one_reaper_thread():
     check(r)
     assert "reapers 1 1\n" in r.stdout, r.stdout[-2000:]
     assert r.stdout.count(" list\n") == 100, r.stdout[-2000:]
+
+
+def test_ctrl_c_during_the_exit_drain_cancels_what_is_left():
+    # 1,000 queued requests of 50 ms on one worker: the exit hook would drain them for its
+    # drain_timeout (30 s). The first Ctrl-C cancels what is left; the process ends at once, as an
+    # uncaught KeyboardInterrupt ends Python (killed by SIGINT: 130 in a shell).
+    import select
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    code = """
+        import numpy as np, asyncinfer
+        e = asyncinfer.Engine("builtin:fixed_cost?per_item_us=50000", "cpu", workers=1,
+                              queue_capacity=20000)
+        x = np.zeros((1, 4), np.float32)
+        futures = [e.submit(x) for _ in range(1000)]
+        print("leaving", flush=True)
+    """
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], 60)
+        assert ready and p.stdout.readline() == "leaving\n"
+        time.sleep(1.0)  # the exit drain runs now
+        start = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=20)
+        took = time.monotonic() - start
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    print("exit %d, %.2f s after the Ctrl-C" % (p.returncode, took))
+    assert took < 5, took
+    assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err[-2000:])
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    for sign in ("terminate called", "Fatal Python error", "Segmentation fault", "core dumped"):
+        assert sign not in err, err[-4000:]

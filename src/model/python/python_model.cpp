@@ -148,7 +148,11 @@ class PythonModel final : public Model {
     slot->setup = setup_;
     // Triton's instance names: <model>_<group>_<index>.
     slot->instance_name = setup_->model_name + "_0_" + std::to_string(options.worker_index);
-    ASYNCINFER_ASSIGN_OR_RETURN(slot->process, PythonProcess::start(setup_, slot->instance_name));
+    // A caller that can abandon the creation (a model server's load, with its own deadline)
+    // bounds initialize() itself.
+    const bool bounded = options.stop.stop_possible();
+    ASYNCINFER_ASSIGN_OR_RETURN(
+        slot->process, PythonProcess::start(setup_, slot->instance_name, &options.stop, bounded));
     return std::unique_ptr<ModelInstance>(std::make_unique<PythonInstance>(std::move(slot)));
   }
 

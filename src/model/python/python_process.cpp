@@ -139,9 +139,9 @@ struct PythonProcess::Message {
 
 Result<std::unique_ptr<PythonProcess>> PythonProcess::start(
     std::shared_ptr<const PythonSetup> setup, std::string instance_name,
-    const std::stop_token* stop) {
+    const std::stop_token* stop, bool stop_bounds_initialize) {
   std::unique_ptr<PythonProcess> p(new PythonProcess(std::move(setup), std::move(instance_name)));
-  ASYNCINFER_RETURN_IF_ERROR(p->spawn(stop));
+  ASYNCINFER_RETURN_IF_ERROR(p->spawn(stop, stop_bounds_initialize));
   return p;
 }
 
@@ -150,7 +150,7 @@ Status PythonProcess::fail(StatusCode code, const std::string& what) {
       code, "python model '" + setup_->model_name + "' instance " + instance_name_ + ": " + what);
 }
 
-Status PythonProcess::spawn(const std::stop_token* stop) {
+Status PythonProcess::spawn(const std::stop_token* stop, bool stop_bounds_initialize) {
   const PythonSetup& s = *setup_;
   buffer_.assign(kMaxMessage, '\0');
   wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -240,8 +240,17 @@ Status PythonProcess::spawn(const std::stop_token* stop) {
   };
   json init = {{"op", "init"}, {"args", std::move(args)}, {"model_py", s.model_py}};
   ASYNCINFER_RETURN_IF_ERROR(send_message(init.dump()));
-  Result<Message> m = receive(stop, Clock::now() + s.initialize_timeout);
+  // initialize has no requests to finish: a stop kills it at once (no grace).
+  const Clock::time_point until = stop != nullptr && stop_bounds_initialize
+                                      ? Clock::time_point::max()
+                                      : Clock::now() + s.initialize_timeout;
+  Result<Message> m = receive(stop, until, std::chrono::milliseconds(0));
   if (!m.ok()) {
+    if (stop != nullptr && stop->stop_requested()) {
+      kill_and_reap();
+      return fail(StatusCode::cancelled,
+                  "initialize() was cut short (its load was cancelled); the process was killed");
+    }
     if (m.status().code() == StatusCode::deadline_exceeded) {
       kill_and_reap();
       return fail(StatusCode::unavailable, "initialize did not return within " +
@@ -326,8 +335,9 @@ Status PythonProcess::send_message(const std::string& text, int fd) {
   }
 }
 
-Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* stop,
-                                                      Clock::time_point deadline) {
+Result<PythonProcess::Message> PythonProcess::receive(
+    const std::stop_token* stop, Clock::time_point deadline,
+    std::optional<std::chrono::milliseconds> grace) {
   auto wake = [fd = wake_] {
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof(one));
@@ -366,7 +376,7 @@ Result<PythonProcess::Message> PythonProcess::receive(const std::stop_token* sto
       [[maybe_unused]] const ssize_t got = ::read(wake_, &n, sizeof(n));
       if (stop != nullptr && stop->stop_requested()) {
         stopping_ = true;  // once per batch: later messages do not renew the grace period
-        grace_end_ = Clock::now() + setup_->stop_grace;
+        grace_end_ = Clock::now() + grace.value_or(setup_->stop_grace);
       }
       continue;
     }

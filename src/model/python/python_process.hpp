@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -56,13 +57,16 @@ struct PythonSetup {
 
 class PythonProcess {
  public:
-  /// Starts the process and runs model.py's initialize(args). unavailable with the traceback's
-  /// last line when initialize (or the import of model.py) raises, or the process exits or does
-  /// not answer within initialize_timeout (or `stop`, if given, fires: after stop_grace); the
-  /// process is then gone.
+  /// Starts the process and runs model.py's initialize(args). Blocks until initialize returns.
+  /// unavailable with the traceback's last line when initialize (or the import of model.py)
+  /// raises, or the process exits or does not answer within initialize_timeout; cancelled at
+  /// once when `stop` (if given) fires. The process is then killed and gone.
+  /// `stop_bounds_initialize`: the caller bounds initialize with `stop` (a model server's load
+  /// deadline), so PythonSetup::initialize_timeout does not apply.
   static Result<std::unique_ptr<PythonProcess>> start(std::shared_ptr<const PythonSetup> setup,
                                                       std::string instance_name,
-                                                      const std::stop_token* stop = nullptr);
+                                                      const std::stop_token* stop = nullptr,
+                                                      bool stop_bounds_initialize = false);
   /// Asks model.py to finalize() (up to stop_grace) unless the process is stuck, then kills it
   /// and reaps it.
   ~PythonProcess();
@@ -86,12 +90,14 @@ class PythonProcess {
   PythonProcess(std::shared_ptr<const PythonSetup> setup, std::string instance_name)
       : setup_(std::move(setup)), instance_name_(std::move(instance_name)) {}
 
-  Status spawn(const std::stop_token* stop);
+  Status spawn(const std::stop_token* stop, bool stop_bounds_initialize);
   Status send_message(const std::string& text, int fd = -1);
-  /// The next message. `stop` (may be null) starts the grace period (once per batch: the
-  /// messages that come meanwhile do not renew it); `deadline` bounds the wait.
+  /// The next message. `stop` (may be null) starts the grace period (`grace`, default
+  /// PythonSetup::stop_grace; once per batch: the messages that come meanwhile do not renew it);
+  /// `deadline` bounds the wait.
   Result<Message> receive(const std::stop_token* stop,
-                          std::chrono::steady_clock::time_point deadline);
+                          std::chrono::steady_clock::time_point deadline,
+                          std::optional<std::chrono::milliseconds> grace = std::nullopt);
   /// execute() after its checks: the conversation (nlohmann's exceptions pass through).
   Status execute_messages(BatchIO& io, const std::stop_token& stop);
   /// Marks the process unusable, kills it and describes how it ended ("exited with status 1",

@@ -66,6 +66,13 @@ struct GrpcOptions {
   std::size_t max_message_bytes = 64u << 20;
   /// Requests of one stream running at once; reading pauses at the limit.
   std::size_t max_stream_inflight = 256;
+  /// A ModelStreamInfer response whose write makes no progress for this long (the client reads
+  /// nothing, so HTTP/2 flow control holds the write) cancels the stream: its requests are
+  /// cancelled in the engine (a decoupled model waiting for room stops, its worker is freed),
+  /// the HTTP/2 stream is reset (the client sees CANCELLED), and
+  /// asyncinfer_grpc_stalled_streams_total counts it. 0 = never. The serve command passes
+  /// --idle-timeout, as for HTTP's generate_stream.
+  std::chrono::milliseconds stream_stall_timeout{0};
   /// GRPC_ARG_MAX_CONNECTION_AGE_MS: a connection older than this gets GOAWAY (its calls go on for
   /// max_connection_age_grace), so clients reconnect and a connection-level (L4) balancer spreads
   /// them again. 0 = never.

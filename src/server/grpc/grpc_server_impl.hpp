@@ -27,6 +27,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "asyncinfer/executor.hpp"
 #include "grpc_acceptor.hpp"
 #include "grpc_server.hpp"
 #include "grpc_service.grpc.pb.h"
@@ -196,6 +197,9 @@ struct GrpcServer::Impl {
   }
   void remove(Call* c) { remove(c, calls); }
   std::function<void()> on_closed;  ///< Frontend::closed of the GrpcServer (set before start)
+  /// The streams' write watchdogs (GrpcOptions::stream_stall_timeout); a timer holds a reference
+  /// to its call, and every call has ended (OnDone) before this goes.
+  DeadlineTimer stall_timer{"ai-grpc-stall"};
   /// The calls of `set` now, each with a reference the caller releases.
   std::vector<Call*> snapshot(const std::unordered_set<Call*>& set) {
     std::lock_guard lock(mu);

@@ -1,13 +1,25 @@
 // ModelStreamInfer's reactor (StreamCall): Triton's bidirectional stream of inference requests,
 // read one after another while earlier ones run, each answered when it completes (grpc_server.hpp
 // has the design; the locking rule is on the class).
+//
+// A client that stops reading holds a write for ever (HTTP/2 flow control), and with it the
+// stream's requests: a decoupled model waits for room (back-pressure) on its worker. The write
+// watchdog ends that: a write pending longer than GrpcOptions::stream_stall_timeout (the serve
+// command's --idle-timeout) cancels the stream as a client's cancel would (its requests are
+// cancelled, the worker freed) and resets the HTTP/2 stream; the metrics count it
+// (asyncinfer_grpc_stalled_streams_total). One timer per stream at most, armed when a write
+// starts with none armed, and re-armed when it fires at the deadline of the write pending then
+// (a moving deadline, as the HTTP session's), so that a steady reader costs no timer per write.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "grpc_server_impl.hpp"
@@ -110,7 +122,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnCancel() override {
-    account_.cancelled();
+    // The server's own cancel of a stalled stream is not the client's reset.
+    if (!stalled_.load(std::memory_order_acquire)) account_.cancelled();
     {
       std::lock_guard lock(mu_);
       // Once cut off (a failed write) or finished, a cancel changes nothing more.
@@ -131,6 +144,13 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       std::lock_guard lock(ctx_mu_);
       done_ = true;
     }
+    TimerId watchdog;
+    {
+      std::lock_guard lock(mu_);
+      watchdog = std::exchange(watchdog_, TimerId());
+    }
+    // A timer disarmed here will not run: its reference is dropped with its function.
+    if (watchdog) impl_.stall_timer.cancel(watchdog);
     // Everything before Finish happened under mu_: taking it orders the destructor after it for
     // ThreadSanitizer as well (gRPC's own synchronization is not instrumented).
     { std::lock_guard lock(mu_); }
@@ -161,7 +181,62 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     bool read = false;
     grpc::ByteBuffer* write = nullptr;
     std::optional<grpc::Status> finish;
+    /// Arm the write watchdog for this time (next_locked() marked it armed).
+    std::optional<Clock::time_point> watch;
   };
+
+  /// The write watchdog fired (on the stall timer's thread): a write pending since before
+  /// `stall_timeout` ago cancels the stream; one pending for less re-arms it at its deadline;
+  /// none pending leaves it disarmed (the next write arms it).
+  void on_watchdog() {
+    const auto timeout = impl_.opt.stream_stall_timeout;
+    std::optional<Clock::time_point> again;
+    bool stalled = false;
+    {
+      std::lock_guard lock(mu_);
+      watchdog_ = TimerId();
+      if (end_ == StreamEnd::finished || cut_off_locked() || !writing_) {
+        watchdog_armed_ = false;  // the next write arms it
+        return;
+      }
+      const Clock::time_point due = write_started_ + timeout;
+      if (Clock::now() < due) {
+        again = due;
+      } else {
+        // As a client's cancel: nothing more is written, what runs is cancelled.
+        watchdog_armed_ = false;
+        stalled = true;
+        stalled_.store(true, std::memory_order_release);
+        set_end(StreamEnd::cancelled);
+        drop_queued_locked();
+      }
+    }
+    if (again) return arm_watchdog(*again);
+    if (!stalled) return;
+    impl_.metrics.stream_stalled();
+    cancel_inflight();
+    // Resets the HTTP/2 stream: the pending write ends (ok = false), then Finish, then OnDone.
+    on_stop();
+    Actions a;
+    {
+      std::lock_guard lock(mu_);
+      a = next_locked();
+    }
+    run(a);
+  }
+
+  /// Arms the watchdog at `when`; the timer holds a reference to this call until its function
+  /// has run or is destroyed unrun (cancelled by OnDone, or the timer shut down).
+  void arm_watchdog(Clock::time_point when) {
+    ref();
+    std::shared_ptr<StreamCall> hold(this, [](StreamCall* c) { c->release(); });
+    std::lock_guard lock(mu_);
+    if (end_ == StreamEnd::finished) {
+      watchdog_armed_ = false;
+      return;  // `hold` lets go
+    }
+    watchdog_ = impl_.stall_timer.add(when, [hold = std::move(hold)] { hold->on_watchdog(); });
+  }
 
   void handle(ParsedInfer message) {
     const Clock::time_point start = Clock::now();
@@ -346,6 +421,11 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (!writing_ && !queue_.empty() && !cut_off_locked()) {
       writing_ = true;
       a.write = &queue_.front();
+      write_started_ = Clock::now();
+      if (!watchdog_armed_ && impl_.opt.stream_stall_timeout.count() > 0) {
+        watchdog_armed_ = true;
+        a.watch = write_started_ + impl_.opt.stream_stall_timeout;
+      }
     }
     // End once nothing is running or waiting to be written; a read may still be pending when the
     // stream is cancelled or drained (it then completes with ok = false).
@@ -375,6 +455,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   bool cut_off_locked() const { return end_ == StreamEnd::cancelled || end_ == StreamEnd::broken; }
 
   void run(Actions& a) {
+    if (a.watch) arm_watchdog(*a.watch);
     if (a.read) StartRead(&read_buf_);
     if (a.write != nullptr) StartWrite(a.write);
     if (a.finish) {
@@ -408,6 +489,14 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   /// A write is pending (queue_.front()). An outstanding operation beside the states above, not
   /// a state of its own: a write may be pending in every end state before finished.
   bool writing_ = false;
+  /// When the pending write started (the write watchdog's measure of progress).
+  Clock::time_point write_started_;
+  /// The write watchdog: armed (a timer is pending or its function runs; cleared when it finds
+  /// no write pending) and the pending timer's id (OnDone disarms it).
+  bool watchdog_armed_ = false;
+  TimerId watchdog_;
+  /// The watchdog cancelled the stream (OnCancel then counts no client reset).
+  std::atomic<bool> stalled_{false};
 
   std::mutex ctx_mu_;
   /// OnDone has run: ctx_ is gone (under ctx_mu_, not mu_, so it cannot join the states above;

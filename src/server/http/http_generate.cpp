@@ -11,8 +11,11 @@
 // Back-pressure: the model's responses wait in an EventQueue of at most kMaxQueuedEvents
 // events; when it is full the model's send waits (RequestOptions::on_response), so a client that
 // reads slowly slows its model down and the server's memory stays bounded. A client that goes
-// away (a read or write error, or --idle-timeout without progress on a write) ends the queue:
-// the waiting send returns cancelled and the request is cancelled in the engine.
+// away (a read or write error) ends the queue: the waiting send returns cancelled and the request
+// is cancelled in the engine; so does one that takes no byte of the stream for --idle-timeout
+// (a progress check armed with the first write and not moved by the later ones, since the
+// kernel takes writes for a while from a client that reads nothing; counted as a stalled
+// stream).
 #include <cstring>
 
 #include "http_server_impl.hpp"
@@ -335,18 +338,20 @@ void Session::pump_events() {
     keep_alive_ = keep;
     sse_header_->chunked(true);
     sse_serializer_.emplace(*sse_header_);
-    set_deadline(impl_.opt.idle_timeout);
+    arm_stream_check();
     http::async_write_header(socket_, *sse_serializer_,
-                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                             [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                               self->written_ += n;
                                self->on_event_written(ec, false);
                              });
     return;
   }
   if (!sse_pending_.empty()) {
     sse_writing_ = true;
-    set_deadline(impl_.opt.idle_timeout);
+    arm_stream_check();
     net::async_write(socket_, http::make_chunk(net::buffer(sse_pending_.front())),
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                     [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                       self->written_ += n;
                        self->on_event_written(ec, true);
                      });
     return;
@@ -354,14 +359,17 @@ void Session::pump_events() {
   if (sse_ == SseState::final) {
     set_sse(SseState::last);
     sse_writing_ = true;
-    set_deadline(impl_.opt.idle_timeout);
+    arm_stream_check();
     net::async_write(socket_, http::make_chunk_last(),
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                     [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                       self->written_ += n;
                        self->on_event_written(ec, false);
                      });
     return;
   }
-  clear_deadline();  // waiting for the model, whose own deadline applies
+  // Waiting for the model, whose own deadline applies; while the kernel still holds events the
+  // client has not taken, the progress check stays armed.
+  if (unsent_bytes() == 0) clear_deadline();
 }
 
 void Session::on_event_written(beast::error_code ec, bool event) {

@@ -260,8 +260,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void start_timer(Clock::time_point at);
   void on_timer(beast::error_code ec);
 
-  /// Bytes written to the socket that the kernel has not sent yet (0 when unknown).
+  /// Bytes written to the socket that the client has not acknowledged yet (the kernel's send
+  /// queue, TIOCOUTQ: unsent and in flight; 0 when unknown).
   std::size_t unsent_bytes();
+  /// Bytes the client has taken of what this session wrote (written_ less unsent_bytes()).
+  std::uint64_t taken_bytes();
+  /// generate_stream: arms the progress check unless armed (a write does not move it, so that a
+  /// client that reads nothing is found even while the kernel still takes the writes).
+  void arm_stream_check();
 
   /// Stops sending, then reads and discards what the client still sends (for up to kLinger)
   /// before closing, so that it reads the answer rather than a connection reset.
@@ -290,7 +296,10 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point timer_at_;
   /// A wait of timer_ is pending (an outstanding operation, whatever the phase; not a phase).
   bool timer_waiting_ = false;
-  std::size_t unsent_at_last_timeout_ = 0;
+  /// Bytes this session's writes handed to the kernel (the serializer's and generate_stream's);
+  /// less what the kernel still holds (unsent_bytes), what the client has taken: its progress.
+  std::uint64_t written_ = 0;
+  std::uint64_t taken_at_last_timeout_ = 0;
   unsigned version_ = 11;
   /// The current request's method (HEAD is answered without a body); unknown until its header.
   http::verb method_ = http::verb::unknown;

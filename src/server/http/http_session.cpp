@@ -287,7 +287,8 @@ void Session::send(Response res) {
 void Session::write_some() {
   set_deadline(impl_.opt.idle_timeout);
   http::async_write_some(socket_, *serializer_,
-                         [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                         [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                           self->written_ += n;
                            if (!ec && !self->closed() && !self->serializer_->is_done()) {
                              return self->write_some();
                            }
@@ -337,12 +338,20 @@ void Session::on_timer(beast::error_code ec) {
   if (Clock::now() < deadline_) return start_timer(deadline_);
   if (phase_ == Phase::idle || phase_ == Phase::writing || phase_ == Phase::lingering) {
     // A response may sit in the kernel's send queue (megabytes on loopback) while the client
-    // reads it; a write waits for room meanwhile. As long as that queue shrinks between two
-    // timeouts the client is reading, not idle.
+    // reads it; a write waits for room meanwhile. As long as the client takes bytes of it between
+    // two timeouts it is reading, not idle. (The queue's length alone is no measure: a
+    // generate_stream's writes grow it while the client reads nothing.)
     const std::size_t unsent = unsent_bytes();
-    if (unsent > 0 && unsent != unsent_at_last_timeout_) {
-      unsent_at_last_timeout_ = unsent;
+    const std::uint64_t taken = taken_bytes();
+    if (unsent > 0 && taken != taken_at_last_timeout_) {
+      taken_at_last_timeout_ = taken;
       return set_deadline(phase_ == Phase::lingering ? kLinger : impl_.opt.idle_timeout);
+    }
+    if (phase_ == Phase::writing && events_ && unsent == 0) {
+      // generate_stream, the client has taken everything: waiting for the model (whose own
+      // deadline applies), or a write about to complete.
+      if (sse_writing_) return set_deadline(impl_.opt.idle_timeout);
+      return clear_deadline();
     }
   }
   timed_out_ = true;
@@ -351,11 +360,23 @@ void Session::on_timer(beast::error_code ec) {
     // buffers, which an abrupt close can discard (a reset); end it the graceful way.
     linger();
   } else if (phase_ == Phase::writing || phase_ == Phase::lingering) {
+    // A generate_stream whose client reads nothing: closing it cancels its request (close()),
+    // so that a decoupled model waiting for room frees its worker.
+    if (phase_ == Phase::writing && events_) impl_.metrics.stream_stalled();
     close();
   } else {
     beast::error_code ignored;
     socket_.cancel(ignored);  // the pending read's handler answers 408
   }
+}
+
+std::uint64_t Session::taken_bytes() {
+  const std::uint64_t unsent = unsent_bytes();
+  return written_ > unsent ? written_ - unsent : 0;
+}
+
+void Session::arm_stream_check() {
+  if (deadline_ == Clock::time_point::max()) set_deadline(impl_.opt.idle_timeout);
 }
 
 std::size_t Session::unsent_bytes() {
