@@ -88,5 +88,12 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "setup: installing ${missing[*]}"
 $SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# --force-unsafe-io (this install only): dpkg skips its fsync() after each of the tens of
+# thousands of files that python3-torch, libtorch-dev and the rest unpack (a crash mid-install
+# means running this script again, as for any interrupted install). man-db/auto-update false:
+# the man page index is not rebuilt after every package (a debconf setting that stays; `dpkg-
+# reconfigure man-db` turns it back on).
+echo "man-db man-db/auto-update boolean false" | $SUDO debconf-set-selections 2>/dev/null || true
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+  -o Dpkg::Options::=--force-unsafe-io "${missing[@]}"
 python_venvs
