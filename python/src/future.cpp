@@ -209,8 +209,16 @@ py::object await_future(const py::object& self) {
       return;
     }
     try {
-      loop.object().attr("call_soon_threadsafe")(py::handle(g_resolve_aio), aio.object(),
-                                                 self.object());
+      // An awaiting task cancelled meanwhile has nobody left to resolve for, and its loop may be
+      // closing: asyncio.run cancels the tasks left when it ends, which cancels their requests
+      // (below), whose completions then come here while the loop closes its self-pipe. CPython
+      // closes that socket and call_soon_threadsafe writes to it each without the GIL: a race
+      // on the descriptor (ThreadSanitizer saw it in tests/python/test_exit.py). So no wake-up
+      // for a future already done.
+      if (!aio.object().attr("done")().cast<bool>()) {
+        loop.object().attr("call_soon_threadsafe")(py::handle(g_resolve_aio), aio.object(),
+                                                   self.object());
+      }
     } catch (py::error_already_set& e) {
       // A closed loop has nobody left to resolve for; anything else is reported.
       if (!e.matches(PyExc_RuntimeError) || !loop.object().attr("is_closed")().cast<bool>()) {
