@@ -343,7 +343,9 @@ Result<std::int64_t> parameter_int(const ParameterValue& value, std::string_view
 
 std::size_t input_bytes(const InferRequest& request) {
   std::size_t n = 0;
-  for (const InferInput& in : request.inputs) n += in.tensor.byte_size();
+  for (const InferInput& in : request.inputs) {
+    if (!in.counted) n += in.tensor.byte_size();
+  }
   return n;
 }
 

@@ -60,6 +60,10 @@ using Parameters = std::map<std::string, ParameterValue, std::less<>>;
 struct InferInput {
   std::string name;
   Tensor tensor;
+  /// Its bytes hold a lease of the server's MemoryBudget of their own, for as long as the tensor
+  /// lives (an input copied out of shared memory: SharedMemoryManager::read_tensor), so
+  /// input_bytes() leaves them out: a frontend must not count them twice.
+  bool counted = false;
 };
 
 /// An output the client asked for (OIP "outputs"); frontends read their own parameters from it
@@ -370,8 +374,9 @@ class InferenceServer {
   std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
 };
 
-/// The bytes of a request's input tensors, of a response's output tensors (what they hold of
-/// the server's MemoryBudget).
+/// The bytes of a request's input tensors (those without a lease of their own:
+/// InferInput::counted), of a response's output tensors: what a frontend holds of the server's
+/// MemoryBudget for them.
 std::size_t input_bytes(const InferRequest& request);
 std::size_t output_bytes(const InferResponse& response);
 

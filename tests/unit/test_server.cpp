@@ -1005,6 +1005,13 @@ TEST(SharedMemory, TensorsAreCopiesCountedAgainstTheBudget) {
   auto t = m.read_tensor(*region, {"in", 16, 16}, DType::f32, {1, 4}, "input 'x'");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ(budget.used(), 16u);  // the copy is counted while it lives
+  {
+    // ... by its own lease: a frontend's count of the request's tensors leaves it out.
+    InferRequest req;
+    req.inputs.push_back({"from_shm", *t, /*counted=*/true});
+    req.inputs.push_back({"from_body", *t});
+    EXPECT_EQ(input_bytes(req), 16u);
+  }
   const float other[4] = {9, 9, 9, 9};
   ASSERT_TRUE((*region)->write(16, other, sizeof other, "output 'y'").ok());
   EXPECT_EQ(t->data_as<float>()[2], 3.25F);  // the client's later write is not seen

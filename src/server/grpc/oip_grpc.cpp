@@ -258,7 +258,7 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
       ASYNCINFER_ASSIGN_OR_RETURN(SharedMemoryRef region, shared_memory.window(*shm, what));
       ASYNCINFER_ASSIGN_OR_RETURN(
           Tensor t, shared_memory.read_tensor(region, *shm, slot.dtype, std::move(dims), what));
-      req.inputs.push_back({in.name(), std::move(t)});
+      req.inputs.push_back({in.name(), std::move(t), /*counted=*/true});
       continue;
     }
     if (raw) {

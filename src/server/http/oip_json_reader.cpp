@@ -520,6 +520,7 @@ bool RequestReader::end_input() {
     auto t = shared_memory_->read_tensor(*region, **shm, in.slot.dtype, in.shape, what);
     if (!t.ok()) return fail(t.status());
     in.tensor = std::move(*t);
+    in.from_shared_memory = true;
   } else if (size_param != in.parameters.end()) {
     auto size = parameter_int(size_param->second, "binary_data_size", 0,
                               std::numeric_limits<std::int64_t>::max());
@@ -565,7 +566,7 @@ bool RequestReader::end_input() {
     in.tensor = std::move(*t);
   }
   in.index = out_.request.inputs.size();
-  out_.request.inputs.push_back({in.name, in.tensor});
+  out_.request.inputs.push_back({in.name, in.tensor, in.from_shared_memory});
   return true;
 }
 

@@ -59,6 +59,9 @@ struct PendingInput {
   std::string serialized;
   std::size_t filled = 0;  ///< elements of "data" written so far
   std::size_t index = 0;   ///< in InferRequest::inputs
+  /// Copied out of a shared memory region, its bytes counted by a lease of their own
+  /// (InferInput::counted).
+  bool from_shared_memory = false;
 };
 
 struct PendingOutput {
