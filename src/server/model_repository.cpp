@@ -1093,23 +1093,29 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
 Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
   // The step models as they are served now; a request finds them again when it runs, so a
   // step model reloaded later serves the ensemble's requests in its new version.
-  // The version a step names, as served now.
-  auto version_of = [this](const std::string& model, std::int64_t version) -> ModelRef {
-    std::shared_ptr<const ServedModel> m = current(model);
+  // The ensemble a step runs, in the version it names as served now; null for a step that
+  // runs a plain model (or one not served).
+  auto step_ensemble = [this](const EnsembleGraph::Step& st) -> ModelRef {
+    std::shared_ptr<const ServedModel> m = current(st.model);
     if (!m) return nullptr;
-    return version > 0 ? m->find_version(version) : m->default_version();
+    ModelRef v =
+        st.version.empty() ? m->default_version() : m->find_version(std::stoll(st.version));
+    return v && v->ensemble ? v : nullptr;
   };
   // Whether ensemble `v` runs `name`, through its steps and theirs (a cycle of ensembles would
   // recurse for ever at request time).
-  auto leads_to = [&version_of](const ModelVersion& v, const std::string& name) {
-    std::vector<const ModelVersion*> todo{&v};
+  auto leads_to = [&step_ensemble](const ModelVersion& v, const std::string& name) {
+    std::vector<const EnsembleGraph*> todo{v.ensemble.get()};
+    std::vector<ModelRef> held;  // what todo points into
     for (std::size_t seen = 0; !todo.empty() && seen < 1024; ++seen) {
-      const ModelVersion* e = todo.back();
+      const EnsembleGraph* e = todo.back();
       todo.pop_back();
-      for (const EnsembleGraph::Step& st : e->ensemble->steps) {
+      for (const EnsembleGraph::Step& st : e->steps) {
         if (st.model == name) return true;
-        ModelRef next = version_of(st.model, st.version.empty() ? -1 : std::stoll(st.version));
-        if (next && next->ensemble) todo.push_back(next.get());
+        if (ModelRef next = step_ensemble(st)) {
+          todo.push_back(next->ensemble.get());
+          held.push_back(std::move(next));
+        }
       }
     }
     return false;
@@ -1143,8 +1149,9 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
     int deepest = level;
     for (const EnsembleGraph::Step& st : g.steps) {
       if (deepest > kMaxEnsembleNesting) break;
-      ModelRef next = version_of(st.model, st.version.empty() ? -1 : std::stoll(st.version));
-      if (next && next->ensemble) deepest = std::max(deepest, nesting(*next->ensemble, level + 1));
+      if (ModelRef next = step_ensemble(st)) {
+        deepest = std::max(deepest, nesting(*next->ensemble, level + 1));
+      }
     }
     return deepest;
   };
