@@ -157,7 +157,10 @@ def test_engines_dropped_in_their_callbacks_share_one_reaper_thread():
             most = max(most, reapers())
             time.sleep(0.001)
         assert all(ref() is None for ref in refs)
-        print("reapers", most, reapers(), flush=True)
+        # One write: print() writes its pieces one by one, and a late callback's line could
+        # land between them.
+        sys.stdout.write(f"reapers {most} {reapers()}\n")
+        sys.stdout.flush()
         # Leaves at once: the last destructions may still be pending; the exit hook waits.
     """, timeout=120)
     check(r)
