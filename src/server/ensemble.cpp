@@ -152,8 +152,10 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
   return std::shared_ptr<const EnsembleGraph>(std::move(g));
 }
 
-void EnsembleCounters::record(bool ok, std::uint64_t ns, std::uint64_t rows) noexcept {
+void EnsembleCounters::record(bool ok, std::uint64_t ns, std::uint64_t rows,
+                              std::uint64_t queued) noexcept {
   if (ok) {
+    queue_ns.fetch_add(queued, std::memory_order_relaxed);
     inference_count.fetch_add(rows, std::memory_order_relaxed);
     success_count.fetch_add(1, std::memory_order_relaxed);
     success_ns.fetch_add(ns, std::memory_order_relaxed);
@@ -175,6 +177,7 @@ InferenceStats EnsembleCounters::stats() const {
   s.last_inference_ms = last_inference_ms.load(std::memory_order_relaxed);
   s.success = {n, success_ns.load(std::memory_order_relaxed)};
   s.fail = {fail_count.load(std::memory_order_relaxed), fail_ns.load(std::memory_order_relaxed)};
+  s.queue = {n, queue_ns.load(std::memory_order_relaxed)};
   return s;
 }
 

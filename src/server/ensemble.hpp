@@ -66,15 +66,22 @@ Result<std::shared_ptr<const EnsembleGraph>> resolve_ensemble(
     const std::function<Result<ModelSignature>(const EnsembleStep&)>& signature_of);
 
 /// Triton's statistics of an ensemble's own requests (its steps' are their models').
+/// `queue` counts every successful request, as Triton's does (perf_analyzer finds the version
+/// an ensemble ran as from the growth of its queue count: without it, `perf_analyzer -m E` with
+/// no `-x` fails with "failed to find the requested model version"). Its duration is the
+/// ensemble's own wait: from the request's arrival until its first step was handed to that
+/// step's model. The compute parts are the steps' own, in their models' statistics.
 struct EnsembleCounters {
   std::atomic<std::uint64_t> success_count{0};
   std::atomic<std::uint64_t> success_ns{0};
   std::atomic<std::uint64_t> fail_count{0};
   std::atomic<std::uint64_t> fail_ns{0};
+  std::atomic<std::uint64_t> queue_ns{0};
   std::atomic<std::int64_t> last_inference_ms{0};
 
-  /// One request ended: ok or not, its duration, and its rows (Triton counts inferences by rows).
-  void record(bool ok, std::uint64_t ns, std::uint64_t rows) noexcept;
+  /// One request ended: ok or not, its duration, its rows (Triton counts inferences by rows) and
+  /// its queue time (successful requests only).
+  void record(bool ok, std::uint64_t ns, std::uint64_t rows, std::uint64_t queued) noexcept;
   std::atomic<std::uint64_t> inference_count{0};
   InferenceStats stats() const;
 };

@@ -1004,6 +1004,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       bool cancel_now = false;
       {
         std::lock_guard lock(mu_);
+        if (!first_step_) first_step_ = Clock::now();
         cancel_now = ended_;
         if (!ended_ && !finished_[j]) inflight_.emplace_back(j, std::move(*call));
       }
@@ -1074,7 +1075,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       }
     }
     if (last) {
-      model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs));
+      model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs), queue_ns());
       Completion done = std::move(done_);
       done(make_response(model_, id_, selected_, outputs));
       return ended();
@@ -1094,7 +1095,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       done = std::move(done_);
     }
     for (auto& [j, call] : calls) call.cancel();
-    model_->ensemble_counters->record(false, ns_since(start_), 0);
+    model_->ensemble_counters->record(false, ns_since(start_), 0, 0);
     done(Status(s.code(), "ensemble '" + model_->model_name + "': " + std::string(s.message())));
     ended();
   }
@@ -1107,6 +1108,14 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   }
 
   std::string step_context(std::size_t j) const { return graph_.steps[j].label; }
+  /// The ensemble's own queue time: from its arrival until its first step was handed to that
+  /// step's model (ensemble.hpp, EnsembleCounters).
+  std::uint64_t queue_ns() {
+    std::lock_guard lock(mu_);
+    if (!first_step_) return 0;
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(*first_step_ - start_).count());
+  }
   std::uint64_t rows_of(const Outputs& outputs) const {
     if (!model_->signature.batched || outputs.empty() || outputs[0].rank() == 0) return 1;
     return static_cast<std::uint64_t>(outputs[0].shape()[0]);
@@ -1128,6 +1137,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   std::vector<std::pair<std::size_t, InflightRequest>> inflight_;               // under mu_
   std::size_t steps_done_ = 0;                                                  // under mu_
   bool ended_ = false;                                                          // under mu_
+  std::optional<Clock::time_point> first_step_;  // when the first step was handed over; under mu_
 };
 
 Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inputs,

@@ -206,6 +206,12 @@ class Ensembles(harness.unittest.TestCase):
         after = {m: count(m) for m in ("chain", "double", "triple", "ident")}
         self.assertEqual({m: after[m] - before[m] for m in after},
                          {"chain": 3, "double": 3, "triple": 3, "ident": 3})
+        # The ensemble's queue counts its requests, as Triton's: perf_analyzer without -x finds
+        # the version it measures from the growth of that count.
+        s = self.http.get_inference_statistics("chain")["model_stats"][0]["inference_stats"]
+        self.assertEqual(s["queue"]["count"], s["success"]["count"])
+        self.assertGreater(s["queue"]["ns"], 0)
+        self.assertLess(s["queue"]["ns"], s["success"]["ns"])
 
     def test_ensembles_that_cannot_load_say_why(self):
         index = {m["name"]: m for m in self.http.get_model_repository_index()}

@@ -141,16 +141,10 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
     s += "\",\"shape\":";
     append_shape(s, o.tensor.shape());
     if (o.shared_memory) {
-      // Written into the client's region: the entry says where, and carries no data.
-      s += ",\"parameters\":{\"shared_memory_region\":";
-      s += quote(o.shared_memory->region);
-      s += ",\"shared_memory_byte_size\":";
-      s += std::to_string(o.shared_memory->byte_size);
-      if (o.shared_memory->offset != 0) {
-        s += ",\"shared_memory_offset\":";
-        s += std::to_string(o.shared_memory->offset);
-      }
-      s += "}}";
+      // Written into the client's region: as Triton's, the entry has no data and no
+      // parameters (tritonclient and perf_analyzer read a "parameters" object on an output as
+      // binary data and fail without its "binary_data_size").
+      s += '}';
     } else if (bin) {
       s += ",\"parameters\":{\"binary_data_size\":";
       s += std::to_string(o.tensor.byte_size());
