@@ -289,6 +289,18 @@ class SystemSharedMemory(harness.unittest.TestCase):
         status, _ = self.status_of("/v2/cudasharedmemory/region/c/register",
                                    b'{"raw_handle": {"b64": ""}, "device_id": 0, "byte_size": 4}')
         self.assertEqual(status, 501)
+        # The same over gRPC (Triton's simple_grpc_shm_client.py unregisters every CUDA region
+        # first, and once failed on UNIMPLEMENTED).
+        self.assertEqual(len(self.grpc.get_cuda_shared_memory_status().regions), 0)
+        self.grpc.unregister_cuda_shared_memory()
+        self.grpc.unregister_cuda_shared_memory("c")
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.get_cuda_shared_memory_status("c")
+        self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.register_cuda_shared_memory("c", b"\0" * 64, 0, 4)
+        self.assertEqual(e.exception.status(), "StatusCode.UNIMPLEMENTED")
+        self.assertIn("system shared memory", e.exception.message())
 
     def test_bad_tensors_in_requests_and_the_server_goes_on(self):
         hin, kin, hout, kout = self.in_and_out("b")

@@ -141,10 +141,14 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 
 // ---- the service ------------------------------------------------------------------------------
 
+using CudaSharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryStatus<
+    pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryRegister<
+        pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryUnregister<
+            pb::GRPCInferenceService::Service>>>;
 using SharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryStatus<
     pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryRegister<
         pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryUnregister<
-            pb::GRPCInferenceService::Service>>>;
+            CudaSharedMemoryBase>>>;
 using ServiceBase = pb::GRPCInferenceService::WithCallbackMethod_ServerLive<
     pb::GRPCInferenceService::WithCallbackMethod_ServerReady<
         pb::GRPCInferenceService::WithCallbackMethod_ModelReady<
@@ -177,6 +181,9 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::ServerLive;
   using ServiceBase::ServerMetadata;
   using ServiceBase::ServerReady;
+  using ServiceBase::CudaSharedMemoryRegister;
+  using ServiceBase::CudaSharedMemoryStatus;
+  using ServiceBase::CudaSharedMemoryUnregister;
   using ServiceBase::SystemSharedMemoryRegister;
   using ServiceBase::SystemSharedMemoryStatus;
   using ServiceBase::SystemSharedMemoryUnregister;
@@ -307,6 +314,33 @@ class GrpcServer::Impl::Service final : public ServiceBase {
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* in,
       pb::SystemSharedMemoryUnregisterResponse*) override {
     impl_.core.shared_memory().unregister(in->name());
+    return done(ctx, Status());
+  }
+
+  // No CUDA regions here (the extension is not listed), as HTTP's /v2/cudasharedmemory: the
+  // status is empty, unregistering succeeds (there is nothing to unregister: Triton's clients
+  // and perf_analyzer unregister everything first), registering is UNIMPLEMENTED.
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext* ctx,
+                                                   const pb::CudaSharedMemoryStatusRequest* in,
+                                                   pb::CudaSharedMemoryStatusResponse*) override {
+    if (!in->name().empty()) {
+      return done(ctx, invalid_argument_error("no CUDA shared memory region '" + in->name() +
+                                              "' is registered"));
+    }
+    return done(ctx, Status());
+  }
+
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
+      grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryRegisterRequest*,
+      pb::CudaSharedMemoryRegisterResponse*) override {
+    return done(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                  "CUDA shared memory is not supported by this server; use "
+                                  "system shared memory (SystemSharedMemoryRegister)"));
+  }
+
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
+      grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryUnregisterRequest*,
+      pb::CudaSharedMemoryUnregisterResponse*) override {
     return done(ctx, Status());
   }
 
