@@ -54,6 +54,20 @@ def make_repository():
     repo.add("single", builtin_config(
         "single", "builtin:identity?shape=2x3&max_batch=0", [("input0", "TYPE_FP32", [2, 3])],
         [("output0", "TYPE_FP32", [2, 3])], max_batch_size=0))
+    # Raw binary requests with Triton's rules (qa/L0_http/http_test.py's models, as built-ins).
+    repo.add("raw_float32", builtin_config(
+        "raw_float32", "builtin:identity?shape=-1&max_batch=8", [("input0", "TYPE_FP32", [-1])],
+        [("output0", "TYPE_FP32", [-1])], max_batch_size=8))
+    repo.add("raw_object_1_element", builtin_config(
+        "raw_object_1_element", "builtin:identity?dtype=bytes&shape=1&max_batch=8",
+        [("input0", "TYPE_STRING", [1])], [("output0", "TYPE_STRING", [1])], max_batch_size=8))
+    repo.add("raw_object", builtin_config(
+        "raw_object", "builtin:identity?dtype=bytes&shape=-1&max_batch=8",
+        [("input0", "TYPE_STRING", [-1])], [("output0", "TYPE_STRING", [-1])], max_batch_size=8))
+    repo.add("raw_float16", builtin_config(
+        "raw_float16", "builtin:identity?dtype=f16&shape=-1x-1&max_batch=0",
+        [("input0", "TYPE_FP16", [-1, -1])], [("output0", "TYPE_FP16", [-1, -1])],
+        max_batch_size=0))
     return repo
 
 
@@ -133,9 +147,9 @@ class Conformance(harness.unittest.TestCase):
         entries = {(e["name"], e.get("version")): e["state"] for e in r.json()}
         self.assertEqual(entries[("identity", "1")], "READY")
         self.assertEqual(entries[("identity", "2")], "READY")
-        self.assertEqual(len(entries), 2 + len(TYPES) + 2)
+        self.assertEqual(len(entries), 2 + len(TYPES) + 2 + 4)  # + the 4 raw_* models
         r = self.post_json("/v2/repository/index", {"ready": True})
-        self.assertEqual(len(r.json()), 2 + len(TYPES) + 2)
+        self.assertEqual(len(r.json()), 2 + len(TYPES) + 2 + 4)
 
     def test_unknown_endpoints_and_methods(self):
         self.assert_error(self.http.get(self.url + "/v3"), 404, "unknown endpoint")
@@ -283,6 +297,47 @@ class Conformance(harness.unittest.TestCase):
         res = oip_client.Client.parse_response(r.headers, r.content)
         self.assertEqual(res.output("output0")["shape"], [2, 3])
         self.assertEqual(res.raw("output0"), raw)
+
+    def test_raw_body_with_tritons_rules(self):
+        """Triton's raw binary requests (core's InferenceRequest::Normalize, checked by its
+        qa/L0_http/http_test.py): a batched model gets a batch of 1 and its one variable dim
+        from the size; a BYTES input of shape [1] takes the body as its one element; Triton's
+        messages for the requests it refuses."""
+        def raw(model, body, extra=None):
+            headers = {"Inference-Header-Content-Length": "0"}
+            headers.update(extra or {})
+            return self.http.post(self.url + "/v2/models/%s/infer" % model, data=body,
+                                  headers=headers)
+
+        for n in (8, 32):
+            body = struct.pack("<%df" % n, *range(n))
+            r = raw("raw_float32", body)
+            self.assertEqual(r.status_code, 200, r.text)
+            res = oip_client.Client.parse_response(r.headers, r.content)
+            self.assertEqual(res.output("output0")["shape"], [1, n])
+            self.assertEqual(r.content[int(r.headers["Inference-Header-Content-Length"]):], body)
+        # Chunked by the client: the same request.
+        body = struct.pack("<8f", *range(8))
+        r = raw("raw_float32", iter([body[:10], body[10:]]))
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.content[int(r.headers["Inference-Header-Content-Length"]):], body)
+        r = raw("raw_object_1_element", b"427")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.content[int(r.headers["Inference-Header-Content-Length"]) + 4:],
+                         b"427")
+        self.assert_error(raw("raw_object", b"427"), 400,
+                          "For BYTE datatype raw input 'input0', the model must have input "
+                          "shape [1]")
+        self.assert_error(raw("raw_float16", b"\0" * 8), 400,
+                          "The shape of the raw input 'input0' can not be deduced because there "
+                          "are more than one variable-sized dimension")
+        self.assert_error(raw("two", b"\0" * 24), 400,
+                          "Raw request must only have 1 input (found 1) to be deduced but got 2 "
+                          "inputs in 'two' model configuration")
+        self.assert_error(raw("single", b"\0" * 20), 400,
+                          "input byte size mismatch for input 'input0' for model 'single'. "
+                          "Expected 24, got 20")
+        self.assert_error(raw("raw_float32", b"\0" * 6), 400, "input byte size mismatch")
 
     # ---- curl and the connection ---------------------------------------------------------------
 

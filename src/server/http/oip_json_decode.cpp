@@ -3,6 +3,7 @@
 // tensor as it is parsed), Triton's binary tensor data after the JSON, a raw binary body for a
 // single-input model, and the outputs asked for and in which form.
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,48 +14,72 @@
 namespace asyncinfer::server {
 namespace {
 
+/// Inference-Header-Content-Length: 0 — the body is the only input's raw bytes, with Triton's
+/// rules and messages (Triton core's InferenceRequest::Normalize, checked by Triton's
+/// qa/L0_http/http_test.py): the model has one input; its shape is the configuration's dims,
+/// after a batch dim of 1 for a batched model, with at most one variable dim, deduced from the
+/// body's size; a BYTES input must have the shape [1], and the body is its one element.
 Result<DecodedInfer> decode_raw(const ModelVersion& model, std::string_view body) {
-  // Inference-Header-Content-Length: 0 — the body is the only input's raw bytes.
   const ModelSignature& sig = model.signature;
   if (sig.inputs.size() != 1) {
     return invalid_argument_error(
-        "Inference-Header-Content-Length 0 (raw binary request) needs a "
-        "model with one input; '" +
-        model.model_name + "' has " + std::to_string(sig.inputs.size()));
+        "Raw request must only have 1 input (found 1) to be deduced but got " +
+        std::to_string(sig.inputs.size()) + " inputs in '" + model.model_name +
+        "' model configuration");
   }
   const TensorSpec& spec = sig.inputs[0];
+  Shape shape = spec.shape;  // the batch dim first for a batched model
+  std::optional<std::size_t> variable;
+  std::size_t elements = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (sig.batched && i == 0) {
+      shape[0] = 1;
+    } else if (shape[i] < 0) {
+      if (variable) {
+        return invalid_argument_error("The shape of the raw input '" + spec.name +
+                                      "' can not be deduced because there are more than one "
+                                      "variable-sized dimension");
+      }
+      variable = i;
+    } else {
+      elements *= static_cast<std::size_t>(shape[i]);
+    }
+  }
+  Tensor t;
   if (spec.dtype == DType::bytes) {
-    return invalid_argument_error("raw binary request: input '" + spec.name +
-                                  "' is BYTES, whose element count the body does not give; send "
-                                  "a JSON header with its shape");
-  }
-  Shape shape = spec.shape;
-  std::size_t row = dtype_size(spec.dtype);
-  for (std::size_t i = sig.batched ? 1 : 0; i < shape.size(); ++i) {
-    if (shape[i] < 0) {
-      return invalid_argument_error("raw binary request: input '" + spec.name +
-                                    "' has a variable "
-                                    "dim " +
-                                    std::to_string(i) + "; send a JSON header with its shape");
+    if (variable || elements != 1) {
+      return invalid_argument_error("For BYTE datatype raw input '" + spec.name +
+                                    "', the model must have input shape [1]");
     }
-    row *= static_cast<std::size_t>(shape[i]);
-  }
-  if (sig.batched) {
-    if (row == 0 || body.size() % row != 0 || body.empty()) {
-      return invalid_argument_error("raw binary request: " + std::to_string(body.size()) +
-                                    " bytes is not a whole number of rows of " +
-                                    std::to_string(row) + " bytes for input '" + spec.name + "'");
+    if (body.size() > std::numeric_limits<std::uint32_t>::max()) {
+      return invalid_argument_error("raw input '" + spec.name + "': " +
+                                    std::to_string(body.size()) +
+                                    " bytes is more than one BYTES element can hold (4 GiB)");
     }
-    shape[0] = static_cast<std::int64_t>(body.size() / row);
-  } else if (body.size() != row) {
-    return invalid_argument_error("raw binary request: " + std::to_string(body.size()) +
-                                  " bytes, input '" + spec.name + "' needs " + std::to_string(row));
+    // One element: Triton's serialization, a 4-byte little-endian length, then the bytes.
+    std::string serialized(4 + body.size(), '\0');
+    const auto n = static_cast<std::uint32_t>(body.size());
+    for (int b = 0; b < 4; ++b) serialized[static_cast<std::size_t>(b)] = static_cast<char>(n >> (8 * b));
+    if (!body.empty()) std::memcpy(serialized.data() + 4, body.data(), body.size());
+    ASYNCINFER_ASSIGN_OR_RETURN(
+        [[maybe_unused]] InputSlot slot,
+        InferenceServer::check_input(model, spec.name, oip_datatype(spec.dtype), shape));
+    ASYNCINFER_ASSIGN_OR_RETURN(t, Tensor::from_serialized(shape, std::move(serialized)));
+  } else {
+    const std::size_t row = elements * dtype_size(spec.dtype);
+    if (variable) shape[*variable] = row == 0 ? 0 : static_cast<std::int64_t>(body.size() / row);
+    ASYNCINFER_ASSIGN_OR_RETURN(
+        InputSlot slot,
+        InferenceServer::check_input(model, spec.name, oip_datatype(spec.dtype), shape));
+    if (body.size() != slot.byte_size) {
+      return invalid_argument_error("input byte size mismatch for input '" + spec.name +
+                                    "' for model '" + model.model_name + "'. Expected " +
+                                    std::to_string(slot.byte_size) + ", got " +
+                                    std::to_string(body.size()));
+    }
+    ASYNCINFER_ASSIGN_OR_RETURN(t, Tensor::empty(slot.dtype, shape));
+    if (!body.empty()) std::memcpy(t.data(), body.data(), body.size());
   }
-  ASYNCINFER_ASSIGN_OR_RETURN(
-      InputSlot slot,
-      InferenceServer::check_input(model, spec.name, oip_datatype(spec.dtype), shape));
-  ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::empty(slot.dtype, shape));
-  if (!body.empty()) std::memcpy(t.data(), body.data(), body.size());
   DecodedInfer out;
   out.request.inputs.push_back({spec.name, std::move(t)});
   out.binary_default = true;  // a raw request gets raw outputs
