@@ -64,6 +64,13 @@ std::string dims_text(std::span<const std::int64_t> shape) {
 /// The response carrying `outs` (the outputs asked for, in the order asked; all when none were).
 InferResponse make_response(const ModelRef& ref, std::string id,
                             const std::vector<std::size_t>& selected, const Outputs& outs);
+
+/// Triton's words for a model the repository does not have (its model repository manager's;
+/// Triton's example clients and qa tests match on "Request for unknown model").
+std::string unknown_model_message(std::string_view model) {
+  return "Request for unknown model: '" + std::string(model) + "' is not found";
+}
+
 }  // namespace
 
 // ---- the server's life --------------------------------------------------------------------------
@@ -169,7 +176,7 @@ Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view m
   }
   if (version.empty()) {
     const ServedModel* m = snap->find(model);
-    if (m == nullptr) return invalid_argument_error("unknown model '" + std::string(model) + "'");
+    if (m == nullptr) return invalid_argument_error(unknown_model_message(model));
     loaded(*m);
     if (out.empty()) {
       return invalid_argument_error("model '" + m->name + "' has no loaded version" +
@@ -197,11 +204,10 @@ Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_
                                             bool* retired) const {
   auto snap = repository_->snapshot();
   const ServedModel* m = snap->find(model);
-  if (m == nullptr) {
-    return not_found_error("unknown model '" + std::string(model) + "'");
-  }
+  if (m == nullptr) return not_found_error(unknown_model_message(model));
   if (!m->requested && m->versions.empty()) {
-    return not_found_error("model '" + m->name + "' is not loaded: " + m->reason);
+    return not_found_error("Request for unknown model: '" + m->name +
+                           "' has no available versions (it is not loaded: " + m->reason + ")");
   }
   if (version.empty()) {
     if (ModelRef v = m->default_version()) {
@@ -229,8 +235,9 @@ Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_
   }
   ModelRef v = m->find_version(n);
   if (v == nullptr) {
-    return not_found_error("model '" + m->name + "' has no version " + std::string(version) +
-                           " (versions served: " + versions_of(*m) + ")");
+    return not_found_error("Request for unknown model: '" + m->name + "' version " +
+                           std::string(version) + " is not found (versions served: " +
+                           versions_of(*m) + ")");
   }
   if (!v->serving()) {
     *retired = v->retired.load();

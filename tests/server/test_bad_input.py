@@ -138,8 +138,8 @@ class BadInput(harness.unittest.TestCase):
     # ---- names -------------------------------------------------------------------------------
 
     def test_unknown_model_version_input_output(self):
-        self.bad(404, "unknown model 'nope'", GOOD, path="/v2/models/nope/infer")
-        self.bad(404, "has no version 5", GOOD, path="/v2/models/identity/versions/5/infer")
+        self.bad(404, "Request for unknown model: 'nope' is not found", GOOD, path="/v2/models/nope/infer")
+        self.bad(404, "version 5 is not found", GOOD, path="/v2/models/identity/versions/5/infer")
         self.bad(400, "has no input 'x' (inputs: input0)", self.with_input(name="x"))
         self.bad(400, "has no output 'y' (outputs: output0)",
                  dict(GOOD, outputs=[{"name": "y"}]))

@@ -127,9 +127,9 @@ class Conformance(harness.unittest.TestCase):
         self.assertEqual(j["outputs"], [{"name": "output0", "datatype": "FP32", "shape": [-1, 16]}])
         self.assertEqual(self.client.model_metadata("identity", 1)["versions"], ["1"])
         self.assertEqual(self.client.model_metadata("single")["inputs"][0]["shape"], [2, 3])
-        self.assert_error(self.http.get(self.url + "/v2/models/nope"), 404, "unknown model 'nope'")
+        self.assert_error(self.http.get(self.url + "/v2/models/nope"), 404, "Request for unknown model: 'nope' is not found")
         self.assert_error(self.http.get(self.url + "/v2/models/identity/versions/7"), 404,
-                          "no version 7")
+                          "version 7 is not found")
         self.assert_error(self.http.get(self.url + "/v2/models/identity/versions/x"), 400,
                           "not a positive integer")
 

@@ -265,9 +265,9 @@ class Conformance(RpcCase):
                          [("output0", "FP32", [-1, 16])])
         m1 = self.stub.ModelMetadata(pb.ModelMetadataRequest(name="identity", version="1"))
         self.assertEqual(list(m1.versions), ["1"])
-        self.assert_code(grpc.StatusCode.NOT_FOUND, "unknown model 'nope'",
+        self.assert_code(grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'nope' is not found",
                          self.stub.ModelMetadata, pb.ModelMetadataRequest(name="nope"))
-        self.assert_code(grpc.StatusCode.NOT_FOUND, "has no version 7",
+        self.assert_code(grpc.StatusCode.NOT_FOUND, "version 7 is not found",
                          self.stub.ModelMetadata,
                          pb.ModelMetadataRequest(name="identity", version="7"))
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, "not a positive integer",
@@ -394,7 +394,7 @@ class Conformance(RpcCase):
         self.assertEqual(set(got), {"good", "bad-model", "bad-shape"})
         self.assertEqual(got["good"].error_message, "")
         self.assertEqual(gc.output(got["good"].infer_response, "output0")[2], gc.pack("FP32", [2] * 16))
-        self.assertIn("unknown model 'nope'", got["bad-model"].error_message)
+        self.assertIn("Request for unknown model: 'nope' is not found", got["bad-model"].error_message)
         self.assertIn("input 'input0': shape [1,15]", got["bad-shape"].error_message)
         self.assertEqual(got["bad-model"].infer_response.model_name, "nope")
 
@@ -476,9 +476,9 @@ class BadInput(RpcCase):
         self.check_sentinel()
 
     def test_unknown_model_version_input_output(self):
-        self.bad(grpc.StatusCode.NOT_FOUND, "unknown model 'nope'",
+        self.bad(grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'nope' is not found",
                  gc.infer_request("nope", self.good_input()))
-        self.bad(grpc.StatusCode.NOT_FOUND, "has no version 9",
+        self.bad(grpc.StatusCode.NOT_FOUND, "version 9 is not found",
                  gc.infer_request("identity", self.good_input(), version="9"))
         self.invalid("version 'v1' is not a positive integer", "identity", self.good_input(),
                      version="v1")

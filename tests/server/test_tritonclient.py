@@ -125,7 +125,7 @@ class TritonClient(harness.unittest.TestCase):
         with self.assertRaises(InferenceServerException) as e:
             self.http.get_model_config("nope")
         self.assertEqual(e.exception.status(), "404")
-        self.assertIn("unknown model 'nope'", e.exception.message())
+        self.assertIn("Request for unknown model: 'nope' is not found", e.exception.message())
         with self.assertRaises(InferenceServerException) as e:
             self.http.get_model_config("identity", "7")
         self.assertEqual(e.exception.status(), "404")
@@ -241,7 +241,7 @@ class TritonClient(harness.unittest.TestCase):
             with self.assertRaises(InferenceServerException) as e:
                 h.get_inference_statistics("nope")
             self.assertEqual(e.exception.status(), "400")
-            self.assertIn("unknown model 'nope'", e.exception.message())
+            self.assertIn("Request for unknown model: 'nope' is not found", e.exception.message())
             with self.assertRaises(InferenceServerException) as e:
                 h.get_inference_statistics("identity", "9")
             self.assertEqual(e.exception.status(), "400")
@@ -690,7 +690,8 @@ class RepositoryControl(harness.unittest.TestCase):
         with self.assertRaises(InferenceServerException) as e:
             self.http.infer("never", [http_input(X, True)])
         self.assertEqual(e.exception.status(), "404")
-        self.assertIn("is not loaded", e.exception.message())
+        self.assertIn("Request for unknown model: 'never' has no available versions "
+                      "(it is not loaded", e.exception.message())
 
     def test_load_and_unload_over_http_and_grpc(self):
         self.http.load_model("spare")
