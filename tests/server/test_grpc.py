@@ -532,8 +532,18 @@ class BadInput(RpcCase):
         r = gc.infer_request("two", [("input0", "FP32", [1, 3], [1, 2, 3]),
                                      ("input1", "FP32", [1, 3], [1, 2, 3])])
         r.inputs[1].contents.fp32_contents.extend([1, 2, 3])
-        self.bad(grpc.StatusCode.INVALID_ARGUMENT, "input 'input1' has typed contents and the "
-                 "request also has raw_input_contents", r)
+        self.bad(grpc.StatusCode.INVALID_ARGUMENT,
+                 "contents field must not be specified when using raw_input_contents for "
+                 "'input1' for model 'two'", r)
+        # Triton's words come before the count of raw entries is checked: Triton's example
+        # grpc_explicit_int_content_client.py sends one raw entry for two inputs and typed
+        # contents on the first, and matches on them.
+        del r.raw_input_contents[1:]
+        r.inputs[1].ClearField("contents")
+        r.inputs[0].contents.fp32_contents.extend([1, 2, 3])
+        self.bad(grpc.StatusCode.INVALID_ARGUMENT,
+                 "contents field must not be specified when using raw_input_contents for "
+                 "'input0' for model 'two'", r)
 
     def test_typed_contents(self):
         self.invalid("contents.fp32_contents has 15 values, shape [1,16] needs 16", "identity",

@@ -224,7 +224,15 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
   // Inputs in shared memory have no raw entry (tritonclient sends none for them).
   int n_in_memory = 0;
   for (const auto& in : message.inputs()) {
-    if (in.parameters().count("shared_memory_region") > 0) ++n_in_memory;
+    if (in.parameters().count("shared_memory_region") > 0) {
+      ++n_in_memory;
+    } else if (raw && in.has_contents()) {
+      // Triton's words, checked before the count (its example grpc_explicit_int_content_client.py
+      // matches on them).
+      return invalid_argument_error(
+          "contents field must not be specified when using raw_input_contents for '" + in.name() +
+          "' for model '" + model.model_name + "'");
+    }
   }
   if (raw && n_raw != n_inputs - n_in_memory) {
     return invalid_argument_error(
@@ -262,12 +270,7 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
       continue;
     }
     if (raw) {
-      const int k_raw = raw_index++;
-      if (in.has_contents()) {
-        return invalid_argument_error(what +
-                                      " has typed contents and the request also has "
-                                      "raw_input_contents; send every input one way or the other");
-      }
+      const int k_raw = raw_index++;  // no contents beside: checked above
       std::string& bytes = *message.mutable_raw_input_contents(k_raw);
       if (slot.dtype == DType::bytes) {
         // Length-prefixed elements, as in HTTP's binary form (tritonclient sends BYTES this way).
