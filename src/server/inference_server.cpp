@@ -230,8 +230,10 @@ Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_
   const char* end = version.data() + version.size();
   auto [p, ec] = std::from_chars(version.data(), end, n);
   if (ec != std::errc() || p != end || n < 1) {
-    return invalid_argument_error("model '" + m->name + "': version '" + std::string(version) +
-                                  "' is not a positive integer");
+    // Triton's words (its example grpc_explicit_int8_content_client.py matches on them).
+    return invalid_argument_error("failed to get model version from specified version string '" +
+                                  std::string(version) + "' (model '" + m->name +
+                                  "': a version is a positive integer)");
   }
   ModelRef v = m->find_version(n);
   if (v == nullptr) {

@@ -131,7 +131,7 @@ class Conformance(harness.unittest.TestCase):
         self.assert_error(self.http.get(self.url + "/v2/models/identity/versions/7"), 404,
                           "version 7 is not found")
         self.assert_error(self.http.get(self.url + "/v2/models/identity/versions/x"), 400,
-                          "not a positive integer")
+                          "failed to get model version from specified version string 'x'")
 
     def test_model_ready(self):
         self.assertTrue(self.client.is_model_ready("identity"))

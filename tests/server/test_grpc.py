@@ -270,7 +270,7 @@ class Conformance(RpcCase):
         self.assert_code(grpc.StatusCode.NOT_FOUND, "version 7 is not found",
                          self.stub.ModelMetadata,
                          pb.ModelMetadataRequest(name="identity", version="7"))
-        self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, "not a positive integer",
+        self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, "specified version string 'x'",
                          self.stub.ModelMetadata,
                          pb.ModelMetadataRequest(name="identity", version="x"))
 
@@ -480,8 +480,8 @@ class BadInput(RpcCase):
                  gc.infer_request("nope", self.good_input()))
         self.bad(grpc.StatusCode.NOT_FOUND, "version 9 is not found",
                  gc.infer_request("identity", self.good_input(), version="9"))
-        self.invalid("version 'v1' is not a positive integer", "identity", self.good_input(),
-                     version="v1")
+        self.invalid("failed to get model version from specified version string 'v1'", "identity",
+                     self.good_input(), version="v1")
         self.invalid("has no input 'x' (inputs: input0)", "identity",
                      [("x", "FP32", [1, 16], [1.0] * 16)])
         self.invalid("has no output 'y' (outputs: output0)", "identity", self.good_input(),
