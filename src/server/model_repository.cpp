@@ -1308,10 +1308,16 @@ void ModelRepository::load_model(std::string name, std::optional<std::string> co
   }
   if (Status s = check_model_name(name); !s.ok()) return done(s);
   const std::uint64_t epoch = epoch_of(name);  // an unload after this call wins over it
+  // A failed load answers in Triton's words, "failed to load 'NAME'" first (Triton's example
+  // clients simple_{http,grpc}_model_control.py match on them).
+  Done answer = [name, done = std::move(done)](const Status& s) {
+    if (s.ok() || s.message().starts_with("failed to load")) return done(s);
+    done(Status(s.code(), "failed to load '" + name + "': " + std::string(s.message())));
+  };
   std::string key = name;
   control_->post(std::move(key),
                  [this, name = std::move(name), config_json = std::move(config_json), epoch,
-                  done = std::move(done)](bool run) {
+                  done = std::move(answer)](bool run) {
                    if (!run) return done(unavailable_error("the server is shutting down"));
                    reload(name, config_json, epoch, done);
                  });
