@@ -27,6 +27,7 @@
 #include <tuple>
 
 #include "asyncinfer/detail/chrono.hpp"
+#include "classification.hpp"
 #include "model_config.hpp"
 
 namespace asyncinfer::server {
@@ -64,6 +65,22 @@ std::string dims_text(std::span<const std::int64_t> shape) {
 /// The response carrying `outs` (the outputs asked for, in the order asked; all when none were).
 InferResponse make_response(const ModelRef& ref, std::string id,
                             const std::vector<std::size_t>& selected, const Outputs& outs);
+
+/// Replaces each output of `response` asked for with a class count (`classes`, by requested
+/// index) by its top classes (classification.hpp), labelled from `model`'s label_filename.
+Status classify_outputs(const ModelVersion& model, const std::vector<std::uint32_t>& classes,
+                        InferResponse& response) {
+  for (InferOutput& o : response.outputs) {
+    if (o.requested < 0 || classes[static_cast<std::size_t>(o.requested)] == 0) continue;
+    auto labels = model.class_labels.find(o.spec->name);
+    Result<Tensor> t = classify(o.tensor, model.signature.batched,
+                                classes[static_cast<std::size_t>(o.requested)],
+                                labels == model.class_labels.end() ? nullptr : labels->second.get());
+    if (!t.ok()) return t.status().with_context("output '" + o.spec->name + "'");
+    o.tensor = std::move(*t);
+  }
+  return Status();
+}
 
 /// Triton's words for a model the repository does not have (its model repository manager's;
 /// Triton's example clients and qa tests match on "Request for unknown model").
@@ -469,6 +486,18 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     }
     selected.push_back(index);
   }
+  // Outputs asked for as their top classes (Triton's classification extension).
+  std::vector<std::uint32_t> classes(request.outputs.size(), 0);
+  bool classifying = false;
+  for (std::size_t r = 0; r < request.outputs.size(); ++r) {
+    const std::string what = "output '" + request.outputs[r].name + "'";
+    ASYNCINFER_ASSIGN_OR_RETURN(classes[r], class_count(request.outputs[r].parameters, what));
+    if (classes[r] == 0) continue;
+    if (Status s = check_classifiable(sig.outputs[selected[r]].dtype); !s.ok()) {
+      return Status(s.code(), std::string(s.message()) + " (" + what + ")");
+    }
+    classifying = true;
+  }
   if (sig.decoupled && !request.on_response) {
     return failed_precondition_error(decoupled_message(model.model_name));
   }
@@ -492,12 +521,26 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     ASYNCINFER_ASSIGN_OR_RETURN(next, successor(model, inputs));
   }
   const ModelRef& target = next ? next : ref;
+  if (classifying) {
+    // Before the copies into shared memory (the wrapper made above runs after this one).
+    options.inline_callback = false;  // it formats strings: not on the engine's thread
+    done = [target, classes, done = std::move(done)](Result<InferResponse> r) mutable {
+      if (r.ok()) {
+        if (Status s = classify_outputs(*target, classes, *r); !s.ok()) return done(std::move(s));
+      }
+      done(std::move(r));
+    };
+  }
   if (sig.decoupled) {
     // Each response before the final one, with the outputs asked for, on the model's thread.
-    options.on_response = [target, id = request.id, selected,
+    options.on_response = [target, id = request.id, selected, classes, classifying,
                            send = std::move(request.on_response)](Outputs outs,
                                                                   std::stop_token stop) {
-      return send(make_response(target, id, selected, outs), std::move(stop));
+      InferResponse response = make_response(target, id, selected, outs);
+      if (classifying) {
+        if (Status s = classify_outputs(*target, classes, response); !s.ok()) return s;
+      }
+      return send(std::move(response), std::move(stop));
     };
   }
   if (cache_ && target->response_cache) {

@@ -172,9 +172,9 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 5> kServerExtensions = {
-    "model_repository", "model_configuration", "system_shared_memory", "binary_tensor_data",
-    "statistics"};
+inline constexpr std::array<std::string_view, 6> kServerExtensions = {
+    "classification",       "model_repository",   "model_configuration",
+    "system_shared_memory", "binary_tensor_data", "statistics"};
 
 struct ServerOptions {
   std::string name = "asyncinfer";

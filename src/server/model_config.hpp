@@ -9,10 +9,11 @@
 //     instance_group (kind, count, gpus), dynamic_batching (preferred_batch_size,
 //     max_queue_delay_microseconds, preserve_ordering, priority_levels, default_priority_level,
 //     default_queue_policy: default_timeout_microseconds, allow_timeout_override,
-//     max_queue_size), version_policy, default_model_filename, parameters, model_warmup;
+//     max_queue_size), version_policy, default_model_filename, parameters, model_warmup,
+//     output.label_filename;
 //   - would change behaviour but is not supported (sequence_batching, ensemble_scheduling,
 //     input.reshape, decoupled transactions, an unknown field, ...): an error naming the field;
-//   - ignorable (optimization, metric_tags, response_cache, label_filename, ...):
+//   - ignorable (optimization, metric_tags, response_cache, ...):
 //     a warning naming the field.
 // docs/serving.md lists every field and what becomes of it.
 //
@@ -20,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -110,6 +112,9 @@ struct ModelPlan {
   /// Empty for a built-in model whose config lists none (its signature comes from its URI).
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
+  /// output name → its label_filename (a file in the model's folder, one label per line): the
+  /// labels of the classification extension (classification.hpp).
+  std::map<std::string, std::string> label_files;
   EngineOptions engine;
   VersionPolicy versions;
   /// model_warmup: run on each version before it turns ready (model_repository.cpp).

@@ -231,13 +231,16 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
     const std::string field = "output '" + out.name() + "'";
     if (out.has_reshape()) return bad(model, field + ": reshape is not supported");
     if (out.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
-    if (!out.label_filename().empty()) {
-      warnings->push_back("model '" + std::string(model) + "': " + field +
-                          ": label_filename is ignored (no classification extension)");
-    }
     ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec spec, tensor_spec(model, "output", out.name(),
                                                              out.data_type(), out.dims(), batched));
     if (!names.insert(spec.name).second) return bad(model, "output '" + spec.name + "' twice");
+    if (!out.label_filename().empty()) {
+      // A file of the model's folder, named as default_model_filename is.
+      ASYNCINFER_RETURN_IF_ERROR(
+          check_file_name(model, field + ": label_filename", out.label_filename(),
+                          "the model's folder"));
+      plan.label_files[spec.name] = out.label_filename();
+    }
     plan.outputs.push_back(std::move(spec));
   }
   return Status();

@@ -33,6 +33,7 @@
 #include <thread>
 #include <utility>
 
+#include "classification.hpp"
 #include "model_config.hpp"
 
 namespace asyncinfer::server {
@@ -969,6 +970,10 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   const std::shared_ptr<LoadTicket> ticket = start_load(name, epoch, &deadline);
   const std::stop_token stop = ticket->stop.get_token();
   Status s = [&]() -> Status {
+    for (const auto& [output, file] : plan->label_files) {
+      ASYNCINFER_ASSIGN_OR_RETURN(mv->class_labels[output],
+                                  read_class_labels((dir / file).string()));
+    }
     if (plan->backend == ModelPlan::Backend::ensemble) return load_ensemble(*mv, *plan);
     if (options_.max_instances != 0 &&
         static_cast<std::size_t>(plan->engine.workers) > options_.max_instances) {

@@ -74,8 +74,8 @@ class TritonClient(harness.unittest.TestCase):
     # ---- extensions ------------------------------------------------------------------------------
 
     def test_extensions_list_what_is_served(self):
-        expected = ["model_repository", "model_configuration", "system_shared_memory",
-                    "binary_tensor_data", "statistics"]
+        expected = ["classification", "model_repository", "model_configuration",
+                    "system_shared_memory", "binary_tensor_data", "statistics"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
 
@@ -1100,6 +1100,100 @@ class ReloadEdges(harness.unittest.TestCase):
             self.assertEqual(server.wait(15), 0)
             self.assertLess(time.monotonic() - t0, 10)
 
+
+
+class Classification(harness.unittest.TestCase):
+    """Triton's classification extension: InferRequestedOutput(name, class_count=N) answers the N
+    largest values of each batch item as BYTES "value:index[:label]", the labels from the
+    output's label_filename (std::to_string formats the values, as Triton's server does)."""
+
+    LABELS = ["cat", "dog", "bird", "fish", "frog", "newt"]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        labels = os.path.join(cls.repo.path, "labels.txt")
+        with open(labels, "w") as f:
+            f.write("\n".join(cls.LABELS) + "\n")
+        cls.repo.add("scores", (
+            'name: "scores"\nbackend: "builtin"\nmax_batch_size: 8\n'
+            'input [ { name: "input0", data_type: TYPE_FP32, dims: [ 6 ] } ]\n'
+            'output [ { name: "output0", data_type: TYPE_FP32, dims: [ 6 ], '
+            'label_filename: "labels.txt" } ]\n'
+            'parameters { key: "uri" value { string_value: '
+            '"builtin:identity?shape=6&max_batch=8" } }\n'), files={"labels.txt": labels})
+        cls.repo.add("counts", harness.builtin_config(
+            "counts", "builtin:identity?dtype=i32&shape=5&max_batch=0",
+            [("input0", "TYPE_INT32", [5])], [("output0", "TYPE_INT32", [5])], max_batch_size=0))
+        cls.repo.add("texts", harness.builtin_config(
+            "texts", "builtin:identity?dtype=bytes&shape=-1&max_batch=8",
+            [("input0", "TYPE_STRING", [-1])], [("output0", "TYPE_STRING", [-1])]))
+        serve(cls, cls.repo.path, "--model-control-mode", "explicit", "--load-model", "scores",
+              "--load-model", "counts", "--load-model", "texts", repo=cls.repo)
+
+    X = np.array([[0.1, 0.9, 0.3, 0.7, 0.5, 0.2], [6, 5, 4, 3, 2, 1]], np.float32)
+    TOP3 = [[b"0.900000:1:dog", b"0.700000:3:fish", b"0.500000:4:frog"],
+            [b"6.000000:0:cat", b"5.000000:1:dog", b"4.000000:2:bird"]]
+
+    def test_http_binary_and_json(self):
+        for binary in (True, False):
+            i = httpclient.InferInput("input0", [2, 6], "FP32")
+            i.set_data_from_numpy(self.X, binary_data=binary)
+            o = httpclient.InferRequestedOutput("output0", binary_data=binary, class_count=3)
+            r = self.http.infer("scores", [i], outputs=[o])
+            self.assertEqual(r.get_output("output0")["datatype"], "BYTES")
+            got = r.as_numpy("output0")
+            self.assertEqual(got.shape, (2, 3))
+            self.assertEqual([[v if isinstance(v, bytes) else v.encode() for v in row]
+                              for row in got.tolist()], self.TOP3)
+
+    def test_grpc(self):
+        i = grpcclient.InferInput("input0", [2, 6], "FP32")
+        i.set_data_from_numpy(self.X)
+        r = self.grpc.infer("scores", [i], outputs=[
+            grpcclient.InferRequestedOutput("output0", class_count=3)])
+        self.assertEqual(r.get_output("output0").datatype, "BYTES")
+        self.assertEqual(r.as_numpy("output0").tolist(), self.TOP3)
+
+    def test_more_classes_than_values_unbatched_integers_no_labels(self):
+        i = grpcclient.InferInput("input0", [5], "INT32")
+        i.set_data_from_numpy(np.array([3, -1, 7, 7, 0], np.int32))
+        r = self.grpc.infer("counts", [i], outputs=[
+            grpcclient.InferRequestedOutput("output0", class_count=9)])
+        # All 5, largest first; equal values by index.
+        self.assertEqual(r.as_numpy("output0").tolist(),
+                         [b"7:2", b"7:3", b"3:0", b"0:4", b"-1:1"])
+        # class_count 0 asks for the values themselves.
+        r = self.grpc.infer("counts", [i], outputs=[
+            grpcclient.InferRequestedOutput("output0", class_count=0)])
+        self.assertEqual(r.as_numpy("output0").tolist(), [3, -1, 7, 7, 0])
+
+    def test_bad_requests(self):
+        i = httpclient.InferInput("input0", [1, 1], "BYTES")
+        i.set_data_from_numpy(np.array([[b"a"]], np.object_))
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.infer("texts", [i], outputs=[
+                httpclient.InferRequestedOutput("output0", class_count=2)])
+        self.assertEqual(e.exception.status(), "400")
+        self.assertIn("class result not available for output due to unsupported type 'BYTES'",
+                      e.exception.message())
+        body = json.dumps({"inputs": [{"name": "input0", "datatype": "FP32", "shape": [1, 6],
+                                       "data": [0] * 6}],
+                           "outputs": [{"name": "output0",
+                                        "parameters": {"classification": -1}}]}).encode()
+        status, _, reply = raw_post(self.server.http_port, "/v2/models/scores/infer", body, {})
+        self.assertEqual(status, 400)
+        self.assertIn("classification", json.loads(reply)["error"])
+        self.assertIn("classification", self.http.get_server_metadata()["extensions"])
+
+    def test_a_label_file_outside_the_model_folder_is_refused(self):
+        config = self.http.get_model_config("scores")
+        self.assertEqual(config["output"][0]["label_filename"], "labels.txt")
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.load_model("scores", config=json.dumps(dict(
+                config, output=[dict(config["output"][0], label_filename="../../etc/passwd")])))
+        self.assertIn("label_filename '../../etc/passwd' must name a file in the model's folder",
+                      e.exception.message())
 
 if __name__ == "__main__":
     harness.parse_args()

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "classification.hpp"
 #include "ensemble.hpp"
 #include "grpc/grpc_acceptor.hpp"
 #include "http/oip_json.hpp"
@@ -114,6 +115,74 @@ TEST(ServerConfig, UnknownFieldIsAnErrorNamingIt) {
   EXPECT_EQ(p.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(p.status().message().find("m/config.pbtxt:8:"), std::string_view::npos) << p.status();
   EXPECT_NE(p.status().message().find("no field named \"frobnicate\""), std::string_view::npos);
+}
+
+std::vector<std::string> strings_of(const Tensor& t) {
+  auto views = t.string_elements();
+  EXPECT_TRUE(views.ok()) << views.status();
+  return views.ok() ? std::vector<std::string>(views->begin(), views->end())
+                    : std::vector<std::string>{};
+}
+
+TEST(Classification, TopClassesPerBatchItemWithLabelsAndTritonsNumberFormat) {
+  const std::vector<double> v{0.25, 2.5, -1, 2.5, /* item 2 */ 1, 2, 3, 4};
+  auto t = Tensor::from_values<double>({2, 4}, v);
+  ASSERT_TRUE(t.ok());
+  const std::vector<std::string> labels{"a", "b"};  // shorter than the classes: no label past it
+  auto c = classify(*t, /*batched=*/true, 2, &labels);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dtype(), DType::bytes);
+  EXPECT_EQ(c->shape(), (Shape{2, 2}));
+  EXPECT_EQ(strings_of(*c), (std::vector<std::string>{"2.500000:1:b", "2.500000:3",
+                                                      "4.000000:3", "3.000000:2"}));
+  // Unbatched: one item of all the values; more classes than values gives them all.
+  auto u = classify(*Tensor::from_values<std::uint8_t>({3}, std::vector<std::uint8_t>{7, 9, 8}),
+                    false, 10, nullptr);
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->shape(), (Shape{3}));
+  EXPECT_EQ(strings_of(*u), (std::vector<std::string>{"9:1", "8:2", "7:0"}));
+  // An empty batch.
+  auto e = classify(*Tensor::empty(DType::f32, {0, 4}), true, 2, nullptr);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->shape(), (Shape{0, 2}));
+}
+
+TEST(Classification, RefusesWhatHasNoOrderAndBadCounts) {
+  auto b = classify(*Tensor::empty(DType::f16, {1, 4}), true, 1, nullptr);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().message(),
+            "class result not available for output due to unsupported type 'FP16'");
+  EXPECT_FALSE(check_classifiable(DType::bytes).ok());
+  EXPECT_FALSE(check_classifiable(DType::boolean).ok());
+  Parameters p{{"classification", std::int64_t{-1}}};
+  EXPECT_EQ(class_count(p, "output 'y'").status().code(), StatusCode::invalid_argument);
+  p["classification"] = std::string("3");
+  EXPECT_EQ(class_count(p, "output 'y'").status().code(), StatusCode::invalid_argument);
+  p["classification"] = std::int64_t{3};
+  EXPECT_EQ(*class_count(p, "output 'y'"), 3u);
+  EXPECT_EQ(*class_count({}, "output 'y'"), 0u);
+}
+
+TEST(Classification, LabelFilesAndTheirNames) {
+  const auto path = std::filesystem::temp_directory_path() / "asyncinfer-labels-test.txt";
+  std::ofstream(path) << "cat\r\ndog\n\nbird";  // CRLF, an empty label, no final newline
+  auto labels = read_class_labels(path.string());
+  std::filesystem::remove(path);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ(**labels, (std::vector<std::string>{"cat", "dog", "", "bird"}));
+  EXPECT_EQ(read_class_labels("/nonexistent/labels.txt").status().code(), StatusCode::not_found);
+  // label_filename names a file of the model's folder.
+  std::string text = kIdentity;
+  text.replace(text.find("dims: [ 16 ] } ]\nparameters"), 16,
+               "dims: [ 16 ], label_filename: \"../x\" } ]");
+  auto p = plan(text);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("label_filename '../x' must name a file in the model's"),
+            std::string_view::npos);
+  text.replace(text.find("../x"), 4, "l.txt");
+  p = plan(text);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->label_files.at("output0"), "l.txt");
 }
 
 TEST(ServerConfig, IgnorableFieldsAreWarnings) {

@@ -330,9 +330,6 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
     }
     const std::string what = "output '" + o.name() + "'";
     ASYNCINFER_ASSIGN_OR_RETURN(Parameters params, parameters_from_proto(o.parameters()));
-    if (params.count("classification")) {
-      return invalid_argument_error(what + ": the classification extension is not supported");
-    }
     ASYNCINFER_RETURN_IF_ERROR(InferenceServer::check_output(model, o.name()).status());
     ASYNCINFER_ASSIGN_OR_RETURN(std::optional<SharedMemoryTensor> shm,
                                 shared_memory_parameters(params, what));

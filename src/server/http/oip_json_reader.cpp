@@ -579,9 +579,6 @@ bool RequestReader::end_output() {
     if (!v.ok()) return fail(v.status());
     output_.binary = *v;
   }
-  if (output_.parameters.count("classification") > 0) {
-    return fail_here(what + ": the classification extension is not supported");
-  }
   auto spec = InferenceServer::check_output(model_, output_.name);
   if (!spec.ok()) return fail(spec.status());
   output_.spec = *spec;
