@@ -1,5 +1,7 @@
 #include "server_metrics.hpp"
 
+#include <map>
+
 #include "metrics/prometheus_text.hpp"
 #include "model_repository.hpp"
 
@@ -62,6 +64,85 @@ void ProtocolMetrics::collect_latency(const std::string& p, metrics::Families& o
                 infer_us_.snapshot());
 }
 
+namespace {
+
+/// Triton's families for one version (docs/user_guide/metrics.md of Triton's server: the
+/// inference request counts and latency counters, the pending requests, and the response-cache
+/// families of a model with the cache on), labelled `model` and `version` as Triton's, so that
+/// Triton's dashboards, alerts and qa tests read asyncinfer unchanged. Durations in µs.
+/// `engine`: the version's engine metrics (null for an ensemble).
+void add_triton_families(metrics::Families& out, const ModelVersion& v, const InferenceStats& s,
+                         const EngineMetrics* engine, const metrics::Labels& l) {
+  auto counter = [&](const char* name, const char* help, double value) {
+    out.counter(name, help, l, value);
+  };
+  auto us = [](const DurationStat& d) { return static_cast<double>(d.ns / 1000); };
+  counter("nv_inference_request_success",
+          "Number of successful inference requests, all batch sizes",
+          static_cast<double>(s.success.count));
+  // Triton's reasons: REJECTED (refused by the queue), CANCELED, BACKEND (the model failed),
+  // OTHER.
+  std::map<std::string, double> failures{
+      {"REJECTED", 0}, {"CANCELED", 0}, {"BACKEND", 0}, {"OTHER", 0}};
+  if (engine != nullptr) {
+    for (const auto& [code, n] : engine->failures_by_reason) {
+      failures[code == "cancelled"  ? "CANCELED"
+               : code == "internal" ? "BACKEND"
+                                    : "OTHER"] += static_cast<double>(n);
+    }
+    for (const auto& [code, n] : engine->rejections_by_reason) {
+      failures[code == "resource_exhausted" || code == "unavailable" ? "REJECTED" : "OTHER"] +=
+          static_cast<double>(n);
+    }
+  } else {
+    failures["OTHER"] = static_cast<double>(s.fail.count);
+  }
+  const char* failure_help = "Number of failed inference requests, all batch sizes";
+  for (const auto& [reason, n] : failures) {
+    metrics::Labels with_reason = l;
+    with_reason.emplace_back("reason", reason);
+    out.counter("nv_inference_request_failure", failure_help, with_reason, n);
+  }
+  counter("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+          static_cast<double>(s.inference_count));
+  counter("nv_inference_exec_count",
+          "Number of model executions performed (does not include cached requests)",
+          static_cast<double>(s.execution_count));
+  counter("nv_inference_request_duration_us",
+          "Cumulative inference request duration in microseconds (includes cached requests)",
+          us(s.success));
+  counter("nv_inference_queue_duration_us",
+          "Cumulative inference queuing duration in microseconds (includes cached requests)",
+          us(s.queue));
+  counter("nv_inference_compute_input_duration_us",
+          "Cumulative compute input duration in microseconds (does not include cached requests)",
+          us(s.compute_input));
+  counter("nv_inference_compute_infer_duration_us",
+          "Cumulative compute inference duration in microseconds (does not include cached "
+          "requests)",
+          us(s.compute_infer));
+  counter("nv_inference_compute_output_duration_us",
+          "Cumulative inference compute output duration in microseconds (does not include cached "
+          "requests)",
+          us(s.compute_output));
+  out.gauge("nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.", l,
+            engine != nullptr ? static_cast<double>(engine->queue_depth) : 0);
+  if (v.response_cache) {
+    counter("nv_cache_num_hits_per_model", "Number of cache hits per model",
+            static_cast<double>(s.cache_hit.count));
+    counter("nv_cache_num_misses_per_model", "Number of cache misses per model",
+            static_cast<double>(s.cache_miss.count));
+    counter("nv_cache_hit_duration_per_model",
+            "Total cache hit duration per model, in microseconds", us(s.cache_hit));
+    counter("nv_cache_miss_duration_per_model",
+            "Total cache miss (insert+lookup) duration per model, in microseconds",
+            us(s.cache_miss));
+  }
+}
+
+}  // namespace
+
 void collect_engine_metrics(const ModelRepository& repository, metrics::Families& out) {
   const char* ready_help = "1 when the model version is loaded and serving";
   auto snap = repository.snapshot();
@@ -73,10 +154,14 @@ void collect_engine_metrics(const ModelRepository& repository, metrics::Families
     for (const auto& v : model->versions) {
       const metrics::Labels l = {{"model", model->name}, {"version", v->version_text}};
       out.gauge("asyncinfer_model_ready", ready_help, l, v->serving() ? 1 : 0);
+      if (v->ensemble && v->ensemble_counters) {
+        add_triton_families(out, *v, v->statistics(), nullptr, l);
+      }
       if (!v->engine) continue;
       EngineMetrics m = v->engine->metrics();
       m.stats = v->statistics(std::move(m.stats));  // with the response cache's hits and misses
       metrics::add_engine_metrics(out, "asyncinfer", m, l);
+      add_triton_families(out, *v, m.stats, &m, l);
     }
   }
 }

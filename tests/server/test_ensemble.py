@@ -13,6 +13,7 @@ import os
 import textwrap
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -212,6 +213,12 @@ class Ensembles(harness.unittest.TestCase):
         self.assertEqual(s["queue"]["count"], s["success"]["count"])
         self.assertGreater(s["queue"]["ns"], 0)
         self.assertLess(s["queue"]["ns"], s["success"]["ns"])
+        # Triton's metric families have the ensemble's requests too.
+        page = urllib.request.urlopen(self.server.metrics_url, timeout=10).read().decode()
+        self.assertEqual(harness.metric(page, "nv_inference_request_success", model="chain",
+                                        version="1"), s["success"]["count"])
+        self.assertEqual(harness.metric(page, "nv_inference_request_duration_us", model="chain",
+                                        version="1"), s["success"]["ns"] // 1000)
 
     def test_ensembles_that_cannot_load_say_why(self):
         index = {m["name"]: m for m in self.http.get_model_repository_index()}

@@ -236,6 +236,25 @@ class TritonClient(harness.unittest.TestCase):
             found = re.search(r'asyncinfer_inference_statistics_executions\{model="identity",'
                               r'version="2"\} (\S+)', text)
             self.assertEqual(int(float(found.group(1))), 10)
+            # Triton's families, labelled as Triton's (its dashboards and qa tests read them).
+            v2 = {"model": "identity", "version": "2"}
+            self.assertEqual(metric(text, "nv_inference_request_success", **v2), 10)
+            self.assertEqual(metric(text, "nv_inference_count", **v2), 20)
+            self.assertEqual(metric(text, "nv_inference_exec_count", **v2), 10)
+            for family, statistic in (("request", "success"), ("queue", "queue"),
+                                      ("compute_input", "compute_input"),
+                                      ("compute_infer", "compute_infer"),
+                                      ("compute_output", "compute_output")):
+                self.assertEqual(metric(text, "nv_inference_%s_duration_us" % family, **v2),
+                                 st[statistic]["ns"] // 1000, family)
+            self.assertEqual(metric(text, "nv_inference_pending_request_count", **v2), 0)
+            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+                self.assertEqual(metric(text, "nv_inference_request_failure", reason=reason,
+                                        **v2), 0, reason)
+            # The slow model's request that timed out.
+            self.assertEqual(metric(text, "nv_inference_request_failure", model="slow",
+                                    version="1", reason="OTHER"), 1)
+            self.assertIn("# TYPE nv_inference_request_success counter", text)
 
             # Errors: Triton's 400 / INVALID_ARGUMENT.
             with self.assertRaises(InferenceServerException) as e:
@@ -508,7 +527,18 @@ class ResponseCache(harness.unittest.TestCase):
             self.assertEqual(metric(page, "asyncinfer_inference_statistics_requests",
                                     model="identity_cached", version="1", statistic=statistic),
                              st1[statistic]["count"], statistic)
+            # Triton's names for the same counts.
+            self.assertEqual(metric(page, "nv_cache_num_hits_per_model" if statistic ==
+                                    "cache_hit" else "nv_cache_num_misses_per_model",
+                                    model="identity_cached", version="1"),
+                             st1[statistic]["count"], statistic)
+        self.assertEqual(metric(page, "nv_inference_request_success", model="identity_cached",
+                                version="1"), st1["success"]["count"])
+        self.assertEqual(metric(page, "nv_inference_count", model="identity_cached",
+                                version="1"), after["inference_count"])
         # A model without response_cache never looks.
+        self.assertIsNone(metric(page, "nv_cache_num_hits_per_model", model="identity",
+                                 version="1"))
         self.http.infer("identity", [http_input(x, True)], model_version="1")
         self.http.infer("identity", [http_input(x, True)], model_version="1")
         self.assertEqual(self.cache_counts("identity"), (0, 0))
