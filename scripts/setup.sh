@@ -53,7 +53,8 @@ pinned_venv() {
 # Triton's client (tests/server/test_tritonclient*.py run on it) and OpenVINO's runtime (the
 # openvino model backend builds against its C++ files; benchmark_app for bench/).
 # With --peers, also the servers bench/compare_servers.py measures asyncinfer against: KServe's
-# model server and Ray Serve (about 850 MB together; no test needs them). Their venvs see Debian's
+# model server and Ray Serve (about 850 MB together), and perf_analyzer 2.51 (260 MB); no test
+# needs them (server.perf_analyzer is skipped without the last). Their venvs see Debian's
 # packages, so that they serve the model through Debian's torch, asyncinfer's libtorch version.
 python_venvs() {
   pinned_venv tritonclient requirements-tritonclient.txt
@@ -61,6 +62,9 @@ python_venvs() {
   if [ "$peers" = 1 ]; then
     pinned_venv kserve requirements-kserve.txt --system-site-packages
     pinned_venv ray requirements-ray.txt --system-site-packages
+    # perf_analyzer 2.51, Triton's benchmark tool (scripts/perf_analyzer runs it; it also needs
+    # Debian's libb64-0d, in the package list with --peers).
+    pinned_venv perf_analyzer requirements-perf-analyzer.txt
   fi
 }
 peers=0
@@ -70,6 +74,7 @@ for arg in "$@"; do
     *) echo "setup: unknown argument '$arg' (expected --peers)" >&2; exit 2 ;;
   esac
 done
+if [ "$peers" = 1 ]; then packages+=(libb64-0d); fi
 
 missing=()
 for p in "${packages[@]}"; do
