@@ -159,7 +159,7 @@ def test_engines_dropped_in_their_callbacks_share_one_reaper_thread():
         assert all(ref() is None for ref in refs)
         # One write: print() writes its pieces one by one, and a late callback's line could
         # land between them.
-        sys.stdout.write(f"reapers {most} {reapers()}\n")
+        sys.stdout.write(f"reapers {most} {reapers()}\\n")
         sys.stdout.flush()
         # Leaves at once: the last destructions may still be pending; the exit hook waits.
     """, timeout=120)

@@ -576,8 +576,9 @@ class BadInput(RpcCase):
         self.invalid("parameter 'timeout' must be an integer", "identity", self.good_input(),
                      parameters={"timeout": "soon"})
         r = gc.infer_request("identity", self.good_input(), outputs=["output0"])
-        r.outputs[0].parameters["classification"].int64_param = 3
-        self.bad(grpc.StatusCode.INVALID_ARGUMENT, "classification extension is not supported", r)
+        r.outputs[0].parameters["classification"].string_param = "3"
+        self.bad(grpc.StatusCode.INVALID_ARGUMENT,
+                 "output 'output0': parameter 'classification' must be an integer", r)
 
     def test_message_over_the_limit(self):
         values = b"\0" * (BIG * 4)  # 8 MiB against this server's 4 MiB
