@@ -22,6 +22,7 @@
 #include "http_server.hpp"
 #include "inference_server.hpp"
 #include "model_repository.hpp"
+#include "server_log.hpp"
 #endif
 #if ASYNCINFER_HAVE_SERVER && ASYNCINFER_HAVE_GRPC
 #include "grpc_server.hpp"
@@ -68,12 +69,15 @@ struct ServeOptions {
   std::vector<std::string> load_models;
 };
 
-void log_line(const std::string& line) {
-  std::fprintf(stderr, "asyncinfer serve: %s\n", line.c_str());
-  std::fflush(stderr);
+#if ASYNCINFER_HAVE_SERVER
+/// The server's log (server_log.hpp): its lines, the repository's and the library's, with the
+/// settings of Triton's logging extension. Lives as long as the process.
+server::ServerLog& server_log() {
+  static server::ServerLog log("asyncinfer serve");
+  return log;
 }
 
-#if ASYNCINFER_HAVE_SERVER
+void log_line(const std::string& line) { server_log().write_line(line); }
 std::chrono::milliseconds ms(double s) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0 + 0.5));
 }
@@ -116,6 +120,8 @@ int run_serve(const ServeOptions& o) {
   using namespace asyncinfer::server;
   // Before any thread exists (the engines start theirs while loading).
   block_shutdown_signals();
+  // The library's messages (a worker's, an engine's) go to the server's log, at their level.
+  set_log_hook([](LogLevel level, std::string_view message) { server_log().write(level, message); });
   const std::size_t fds = raise_fd_limit();
   // Options checked before the models load (a load may take minutes).
   auto cache_bytes = parse_cache_config(o.cache_config);
@@ -178,6 +184,7 @@ int run_serve(const ServeOptions& o) {
   so.max_shm_regions = o.max_shm_regions;
   so.connection_fds = connection_fds(fds, o.max_shm_regions);
   so.response_cache_bytes = *cache_bytes;
+  so.log = &server_log();
   auto snapshot = (*repository)->snapshot();
   for (const auto& m : snapshot->models) {
     for (const auto& v : m->versions) {

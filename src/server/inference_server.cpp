@@ -29,6 +29,7 @@
 #include "asyncinfer/detail/chrono.hpp"
 #include "classification.hpp"
 #include "model_config.hpp"
+#include "server_log.hpp"
 
 namespace asyncinfer::server {
 // ---- helpers ------------------------------------------------------------------------------------
@@ -98,6 +99,10 @@ InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, Se
       memory_(options_.max_inflight_bytes),
       shared_memory_(&memory_, options_.max_shm_regions),
       connections_(options_.connection_fds) {
+  if (options_.log == nullptr) {
+    own_log_ = std::make_unique<ServerLog>("asyncinfer serve");
+    options_.log = own_log_.get();
+  }
   if (options_.response_cache_bytes > 0) {
     cache_ = std::make_unique<ResponseCache>(options_.response_cache_bytes);
   }

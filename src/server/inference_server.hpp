@@ -172,9 +172,11 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 6> kServerExtensions = {
-    "classification",       "model_repository",   "model_configuration",
-    "system_shared_memory", "binary_tensor_data", "statistics"};
+inline constexpr std::array<std::string_view, 7> kServerExtensions = {
+    "classification",       "model_repository",   "model_configuration", "system_shared_memory",
+    "binary_tensor_data",   "statistics",         "logging"};
+
+class ServerLog;
 
 struct ServerOptions {
   std::string name = "asyncinfer";
@@ -192,6 +194,10 @@ struct ServerOptions {
   /// Triton's --cache-config local,size=BYTES: the response cache's size (response_cache.hpp)
   /// for the models whose config enables it; 0 = no cache.
   std::size_t response_cache_bytes = 0;
+  /// The server's log (server_log.hpp): what the logging extension (GET/POST /v2/logging, gRPC
+  /// LogSettings) reads and changes. Null: the server makes one of its own, writing to standard
+  /// error. Must outlive the server.
+  ServerLog* log = nullptr;
 };
 
 class InferenceServer {
@@ -205,6 +211,8 @@ class InferenceServer {
   InferenceServer& operator=(const InferenceServer&) = delete;
 
   const ServerOptions& options() const noexcept { return options_; }
+  /// The server's log (ServerOptions::log, or its own).
+  ServerLog& log() const noexcept { return *options_.log; }
   const ModelRepository& repository() const noexcept { return *repository_; }
   /// Model control (load_model, unload_model) goes through it.
   ModelRepository& repository() noexcept { return *repository_; }
@@ -354,6 +362,7 @@ class InferenceServer {
 
   std::unique_ptr<ModelRepository> repository_;
   ServerOptions options_;
+  std::unique_ptr<ServerLog> own_log_;  // when options_.log is null
   std::unique_ptr<ResponseCache> cache_;
   MemoryBudget memory_;  // before shared_memory_, which counts input copies against it
   SharedMemoryManager shared_memory_;

@@ -289,10 +289,22 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
           d = "cuda:" + std::to_string(g.gpus().empty() ? 0 : g.gpus(0));
         }
         break;
+      case inference::ModelInstanceGroup::KIND_MODEL:
+        // Triton's kind for a device the model picks itself: here, its parameters "device" (what
+        // GET .../config shows for a model on the simulated device, so that a config read back
+        // loads again).
+        if (plan.device.empty()) {
+          return bad(model,
+                     "instance_group kind KIND_MODEL needs parameters { key: \"device\" } (the "
+                     "device the model picks: cpu, sim, cuda:N)");
+        }
+        d = plan.device;
+        break;
       default:
         return bad(model, "instance_group kind " +
                               inference::ModelInstanceGroup::Kind_Name(g.kind()) +
-                              " is not supported (KIND_CPU, KIND_GPU or KIND_AUTO)");
+                              " is not supported (KIND_CPU, KIND_GPU, KIND_AUTO, or KIND_MODEL "
+                              "with parameters \"device\")");
     }
     if (!first && (d != device || automatic != device_auto)) {
       return bad(model,

@@ -75,7 +75,7 @@ class TritonClient(harness.unittest.TestCase):
 
     def test_extensions_list_what_is_served(self):
         expected = ["classification", "model_repository", "model_configuration",
-                    "system_shared_memory", "binary_tensor_data", "statistics"]
+                    "system_shared_memory", "binary_tensor_data", "statistics", "logging"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
 
@@ -1224,6 +1224,73 @@ class Classification(harness.unittest.TestCase):
                 config, output=[dict(config["output"][0], label_filename="../../etc/passwd")])))
         self.assertIn("label_filename '../../etc/passwd' must name a file in the model's folder",
                       e.exception.message())
+
+
+class Logging(harness.unittest.TestCase):
+    """Triton's logging extension: GET/POST /v2/logging and gRPC LogSettings read and change the
+    server's log settings, and the log follows them."""
+
+    DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                "log_verbose_level": 0, "log_format": "default"}
+
+    def setUp(self):
+        self.server = Server(EXAMPLE_REPOSITORY, "--model-control-mode", "explicit",
+                             "--load-model", "identity").start()
+        self.addCleanup(self.server.stop)
+        self.http = httpclient.InferenceServerClient("127.0.0.1:%d" % self.server.http_port)
+        self.addCleanup(self.http.close)
+        self.grpc = grpcclient.InferenceServerClient(self.server.grpc_target)
+        self.addCleanup(self.grpc.close)
+
+    def grpc_settings(self, **changes):
+        r = self.grpc.update_log_settings(changes) if changes else self.grpc.get_log_settings()
+        return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in r.settings.items()}
+
+    def test_get_and_update_over_http_and_grpc(self):
+        self.assertEqual(self.http.get_log_settings(), self.DEFAULTS)
+        self.assertEqual(self.grpc_settings(), self.DEFAULTS)
+        got = self.http.update_log_settings({"log_verbose_level": 2, "log_info": False})
+        self.assertEqual(got, dict(self.DEFAULTS, log_verbose_level=2, log_info=False))
+        # Every field comes back, whichever were changed; gRPC sees the same settings.
+        got = self.grpc_settings(log_format="ISO8601", log_info=True)
+        self.assertEqual(got, dict(self.DEFAULTS, log_verbose_level=2, log_format="ISO8601"))
+        self.assertEqual(self.http.get_log_settings()["log_format"], "ISO8601")
+
+    def test_bad_settings_change_nothing(self):
+        for changes, fragment in (({"log_verbose_level": -1}, "log_verbose_level"),
+                                  ({"log_format": "json"}, "\"default\" or \"ISO8601\""),
+                                  ({"log_info": "yes"}, "log_info"),
+                                  ({"log_file": "/tmp/x.log"}, "log_file"),
+                                  ({"log_info": False, "log_colour": 1}, "log_colour")):
+            with self.assertRaises(InferenceServerException) as e:
+                self.http.update_log_settings(changes)
+            self.assertEqual(e.exception.status(), "400", changes)
+            self.assertIn(fragment, e.exception.message(), changes)
+        self.assertEqual(self.http.get_log_settings(), self.DEFAULTS)
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.update_log_settings({"log_format": "json"})
+        self.assertEqual(e.exception.status(), "StatusCode.INVALID_ARGUMENT")
+        status, _, reply = raw_post(self.server.http_port, "/v2/logging", b"[1]", {})
+        self.assertEqual(status, 400, reply)
+
+    def test_the_log_follows_the_settings(self):
+        # ISO8601: each line dated (UTC) and lettered with its level.
+        self.http.update_log_settings({"log_format": "ISO8601"})
+        self.http.load_model("slow")
+        line = self.server.wait_line(r"model 'slow' version 1: READY")
+        self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I asyncinfer serve: model ")
+        # Info off: a load's READY line is not written, its warning is (W).
+        self.http.update_log_settings({"log_info": False})
+        start = len(self.server.lines)
+        config = self.http.get_model_config("slow")
+        config["metric_tags"] = {"team": "x"}  # ignored: a warning
+        self.http.load_model("slow", config=json.dumps(config))
+        line = self.server.wait_line(r"W asyncinfer serve: model 'slow': warning: .*metric_tags")
+        self.assertEqual([l for l in self.server.lines[start:] if "READY" in l], [])
+        # Back on, in the default format: as asyncinfer always wrote its lines.
+        self.http.update_log_settings({"log_info": True, "log_format": "default"})
+        self.http.unload_model("slow")
+        self.server.wait_line(r"^asyncinfer serve: model 'slow': unloaded$")
 
 if __name__ == "__main__":
     harness.parse_args()

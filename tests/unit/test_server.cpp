@@ -239,6 +239,13 @@ TEST(ServerConfig, BehaviourChangingFieldsAreErrors) {
     EXPECT_NE(p.status().message().find(expect), std::string_view::npos)
         << extra << " → " << p.status();
   }
+  // KIND_MODEL with parameters "device": what GET .../config shows for a simulated device loads.
+  auto model_kind = plan(std::string(kIdentity) +
+                         "instance_group [ { kind: KIND_MODEL, count: 2 } ]\n"
+                         "parameters { key: \"device\" value { string_value: \"sim\" } }\n");
+  ASSERT_TRUE(model_kind.ok()) << model_kind.status();
+  EXPECT_EQ(model_kind->device, "sim");
+  EXPECT_EQ(model_kind->engine.workers, 2);
   auto reshape = plan(R"(name: "m" backend: "builtin"
 input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
 parameters { key: "uri" value { string_value: "builtin:identity" } })");

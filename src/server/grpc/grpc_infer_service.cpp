@@ -7,6 +7,7 @@
 
 #include "grpc_server_impl.hpp"
 #include "oip_grpc.hpp"
+#include "server_log.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -144,7 +145,8 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
 using CudaSharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryStatus<
     pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryRegister<
         pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryUnregister<
-            pb::GRPCInferenceService::Service>>>;
+            pb::GRPCInferenceService::WithCallbackMethod_LogSettings<
+                pb::GRPCInferenceService::Service>>>>;
 using SharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryStatus<
     pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryRegister<
         pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryUnregister<
@@ -184,6 +186,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::CudaSharedMemoryRegister;
   using ServiceBase::CudaSharedMemoryStatus;
   using ServiceBase::CudaSharedMemoryUnregister;
+  using ServiceBase::LogSettings;
   using ServiceBase::SystemSharedMemoryRegister;
   using ServiceBase::SystemSharedMemoryStatus;
   using ServiceBase::SystemSharedMemoryUnregister;
@@ -341,6 +344,39 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
       grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryUnregisterRequest*,
       pb::CudaSharedMemoryUnregisterResponse*) override {
+    return done(ctx, Status());
+  }
+
+  // Triton's logging extension: the settings given change (all or none), and the answer has
+  // every setting.
+  grpc::ServerUnaryReactor* LogSettings(grpc::CallbackServerContext* ctx,
+                                        const pb::LogSettingsRequest* in,
+                                        pb::LogSettingsResponse* out) override {
+    Parameters changes;
+    for (const auto& [name, value] : in->settings()) {
+      switch (value.parameter_choice_case()) {
+        case pb::LogSettingsRequest::SettingValue::kBoolParam:
+          changes[name] = value.bool_param();
+          break;
+        case pb::LogSettingsRequest::SettingValue::kUint32Param:
+          changes[name] = static_cast<std::int64_t>(value.uint32_param());
+          break;
+        case pb::LogSettingsRequest::SettingValue::kStringParam:
+          changes[name] = value.string_param();
+          break;
+        default:
+          return done(ctx, invalid_argument_error("log setting '" + name + "' has no value"));
+      }
+    }
+    auto settings = impl_.core.log().update(changes);
+    if (!settings.ok()) return done(ctx, settings.status());
+    auto& m = *out->mutable_settings();
+    m["log_file"].set_string_param(settings->log_file);
+    m["log_info"].set_bool_param(settings->log_info);
+    m["log_warning"].set_bool_param(settings->log_warning);
+    m["log_error"].set_bool_param(settings->log_error);
+    m["log_verbose_level"].set_uint32_param(settings->log_verbose_level);
+    m["log_format"].set_string_param(std::string(to_string(settings->log_format)));
     return done(ctx, Status());
   }
 

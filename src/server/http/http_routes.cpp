@@ -11,6 +11,7 @@
 
 #include "http_compression.hpp"
 #include "http_server_impl.hpp"
+#include "server_log.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -141,6 +142,17 @@ void Session::handle_api() {
     std::string model;
     if (!percent_decode(p[3], model)) return respond_error(400, "bad percent-escape in model name");
     return handle_repository(model, p[4] == "load");
+  }
+  if (is(2, {"v2", "logging"})) {  // Triton's logging extension (server_log.hpp)
+    if (method == http::verb::get) {
+      return respond(200, log_settings_json(impl_.core.log().settings()));
+    }
+    if (method != http::verb::post) return respond_method("GET, POST");
+    auto changes = parse_log_settings_request(request_.body(), impl_.opt.max_json_depth);
+    if (!changes.ok()) return respond_status(changes.status());
+    auto settings = impl_.core.log().update(*changes);
+    if (!settings.ok()) return respond_status(settings.status());
+    return respond(200, log_settings_json(*settings));
   }
   if (p[1] == "systemsharedmemory" || p[1] == "cudasharedmemory") {
     return handle_shared_memory(p, p[1] == "cudasharedmemory", method);

@@ -132,6 +132,30 @@ Result<bool> parse_index_request(std::string_view body, int max_depth) {
   return it->get<bool>();
 }
 
+Result<Parameters> parse_log_settings_request(std::string_view body, int max_depth) {
+  if (body.empty()) return invalid_argument_error("the request body must be a JSON object");
+  ASYNCINFER_ASSIGN_OR_RETURN(json j, parse_json(body, max_depth));
+  if (!j.is_object()) return invalid_argument_error("the request body must be a JSON object");
+  Parameters out;
+  for (const auto& [name, value] : j.items()) {
+    if (value.is_boolean()) {
+      out[name] = value.get<bool>();
+    } else if (value.is_number_unsigned()) {
+      out[name] = value.get<std::uint64_t>();
+    } else if (value.is_number_integer()) {
+      out[name] = value.get<std::int64_t>();
+    } else if (value.is_number_float()) {
+      out[name] = value.get<double>();
+    } else if (value.is_string()) {
+      out[name] = value.get<std::string>();
+    } else {
+      return invalid_argument_error("log setting '" + name +
+                                    "' must be a boolean, a number or a string");
+    }
+  }
+  return out;
+}
+
 Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body,
                                                               int max_depth) {
   if (body.empty()) {

@@ -74,6 +74,9 @@ std::string repository_index_json(const ModelRepository& repository, bool ready_
 std::string model_statistics_json(const std::vector<ModelRef>& versions);
 /// Parses the optional body of /v2/repository/index ({"ready": bool}); invalid_argument else.
 Result<bool> parse_index_request(std::string_view body, int max_depth);
+/// The body of POST /v2/logging (Triton's logging extension): a JSON object of settings, each a
+/// bool, a number or a string (ServerLog::update checks which); invalid_argument otherwise.
+Result<Parameters> parse_log_settings_request(std::string_view body, int max_depth);
 
 /// The body of POST /v2/repository/models/{m}/load or /unload (Triton's): empty, or
 /// {"parameters": {...}}. A load's `config` (a string: a ModelConfig in JSON) replaces the
