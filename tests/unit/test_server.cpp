@@ -31,6 +31,7 @@
 #include "limits.hpp"
 #include "model_config.hpp"
 #include "response_cache.hpp"
+#include "server_log.hpp"
 #include "status_mapping.hpp"
 
 namespace asyncinfer::server {
@@ -183,6 +184,52 @@ TEST(Classification, LabelFilesAndTheirNames) {
   p = plan(text);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->label_files.at("output0"), "l.txt");
+}
+
+std::string read_all(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string text;
+  char buffer[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, n);
+  return text;
+}
+
+TEST(ServerLog, LevelsFormatAndAllOrNothingUpdates) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  ServerLog log("srv", f);
+  log.write(LogLevel::info, "one");
+  log.write(LogLevel::debug, "hidden at verbose level 0");
+  log.write_line("model 'm': warning: w");
+  log.write_line("model 'm': UNAVAILABLE: e");
+  // A bad change changes nothing, even beside a good one.
+  auto bad = log.update({{"log_info", false}, {"log_verbose_level", std::int64_t{-1}}});
+  EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);
+  EXPECT_TRUE(log.settings().log_info);
+  auto good = log.update({{"log_info", false}, {"log_verbose_level", std::int64_t{1}},
+                          {"log_format", std::string("ISO8601")}});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(log_settings_json(*good),
+            R"({"log_file":"","log_info":false,"log_warning":true,"log_error":true,)"
+            R"("log_verbose_level":1,"log_format":"ISO8601"})");
+  log.write(LogLevel::info, "off");
+  log.write(LogLevel::debug, "shown");
+  log.write_line("model 'm': UNAVAILABLE: again");
+  const std::string text = read_all(f);
+  std::fclose(f);
+  EXPECT_NE(text.find("srv: one\nsrv: model 'm': warning: w\nsrv: model 'm': UNAVAILABLE: e\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("hidden"), std::string::npos);
+  EXPECT_EQ(text.find("off"), std::string::npos);
+  EXPECT_NE(text.find("Z V srv: shown\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Z E srv: model 'm': UNAVAILABLE: again\n"), std::string::npos) << text;
+  EXPECT_EQ(log.update({{"log_file", std::string("/tmp/x")}}).status().code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ(log.update({{"log_format", std::string("json")}}).status().code(),
+            StatusCode::invalid_argument);
 }
 
 TEST(ServerConfig, IgnorableFieldsAreWarnings) {
