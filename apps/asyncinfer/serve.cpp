@@ -120,8 +120,12 @@ int run_serve(const ServeOptions& o) {
   using namespace asyncinfer::server;
   // Before any thread exists (the engines start theirs while loading).
   block_shutdown_signals();
-  // The library's messages (a worker's, an engine's) go to the server's log, at their level.
-  set_log_hook([](LogLevel level, std::string_view message) { server_log().write(level, message); });
+  // The library's messages (a worker's, an engine's) go to the server's log, at their level, and
+  // say it as the default hook did ("warning: ...").
+  set_log_hook([](LogLevel level, std::string_view message) {
+    if (level == LogLevel::info) return server_log().write(level, message);
+    server_log().write(level, std::string(to_string(level)) + ": " + std::string(message));
+  });
   const std::size_t fds = raise_fd_limit();
   // Options checked before the models load (a load may take minutes).
   auto cache_bytes = parse_cache_config(o.cache_config);
