@@ -67,6 +67,8 @@ struct ServeOptions {
   double model_load_timeout_s = 600;
   int model_load_threads = 4;
   std::vector<std::string> load_models;
+  std::vector<std::string> http_restricted_api;
+  std::vector<std::string> grpc_restricted_protocol;
 };
 
 #if ASYNCINFER_HAVE_SERVER
@@ -132,6 +134,21 @@ int run_serve(const ServeOptions& o) {
   if (!cache_bytes.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: %s\n", cache_bytes.status().to_string().c_str());
     return kExitUsage;
+  }
+  RestrictedApis http_restricted;
+  RestrictedApis grpc_restricted;
+  for (const std::string& spec : o.http_restricted_api) {
+    if (Status r = http_restricted.add(spec, "--http-restricted-api"); !r.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n", r.to_string().c_str());
+      return kExitUsage;
+    }
+  }
+  for (const std::string& spec : o.grpc_restricted_protocol) {
+    if (Status r = grpc_restricted.add(spec, "--grpc-restricted-protocol", "triton-grpc-protocol-");
+        !r.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n", r.to_string().c_str());
+      return kExitUsage;
+    }
   }
 
   auto mode = parse_model_control_mode(o.model_control_mode);
@@ -210,6 +227,7 @@ int run_serve(const ServeOptions& o) {
   InferenceServer core(std::move(*repository), so);
 
   HttpOptions ho;
+  ho.restricted = http_restricted;
   ho.host = o.host;
   ho.http_port = o.http_port;
   ho.metrics_port = o.metrics_port;
@@ -243,6 +261,7 @@ int run_serve(const ServeOptions& o) {
   std::optional<GrpcServer> grpc;
   if (o.grpc_port >= 0) {
     GrpcOptions go;
+    go.restricted = grpc_restricted;
     go.host = o.host;
     go.port = o.grpc_port;
     go.max_message_bytes = o.grpc_max_message_bytes;
@@ -376,6 +395,15 @@ Command add_serve_command(CLI::App& parent) {
       ->check(CLI::Range(1, 256));
   app->add_option("--load-model", o->load_models,
                   "explicit mode: a model to load at start (repeatable; * = every model)");
+  app->add_option("--http-restricted-api", o->http_restricted_api,
+                  "Triton's <api>[,<api>...]:<key>=<value>: those HTTP API categories (health, "
+                  "metadata, inference, shared-memory, model-config, model-repository, "
+                  "statistics, trace, logging) answer only requests with the header <key>: "
+                  "<value> (403 otherwise); repeatable, a category in one group");
+  app->add_option("--grpc-restricted-protocol", o->grpc_restricted_protocol,
+                  "Triton's <api>[,<api>...]:<key>=<value> for gRPC: the calls of those "
+                  "categories need the metadata triton-grpc-protocol-<key>: <value> "
+                  "(UNAVAILABLE otherwise); repeatable");
   app->add_option("--max-connections", o->max_connections,
                   "Open HTTP connections at most (429 above)")
       ->capture_default_str()

@@ -33,7 +33,7 @@ from tritonclient.utils import InferenceServerException
 import harness
 from harness import metric, wait_for
 from harness import ARGS, EXAMPLE_REPOSITORY, Repository, Server
-from triton_fixture import serve
+from triton_fixture import Collector, serve
 
 X = np.arange(32, dtype=np.float32).reshape(2, 16)
 
@@ -1291,6 +1291,93 @@ class Logging(harness.unittest.TestCase):
         self.http.update_log_settings({"log_info": True, "log_format": "default"})
         self.http.unload_model("slow")
         self.server.wait_line(r"^asyncinfer serve: model 'slow': unloaded$")
+
+
+class RestrictedApis(harness.unittest.TestCase):
+    """Triton's limited endpoint access: --http-restricted-api and --grpc-restricted-protocol
+    groups of API categories that answer only a request with their shared-secret header, in
+    Triton's words; the other categories stay open."""
+
+    @classmethod
+    def setUpClass(cls):
+        serve(cls, EXAMPLE_REPOSITORY,
+              "--http-restricted-api", "model-repository,logging:admin-key=admin-value",
+              "--http-restricted-api", "inference:infer-key=infer-value",
+              "--grpc-restricted-protocol", "inference,health:infer-key=infer-value",
+              "--grpc-restricted-protocol", "model-repository:Admin-Key=admin-value")
+
+    def test_http(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.get_model_repository_index()
+        self.assertEqual(e.exception.status(), "403")
+        self.assertIn("This API is restricted, expecting header 'admin-key'",
+                      e.exception.message())
+        for wrong in ({"admin-key": "admin-valuE"}, {"admin-key": ""}, {"infer-key": "admin-value"}):
+            with self.assertRaises(InferenceServerException):
+                self.http.get_log_settings(headers=wrong)
+        self.assertTrue(self.http.get_model_repository_index(headers={"admin-key": "admin-value"}))
+        self.assertEqual(self.http.get_log_settings(headers={"admin-key": "admin-value"})[
+            "log_format"], "default")
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.infer("identity", [http_input(X, True)])
+        self.assertEqual(e.exception.status(), "403")
+        r = self.http.infer("identity", [http_input(X, True)],
+                            headers={"infer-key": "infer-value"})
+        np.testing.assert_array_equal(r.as_numpy("output0"), X)
+        # Open categories answer without a header.
+        self.assertTrue(self.http.is_server_ready())
+        self.assertEqual(self.http.get_model_metadata("identity")["name"], "identity")
+        self.http.get_inference_statistics("identity")
+
+    def test_grpc(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.grpc.infer("identity", [grpc_input(X)])
+        self.assertEqual(e.exception.status(), "StatusCode.UNAVAILABLE")
+        self.assertIn("This protocol is restricted, expecting header "
+                      "'triton-grpc-protocol-infer-key'", e.exception.message())
+        infer = {"triton-grpc-protocol-infer-key": "infer-value"}
+        r = self.grpc.infer("identity", [grpc_input(X)], headers=infer)
+        np.testing.assert_array_equal(r.as_numpy("output0"), X)
+        with self.assertRaises(InferenceServerException):
+            self.grpc.is_server_live()
+        self.assertTrue(self.grpc.is_server_live(headers=infer))
+        # The key is matched lower case (gRPC metadata keys are).
+        with self.assertRaises(InferenceServerException):
+            self.grpc.get_model_repository_index(headers=infer)
+        self.grpc.get_model_repository_index(
+            headers={"triton-grpc-protocol-admin-key": "admin-value"})
+        self.assertEqual(self.grpc.get_model_metadata("identity").name, "identity")
+        # A stream is refused at its start, and runs with the header.
+        results = Collector()
+        self.grpc.start_stream(callback=results)
+        try:  # the stream may have ended already: the client then refuses to send
+            self.grpc.async_stream_infer("identity", [grpc_input(X)])
+        except InferenceServerException:
+            pass
+        [(result, error)] = results.take(1)
+        self.assertIsNone(result)
+        self.assertIn("This protocol is restricted", str(error))
+        self.grpc.stop_stream()
+        results = Collector()
+        self.grpc.start_stream(callback=results, headers=infer)
+        self.grpc.async_stream_infer("identity", [grpc_input(X)])
+        [(result, error)] = results.take(1)
+        self.assertIsNone(error)
+        np.testing.assert_array_equal(result.as_numpy("output0"), X)
+        self.grpc.stop_stream()
+
+    def test_bad_groups_are_refused_at_start(self):
+        for args, fragment in ((["--http-restricted-api", "inference"], "expected <api>"),
+                               (["--http-restricted-api", "infer:k=v"], "unknown API 'infer'"),
+                               (["--grpc-restricted-protocol", "health:=v"], "the key is empty"),
+                               (["--http-restricted-api", "health:a=1",
+                                 "--http-restricted-api", "health,trace:b=2"],
+                                "'health' is already in another group")):
+            out = subprocess.run([ARGS.cli, "serve", "--model-repository", EXAMPLE_REPOSITORY,
+                                  "--http-port", "0", "--grpc-port", "0", "--metrics-port", "-1"]
+                                 + args, capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertIn(fragment, out.stderr)
 
 if __name__ == "__main__":
     harness.parse_args()

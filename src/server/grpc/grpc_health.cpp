@@ -178,6 +178,10 @@ class HealthService final : public hpb::Health::CallbackService {
                                   const hpb::HealthCheckRequest* in,
                                   hpb::HealthCheckResponse* out) override {
     auto* r = new CountedUnary(impl_, ctx);
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::health); !s.ok()) {
+      r->answer(s);
+      return r;
+    }
     if (!health_service_known(in->service())) {
       r->answer(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + in->service() +
                                                               "' (this server reports \"\" and " +
@@ -191,6 +195,9 @@ class HealthService final : public hpb::Health::CallbackService {
 
   grpc::ServerWriteReactor<hpb::HealthCheckResponse>* Watch(
       grpc::CallbackServerContext* ctx, const hpb::HealthCheckRequest* in) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::health); !s.ok()) {
+      return new RefusedCall<grpc::ServerWriteReactor<hpb::HealthCheckResponse>>(s);
+    }
     return new HealthWatch(impl_, ctx, health_service_known(in->service()));
   }
 

@@ -171,6 +171,10 @@ class GrpcServer::Impl::Service final : public ServiceBase {
  public:
   explicit Service(Impl& impl) : impl_(impl) {}
 
+  using ServiceBase::CudaSharedMemoryRegister;
+  using ServiceBase::CudaSharedMemoryStatus;
+  using ServiceBase::CudaSharedMemoryUnregister;
+  using ServiceBase::LogSettings;
   using ServiceBase::ModelConfig;
   using ServiceBase::ModelInfer;
   using ServiceBase::ModelMetadata;
@@ -183,10 +187,6 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::ServerLive;
   using ServiceBase::ServerMetadata;
   using ServiceBase::ServerReady;
-  using ServiceBase::CudaSharedMemoryRegister;
-  using ServiceBase::CudaSharedMemoryStatus;
-  using ServiceBase::CudaSharedMemoryUnregister;
-  using ServiceBase::LogSettings;
   using ServiceBase::SystemSharedMemoryRegister;
   using ServiceBase::SystemSharedMemoryStatus;
   using ServiceBase::SystemSharedMemoryUnregister;
@@ -194,6 +194,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const pb::ServerLiveRequest*,
                                        pb::ServerLiveResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::health); !s.ok()) return done(ctx, s);
     out->set_live(impl_.core.live());
     return done(ctx, Status());
   }
@@ -201,6 +202,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx,
                                         const pb::ServerReadyRequest*,
                                         pb::ServerReadyResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::health); !s.ok()) return done(ctx, s);
     out->set_ready(impl_.core.ready());
     return done(ctx, Status());
   }
@@ -208,6 +210,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
                                        const pb::ModelReadyRequest* in,
                                        pb::ModelReadyResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::health); !s.ok()) return done(ctx, s);
     auto mv = impl_.core.find(in->name(), in->version());
     // A known model (version) that is not ready answers ready = false; an unknown one is
     // NOT_FOUND and a malformed version INVALID_ARGUMENT, as over HTTP.
@@ -224,6 +227,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx,
                                            const pb::ServerMetadataRequest*,
                                            pb::ServerMetadataResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::metadata); !s.ok()) return done(ctx, s);
     server_metadata(impl_.core, out);
     return done(ctx, Status());
   }
@@ -231,6 +235,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
                                           const pb::ModelMetadataRequest* in,
                                           pb::ModelMetadataResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::metadata); !s.ok()) return done(ctx, s);
     auto mv = impl_.core.find(in->name(), in->version());
     if (!mv.ok()) return done(ctx, mv.status());
     auto snap = impl_.core.repository().snapshot();
@@ -243,6 +248,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* ctx,
                                         const pb::ModelConfigRequest* in,
                                         pb::ModelConfigResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::model_config); !s.ok())
+      return done(ctx, s);
     auto mv = impl_.core.find(in->name(), in->version());
     if (!mv.ok()) return done(ctx, mv.status());
     return done(ctx, model_config(**mv, out));
@@ -251,6 +258,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* ctx,
                                             const pb::ModelStatisticsRequest* in,
                                             pb::ModelStatisticsResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::statistics); !s.ok())
+      return done(ctx, s);
     auto versions = impl_.core.stats_versions(in->name(), in->version());
     if (!versions.ok()) return done(ctx, versions.status());
     model_statistics(*versions, out);
@@ -260,6 +269,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
                                             const pb::RepositoryIndexRequest* in,
                                             pb::RepositoryIndexResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::model_repository); !s.ok())
+      return done(ctx, s);
     if (!in->repository_name().empty()) {
       return done(ctx, not_found_error("unknown repository '" + in->repository_name() +
                                        "' (asyncinfer serves one; leave repository_name empty)"));
@@ -271,6 +282,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
                                                 const pb::RepositoryModelLoadRequest* in,
                                                 pb::RepositoryModelLoadResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::model_repository); !s.ok())
+      return done(ctx, s);
     std::optional<std::string> config;
     if (grpc::Status s = load_request_config(*in, &config); !s.ok()) return done(ctx, s);
     // Answered from the repository's control thread once the model serves (or failed).
@@ -283,6 +296,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* ctx,
                                                   const pb::RepositoryModelUnloadRequest* in,
                                                   pb::RepositoryModelUnloadResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::model_repository); !s.ok())
+      return done(ctx, s);
     if (grpc::Status s = check_unload_request(*in); !s.ok()) return done(ctx, s);
     auto* r = new CountedUnary(impl_, ctx);
     impl_.core.repository().unload_model(model_name_of(*in),
@@ -293,6 +308,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryStatusRequest* in,
       pb::SystemSharedMemoryStatusResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::shared_memory); !s.ok())
+      return done(ctx, s);
     auto regions = impl_.core.shared_memory().status(in->name());
     if (!regions.ok()) return done(ctx, regions.status());
     for (const SharedMemoryRef& r : *regions) {
@@ -308,6 +325,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* in,
       pb::SystemSharedMemoryRegisterResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::shared_memory); !s.ok())
+      return done(ctx, s);
     return done(ctx, impl_.core.shared_memory().register_region(
                          in->name(), in->key(), static_cast<std::size_t>(in->offset()),
                          static_cast<std::size_t>(in->byte_size())));
@@ -316,6 +335,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* in,
       pb::SystemSharedMemoryUnregisterResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::shared_memory); !s.ok())
+      return done(ctx, s);
     impl_.core.shared_memory().unregister(in->name());
     return done(ctx, Status());
   }
@@ -326,6 +347,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext* ctx,
                                                    const pb::CudaSharedMemoryStatusRequest* in,
                                                    pb::CudaSharedMemoryStatusResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::shared_memory); !s.ok())
+      return done(ctx, s);
     if (!in->name().empty()) {
       return done(ctx, invalid_argument_error("no CUDA shared memory region '" + in->name() +
                                               "' is registered"));
@@ -336,6 +359,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
       grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryRegisterRequest*,
       pb::CudaSharedMemoryRegisterResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::shared_memory); !s.ok())
+      return done(ctx, s);
     return done(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                   "CUDA shared memory is not supported by this server; use "
                                   "system shared memory (SystemSharedMemoryRegister)"));
@@ -344,6 +369,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
       grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryUnregisterRequest*,
       pb::CudaSharedMemoryUnregisterResponse*) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::shared_memory); !s.ok())
+      return done(ctx, s);
     return done(ctx, Status());
   }
 
@@ -352,6 +379,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* LogSettings(grpc::CallbackServerContext* ctx,
                                         const pb::LogSettingsRequest* in,
                                         pb::LogSettingsResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::logging); !s.ok()) return done(ctx, s);
     Parameters changes;
     for (const auto& [name, value] : in->settings()) {
       switch (value.parameter_choice_case()) {
@@ -383,6 +411,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::inference); !s.ok())
+      return done(ctx, s);
     auto* call = new InferCall(impl_, ctx, response);
     call->start(*request);
     return call;
@@ -390,6 +420,10 @@ class GrpcServer::Impl::Service final : public ServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
       grpc::CallbackServerContext* ctx) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::inference); !s.ok()) {
+      impl_.count(s.error_code());
+      return new RefusedCall<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
+    }
     return new_stream_call(impl_, ctx);
   }
 

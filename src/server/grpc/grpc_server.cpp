@@ -48,6 +48,20 @@ void CountedUnary::OnDone() {
   delete this;
 }
 
+grpc::Status GrpcServer::Impl::restricted(const grpc::CallbackServerContext* ctx,
+                                          ApiCategory category) const {
+  const ApiRestriction* r = opt.restricted.find(category);
+  if (r == nullptr) return grpc::Status::OK;
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find(r->key);
+  const std::string_view got = it == metadata.end()
+                                   ? std::string_view()
+                                   : std::string_view(it->second.data(), it->second.size());
+  if (restriction_met(*r, it == metadata.end() ? nullptr : &got)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "This protocol is restricted, expecting header '" + r->key + "'");
+}
+
 GrpcServer::Impl::Impl(InferenceServer& s, GrpcOptions o)
     : core(s), opt(std::move(o)), metrics(s.protocol_metrics("grpc", code_labels())) {}
 

@@ -53,6 +53,7 @@
 
 #include "frontend.hpp"
 #include "inference_server.hpp"
+#include "restricted_api.hpp"
 
 namespace asyncinfer::server {
 
@@ -96,6 +97,9 @@ struct GrpcOptions {
   /// (--grpc-memory-bytes; 0 = gRPC's default, unbounded).
   std::size_t memory_bytes = std::size_t{1} << 30;
   int max_threads = 0;  ///< 0 = gRPC's default
+  /// --grpc-restricted-protocol: the API categories that answer only a call carrying their
+  /// metadata key "triton-grpc-protocol-<key>" (restricted_api.hpp); UNAVAILABLE otherwise.
+  RestrictedApis restricted;
 };
 
 class GrpcServer : public Frontend {

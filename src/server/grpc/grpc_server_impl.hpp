@@ -154,6 +154,10 @@ struct GrpcServer::Impl {
   GrpcOptions opt;
   ProtocolMetrics& metrics;
 
+  /// OK, or Triton's UNAVAILABLE when `category` is restricted (--grpc-restricted-protocol) and
+  /// the call lacks its metadata (grpc_server.cpp).
+  grpc::Status restricted(const grpc::CallbackServerContext* ctx, ApiCategory category) const;
+
   class Service;  // inference.GRPCInferenceService (grpc_infer_service.cpp)
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Service> health_service;
@@ -236,6 +240,14 @@ std::unique_ptr<grpc::Service> make_inference_service(GrpcServer::Impl& impl);
 /// grpc.health.v1.Health over `impl` (grpc_health.cpp).
 std::unique_ptr<grpc::Service> make_health_service(GrpcServer::Impl& impl);
 /// A ModelStreamInfer call's reactor (grpc_stream_call.cpp); the library owns it until OnDone.
+/// A streaming call refused before it started (a restricted category): it ends with `status`.
+template <class Reactor>
+class RefusedCall final : public Reactor {
+ public:
+  explicit RefusedCall(grpc::Status status) { this->Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* new_stream_call(
     GrpcServer::Impl& impl, grpc::CallbackServerContext* ctx);
 

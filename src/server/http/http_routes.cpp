@@ -5,6 +5,7 @@
 // thread.
 #include <charconv>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +96,35 @@ void Session::handle_metrics() {
   respond(200, impl_.core.metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 
+namespace {
+
+/// The API category of an API path (split; p[0] is "v2") for --http-restricted-api; nullopt
+/// for a path that is none (answered 404).
+std::optional<ApiCategory> category_of(const std::vector<std::string_view>& p) {
+  if (p.size() == 1) return ApiCategory::metadata;
+  const std::string_view top = p[1];
+  if (top == "health") return ApiCategory::health;
+  if (top == "repository") return ApiCategory::model_repository;
+  if (top == "systemsharedmemory" || top == "cudasharedmemory") return ApiCategory::shared_memory;
+  if (top == "logging") return ApiCategory::logging;
+  if (top == "trace") return ApiCategory::trace;
+  if (top != "models") return std::nullopt;
+  if (p.size() == 3 && p[2] == "stats") return ApiCategory::statistics;
+  const std::size_t next = p.size() >= 5 && p[3] == "versions" ? 5 : 3;
+  if (next >= p.size()) return ApiCategory::metadata;
+  const std::string_view action = p[next];
+  if (action == "ready") return ApiCategory::health;
+  if (action == "stats") return ApiCategory::statistics;
+  if (action == "config") return ApiCategory::model_config;
+  if (action == "trace") return ApiCategory::trace;
+  if (action == "infer" || action == "generate" || action == "generate_stream") {
+    return ApiCategory::inference;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void Session::handle_api() {
   const std::string_view target = target_path(request_.target());
   const std::vector<std::string_view> p = split_path(target);
@@ -115,6 +145,18 @@ void Session::handle_api() {
     return false;
   };
   if (p.empty() || p[0] != "v2") return not_found(target);
+  if (!impl_.opt.restricted.empty()) {
+    const std::optional<ApiCategory> category = category_of(p);
+    const ApiRestriction* r = category ? impl_.opt.restricted.find(*category) : nullptr;
+    if (r != nullptr) {
+      auto header = request_.find(r->key);
+      const std::string_view got =
+          header == request_.end() ? std::string_view() : std::string_view(header->value());
+      if (!restriction_met(*r, header == request_.end() ? nullptr : &got)) {
+        return respond_error(403, "This API is restricted, expecting header '" + r->key + "'");
+      }
+    }
+  }
   if (p.size() == 1) {
     if (need(http::verb::get)) respond(200, server_metadata_json(impl_.core));
     return;

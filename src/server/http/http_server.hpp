@@ -31,6 +31,7 @@
 
 #include "frontend.hpp"
 #include "inference_server.hpp"
+#include "restricted_api.hpp"
 
 namespace asyncinfer::server {
 
@@ -70,6 +71,9 @@ struct HttpOptions {
   /// server-side p50 74 → 36–38 µs, CPU a request −25 % (docs/performance.md, "The I/O thread runs
   /// the request").
   std::chrono::microseconds caller_run{50};
+  /// --http-restricted-api: the API categories that answer only a request carrying their header
+  /// (restricted_api.hpp); 403 otherwise.
+  RestrictedApis restricted;
 };
 
 class HttpServer : public Frontend {
