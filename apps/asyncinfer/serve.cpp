@@ -67,6 +67,7 @@ struct ServeOptions {
   double model_load_timeout_s = 600;
   int model_load_threads = 4;
   std::vector<std::string> load_models;
+  std::string model_config_name;
   std::vector<std::string> http_restricted_api;
   std::vector<std::string> grpc_restricted_protocol;
 };
@@ -135,6 +136,12 @@ int run_serve(const ServeOptions& o) {
     std::fprintf(stderr, "asyncinfer serve: error: %s\n", cache_bytes.status().to_string().c_str());
     return kExitUsage;
   }
+  if (!o.model_config_name.empty()) {
+    if (Status r = check_model_config_name(o.model_config_name); !r.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n", r.to_string().c_str());
+      return kExitUsage;
+    }
+  }
   RestrictedApis http_restricted;
   RestrictedApis grpc_restricted;
   for (const std::string& spec : o.http_restricted_api) {
@@ -176,6 +183,7 @@ int run_serve(const ServeOptions& o) {
   ro.load_timeout =
       o.model_load_timeout_s > 0 ? ms(o.model_load_timeout_s) : std::chrono::milliseconds::max();
   ro.load_threads = o.model_load_threads;
+  ro.model_config_name = o.model_config_name;
   // SIGTERM or SIGINT while the models load cuts the loads short and ends the server: a hanging
   // model.py's initialize() does not hold the exit for --model-load-timeout.
   std::stop_source start_stop;
@@ -395,6 +403,9 @@ Command add_serve_command(CLI::App& parent) {
       ->check(CLI::Range(1, 256));
   app->add_option("--load-model", o->load_models,
                   "explicit mode: a model to load at start (repeatable; * = every model)");
+  app->add_option("--model-config-name", o->model_config_name,
+                  "Triton's custom configuration: a model whose folder has "
+                  "configs/<name>.pbtxt loads with it instead of config.pbtxt");
   app->add_option("--http-restricted-api", o->http_restricted_api,
                   "Triton's <api>[,<api>...]:<key>=<value>: those HTTP API categories (health, "
                   "metadata, inference, shared-memory, model-config, model-repository, "

@@ -389,9 +389,20 @@ std::string folder_fingerprint(const fs::path& dir) {
 }
 
 /// A model folder's fingerprint: its config.pbtxt's text and every version folder's files.
-std::string model_fingerprint(const fs::path& dir) {
+/// The configuration file a model folder loads with: configs/<config_name>.pbtxt where
+/// --model-config-name names one that exists, config.pbtxt otherwise (Triton's rule).
+fs::path model_config_file(const fs::path& dir, const std::string& config_name) {
+  if (!config_name.empty()) {
+    fs::path custom = dir / "configs" / (config_name + ".pbtxt");
+    std::error_code ec;
+    if (fs::is_regular_file(custom, ec)) return custom;
+  }
+  return dir / "config.pbtxt";
+}
+
+std::string model_fingerprint(const fs::path& dir, const std::string& config_name) {
   std::string out = "config:";
-  auto text = read_file(dir / "config.pbtxt");
+  auto text = read_file(model_config_file(dir, config_name));
   out += text.ok() ? *text : std::string("(none)");
   for (std::int64_t v : version_folders(dir)) {
     out += "\nversion " + std::to_string(v) + ":\n" + folder_fingerprint(dir / std::to_string(v));
@@ -411,9 +422,10 @@ constexpr std::string_view kHostPathParameters[] = {"python_interpreter", "CACHE
 /// client who can reach the port could run any program as the server's user. invalid_argument
 /// naming the parameter.
 Status check_override_host_paths(const ModelPlan& override_plan, const fs::path& dir,
-                                 const std::string& name) {
+                                 const std::string& name, const std::string& config_name) {
   BackendParameters on_disk;
-  if (auto text = read_file(dir / "config.pbtxt"); text.ok()) {
+  const fs::path own_config = model_config_file(dir, config_name);
+  if (auto text = read_file(own_config); text.ok()) {
     std::vector<std::string> ignored;
     if (auto plan = plan_model_config(*text, "config.pbtxt", name, &ignored); plan.ok()) {
       on_disk = plan->backend_parameters;
@@ -434,7 +446,7 @@ Status check_override_host_paths(const ModelPlan& override_plan, const fs::path&
           std::string(key) +
           "\" } (a host path) to a value the repository's config.pbtxt does "
           "not give; set it in " +
-          (dir / "config.pbtxt").string());
+          own_config.string());
     }
   }
   return Status();
@@ -446,13 +458,14 @@ bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
 
 /// Returns how many of `names`, now in order, are plain models (those first; they do not depend
 /// on each other).
-std::size_t order_for_loading(const fs::path& root, std::vector<std::string>& names) {
+std::size_t order_for_loading(const fs::path& root, std::vector<std::string>& names,
+                              const std::string& config_name) {
   // Ensembles after the models they run, and after the ensembles they run (Triton loads an
   // ensemble's steps first): plain models in their order, then ensembles depth first.
   std::map<std::string, std::vector<std::string>> ensembles;  // name -> its steps' models
   std::vector<std::string> plain;
   for (const std::string& name : names) {
-    auto text = read_file(root / name / "config.pbtxt");
+    auto text = read_file(model_config_file(root / name, config_name));
     std::vector<std::string> ignored;
     auto plan = text.ok() ? plan_model_config(*text, "config.pbtxt", name, &ignored)
                           : Result<ModelPlan>(text.status());
@@ -771,7 +784,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
                              (root / n).string());
     }
   }
-  const std::size_t plain = order_for_loading(root, names);
+  const std::size_t plain = order_for_loading(root, names, o.model_config_name);
   // A signal during start-up (RepositoryOptions::start_stop) cuts the loads short.
   std::stop_callback on_start_stop(repo->options_.start_stop,
                                    [r = repo.get()] { r->cancel_loads(); });
@@ -831,7 +844,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   auto served = std::make_shared<ServedModel>();
   served->name = name;
   std::error_code ec;
-  served->fingerprint = model_fingerprint(dir);
+  served->fingerprint = model_fingerprint(dir, options_.model_config_name);
   const bool serving_before =
       old != nullptr && std::any_of(old->versions.begin(), old->versions.end(),
                                     [](const ModelRef& v) { return v->serving(); });
@@ -863,7 +876,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
     return fail(s);
   }
-  const fs::path config_path = dir / "config.pbtxt";
+  const fs::path config_path = model_config_file(dir, options_.model_config_name);
   std::vector<std::string> warnings;
   Result<ModelPlan> plan = invalid_argument_error("unset");
   std::string text;
@@ -871,7 +884,10 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     text = "json:" + *config_json;
     plan = plan_model_config_json(*config_json, "the load's config parameter", name, &warnings);
     if (plan.ok()) {
-      if (Status s = check_override_host_paths(*plan, dir, name); !s.ok()) plan = s;
+      if (Status s = check_override_host_paths(*plan, dir, name, options_.model_config_name);
+          !s.ok()) {
+        plan = s;
+      }
     }
   } else if (auto t = read_file(config_path); !t.ok()) {
     plan = not_found_error("no config.pbtxt in " + dir.string() +
@@ -879,6 +895,10 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   } else {
     text = std::move(*t);
     plan = plan_model_config(text, config_path.string(), name, &warnings);
+    if (config_path.filename() != "config.pbtxt") {
+      log("model '" + name + "': configuration " + config_path.string() +
+          " (--model-config-name)");
+    }
   }
   for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
   if (!plan.ok()) return fail(plan.status());
@@ -1281,6 +1301,16 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
   });
 }
 
+Status check_model_config_name(std::string_view name) {
+  if (name.empty() || name == "." || name == ".." || name.size() > 200 ||
+      name.find_first_of(std::string_view("/\\ \t\n\0", 6)) != std::string_view::npos) {
+    return invalid_argument_error("--model-config-name '" + std::string(name.substr(0, 200)) +
+                                  "' must name a file configs/<name>.pbtxt of a model's folder "
+                                  "(one path component, no space)");
+  }
+  return Status();
+}
+
 Status check_model_name(std::string_view name) {
   if (name.size() > 255) {  // NAME_MAX: no folder has a longer name
     return invalid_argument_error("model name of " + std::to_string(name.size()) +
@@ -1352,12 +1382,12 @@ void ModelRepository::poll() {
   }
   std::sort(names.begin(), names.end());
   std::vector<std::string> in_order = names;
-  order_for_loading(root_, in_order);
+  order_for_loading(root_, in_order, options_.model_config_name);
   bool changed = false;
   for (const std::string& name : in_order) {
     std::shared_ptr<const ServedModel> m = current(name);
     // (Not requested: unloaded when its folder went; back now.)
-    if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name)) {
+    if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name, options_.model_config_name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
       reload(name, std::nullopt, epoch_of(name), nullptr);
       changed = true;

@@ -78,9 +78,16 @@ Result<ModelControlMode> parse_model_control_mode(std::string_view text);
 /// no '/', '\\' or NUL, not "." or "..", not starting with '.'); invalid_argument saying so
 /// otherwise.
 Status check_model_name(std::string_view name);
+/// A --model-config-name: one path component, no space (Triton's rule), not "." or "..".
+/// invalid_argument naming it otherwise.
+Status check_model_config_name(std::string_view name);
 
 struct RepositoryOptions {
   ModelControlMode control_mode = ModelControlMode::none;
+  /// Triton's --model-config-name: a model whose folder has configs/<name>.pbtxt loads with it
+  /// instead of its config.pbtxt (custom configurations, e.g. one per machine type). Empty =
+  /// config.pbtxt always. Checked by check_model_config_name.
+  std::string model_config_name;
   /// explicit mode: the models loaded at start (Triton's --load-model; "*" = every model).
   std::vector<std::string> load_models;
   /// poll mode: the time between two scans (Triton's --repository-poll-secs, default 15 s).

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import time
 
 import requests
@@ -257,6 +258,38 @@ class Versions(harness.unittest.TestCase):
                 with self.assertRaises(oip_client.ServerError) as e:
                     c.infer("two_latest", [inp], version=1)
                 self.assertEqual(e.exception.status, 404)
+        finally:
+            repo.cleanup()
+
+
+class CustomConfigurations(harness.unittest.TestCase):
+    def test_model_config_name_picks_configs_name_pbtxt_where_there_is_one(self):
+        """Triton's --model-config-name: configs/<name>.pbtxt instead of config.pbtxt, where the
+        model's folder has one."""
+        repo = Repository()
+        try:
+            repo.add("custom", identity_config("custom"))
+            os.makedirs(os.path.join(repo.path, "custom", "configs"))
+            with open(os.path.join(repo.path, "custom", "configs", "small.pbtxt"), "w") as f:
+                f.write(identity_config("custom").replace("max_batch_size: 8",
+                                                          "max_batch_size: 2"))
+            repo.add("plain", identity_config("plain"))
+            with Server(repo.path, "--model-config-name", "small") as server:
+                configs = {m: requests.get(server.url + "/v2/models/%s/config" % m,
+                                           timeout=10).json()["max_batch_size"]
+                           for m in ("custom", "plain")}
+                self.assertEqual(configs, {"custom": 2, "plain": 8})
+                server.wait_line(r"model 'custom': configuration .*configs/small\.pbtxt")
+            with Server(repo.path) as server:  # without the option: config.pbtxt
+                self.assertEqual(requests.get(server.url + "/v2/models/custom/config",
+                                              timeout=10).json()["max_batch_size"], 8)
+            for bad in ("../x", "a b", ".."):
+                out = subprocess.run([ARGS.cli, "serve", "--model-repository", repo.path,
+                                      "--model-config-name", bad, "--http-port", "0",
+                                      "--grpc-port", "-1", "--metrics-port", "-1"],
+                                     capture_output=True, text=True, timeout=60)
+                self.assertEqual(out.returncode, 2, out.stderr)
+                self.assertIn("--model-config-name", out.stderr)
         finally:
             repo.cleanup()
 
