@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string_view>
 #include <vector>
 
 #include "commands.hpp"
@@ -48,8 +49,17 @@ int main(int argc, char** argv) {
   // sanitizers, which interpose malloc the same way). Set here, before any thread exists; a value
   // the user set is kept.
   ::setenv("TBB_ENABLE_SANITIZERS", "1", 0);
+  // Run as `tritonserver` (the link installed beside this program), it is `asyncinfer serve`
+  // with Triton's command line (serve.cpp, add_triton_flags): a Triton launch line works as is.
+  std::vector<char*> args(argv, argv + argc);
+  const std::string_view self = argc > 0 ? std::string_view(argv[0]) : std::string_view();
+  const std::size_t slash = self.rfind('/');
+  if (self.substr(slash == std::string_view::npos ? 0 : slash + 1) == "tritonserver") {
+    static char serve[] = "serve";
+    args.insert(args.begin() + 1, serve);
+  }
   try {
-    return run_tool(argc, argv);
+    return run_tool(static_cast<int>(args.size()), args.data());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "asyncinfer: error: %s\n", e.what());
   } catch (...) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -68,9 +69,143 @@ struct ServeOptions {
   int model_load_threads = 4;
   std::vector<std::string> load_models;
   std::string model_config_name;
+  // Triton's spellings (tritonserver's command line; triton_flags()).
+  std::vector<std::string> repositories;  // --model-repository / --model-store, as given
+  std::optional<bool> allow_http, allow_grpc, allow_metrics, exit_on_error;
+  std::optional<std::string> http_address, grpc_address, metrics_address;
+  std::optional<double> exit_timeout_secs;
+  std::optional<int> log_verbose;
+  std::optional<bool> log_info, log_warning, log_error;
+  std::optional<std::string> log_format;
+  std::vector<std::string> tuning_flags;  // accepted, ignored: "--name=value" each
   std::vector<std::string> http_restricted_api;
   std::vector<std::string> grpc_restricted_protocol;
 };
+
+/// Triton's command-line flags (tritonserver --help of Triton 2.51; docs/serving.md, "Triton's
+/// command line"), so that a Triton launch line (a KServe ServingRuntime's, Model Analyzer's)
+/// starts `asyncinfer serve` or `tritonserver` (the same program under Triton's name). Those that
+/// map to asyncinfer's own options are applied (apply_triton_flags); those that only tune
+/// Triton's internals are accepted with one warning; those that would change behaviour
+/// asyncinfer does not have are refused at start, saying so.
+void add_triton_flags(CLI::App& app, ServeOptions& o) {
+  const char* group = "Triton's flags";
+  app.add_option("--allow-http", o.allow_http, "Triton: serve HTTP (false is refused)")
+      ->group(group);
+  app.add_option("--allow-grpc", o.allow_grpc, "Triton: serve gRPC (false = --grpc-port -1)")
+      ->group(group);
+  app.add_option("--allow-metrics", o.allow_metrics,
+                 "Triton: serve /metrics (false = --metrics-port -1)")
+      ->group(group);
+  app.add_option("--http-address", o.http_address, "Triton: HTTP address (= --host)")
+      ->group(group);
+  app.add_option("--grpc-address", o.grpc_address, "Triton: gRPC address (= --host)")
+      ->group(group);
+  app.add_option("--metrics-address", o.metrics_address, "Triton: metrics address (= --host)")
+      ->group(group);
+  app.add_option("--exit-timeout-secs", o.exit_timeout_secs, "Triton: = --drain-timeout")
+      ->group(group)
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--exit-on-error", o.exit_on_error,
+                 "Triton: exit at start when a model fails to load (default false here)")
+      ->group(group);
+  app.add_option("--log-verbose", o.log_verbose, "Triton: log_verbose_level (logging extension)")
+      ->group(group)
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--log-info", o.log_info, "Triton: log_info")->group(group);
+  app.add_option("--log-warning", o.log_warning, "Triton: log_warning")->group(group);
+  app.add_option("--log-error", o.log_error, "Triton: log_error")->group(group);
+  app.add_option("--log-format", o.log_format, "Triton: log_format (default or ISO8601)")
+      ->group(group)
+      ->check(CLI::IsMember({"default", "ISO8601"}));
+  app.add_option("--http-thread-count", o.http_threads, "Triton: = --http-threads")
+      ->group(group);
+  // Triton internals with no counterpart here: accepted, one warning each.
+  for (const char* name :
+       {"--backend-directory", "--repoagent-directory", "--cache-directory", "--backend-config",
+        "--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size",
+        "--cuda-virtual-address-size", "--min-supported-compute-capability",
+        "--buffer-manager-thread-count", "--model-load-retry-count", "--host-policy", "--id",
+        "--allow-gpu-metrics", "--allow-cpu-metrics", "--metrics-interval-ms", "--metrics-config",
+        "--grpc-infer-allocation-pool-size", "--grpc-max-response-pool-size",
+        "--grpc-keepalive-time", "--grpc-keepalive-timeout",
+        "--grpc-keepalive-permit-without-calls", "--grpc-http2-max-pings-without-data",
+        "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-http2-max-ping-strikes",
+        "--grpc-infer-response-compression-level", "--disable-auto-complete-config",
+        "--response-cache-byte-size"}) {
+    const std::string flag = name;
+    // --disable-auto-complete-config takes no value in Triton; the others take one.
+    if (flag == "--disable-auto-complete-config") {
+      app.add_flag_callback(
+             flag, [&o, flag] { o.tuning_flags.push_back(flag); },
+             "Triton: accepted (asyncinfer never completes a config from the model)")
+          ->group(group);
+      continue;
+    }
+    app.add_option_function<std::string>(
+           flag, [&o, flag](const std::string& v) { o.tuning_flags.push_back(flag + "=" + v); },
+           "Triton: accepted and ignored (a warning says so)")
+        ->group(group)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  }
+  // Triton features whose settings change behaviour asyncinfer does not have: refused unless off.
+  auto refuse_unless = [&app, group](const char* name, std::vector<std::string> allowed,
+                                     const char* why) {
+    app.add_option_function<std::string>(
+           name,
+           [name, allowed, why](const std::string& v) {
+             if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+               throw CLI::ValidationError(name, std::string("'") + v + "' is not supported: " +
+                                                    why);
+             }
+           },
+           std::string("Triton: refused unless ") + (allowed.empty() ? "absent" : allowed[0]))
+        ->group(group);
+  };
+  refuse_unless("--rate-limit", {"off"},
+                "asyncinfer has no rate limiter (each model version has its own workers)");
+  refuse_unless("--trace-config", {"level=OFF", "level=off"},
+                "asyncinfer does not write Triton traces");
+  refuse_unless("--log-file", {}, "the log goes to standard error (redirect it)");
+  refuse_unless("--grpc-use-ssl", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
+  refuse_unless("--grpc-use-ssl-mutual", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
+  refuse_unless("--allow-sagemaker", {"false", "0"}, "no SageMaker endpoint here");
+  refuse_unless("--allow-vertex-ai", {"false", "0"}, "no Vertex AI endpoint here");
+  refuse_unless("--model-namespacing", {"false", "0"}, "one repository, one name space");
+}
+
+/// Applies Triton's flags to `o` (after parsing); invalid_argument naming the flag when they
+/// cannot be honoured. `warn` gets one line per flag accepted and ignored.
+Status apply_triton_flags(ServeOptions& o, const std::function<void(const std::string&)>& warn) {
+  if (o.repositories.size() != 1) {
+    return invalid_argument_error(
+        std::to_string(o.repositories.size()) +
+        " model repositories given (--model-repository / --model-store): asyncinfer serves one");
+  }
+  o.repository = o.repositories[0];
+  if (o.allow_http && !*o.allow_http) {
+    return invalid_argument_error("--allow-http=false is not supported: asyncinfer always serves "
+                                  "HTTP (its health endpoints are what probes read)");
+  }
+  if (o.allow_grpc && !*o.allow_grpc) o.grpc_port = -1;
+  if (o.allow_metrics && !*o.allow_metrics) o.metrics_port = -1;
+  std::optional<std::string> address;
+  for (const auto* a : {&o.http_address, &o.grpc_address, &o.metrics_address}) {
+    if (!*a) continue;
+    if (address && *address != **a) {
+      return invalid_argument_error("--http-address, --grpc-address and --metrics-address "
+                                    "differ: asyncinfer listens on one address (--host)");
+    }
+    address = **a;
+  }
+  if (address) o.host = *address;
+  if (o.exit_timeout_secs) o.drain_timeout_s = *o.exit_timeout_secs;
+  for (const std::string& f : o.tuning_flags) {
+    warn("warning: " + f + " tunes Triton's internals; asyncinfer ignores it");
+  }
+  return Status();
+}
+
 
 #if ASYNCINFER_HAVE_SERVER
 /// The server's log (server_log.hpp): its lines, the repository's and the library's, with the
@@ -119,8 +254,9 @@ std::size_t connection_fds(std::size_t limit, std::size_t shm_regions) {
   return limit > used + reserve + 16 ? limit - used - reserve : 16;
 }
 
-int run_serve(const ServeOptions& o) {
+int run_serve(const ServeOptions& given) {
   using namespace asyncinfer::server;
+  ServeOptions o = given;
   // Before any thread exists (the engines start theirs while loading).
   block_shutdown_signals();
   // The library's messages (a worker's, an engine's) go to the server's log, at their level, and
@@ -129,6 +265,22 @@ int run_serve(const ServeOptions& o) {
     if (level == LogLevel::info) return server_log().write(level, message);
     server_log().write(level, std::string(to_string(level)) + ": " + std::string(message));
   });
+  if (Status t = apply_triton_flags(o, log_line); !t.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n", std::string(t.message()).c_str());
+    return kExitUsage;
+  }
+  {
+    Parameters log_settings;  // Triton's --log-* flags: the logging extension's settings
+    if (o.log_verbose) log_settings["log_verbose_level"] = std::int64_t{*o.log_verbose};
+    if (o.log_info) log_settings["log_info"] = *o.log_info;
+    if (o.log_warning) log_settings["log_warning"] = *o.log_warning;
+    if (o.log_error) log_settings["log_error"] = *o.log_error;
+    if (o.log_format) log_settings["log_format"] = *o.log_format;
+    if (auto applied = server_log().update(log_settings); !applied.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n", applied.status().to_string().c_str());
+      return kExitUsage;
+    }
+  }
   const std::size_t fds = raise_fd_limit();
   // Options checked before the models load (a load may take minutes).
   auto cache_bytes = parse_cache_config(o.cache_config);
@@ -296,6 +448,11 @@ int run_serve(const ServeOptions& o) {
         "scripts/setup.sh and rebuild); serving HTTP only");
   }
 #endif
+  if (o.exit_on_error.value_or(false) && !core.ready()) {
+    log_line("error: a model failed to load and --exit-on-error is true: exiting");
+    core.shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+    return kExitRunFailed;
+  }
   log_line(core.ready() ? "ready" : "not ready: a model failed to load (see above)");
   return run_until_signalled(core, frontends, ms(o.drain_timeout_s), log_line);
 }
@@ -316,8 +473,9 @@ Command add_serve_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "serve",
       "Serve a model repository over the Open Inference Protocol (KServe v2) on HTTP and gRPC");
-  app->add_option("--model-repository", o->repository,
-                  "Triton-layout repository: DIR/<model>/config.pbtxt, DIR/<model>/<version>/")
+  app->add_option("--model-repository,--model-store", o->repositories,
+                  "Triton-layout repository: DIR/<model>/config.pbtxt, DIR/<model>/<version>/ "
+                  "(--model-store: Triton's other name; one repository)")
       ->required();
   app->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   app->add_option("--http-port", o->http_port, "HTTP port (0 = a free port, logged)")
@@ -403,6 +561,7 @@ Command add_serve_command(CLI::App& parent) {
       ->check(CLI::Range(1, 256));
   app->add_option("--load-model", o->load_models,
                   "explicit mode: a model to load at start (repeatable; * = every model)");
+  add_triton_flags(*app, *o);
   app->add_option("--model-config-name", o->model_config_name,
                   "Triton's custom configuration: a model whose folder has "
                   "configs/<name>.pbtxt loads with it instead of config.pbtxt");
