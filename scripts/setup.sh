@@ -53,8 +53,9 @@ pinned_venv() {
 # Triton's client (tests/server/test_tritonclient*.py run on it) and OpenVINO's runtime (the
 # openvino model backend builds against its C++ files; benchmark_app for bench/).
 # With --peers, also the servers bench/compare_servers.py measures asyncinfer against: KServe's
-# model server and Ray Serve (about 850 MB together), and perf_analyzer 2.51 (260 MB); no test
-# needs them (server.perf_analyzer is skipped without the last). Their venvs see Debian's
+# model server and Ray Serve (about 850 MB together), perf_analyzer 2.51 (260 MB) and Triton Model
+# Analyzer (610 MB); no test needs them (server.perf_analyzer and server.model_analyzer are
+# skipped without the last two). Their venvs see Debian's
 # packages, so that they serve the model through Debian's torch, asyncinfer's libtorch version.
 python_venvs() {
   pinned_venv tritonclient requirements-tritonclient.txt
@@ -65,6 +66,8 @@ python_venvs() {
     # perf_analyzer 2.51, Triton's benchmark tool (scripts/perf_analyzer runs it; it also needs
     # Debian's libb64-0d, in the package list with --peers).
     pinned_venv perf_analyzer requirements-perf-analyzer.txt
+    # Triton Model Analyzer (server.model_analyzer runs it against the tritonserver link).
+    pinned_venv model_analyzer requirements-model-analyzer.txt
   fi
 }
 peers=0

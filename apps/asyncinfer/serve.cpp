@@ -132,7 +132,12 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
         "--grpc-keepalive-permit-without-calls", "--grpc-http2-max-pings-without-data",
         "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-http2-max-ping-strikes",
         "--grpc-infer-response-compression-level", "--disable-auto-complete-config",
-        "--response-cache-byte-size"}) {
+        "--response-cache-byte-size", "--strict-model-config", "--buffer-management-thread-count",
+        "--model-load-gpu-limit", "--reuse-http-port", "--reuse-grpc-port", "--grpc-server-cert",
+        "--grpc-server-key", "--grpc-root-cert", "--grpc-max-connection-age-grace",
+        "--sagemaker-port", "--sagemaker-safe-port-range", "--sagemaker-thread-count",
+        "--vertex-ai-port", "--vertex-ai-thread-count", "--vertex-ai-default-model",
+        "--trace-file", "--trace-rate", "--trace-count", "--trace-log-frequency"}) {
     const std::string flag = name;
     // --disable-auto-complete-config takes no value in Triton; the others take one.
     if (flag == "--disable-auto-complete-config") {
@@ -172,6 +177,12 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   refuse_unless("--allow-sagemaker", {"false", "0"}, "no SageMaker endpoint here");
   refuse_unless("--allow-vertex-ai", {"false", "0"}, "no Vertex AI endpoint here");
   refuse_unless("--model-namespacing", {"false", "0"}, "one repository, one name space");
+  refuse_unless("--trace-level", {"OFF", "off"}, "asyncinfer does not write Triton traces");
+  refuse_unless("--rate-limit-resource", {}, "asyncinfer has no rate limiter");
+  refuse_unless("--http-header-forward-pattern", {},
+                "request headers are not forwarded to models here");
+  refuse_unless("--grpc-header-forward-pattern", {},
+                "request headers are not forwarded to models here");
 }
 
 /// Applies Triton's flags to `o` (after parsing); invalid_argument naming the flag when they
