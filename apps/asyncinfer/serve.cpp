@@ -14,6 +14,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "commands.hpp"
@@ -307,17 +308,15 @@ int run_serve(const ServeOptions& given) {
   }
   RestrictedApis http_restricted;
   RestrictedApis grpc_restricted;
-  for (const std::string& spec : o.http_restricted_api) {
-    if (Status r = http_restricted.add(spec, "--http-restricted-api"); !r.ok()) {
-      std::fprintf(stderr, "asyncinfer serve: error: %s\n", r.to_string().c_str());
-      return kExitUsage;
-    }
-  }
-  for (const std::string& spec : o.grpc_restricted_protocol) {
-    if (Status r = grpc_restricted.add(spec, "--grpc-restricted-protocol", "triton-grpc-protocol-");
-        !r.ok()) {
-      std::fprintf(stderr, "asyncinfer serve: error: %s\n", r.to_string().c_str());
-      return kExitUsage;
+  for (auto [specs, restricted, option, prefix] :
+       {std::tuple{&o.http_restricted_api, &http_restricted, "--http-restricted-api", ""},
+        std::tuple{&o.grpc_restricted_protocol, &grpc_restricted, "--grpc-restricted-protocol",
+                   "triton-grpc-protocol-"}}) {
+    for (const std::string& spec : *specs) {
+      if (Status r = restricted->add(spec, option, prefix); !r.ok()) {
+        std::fprintf(stderr, "asyncinfer serve: error: %s\n", r.to_string().c_str());
+        return kExitUsage;
+      }
     }
   }
 

@@ -45,12 +45,12 @@ void classify_items(const Tensor& output, std::size_t items, std::size_t per_ite
 
 }  // namespace
 
-Result<std::uint32_t> class_count(const Parameters& parameters, std::string_view what) {
+Result<std::uint32_t> class_count(const Parameters& parameters, std::string_view output) {
   auto it = parameters.find("classification");
   if (it == parameters.end()) return std::uint32_t{0};
   auto n =
       parameter_int(it->second, "classification", 0, std::numeric_limits<std::uint32_t>::max());
-  if (!n.ok()) return n.status().with_context(std::string(what));
+  if (!n.ok()) return n.status().with_context("output '" + std::string(output) + "'");
   return static_cast<std::uint32_t>(*n);
 }
 

@@ -28,9 +28,9 @@ namespace asyncinfer::server {
 /// An output's labels (its label_filename's lines, in order); shared by the versions' requests.
 using ClassLabels = std::shared_ptr<const std::vector<std::string>>;
 
-/// The `classification` parameter of requested output `what`: 0 when absent (no
-/// classification). invalid_argument when it is not an integer in 0..2^32-1.
-Result<std::uint32_t> class_count(const Parameters& parameters, std::string_view what);
+/// The `classification` parameter of the requested output named `output`: 0 when absent (no
+/// classification). invalid_argument naming the output when it is not an integer in 0..2^32-1.
+Result<std::uint32_t> class_count(const Parameters& parameters, std::string_view output);
 
 /// invalid_argument in Triton's words when outputs of `dtype` cannot be classified.
 Status check_classifiable(DType dtype);

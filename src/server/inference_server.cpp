@@ -491,18 +491,20 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     }
     selected.push_back(index);
   }
-  // Outputs asked for as their top classes (Triton's classification extension).
-  std::vector<std::uint32_t> classes(request.outputs.size(), 0);
-  bool classifying = false;
+  // Outputs asked for as their top classes (Triton's classification extension): by requested
+  // index, left empty (no allocation) when no output asks.
+  std::vector<std::uint32_t> classes;
   for (std::size_t r = 0; r < request.outputs.size(); ++r) {
-    const std::string what = "output '" + request.outputs[r].name + "'";
-    ASYNCINFER_ASSIGN_OR_RETURN(classes[r], class_count(request.outputs[r].parameters, what));
-    if (classes[r] == 0) continue;
+    const RequestedOutput& want = request.outputs[r];
+    ASYNCINFER_ASSIGN_OR_RETURN(std::uint32_t n, class_count(want.parameters, want.name));
+    if (n == 0) continue;
     if (Status s = check_classifiable(sig.outputs[selected[r]].dtype); !s.ok()) {
-      return Status(s.code(), std::string(s.message()) + " (" + what + ")");
+      return Status(s.code(), std::string(s.message()) + " (output '" + want.name + "')");
     }
-    classifying = true;
+    if (classes.empty()) classes.resize(request.outputs.size(), 0);
+    classes[r] = n;
   }
+  const bool classifying = !classes.empty();
   if (sig.decoupled && !request.on_response) {
     return failed_precondition_error(decoupled_message(model.model_name));
   }
@@ -662,10 +664,12 @@ InferResponse make_response(const ModelRef& ref, std::string id,
   return response;
 }
 
-std::uint64_t ns_since(Clock::time_point start) {
+std::uint64_t ns_between(Clock::time_point from, Clock::time_point to) {
   return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
 }
+
+std::uint64_t ns_since(Clock::time_point start) { return ns_between(start, Clock::now()); }
 
 }  // namespace
 
@@ -1106,6 +1110,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     std::vector<std::size_t> ready;
     Outputs outputs;
     bool last = false;
+    std::uint64_t queued = 0;  // the ensemble's own queue time (EnsembleCounters)
     {
       std::lock_guard lock(mu_);
       if (ended_) return;
@@ -1127,12 +1132,13 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
       if (++steps_done_ == graph_.steps.size()) {
         last = true;
         ended_ = true;
+        queued = first_step_ ? ns_between(start_, *first_step_) : 0;
         outputs.reserve(graph_.outputs.size());
         for (std::size_t t : graph_.outputs) outputs.push_back(tensors_[t]);
       }
     }
     if (last) {
-      model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs), queue_ns());
+      model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs), queued);
       Completion done = std::move(done_);
       done(make_response(model_, id_, selected_, outputs));
       return ended();
@@ -1165,14 +1171,6 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   }
 
   std::string step_context(std::size_t j) const { return graph_.steps[j].label; }
-  /// The ensemble's own queue time: from its arrival until its first step was handed to that
-  /// step's model (ensemble.hpp, EnsembleCounters).
-  std::uint64_t queue_ns() {
-    std::lock_guard lock(mu_);
-    if (!first_step_) return 0;
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(*first_step_ - start_).count());
-  }
   std::uint64_t rows_of(const Outputs& outputs) const {
     if (!model_->signature.batched || outputs.empty() || outputs[0].rank() == 0) return 1;
     return static_cast<std::uint64_t>(outputs[0].shape()[0]);

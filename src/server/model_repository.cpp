@@ -867,8 +867,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   };
 
   if (!fs::is_directory(dir, ec)) {
-    const Status s = internal_error("failed to load '" + name + "': the repository has no folder " +
-                                    dir.string());
+    const Status s = internal_error("the repository has no folder " + dir.string());
     if (!old) {  // nothing to show in the index
       *status = s;
       log("model '" + name + "': " + std::string(s.message()));
@@ -1130,15 +1129,15 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
   // Whether ensemble `v` runs `name`, through its steps and theirs (a cycle of ensembles would
   // recurse for ever at request time).
   auto leads_to = [&step_ensemble](const ModelVersion& v, const std::string& name) {
-    std::vector<const EnsembleGraph*> todo{v.ensemble.get()};
-    std::vector<ModelRef> held;  // what todo points into
-    for (std::size_t seen = 0; !todo.empty() && seen < 1024; ++seen) {
-      const EnsembleGraph* e = todo.back();
-      todo.pop_back();
+    std::vector<const EnsembleGraph*> pending{v.ensemble.get()};
+    std::vector<ModelRef> held;  // what pending points into
+    for (std::size_t seen = 0; !pending.empty() && seen < 1024; ++seen) {
+      const EnsembleGraph* e = pending.back();
+      pending.pop_back();
       for (const EnsembleGraph::Step& st : e->steps) {
         if (st.model == name) return true;
         if (ModelRef next = step_ensemble(st)) {
-          todo.push_back(next->ensemble.get());
+          pending.push_back(next->ensemble.get());
           held.push_back(std::move(next));
         }
       }
@@ -1346,7 +1345,7 @@ void ModelRepository::load_model(std::string name, std::optional<std::string> co
   // A failed load answers in Triton's words, "failed to load 'NAME'" first (Triton's example
   // clients simple_{http,grpc}_model_control.py match on them).
   Done answer = [name, done = std::move(done)](const Status& s) {
-    if (s.ok() || s.message().starts_with("failed to load")) return done(s);
+    if (s.ok()) return done(s);
     done(Status(s.code(), "failed to load '" + name + "': " + std::string(s.message())));
   };
   std::string key = name;

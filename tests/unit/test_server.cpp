@@ -156,12 +156,12 @@ TEST(Classification, RefusesWhatHasNoOrderAndBadCounts) {
   EXPECT_FALSE(check_classifiable(DType::bytes).ok());
   EXPECT_FALSE(check_classifiable(DType::boolean).ok());
   Parameters p{{"classification", std::int64_t{-1}}};
-  EXPECT_EQ(class_count(p, "output 'y'").status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(class_count(p, "y").status().code(), StatusCode::invalid_argument);
   p["classification"] = std::string("3");
-  EXPECT_EQ(class_count(p, "output 'y'").status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(class_count(p, "y").status().code(), StatusCode::invalid_argument);
   p["classification"] = std::int64_t{3};
-  EXPECT_EQ(*class_count(p, "output 'y'"), 3u);
-  EXPECT_EQ(*class_count({}, "output 'y'"), 0u);
+  EXPECT_EQ(*class_count(p, "y"), 3u);
+  EXPECT_EQ(*class_count({}, "y"), 0u);
 }
 
 TEST(Classification, LabelFilesAndTheirNames) {
