@@ -83,6 +83,57 @@ struct ServeOptions {
   std::vector<std::string> grpc_restricted_protocol;
 };
 
+/// Triton's flags that only tune Triton's internals (no counterpart here): accepted with one
+/// warning each (add_triton_flags).
+constexpr const char* kTritonTuningFlags[] = {
+    "--backend-directory",
+    "--repoagent-directory",
+    "--cache-directory",
+    "--backend-config",
+    "--pinned-memory-pool-byte-size",
+    "--cuda-memory-pool-byte-size",
+    "--cuda-virtual-address-size",
+    "--min-supported-compute-capability",
+    "--buffer-manager-thread-count",
+    "--model-load-retry-count",
+    "--host-policy",
+    "--id",
+    "--allow-gpu-metrics",
+    "--allow-cpu-metrics",
+    "--metrics-interval-ms",
+    "--metrics-config",
+    "--grpc-infer-allocation-pool-size",
+    "--grpc-max-response-pool-size",
+    "--grpc-keepalive-time",
+    "--grpc-keepalive-timeout",
+    "--grpc-keepalive-permit-without-calls",
+    "--grpc-http2-max-pings-without-data",
+    "--grpc-http2-min-recv-ping-interval-without-data",
+    "--grpc-http2-max-ping-strikes",
+    "--grpc-infer-response-compression-level",
+    "--disable-auto-complete-config",
+    "--response-cache-byte-size",
+    "--strict-model-config",
+    "--buffer-management-thread-count",
+    "--model-load-gpu-limit",
+    "--reuse-http-port",
+    "--reuse-grpc-port",
+    "--grpc-server-cert",
+    "--grpc-server-key",
+    "--grpc-root-cert",
+    "--grpc-max-connection-age-grace",
+    "--sagemaker-port",
+    "--sagemaker-safe-port-range",
+    "--sagemaker-thread-count",
+    "--vertex-ai-port",
+    "--vertex-ai-thread-count",
+    "--vertex-ai-default-model",
+    "--trace-file",
+    "--trace-rate",
+    "--trace-count",
+    "--trace-log-frequency",
+};
+
 /// Triton's command-line flags (tritonserver --help of Triton 2.51; docs/serving.md, "Triton's
 /// command line"), so that a Triton launch line (a KServe ServingRuntime's, Model Analyzer's)
 /// starts `asyncinfer serve` or `tritonserver` (the same program under Triton's name). Those that
@@ -98,10 +149,8 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   app.add_option("--allow-metrics", o.allow_metrics,
                  "Triton: serve /metrics (false = --metrics-port -1)")
       ->group(group);
-  app.add_option("--http-address", o.http_address, "Triton: HTTP address (= --host)")
-      ->group(group);
-  app.add_option("--grpc-address", o.grpc_address, "Triton: gRPC address (= --host)")
-      ->group(group);
+  app.add_option("--http-address", o.http_address, "Triton: HTTP address (= --host)")->group(group);
+  app.add_option("--grpc-address", o.grpc_address, "Triton: gRPC address (= --host)")->group(group);
   app.add_option("--metrics-address", o.metrics_address, "Triton: metrics address (= --host)")
       ->group(group);
   app.add_option("--exit-timeout-secs", o.exit_timeout_secs, "Triton: = --drain-timeout")
@@ -119,26 +168,9 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   app.add_option("--log-format", o.log_format, "Triton: log_format (default or ISO8601)")
       ->group(group)
       ->check(CLI::IsMember({"default", "ISO8601"}));
-  app.add_option("--http-thread-count", o.http_threads, "Triton: = --http-threads")
-      ->group(group);
+  app.add_option("--http-thread-count", o.http_threads, "Triton: = --http-threads")->group(group);
   // Triton internals with no counterpart here: accepted, one warning each.
-  for (const char* name :
-       {"--backend-directory", "--repoagent-directory", "--cache-directory", "--backend-config",
-        "--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size",
-        "--cuda-virtual-address-size", "--min-supported-compute-capability",
-        "--buffer-manager-thread-count", "--model-load-retry-count", "--host-policy", "--id",
-        "--allow-gpu-metrics", "--allow-cpu-metrics", "--metrics-interval-ms", "--metrics-config",
-        "--grpc-infer-allocation-pool-size", "--grpc-max-response-pool-size",
-        "--grpc-keepalive-time", "--grpc-keepalive-timeout",
-        "--grpc-keepalive-permit-without-calls", "--grpc-http2-max-pings-without-data",
-        "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-http2-max-ping-strikes",
-        "--grpc-infer-response-compression-level", "--disable-auto-complete-config",
-        "--response-cache-byte-size", "--strict-model-config", "--buffer-management-thread-count",
-        "--model-load-gpu-limit", "--reuse-http-port", "--reuse-grpc-port", "--grpc-server-cert",
-        "--grpc-server-key", "--grpc-root-cert", "--grpc-max-connection-age-grace",
-        "--sagemaker-port", "--sagemaker-safe-port-range", "--sagemaker-thread-count",
-        "--vertex-ai-port", "--vertex-ai-thread-count", "--vertex-ai-default-model",
-        "--trace-file", "--trace-rate", "--trace-count", "--trace-log-frequency"}) {
+  for (const char* name : kTritonTuningFlags) {
     const std::string flag = name;
     // --disable-auto-complete-config takes no value in Triton; the others take one.
     if (flag == "--disable-auto-complete-config") {
@@ -161,8 +193,8 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
            name,
            [name, allowed, why](const std::string& v) {
              if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-               throw CLI::ValidationError(name, std::string("'") + v + "' is not supported: " +
-                                                    why);
+               throw CLI::ValidationError(name,
+                                          std::string("'") + v + "' is not supported: " + why);
              }
            },
            std::string("Triton: refused unless ") + (allowed.empty() ? "absent" : allowed[0]))
@@ -196,8 +228,9 @@ Status apply_triton_flags(ServeOptions& o, const std::function<void(const std::s
   }
   o.repository = o.repositories[0];
   if (o.allow_http && !*o.allow_http) {
-    return invalid_argument_error("--allow-http=false is not supported: asyncinfer always serves "
-                                  "HTTP (its health endpoints are what probes read)");
+    return invalid_argument_error(
+        "--allow-http=false is not supported: asyncinfer always serves "
+        "HTTP (its health endpoints are what probes read)");
   }
   if (o.allow_grpc && !*o.allow_grpc) o.grpc_port = -1;
   if (o.allow_metrics && !*o.allow_metrics) o.metrics_port = -1;
@@ -205,8 +238,9 @@ Status apply_triton_flags(ServeOptions& o, const std::function<void(const std::s
   for (const auto* a : {&o.http_address, &o.grpc_address, &o.metrics_address}) {
     if (!*a) continue;
     if (address && *address != **a) {
-      return invalid_argument_error("--http-address, --grpc-address and --metrics-address "
-                                    "differ: asyncinfer listens on one address (--host)");
+      return invalid_argument_error(
+          "--http-address, --grpc-address and --metrics-address "
+          "differ: asyncinfer listens on one address (--host)");
     }
     address = **a;
   }
@@ -217,7 +251,6 @@ Status apply_triton_flags(ServeOptions& o, const std::function<void(const std::s
   }
   return Status();
 }
-
 
 #if ASYNCINFER_HAVE_SERVER
 /// The server's log (server_log.hpp): its lines, the repository's and the library's, with the

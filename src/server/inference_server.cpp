@@ -74,9 +74,9 @@ Status classify_outputs(const ModelVersion& model, const std::vector<std::uint32
   for (InferOutput& o : response.outputs) {
     if (o.requested < 0 || classes[static_cast<std::size_t>(o.requested)] == 0) continue;
     auto labels = model.class_labels.find(o.spec->name);
-    Result<Tensor> t = classify(o.tensor, model.signature.batched,
-                                classes[static_cast<std::size_t>(o.requested)],
-                                labels == model.class_labels.end() ? nullptr : labels->second.get());
+    Result<Tensor> t =
+        classify(o.tensor, model.signature.batched, classes[static_cast<std::size_t>(o.requested)],
+                 labels == model.class_labels.end() ? nullptr : labels->second.get());
     if (!t.ok()) return t.status().with_context("output '" + o.spec->name + "'");
     o.tensor = std::move(*t);
   }
@@ -260,8 +260,8 @@ Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_
   ModelRef v = m->find_version(n);
   if (v == nullptr) {
     return not_found_error("Request for unknown model: '" + m->name + "' version " +
-                           std::string(version) + " is not found (versions served: " +
-                           versions_of(*m) + ")");
+                           std::string(version) +
+                           " is not found (versions served: " + versions_of(*m) + ")");
   }
   if (!v->serving()) {
     *retired = v->retired.load();

@@ -172,9 +172,13 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 7> kServerExtensions = {
-    "classification",       "model_repository",   "model_configuration", "system_shared_memory",
-    "binary_tensor_data",   "statistics",         "logging"};
+inline constexpr std::array<std::string_view, 7> kServerExtensions = {"classification",
+                                                                      "model_repository",
+                                                                      "model_configuration",
+                                                                      "system_shared_memory",
+                                                                      "binary_tensor_data",
+                                                                      "statistics",
+                                                                      "logging"};
 
 class ServerLog;
 

@@ -236,9 +236,8 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
     if (!names.insert(spec.name).second) return bad(model, "output '" + spec.name + "' twice");
     if (!out.label_filename().empty()) {
       // A file of the model's folder, named as default_model_filename is.
-      ASYNCINFER_RETURN_IF_ERROR(
-          check_file_name(model, field + ": label_filename", out.label_filename(),
-                          "the model's folder"));
+      ASYNCINFER_RETURN_IF_ERROR(check_file_name(model, field + ": label_filename",
+                                                 out.label_filename(), "the model's folder"));
       plan.label_files[spec.name] = out.label_filename();
     }
     plan.outputs.push_back(std::move(spec));

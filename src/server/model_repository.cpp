@@ -895,8 +895,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     text = std::move(*t);
     plan = plan_model_config(text, config_path.string(), name, &warnings);
     if (config_path.filename() != "config.pbtxt") {
-      log("model '" + name + "': configuration " + config_path.string() +
-          " (--model-config-name)");
+      log("model '" + name + "': configuration " + config_path.string() + " (--model-config-name)");
     }
   }
   for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
@@ -1386,7 +1385,8 @@ void ModelRepository::poll() {
   for (const std::string& name : in_order) {
     std::shared_ptr<const ServedModel> m = current(name);
     // (Not requested: unloaded when its folder went; back now.)
-    if (!m || !m->requested || m->fingerprint != model_fingerprint(root_ / name, options_.model_config_name)) {
+    if (!m || !m->requested ||
+        m->fingerprint != model_fingerprint(root_ / name, options_.model_config_name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
       reload(name, std::nullopt, epoch_of(name), nullptr);
       changed = true;

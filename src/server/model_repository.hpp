@@ -159,8 +159,7 @@ struct ModelVersion {
   /// response_cache { enable: true } in its config: answered from the server's cache, if any.
   bool response_cache = false;
   /// Output name → the lines of its label_filename (classification.hpp), read when it loaded.
-  std::map<std::string, std::shared_ptr<const std::vector<std::string>>, std::less<>>
-      class_labels;
+  std::map<std::string, std::shared_ptr<const std::vector<std::string>>, std::less<>> class_labels;
   /// Its response-cache hits and misses (InferenceServer::version_stats).
   mutable CacheCounters cache_counters;
   /// Unique to this load of the version (in its response-cache keys).

@@ -134,8 +134,8 @@ TEST(Classification, TopClassesPerBatchItemWithLabelsAndTritonsNumberFormat) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->dtype(), DType::bytes);
   EXPECT_EQ(c->shape(), (Shape{2, 2}));
-  EXPECT_EQ(strings_of(*c), (std::vector<std::string>{"2.500000:1:b", "2.500000:3",
-                                                      "4.000000:3", "3.000000:2"}));
+  EXPECT_EQ(strings_of(*c),
+            (std::vector<std::string>{"2.500000:1:b", "2.500000:3", "4.000000:3", "3.000000:2"}));
   // Unbatched: one item of all the values; more classes than values gives them all.
   auto u = classify(*Tensor::from_values<std::uint8_t>({3}, std::vector<std::uint8_t>{7, 9, 8}),
                     false, 10, nullptr);
@@ -208,7 +208,8 @@ TEST(ServerLog, LevelsFormatAndAllOrNothingUpdates) {
   auto bad = log.update({{"log_info", false}, {"log_verbose_level", std::int64_t{-1}}});
   EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);
   EXPECT_TRUE(log.settings().log_info);
-  auto good = log.update({{"log_info", false}, {"log_verbose_level", std::int64_t{1}},
+  auto good = log.update({{"log_info", false},
+                          {"log_verbose_level", std::int64_t{1}},
                           {"log_format", std::string("ISO8601")}});
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(log_settings_json(*good),

@@ -159,8 +159,9 @@ Result<Parameters> parse_log_settings_request(std::string_view body, int max_dep
 Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body,
                                                               int max_depth) {
   if (body.empty()) {
-    return invalid_argument_error("the register body must be a JSON object with \"key\" and "
-                                  "\"byte_size\"");
+    return invalid_argument_error(
+        "the register body must be a JSON object with \"key\" and "
+        "\"byte_size\"");
   }
   ASYNCINFER_ASSIGN_OR_RETURN(json j, parse_json(body, max_depth));
   if (!j.is_object()) return invalid_argument_error("the request body must be a JSON object");

@@ -97,8 +97,7 @@ struct SharedMemoryRegisterCall {
   std::size_t offset = 0;
   std::size_t byte_size = 0;
 };
-Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body,
-                                                              int max_depth);
+Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body, int max_depth);
 /// GET /v2/systemsharedmemory[/region/{r}]/status: [{"name", "key", "offset", "byte_size"}].
 std::string shared_memory_status_json(const std::vector<SharedMemoryRef>& regions);
 

@@ -52,14 +52,15 @@ Result<DecodedInfer> decode_raw(const ModelVersion& model, std::string_view body
                                     "', the model must have input shape [1]");
     }
     if (body.size() > std::numeric_limits<std::uint32_t>::max()) {
-      return invalid_argument_error("raw input '" + spec.name + "': " +
-                                    std::to_string(body.size()) +
+      return invalid_argument_error("raw input '" + spec.name +
+                                    "': " + std::to_string(body.size()) +
                                     " bytes is more than one BYTES element can hold (4 GiB)");
     }
     // One element: Triton's serialization, a 4-byte little-endian length, then the bytes.
     std::string serialized(4 + body.size(), '\0');
     const auto n = static_cast<std::uint32_t>(body.size());
-    for (int b = 0; b < 4; ++b) serialized[static_cast<std::size_t>(b)] = static_cast<char>(n >> (8 * b));
+    for (int b = 0; b < 4; ++b)
+      serialized[static_cast<std::size_t>(b)] = static_cast<char>(n >> (8 * b));
     if (!body.empty()) std::memcpy(serialized.data() + 4, body.data(), body.size());
     ASYNCINFER_ASSIGN_OR_RETURN(
         [[maybe_unused]] InputSlot slot,
@@ -72,10 +73,9 @@ Result<DecodedInfer> decode_raw(const ModelVersion& model, std::string_view body
         InputSlot slot,
         InferenceServer::check_input(model, spec.name, oip_datatype(spec.dtype), shape));
     if (body.size() != slot.byte_size) {
-      return invalid_argument_error("input byte size mismatch for input '" + spec.name +
-                                    "' for model '" + model.model_name + "'. Expected " +
-                                    std::to_string(slot.byte_size) + ", got " +
-                                    std::to_string(body.size()));
+      return invalid_argument_error(
+          "input byte size mismatch for input '" + spec.name + "' for model '" + model.model_name +
+          "'. Expected " + std::to_string(slot.byte_size) + ", got " + std::to_string(body.size()));
     }
     ASYNCINFER_ASSIGN_OR_RETURN(t, Tensor::empty(slot.dtype, shape));
     if (!body.empty()) std::memcpy(t.data(), body.data(), body.size());
@@ -127,7 +127,8 @@ Result<DecodedInfer> decode_infer_request(const ModelVersion& model, std::string
     RequestReader second(model, max_depth, binary, ignored, inputs, true, shared_memory);
     if (!json::sax_parse(json_text.begin(), json_text.end(), &second)) return second.status();
     for (const PendingInput& in : inputs) {  // BYTES tensors were made over the second pass's data
-      if (in.deferred && in.slot.dtype == DType::bytes) out.request.inputs[in.index].tensor = in.tensor;
+      if (in.deferred && in.slot.dtype == DType::bytes)
+        out.request.inputs[in.index].tensor = in.tensor;
     }
   }
   if (auto it = out.request.parameters.find("binary_data_output");

@@ -108,9 +108,10 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
   std::size_t binary_bytes = 0;
   std::size_t json_estimate = 128;
   for (const InferOutput& o : response.outputs) {
-    const bool bin = !o.shared_memory &&
-                     (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
-                                       : request.binary_default);
+    const bool bin =
+        !o.shared_memory &&
+        (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
+                          : request.binary_default);
     if (bin) {
       binary_bytes += o.tensor.byte_size();
     } else {
@@ -129,9 +130,10 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
   s += ",\"outputs\":[";
   bool first = true;
   for (const InferOutput& o : response.outputs) {
-    const bool bin = !o.shared_memory &&
-                     (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
-                                       : request.binary_default);
+    const bool bin =
+        !o.shared_memory &&
+        (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
+                          : request.binary_default);
     if (!first) s += ',';
     first = false;
     s += "{\"name\":";
@@ -159,9 +161,10 @@ EncodedResponse encode_infer_response(const InferResponse& response, const Decod
   s += "]}";
   enc.json_size = s.size();
   for (const InferOutput& o : response.outputs) {
-    const bool bin = !o.shared_memory &&
-                     (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
-                                       : request.binary_default);
+    const bool bin =
+        !o.shared_memory &&
+        (o.requested >= 0 ? request.output_binary[static_cast<std::size_t>(o.requested)]
+                          : request.binary_default);
     if (bin && o.tensor.byte_size() > 0) {
       s.append(static_cast<const char*>(o.tensor.data()), o.tensor.byte_size());
     }
