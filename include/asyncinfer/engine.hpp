@@ -72,6 +72,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "asyncinfer/detail/unique_function.hpp"
@@ -102,6 +103,21 @@ enum class RequestState : std::uint8_t {
 std::string_view to_string(RequestState state) noexcept;
 std::ostream& operator<<(std::ostream& os, RequestState state);
 bool is_terminal(RequestState state) noexcept;
+
+/// A sequence's correlation ID (Triton's sequence_id, the CORRID control): an unsigned integer or
+/// a string. 0 and "" are not IDs (Triton reserves them for requests outside any sequence). IDs of
+/// the two kinds never equal each other (1 and "1" are two sequences).
+using CorrelationId = std::variant<std::uint64_t, std::string>;
+/// "1001", or the string itself.
+std::string to_string(const CorrelationId& id);
+
+/// A request's place in a sequence, for a stateful model (EngineOptions::sequence_batching): the
+/// request parameters sequence_id, sequence_start and sequence_end of Triton's sequence extension.
+struct SequenceFlags {
+  CorrelationId id = std::uint64_t{0};
+  bool start = false;  ///< the first request of the sequence: its state starts afresh
+  bool end = false;    ///< the last: the sequence's slot is freed once it has run
+};
 
 /// Per-request options.
 struct RequestOptions {
@@ -163,6 +179,9 @@ struct RequestOptions {
   /// returns it. A decoupled request runs once: no retry, no split of a failed batch, no re-run
   /// on a replaced stream (its client may hold part of an answer); it fails instead.
   std::function<Status(Outputs, std::stop_token stop)> on_response;
+  /// Stateful models (EngineOptions::sequence_batching), where it is required: the sequence this
+  /// request belongs to. Refused (invalid_argument) on an engine without sequence batching.
+  std::optional<SequenceFlags> sequence;
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own
@@ -225,6 +244,62 @@ struct EngineHealth {
   bool ready = false;  ///< live, and at least one worker is healthy: a submit can be served now
   std::string reason;  ///< why not ready; empty when ready
   std::vector<WorkerStatus> workers;
+};
+
+/// A control input the engine makes for each request of a sequence (Triton's
+/// sequence_batching.control_input): the model reads it as an ordinary input, one element per
+/// request (shape [1, 1] in a batched model's request, so [rows, 1] in its batch; [1] unbatched).
+struct SequenceControl {
+  enum class Kind : std::uint8_t {
+    start,   ///< CONTROL_SEQUENCE_START: true on the sequence's first request
+    end,     ///< CONTROL_SEQUENCE_END: true on its last
+    ready,   ///< CONTROL_SEQUENCE_READY: true where the row holds a request (always, here: rows
+             ///< without a request are never sent)
+    corrid,  ///< CONTROL_SEQUENCE_CORRID: the correlation ID, of `dtype`
+  };
+  Kind kind = Kind::start;
+  std::string input;  ///< the model input it fills
+  /// start, end, ready: i32, f32 or boolean (Triton's int32_false_true, fp32_false_true,
+  /// bool_false_true). corrid: u64, i64, u32, i32 (an integer ID) or bytes (either kind of ID).
+  DType dtype = DType::i32;
+  double false_value = 0;
+  double true_value = 1;
+};
+
+/// Implicit state (Triton's sequence_batching.state): the model's output `output` for request i
+/// of a sequence is its input `input` for request i + 1, kept by the engine with the sequence
+/// (a view of the output, no copy) and dropped with it. The first request of a sequence gets
+/// `initial` (zeros of `dims` when unset).
+struct SequenceState {
+  std::string input;
+  std::string output;
+  DType dtype = DType::f32;
+  Shape dims;  ///< without the batch dim
+  std::optional<Tensor> initial;
+};
+
+/// Sequence batching for stateful models (Triton's sequence_batching; docs/design.md,
+/// "Sequences"). Every request carries RequestOptions::sequence. A sequence is bound to one slot
+/// of one worker (its model instance) when its first request arrives, and keeps it until its END
+/// request has run or it has been idle for max_sequence_idle; its requests run there in the
+/// order they were submitted, one at a time. A new sequence waits in a backlog while no slot is
+/// free, and takes the first slot freed. A worker's batch holds the next request of each of its
+/// slots' sequences that has one waiting (at most max batch size rows), slots in order.
+struct SequenceBatchingOptions {
+  enum class Strategy : std::uint8_t {
+    direct,  ///< Triton's direct: slots_per_worker = the max batch size
+    oldest,  ///< Triton's oldest: slots_per_worker = max_candidate_sequences
+  };
+  Strategy strategy = Strategy::direct;
+  /// Slots (live sequences) per worker; 0 = the engine's max batch size (1 unbatched).
+  int slots_per_worker = 0;
+  /// A sequence with no request for this long loses its slot (Triton's
+  /// max_sequence_idle_microseconds, default 1 s); its next request then needs START again.
+  std::chrono::microseconds max_sequence_idle{1'000'000};
+  std::vector<SequenceControl> controls;
+  std::vector<SequenceState> states;
+  /// The model's name in errors (Triton's wording: "... to model 'M' ...").
+  std::string model_name;
 };
 
 struct EngineOptions {
@@ -328,6 +403,11 @@ struct EngineOptions {
   /// initialize()) ends it; create() then fails with that instance's error (cancelled). Only the
   /// first instances of create() see it, never the recycled ones. Default: never fires.
   std::stop_token create_stop;
+  /// Stateful models: sequence batching (see SequenceBatchingOptions). The inputs its controls
+  /// and states fill, and its states' outputs, are the model's own: submits leave them out
+  /// (Engine::request_signature) and results do not carry the state outputs. Replaces dynamic
+  /// batching; no retries (a stateful step runs once).
+  std::optional<SequenceBatchingOptions> sequence_batching;
 };
 
 class EngineCore;
@@ -413,6 +493,10 @@ class Engine {
   EngineHealth health() const;
   EngineMetrics metrics() const;
   const ModelSignature& signature() const noexcept;
+  /// What a request brings and what its result holds: signature() without the inputs that
+  /// sequence batching fills (controls, states) and without the state outputs. signature() on
+  /// other engines.
+  const ModelSignature& request_signature() const noexcept;
   /// The options in use: as given to create(), with batching.max_batch_size set to the largest
   /// batch the engine forms (BatchingOptions::max_batch_size's rule; 1 for unbatched models).
   const EngineOptions& options() const noexcept;

@@ -162,6 +162,13 @@ struct EngineMetrics {
   /// order), for the 64 keys with the most; ordered_backlog_total counts every key.
   std::map<std::string, std::int64_t> ordered_backlog;
   std::int64_t ordered_backlog_total = 0;
+  /// Sequence batching (EngineOptions::sequence_batching): live sequences (with a slot or waiting
+  /// for one), those waiting for a slot, slots freed because their sequence was idle past
+  /// max_sequence_idle, and backlogged sequences whose timeout expired.
+  std::int64_t sequences_live = 0;
+  std::int64_t sequence_backlog = 0;
+  std::uint64_t sequences_idle_released = 0;
+  std::uint64_t sequence_backlog_expired = 0;
   /// Workers that are not unhealthy (healthy, recovering or paused).
   std::int64_t live_workers = 0;
   double batches_per_s = 0;  ///< since start

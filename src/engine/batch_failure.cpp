@@ -20,6 +20,12 @@ void EngineContext::batch_failed(const std::shared_ptr<Batch>& batch, const Stat
   }
   if (ended > 0 && !own_stop(*batch, st)) late_failure(ended, st, *first_ended);
   const StatusCode code = st.code();
+  if (sequence_plan != nullptr) {
+    // A sequence's request runs once (its model's state may have moved on): each fails with
+    // the batch's error; its sequence goes on with its next request.
+    for (const auto& r : live) fail_alone(r, st);
+    return;
+  }
   if (live.size() > 1 && opt.batching.split_failed_batches && !opt.retry.is_retryable(code) &&
       code != StatusCode::cancelled && code != StatusCode::aborted &&
       code != StatusCode::deadline_exceeded) {
@@ -51,9 +57,13 @@ void EngineContext::requeue(const std::vector<std::shared_ptr<Request>>& rs, boo
 void EngineContext::fail_partial(const std::shared_ptr<Request>& r, const Status& st) {
   Status s(
       st.code() == StatusCode::ok ? StatusCode::internal : st.code(),
-      with_tag(std::string(st.message()) + "; not run again, as a decoupled request runs once (" +
-                   std::to_string(r->responses_sent.load(std::memory_order_relaxed)) +
-                   " of its responses were sent)",
+      with_tag(r->sequence ? std::string(st.message()) +
+                                 "; not run again, as a request of a sequence runs once (its "
+                                 "model's state may have moved on)"
+                           : std::string(st.message()) +
+                                 "; not run again, as a decoupled request runs once (" +
+                                 std::to_string(r->responses_sent.load(std::memory_order_relaxed)) +
+                                 " of its responses were sent)",
                r->tag));
   const Status copy = s;
   if (!resolver.try_resolve(r, detail::stage_for_error(s.code()), std::move(s)))

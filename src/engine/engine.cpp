@@ -30,7 +30,7 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       // Where a caller may run a request alone and at once, as a worker would
       // (RequestOptions::caller_run_max_compute); Scheduler::accept decides the rest.
       caller_runs_(inline_path_ && !sig_.decoupled && opt_.batching.max_queue_delay.count() == 0 &&
-                   model_->supports_caller_runs()),
+                   !opt_.sequence_batching && model_->supports_caller_runs()),
       started_(Clock::now()),
       completion_(static_cast<std::size_t>(opt_.completion_threads), "ai-callback"),
       dispatcher_(1, "ai-dispatch"),
@@ -39,7 +39,14 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       scheduler_(opt_, sig_.batched),
       resolver_(opt_, scheduler_, timer_, completion_),
       ctx_(*model_, *device_, opt_, sig_, max_rows_, inline_path_, dispatcher_, timer_, reaper_,
-           scheduler_, resolver_) {}
+           scheduler_, resolver_) {
+  if (opt_.sequence_batching) {
+    // Checked by Engine::create before.
+    Result<detail::SequencePlan> plan = detail::SequencePlan::make(*opt_.sequence_batching, sig_);
+    if (plan.ok()) sequence_plan_ = std::move(*plan);
+    ctx_.sequence_plan = sequence_plan_ ? &*sequence_plan_ : nullptr;
+  }
+}
 
 EngineCore::~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
@@ -71,15 +78,17 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   if (!accepting()) {
     return unavailable_error("engine is shut down: no new requests are accepted");
   }
-  Status v = validate_inputs(sig_, inputs);
+  const ModelSignature& given = sequence_plan_ ? sequence_plan_->request_signature : sig_;
+  Status v = validate_inputs(given, inputs);
   if (!v.ok()) return v.with_context(context("bad input", o.tag));
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].is_host_accessible()) {
       return invalid_argument_error(context("bad input", o.tag) + ": input '" +
-                                    sig_.inputs[i].name +
+                                    given.inputs[i].name +
                                     "' is in device memory; pass host tensors");
     }
   }
+  if (Status s = check_sequence(inputs, o); !s.ok()) return s;
   if (sig_.decoupled && !o.on_response) {
     return invalid_argument_error(context("bad option", o.tag) + ": model '" + model_->name() +
                                   "' is decoupled (it sends many responses per request): set "
@@ -98,6 +107,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->level = level - 1;
   r->tag = o.tag;
   r->sequence_key = o.sequence_key;
+  r->sequence_flags = o.sequence;
   if (sig_.decoupled) {
     r->on_response = o.on_response;
     r->response_stop = std::stop_source();
@@ -125,6 +135,39 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->inputs = std::move(inputs);
   r->shape_key = detail::compute_shape_key(r->inputs, sig_.batched);
   return r;
+}
+
+Status EngineCore::check_sequence(const Inputs& inputs, const RequestOptions& o) const {
+  if (!sequence_plan_) {
+    if (!o.sequence) return Status();
+    return invalid_argument_error(context("bad option", o.tag) + ": model '" + model_->name() +
+                                  "' has no sequence batching: RequestOptions::sequence must be "
+                                  "unset");
+  }
+  // Triton's wording (sequence_batch_scheduler.cc, sequence extension).
+  const std::string& model = sequence_plan_->model_name;
+  const auto* n = o.sequence ? std::get_if<std::uint64_t>(&o.sequence->id) : nullptr;
+  const auto* text = o.sequence ? std::get_if<std::string>(&o.sequence->id) : nullptr;
+  if (!o.sequence || (n != nullptr && *n == 0) || (text != nullptr && text->empty())) {
+    return invalid_argument_error("inference request to model '" + model +
+                                  "' must specify a non-zero or non-empty correlation ID");
+  }
+  if (sig_.batched && !inputs.empty() && inputs[0].dim(0) != 1) {
+    return invalid_argument_error("inference request to model '" + model +
+                                  "' must specify batch-size 1 due to requirements of sequence "
+                                  "batcher");
+  }
+  if (text != nullptr) {
+    for (const SequenceControl& c : sequence_plan_->controls) {
+      if (c.kind == SequenceControl::Kind::corrid && c.dtype != DType::bytes) {
+        return invalid_argument_error(
+            "sequence batching control '" + c.input + "' of model '" + model +
+            "' has an integer data type (" + std::string(to_string(c.dtype)) +
+            "), but the request's correlation ID is a string ('" + *text + "')");
+      }
+    }
+  }
+  return Status();
 }
 
 Clock::time_point EngineCore::effective_deadline(const RequestOptions& o,

@@ -126,6 +126,22 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   if (options.workers < 0) return invalid_argument_error("EngineOptions: workers must be >= 0");
   options = resolve_options(*model, *device, std::move(options));
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));
+  if (options.sequence_batching) {
+    const SequenceBatchingOptions& q = *options.sequence_batching;
+    if (sig.decoupled) {
+      return invalid_argument_error(
+          "EngineOptions: sequence_batching with a decoupled model is not supported");
+    }
+    if (q.slots_per_worker < 0 || q.max_sequence_idle.count() <= 0) {
+      return invalid_argument_error(
+          "EngineOptions: sequence_batching: slots_per_worker must be >= 0 and "
+          "max_sequence_idle > 0");
+    }
+    ASYNCINFER_RETURN_IF_ERROR(detail::SequencePlan::make(q, sig).status());
+    // Batches form from the slots' sequences: no dynamic batching delay, no retries.
+    options.batching.max_queue_delay = std::chrono::microseconds(0);
+    options.retry.max_attempts = 1;
+  }
   options.batching.max_batch_size = max_rows;  // what Engine::options() reports
   // After the validation, so that a bad value is refused whatever the affinity.
   options.spin_wait = detail::spin_budget(options.spin_wait);
@@ -203,6 +219,10 @@ EngineMetrics Engine::metrics() const { return core_->metrics(); }
 EngineHealth Engine::health() const { return core_->health(); }
 
 const ModelSignature& Engine::signature() const noexcept { return core_->sig_; }
+
+const ModelSignature& Engine::request_signature() const noexcept {
+  return core_->sequence_plan_ ? core_->sequence_plan_->request_signature : core_->sig_;
+}
 
 const EngineOptions& Engine::options() const noexcept { return core_->opt_; }
 

@@ -41,6 +41,7 @@
 #include "engine/request.hpp"
 #include "engine/resolver.hpp"
 #include "engine/scheduler.hpp"
+#include "engine/sequence_batcher.hpp"
 #include "engine/statistics.hpp"
 
 namespace asyncinfer::detail {
@@ -132,6 +133,9 @@ struct EngineContext {
   ThreadPool& reaper;
   Scheduler& scheduler;
   Resolver& resolver;
+  /// Sequence engines (EngineOptions::sequence_batching): where the model's inputs come from;
+  /// null otherwise. Set by EngineCore before any worker starts.
+  const SequencePlan* sequence_plan = nullptr;
 
   // ---- engine-wide counters (read by EngineCore::metrics) --------------------------------------
 

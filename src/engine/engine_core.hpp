@@ -103,6 +103,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// ordered-delivery sequence and its deadline timer, and it takes its place in the queue.
   /// Whatever ended the request before (see request.hpp, `refusal`) makes it a refusal instead.
   Status accept(const std::shared_ptr<Request>& r);
+  /// prepare()'s checks of RequestOptions::sequence: set exactly on a sequence engine, with a
+  /// non-zero ID, one row, and an integer ID where the CORRID control is an integer.
+  Status check_sequence(const Inputs& inputs, const RequestOptions& o) const;
   /// accept()'s caller run: runs the lent worker's batch here, gives the worker back, and stops
   /// caller runs for good when the batch took far longer than `bound` allowed
   /// (caller_runs_tripped_).
@@ -156,6 +159,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   EngineOptions opt_;
   ModelSignature sig_;
   std::int64_t max_rows_;
+  // Sequence engines: where each model input comes from, and what a request brings
+  // (SequencePlan::request_signature); unset otherwise.
+  std::optional<detail::SequencePlan> sequence_plan_;
   // The inline path (worker.hpp): a device with DeviceCapabilities::caller_run_streams (cpu) and
   // no hang watchdog.
   bool inline_path_;

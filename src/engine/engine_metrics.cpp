@@ -31,6 +31,10 @@ EngineMetrics EngineCore::metrics() const {
   const detail::Scheduler::Depths depths = scheduler_.depths();
   m.queue_depth = depths.queued;
   m.retry_waiting = depths.retry_waiting;
+  m.sequences_live = depths.sequences.live;
+  m.sequence_backlog = depths.sequences.backlog;
+  m.sequences_idle_released = depths.sequences.idle_released;
+  m.sequence_backlog_expired = depths.sequences.backlog_expired;
   m.batches_per_s = m.uptime_s > 0 ? static_cast<double>(m.batches) / m.uptime_s : 0;
   m.live_workers = ctx_.live_workers.load();
   for (const auto& w : workers_) m.workers.push_back(w->metrics());

@@ -125,6 +125,13 @@ constexpr bool needs_queue_lock(Stage from, Stage to) noexcept {
 }
 
 struct Batch;
+struct Sequence;  // sequence_batcher.hpp
+
+/// A batch's record of a sequence one of its requests belongs to (Batch::sequences).
+struct SequenceRun {
+  std::shared_ptr<Sequence> sequence;
+  bool end = false;  ///< the request that ran was the sequence's END
+};
 
 struct Request {
   std::uint64_t seq = 0;  ///< submit order, engine-wide
@@ -181,6 +188,11 @@ struct Request {
 
   std::weak_ptr<Batch> batch;  ///< while running
 
+  /// Stateful models (EngineOptions::sequence_batching): the request's flags, and its sequence
+  /// once accepted (under the queue mutex until it runs; sequence_batcher.hpp).
+  std::optional<SequenceFlags> sequence_flags;
+  std::shared_ptr<Sequence> sequence;
+
   // Intrusive queue links, guarded by the queue mutex.
   Request* prev = nullptr;
   Request* next = nullptr;
@@ -224,6 +236,9 @@ struct Batch {
   Clock::time_point compute_start{};
   TimerId watchdog;
   std::mutex watchdog_mu;
+  /// Sequence engines: the sequences of its requests, set when it is formed (even a request that
+  /// fails in assembly leaves its sequence here), handed back in Scheduler::batch_finished.
+  std::vector<SequenceRun> sequences;
 };
 
 /// A finished request and its result, waiting for delivery (ordered delivery, callback batches).

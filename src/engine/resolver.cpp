@@ -78,6 +78,10 @@ Status Resolver::ordered_wait_would_never_end(const Request& r) const {
 bool Resolver::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<Outputs> result,
                            Clock::time_point now) {
   std::shared_ptr<Request> withdrawn;  // the scheduler's reference, dropped after finish()
+  // Sequence engines: the rest of a backlogged sequence that expired with `r` (Scheduler::
+  // withdraw), already moved to `to`.
+  std::vector<std::shared_ptr<Request>> also;
+  bool expired = false;
   for (;;) {
     Stage cur = r->stage.load(std::memory_order_acquire);
     if (is_final(cur)) return false;
@@ -98,7 +102,7 @@ bool Resolver::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<O
     }
     const Status why =
         result.ok() ? internal_error("request ended before it was accepted") : result.status();
-    const Withdrawal w = scheduler_.withdraw(r, to, why, withdrawn);
+    const Withdrawal w = scheduler_.withdraw(r, to, why, withdrawn, &also, &expired);
     if (w == Withdrawal::refused) return true;  // its submit refuses it: no finish
     if (w == Withdrawal::already_refused) return false;
     if (w == Withdrawal::from_retry_wait) {
@@ -111,6 +115,10 @@ bool Resolver::try_resolve(const std::shared_ptr<Request>& r, Stage to, Result<O
     }
     if (w != Withdrawal::not_waiting) break;
     // running or ended meanwhile: look again
+  }
+  if (expired) {
+    result = SequenceTable::backlog_expired();
+    for (const auto& p : also) finish(p, to, SequenceTable::backlog_expired(), now);
   }
   finish(r, to, std::move(result), now);
   return true;

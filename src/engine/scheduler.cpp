@@ -32,7 +32,11 @@ Scheduler::Scheduler(const EngineOptions& o, bool batched)
       queue_(o.priority_levels),
       retry_(o.retry),
       admission_(o.admission_control, o.workers),
-      parked_(static_cast<std::size_t>(std::max(o.workers, 0))) {}
+      parked_(static_cast<std::size_t>(std::max(o.workers, 0))) {
+  if (o.sequence_batching) {
+    sequences_.emplace(*o.sequence_batching, o.workers, o.batching.max_batch_size.value_or(1));
+  }
+}
 
 // ---- life cycle ---------------------------------------------------------------------------------
 
@@ -61,7 +65,7 @@ void Scheduler::wait_drained(Clock::time_point until) {
   std::unique_lock lock(mu_);
   const auto drained_or_cancelled = [this] {
     return state() != EngineState::draining ||
-           (queue_.empty() && retry_.empty() && inflight_batches_ == 0);
+           (queued_locked() == 0 && retry_.empty() && inflight_batches_ == 0);
   };
   if (no_limit(until)) {
     drain_cv_.wait(lock, drained_or_cancelled);
@@ -115,10 +119,10 @@ std::optional<Refusal> Scheduler::admit(Request& r, std::unique_lock<std::mutex>
   if (r.refusal) return ended();
   if (auto c = closed()) return c;
   now = r.enqueued;  // prepare()'s reading, unless the submit waits below
-  if (queue_.size() >= queue_capacity_) {
+  if (queued_locked() >= queue_capacity_) {
     if (queue_full_policy_ == QueueFullPolicy::reject) {
       return Refusal{"queue_full", resource_exhausted_error(with_tag("queue full", r.tag) + ": " +
-                                                            std::to_string(queue_.size()) +
+                                                            std::to_string(queued_locked()) +
                                                             " requests queued (queue_capacity " +
                                                             std::to_string(queue_capacity_) + ")")};
     }
@@ -127,7 +131,7 @@ std::optional<Refusal> Scheduler::admit(Request& r, std::unique_lock<std::mutex>
     const Clock::time_point until = std::min(deadline_after(submit_timeout_), r.deadline);
     const auto ready = [&] {
       return !accepting() || r.refusal.has_value() || no_workers_.has_value() ||
-             queue_.size() < queue_capacity_;
+             queued_locked() < queue_capacity_;
     };
     if (no_limit(until)) {
       space_cv_.wait(lock, ready);
@@ -136,7 +140,7 @@ std::optional<Refusal> Scheduler::admit(Request& r, std::unique_lock<std::mutex>
     }
     if (r.refusal) return ended();
     if (auto c = closed()) return c;
-    if (queue_.size() >= queue_capacity_) {
+    if (queued_locked() >= queue_capacity_) {
       if (Clock::now() >= r.deadline) {
         return Refusal{"deadline",
                        deadline_exceeded_error(with_tag("request timed out", r.tag) + " after " +
@@ -146,13 +150,13 @@ std::optional<Refusal> Scheduler::admit(Request& r, std::unique_lock<std::mutex>
       }
       return Refusal{"queue_full",
                      resource_exhausted_error(with_tag("queue full", r.tag) + ": still " +
-                                              std::to_string(queue_.size()) +
+                                              std::to_string(queued_locked()) +
                                               " requests queued after waiting " +
                                               ms_text(submit_timeout_) + " (submit_timeout)")};
     }
     now = Clock::now();
   }
-  if (auto why = admission_.check(queue_.size(), now, r.deadline)) {
+  if (auto why = admission_.check(queued_locked(), now, r.deadline)) {
     return Refusal{"admission", resource_exhausted_error(with_tag(*why, r.tag))};
   }
   return std::nullopt;
@@ -169,6 +173,17 @@ void Scheduler::enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_
   const bool any_lent = lent_count_ > 0;
   lock.unlock();
   notify_one_worker(any_lent);
+}
+
+void Scheduler::enqueue_sequence(const std::shared_ptr<Request>& r, Clock::time_point now,
+                                 std::unique_lock<std::mutex>& lock) {
+  r->enqueued = now;
+  r->waiting_since = now;
+  transition(*r, Stage::submitting, Stage::queued, lock);
+  count_push();
+  lock.unlock();
+  // The worker holding the sequence's slot must wake, not just any: all of them look.
+  work_cv_.notify_all();
 }
 
 bool Scheduler::lend(const std::shared_ptr<Request>& r, Clock::time_point now, Lent& out,
@@ -211,7 +226,7 @@ void Scheduler::give_back(int worker) {
     --lent_count_;
     // Still asleep in next_batch, where it may have swallowed a notification meant for it
     // meanwhile: wake it (and the others) when anything asks for a worker.
-    wake = !queue_.empty() || !accepting() || p.asleep == nullptr || must_stop(*p.asleep);
+    wake = queued_locked() > 0 || !accepting() || p.asleep == nullptr || must_stop(*p.asleep);
     // Under the lock: once it is released, a shutdown may join the worker and return, and the
     // engine may be gone.
     if (wake) work_cv_.notify_all();
@@ -219,7 +234,8 @@ void Scheduler::give_back(int worker) {
 }
 
 Withdrawal Scheduler::withdraw(const std::shared_ptr<Request>& r, Stage to, const Status& why,
-                               std::shared_ptr<Request>& ref) {
+                               std::shared_ptr<Request>& ref,
+                               std::vector<std::shared_ptr<Request>>* also, bool* expired) {
   std::unique_lock lock(mu_);
   const Stage cur = r->stage.load(std::memory_order_acquire);
   if (cur == Stage::submitting) {
@@ -233,6 +249,21 @@ Withdrawal Scheduler::withdraw(const std::shared_ptr<Request>& r, Stage to, cons
     return Withdrawal::refused;
   }
   if (cur == Stage::queued && transition(*r, Stage::queued, to, lock)) {
+    if (r->sequence) {
+      std::vector<std::shared_ptr<Request>> rest;
+      const bool was_backlogged = r->sequence->backlogged;
+      sequences_->withdraw(*r, to, rest);
+      if (was_backlogged && to == Stage::timed_out && expired != nullptr) *expired = true;
+      for (auto& p : rest) {
+        if (transition(*p, Stage::queued, to, lock) && also != nullptr) also->push_back(p);
+      }
+      ref = r;
+      lock.unlock();
+      space_cv_.notify_all();
+      work_cv_.notify_all();  // a slot may have changed hands
+      if (!accepting()) notify_progress();
+      return Withdrawal::from_queue;
+    }
     ref = queue_.remove(r.get());
     lock.unlock();
     if (queue_full_policy_ == QueueFullPolicy::block) space_cv_.notify_one();
@@ -273,6 +304,24 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
     me.asleep = nullptr;  // awake, under the lock
     if (cancelling()) return nullptr;
     if (must_stop(taker)) return nullptr;
+    if (sequences_) {
+      Clock::time_point wake;
+      if (auto batch = take_sequences(taker, wake, lock)) {
+        lock.unlock();
+        work_cv_.notify_all();  // a slot freed here may have gone to another worker's sequence
+        if (queue_full_policy_ == QueueFullPolicy::block) space_cv_.notify_all();
+        return batch;
+      }
+      if (!accepting() && queued_locked() == 0 && retry_.empty() && inflight_batches_ == 0) {
+        return nullptr;
+      }
+      if (no_limit(wake)) {
+        work_cv_.wait(lock);
+      } else {
+        work_cv_.wait_until(lock, wake);  // the next idle slot's expiry: a timer, not a poll
+      }
+      continue;
+    }
     if (queue_.empty()) {
       if (!accepting() && retry_.empty() && inflight_batches_ == 0) return nullptr;
       if (taker.spin != nullptr && !spun) {
@@ -320,11 +369,36 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
   }
 }
 
-void Scheduler::batch_finished() {
+std::shared_ptr<Batch> Scheduler::take_sequences(const Taker& taker, Clock::time_point& wake,
+                                                 const std::unique_lock<std::mutex>& lock) {
+  std::vector<std::shared_ptr<Request>> taken =
+      sequences_->take(taker.worker, taker.max_rows, Clock::now(), wake);
+  if (taken.empty()) return nullptr;
+  auto batch = std::make_shared<Batch>();
+  batch->worker = taker.worker;
+  batch->requests.reserve(taken.size());
+  for (auto& r : taken) {
+    batch->sequences.push_back({r->sequence, r->sequence_flags->end});
+    r->batch = batch;  // before the transition: whoever sees `running` sees the batch
+    // Every waiting request is `queued` (one that ended left its sequence under this lock).
+    if (transition(*r, Stage::queued, Stage::running, lock)) batch->requests.push_back(std::move(r));
+  }
+  batch->rows = static_cast<std::int64_t>(batch->requests.size());
+  batch->live.store(static_cast<int>(batch->requests.size()), std::memory_order_relaxed);
+  ++inflight_batches_;
+  return batch;
+}
+
+void Scheduler::batch_finished(const Batch& batch) {
+  bool wake = false;
   {
     std::lock_guard lock(mu_);
     --inflight_batches_;
+    if (sequences_ && !batch.sequences.empty()) {
+      wake = sequences_->finished(batch.sequences, Clock::now());
+    }
   }
+  if (wake) work_cv_.notify_all();
   if (!accepting()) notify_progress();
 }
 
@@ -339,8 +413,10 @@ Requeued Scheduler::requeue(const std::vector<std::shared_ptr<Request>>& rs, boo
         out.refused.push_back(r);
         continue;
       }
-      if (r->on_response) {
-        out.partial.push_back(r);  // decoupled: runs once (its client may have part of an answer)
+      if (r->on_response || r->sequence) {
+        // Decoupled: runs once (its client may have part of an answer); a sequence's request
+        // too (the model's state may have moved on).
+        out.partial.push_back(r);
         continue;
       }
       if (!transition(*r, Stage::running, Stage::queued, lock)) continue;
@@ -407,13 +483,17 @@ std::vector<std::shared_ptr<Request>> Scheduler::waiting() const {
 std::vector<std::shared_ptr<Request>> Scheduler::waiting_locked() const {
   std::vector<std::shared_ptr<Request>> out;
   for (Request* r : queue_.all()) out.push_back(r->queue_ref);
+  if (sequences_) sequences_->append_waiting(out);
   for (auto& ref : retry_.all()) out.push_back(std::move(ref));
   return out;
 }
 
 Scheduler::Depths Scheduler::depths() const {
   std::lock_guard lock(mu_);
-  return {static_cast<std::int64_t>(queue_.size()), static_cast<std::int64_t>(retry_.size())};
+  Depths d{static_cast<std::int64_t>(queued_locked()), static_cast<std::int64_t>(retry_.size()),
+           {}};
+  if (sequences_) d.sequences = sequences_->counts();
+  return d;
 }
 
 }  // namespace asyncinfer::detail

@@ -44,6 +44,7 @@
 #include "engine/request.hpp"
 #include "engine/request_queue.hpp"
 #include "engine/retry_scheduler.hpp"
+#include "engine/sequence_batcher.hpp"
 
 namespace asyncinfer::detail {
 
@@ -177,6 +178,14 @@ class Scheduler {
     std::unique_lock lock = lock_spinning(mu_);  // held briefly by next_batch, on another core
     Clock::time_point now;
     if (auto refusal = admit(*r, lock, now)) return refusal;
+    if (sequences_) {
+      // A sequence engine: the request waits with its sequence, not in the queue.
+      if (auto refused = sequences_->add(r, now)) return Refusal{"sequence", std::move(*refused)};
+      r->seq = next_seq_++;
+      on_accepted();
+      enqueue_sequence(r, now, lock);
+      return std::nullopt;
+    }
     r->seq = next_seq_++;
     on_accepted();
     if (lent != nullptr && r->caller_run_max.count() > 0 && lend(r, now, *lent, lock)) {
@@ -193,8 +202,14 @@ class Scheduler {
   /// Takes `r` out of wherever it waits here, moving it to stage `to` (a terminal stage), when it
   /// is queued or waiting to retry; records `why` as its refusal when it is still being submitted
   /// (`to` is then not entered: its submit refuses it). See Withdrawal for the outcomes.
+  /// On a sequence engine, a request whose sequence waits in the backlog and that times out
+  /// takes the rest of its sequence with it (Triton: the backlog expired): those requests move
+  /// to `to` here and are added to `*also`, and `*expired` is set; the caller ends them all with
+  /// SequenceTable::backlog_expired().
   Withdrawal withdraw(const std::shared_ptr<Request>& r, Stage to, const Status& why,
-                      std::shared_ptr<Request>& ref);
+                      std::shared_ptr<Request>& ref,
+                      std::vector<std::shared_ptr<Request>>* also = nullptr,
+                      bool* expired = nullptr);
 
   // ---- workers ------------------------------------------------------------------------------
 
@@ -203,8 +218,9 @@ class Scheduler {
   /// cancelling, the taker's flags say so, or the engine no longer accepts and nothing is queued,
   /// waiting to retry or in flight.
   std::shared_ptr<Batch> next_batch(const Taker& taker);
-  /// A batch from next_batch has been handled (its requests ended or requeued).
-  void batch_finished();
+  /// A batch from next_batch has been handled (its requests ended or requeued). On a sequence
+  /// engine its sequences may run their next requests (Batch::sequences).
+  void batch_finished(const Batch& batch);
   /// A batch of `requests` computed in `compute_us` (admission control's service time).
   void observe_batch(double compute_us, std::size_t requests) noexcept {
     admission_.observe(compute_us, requests);
@@ -242,8 +258,10 @@ class Scheduler {
   struct Depths {
     std::int64_t queued = 0;
     std::int64_t retry_waiting = 0;
+    SequenceTable::Counts sequences;  ///< sequence engines
   };
   Depths depths() const;
+  bool sequences() const noexcept { return sequences_.has_value(); }
 
  private:
   /// accept()'s checks, under the lock; `now` is the time of acceptance when it returns nullopt.
@@ -251,6 +269,16 @@ class Scheduler {
                                Clock::time_point& now);
   void enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_point now,
                         std::unique_lock<std::mutex>& lock);
+  void enqueue_sequence(const std::shared_ptr<Request>& r, Clock::time_point now,
+                        std::unique_lock<std::mutex>& lock);
+  /// next_batch on a sequence engine: its slots' next requests (SequenceTable::take), under the
+  /// lock; null when nothing is ready, with `wake` the time to look again.
+  std::shared_ptr<Batch> take_sequences(const Taker& taker, Clock::time_point& wake,
+                                        const std::unique_lock<std::mutex>& lock);
+  /// Requests waiting to run (the queue, or the sequences' waiting requests), under mu_.
+  std::size_t queued_locked() const noexcept {
+    return queue_.size() + (sequences_ ? static_cast<std::size_t>(sequences_->queued()) : 0);
+  }
   /// accept()'s caller run, under the lock: true when `r` became a lent worker's batch.
   bool lend(const std::shared_ptr<Request>& r, Clock::time_point now, Lent& out,
             const std::unique_lock<std::mutex>& lock);
@@ -290,6 +318,7 @@ class Scheduler {
   std::condition_variable drain_cv_;                      // a drain waiting for the work to finish
   std::atomic<EngineState> state_{EngineState::running};  // written by set_state() under mu_
   RequestQueue queue_;                                    // under mu_
+  std::optional<SequenceTable> sequences_;                // under mu_; sequence engines only
   RetryScheduler retry_;                                  // its waiting set under mu_
   AdmissionControl admission_;
   std::int64_t inflight_batches_ = 0;     // under mu_

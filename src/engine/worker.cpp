@@ -323,6 +323,25 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
     }
     if (batch.requests.empty()) return Status();
   }
+  if (ctx_.sequence_plan != nullptr) {
+    // The control inputs and the sequence's state join each request's own (sequence_batcher.hpp).
+    std::vector<std::shared_ptr<Request>> kept;
+    kept.reserve(batch.requests.size());
+    for (auto& r : batch.requests) {
+      Result<Inputs> full = ctx_.sequence_plan->model_inputs(*r);
+      if (!full.ok()) {
+        ctx_.fail_alone(r, full.status());
+        continue;
+      }
+      r->inputs = std::move(*full);
+      kept.push_back(r);
+    }
+    if (kept.size() != batch.requests.size()) {
+      batch.requests.swap(kept);
+      batch.rows = static_cast<std::int64_t>(batch.requests.size());
+    }
+    if (batch.requests.empty()) return Status();
+  }
   io.batch_size = ctx_.sig.batched ? batch.rows : 1;
   io.request_rows.reserve(batch.requests.size());
   for (const auto& r : batch.requests) io.request_rows.push_back(ctx_.sig.batched ? r->rows : 1);
@@ -392,7 +411,7 @@ void Worker::end_without_running(const std::shared_ptr<Batch>& batch, Status s) 
   }
   release_slot(*batch);
   if (!s.ok()) ctx_.batch_failed(batch, s);
-  scheduler_.batch_finished();
+  scheduler_.batch_finished(*batch);
 }
 
 void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
@@ -431,7 +450,7 @@ void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   } else {
     ctx_.batch_failed(batch, st);
   }
-  scheduler_.batch_finished();
+  scheduler_.batch_finished(*batch);
 }
 
 bool Worker::release_slot(const Batch& batch) {
@@ -472,6 +491,8 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
       mine = outs;
     }
     offset += r->rows;
+    // A sequence's state outputs stay with the sequence, for its next request.
+    if (ctx_.sequence_plan != nullptr) ctx_.sequence_plan->keep_state(*r, mine);
   }
   // compute_output ends here, and with it each request's time (its success duration).
   const Clock::time_point split_done = Clock::now();

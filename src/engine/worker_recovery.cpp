@@ -54,7 +54,7 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
       std::to_string(ctx_.opt.watchdog.count()) +
       " ms hang watchdog; the worker's stream and model instance are being replaced");
   for (const auto& r : batch->requests) resolver_.try_resolve(r, Stage::timed_out, st);
-  scheduler_.batch_finished();
+  scheduler_.batch_finished(*batch);
 }
 
 void Worker::recycle() {

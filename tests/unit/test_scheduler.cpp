@@ -156,7 +156,7 @@ TEST(Scheduler, RequeuePutsRunningRequestsBackInFrontWithoutCountingTheAttempt) 
   EXPECT_EQ(a->stage.load(), Stage::queued);
   EXPECT_EQ(a->attempts.load(), 0);
   EXPECT_TRUE(a->solo);
-  s.batch_finished();
+  s.batch_finished(*batch);
   const auto order = s.waiting();
   ASSERT_EQ(order.size(), 3u);
   EXPECT_EQ(order[0], a);  // in their order, ahead of c
@@ -281,7 +281,7 @@ TEST(Scheduler, ADrainWaitsForInFlightBatchesThenMovesOnToCancelling) {
   s.wait_drained(Clock::now() + 10ms);
   EXPECT_EQ(s.state(), EngineState::cancelling);
   EXPECT_EQ(s.next_batch({0, 8, nullptr, nullptr}), nullptr);  // the workers leave
-  s.batch_finished();
+  s.batch_finished(*batch);
   s.stopped();
   EXPECT_EQ(s.state(), EngineState::stopped);
 }
@@ -290,11 +290,12 @@ TEST(Scheduler, ADrainEndsWhenTheLastBatchFinishes) {
   Scheduler s(options(), true);
   int hooks = 0;
   ASSERT_FALSE(accept(s, prepared(), hooks));
-  ASSERT_NE(s.next_batch({0, 8, nullptr, nullptr}), nullptr);
+  auto batch = s.next_batch({0, 8, nullptr, nullptr});
+  ASSERT_NE(batch, nullptr);
   s.begin_shutdown(EngineState::draining);
   std::jthread worker([&] {
     std::this_thread::sleep_for(5ms);
-    s.batch_finished();
+    s.batch_finished(*batch);
   });
   const auto start = Clock::now();
   s.wait_drained(Clock::time_point::max());  // no limit: the finished batch wakes it
