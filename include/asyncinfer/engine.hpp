@@ -72,7 +72,6 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
 #include "asyncinfer/detail/unique_function.hpp"
@@ -103,21 +102,6 @@ enum class RequestState : std::uint8_t {
 std::string_view to_string(RequestState state) noexcept;
 std::ostream& operator<<(std::ostream& os, RequestState state);
 bool is_terminal(RequestState state) noexcept;
-
-/// A sequence's correlation ID (Triton's sequence_id, the CORRID control): an unsigned integer or
-/// a string. 0 and "" are not IDs (Triton reserves them for requests outside any sequence). IDs of
-/// the two kinds never equal each other (1 and "1" are two sequences).
-using CorrelationId = std::variant<std::uint64_t, std::string>;
-/// "1001", or the string itself.
-std::string to_string(const CorrelationId& id);
-
-/// A request's place in a sequence, for a stateful model (EngineOptions::sequence_batching): the
-/// request parameters sequence_id, sequence_start and sequence_end of Triton's sequence extension.
-struct SequenceFlags {
-  CorrelationId id = std::uint64_t{0};
-  bool start = false;  ///< the first request of the sequence: its state starts afresh
-  bool end = false;    ///< the last: the sequence's slot is freed once it has run
-};
 
 /// Per-request options.
 struct RequestOptions {
@@ -406,7 +390,8 @@ struct EngineOptions {
   /// Stateful models: sequence batching (see SequenceBatchingOptions). The inputs its controls
   /// and states fill, and its states' outputs, are the model's own: submits leave them out
   /// (Engine::request_signature) and results do not carry the state outputs. Replaces dynamic
-  /// batching; no retries (a stateful step runs once).
+  /// batching; no retries (a stateful step runs once); ordered delivery per sequence (each
+  /// sequence's results reach their futures and callbacks in its order).
   std::optional<SequenceBatchingOptions> sequence_batching;
 };
 

@@ -33,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "asyncinfer/device.hpp"
@@ -40,6 +41,21 @@
 #include "asyncinfer/tensor.hpp"
 
 namespace asyncinfer {
+
+/// A sequence's correlation ID (Triton's sequence_id, the CORRID control): an unsigned integer or
+/// a string. 0 and "" are not IDs (Triton reserves them for requests outside any sequence). IDs of
+/// the two kinds never equal each other (1 and "1" are two sequences).
+using CorrelationId = std::variant<std::uint64_t, std::string>;
+/// "1001", or the string itself.
+std::string to_string(const CorrelationId& id);
+
+/// A request's place in a sequence, for a stateful model (EngineOptions::sequence_batching): the
+/// request parameters sequence_id, sequence_start and sequence_end of Triton's sequence extension.
+struct SequenceFlags {
+  CorrelationId id = std::uint64_t{0};
+  bool start = false;  ///< the first request of the sequence: its state starts afresh
+  bool end = false;    ///< the last: the sequence's slot is freed once it has run
+};
 
 /// One named input or output: dtype and full shape (-1 = dynamic dim).
 struct TensorSpec {
@@ -122,6 +138,10 @@ struct BatchIO {
   /// Decoupled models only (null otherwise): sends responses before the final one. A decoupled
   /// model may leave `outputs` empty, for a final flag without a response.
   std::shared_ptr<ResponseSender> responses;
+  /// Sequence batching only (empty otherwise): each request's sequence, in batch order, for
+  /// backends that hand a model its requests one by one (the python backend's
+  /// correlation_id() and flags()).
+  std::vector<SequenceFlags> sequences;
 };
 
 /// A model bound to one device and stream (one per engine worker).

@@ -141,6 +141,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
     // Batches form from the slots' sequences: no dynamic batching delay, no retries.
     options.batching.max_queue_delay = std::chrono::microseconds(0);
     options.retry.max_attempts = 1;
+    // A sequence's results reach their callbacks in its order (keyed by its ID), as they run:
+    // a stream that answers each as it completes keeps the sequence's order (Triton's).
+    options.ordered_delivery = true;
   }
   options.batching.max_batch_size = max_rows;  // what Engine::options() reports
   // After the validation, so that a bad value is refused whatever the affinity.

@@ -381,7 +381,8 @@ std::shared_ptr<Batch> Scheduler::take_sequences(const Taker& taker, Clock::time
     batch->sequences.push_back({r->sequence, r->sequence_flags->end});
     r->batch = batch;  // before the transition: whoever sees `running` sees the batch
     // Every waiting request is `queued` (one that ended left its sequence under this lock).
-    if (transition(*r, Stage::queued, Stage::running, lock)) batch->requests.push_back(std::move(r));
+    if (transition(*r, Stage::queued, Stage::running, lock))
+      batch->requests.push_back(std::move(r));
   }
   batch->rows = static_cast<std::int64_t>(batch->requests.size());
   batch->live.store(static_cast<int>(batch->requests.size()), std::memory_order_relaxed);
@@ -490,8 +491,8 @@ std::vector<std::shared_ptr<Request>> Scheduler::waiting_locked() const {
 
 Scheduler::Depths Scheduler::depths() const {
   std::lock_guard lock(mu_);
-  Depths d{static_cast<std::int64_t>(queued_locked()), static_cast<std::int64_t>(retry_.size()),
-           {}};
+  Depths d{
+      static_cast<std::int64_t>(queued_locked()), static_cast<std::int64_t>(retry_.size()), {}};
   if (sequences_) d.sequences = sequences_->counts();
   return d;
 }

@@ -122,10 +122,10 @@ Result<SequencePlan> SequencePlan::make(const SequenceBatchingOptions& o,
     const std::string what = std::string(kind_name(c.kind)) + " control";
     ASYNCINFER_ASSIGN_OR_RETURN(int i, find_input(c.input, what));
     const DType want = sig.inputs[static_cast<std::size_t>(i)].dtype;
-    const bool ok = c.kind == SequenceControl::Kind::corrid
-                        ? (is_integer_id_type(c.dtype) || c.dtype == DType::bytes)
-                        : (c.dtype == DType::i32 || c.dtype == DType::f32 ||
-                           c.dtype == DType::boolean);
+    const bool ok =
+        c.kind == SequenceControl::Kind::corrid
+            ? (is_integer_id_type(c.dtype) || c.dtype == DType::bytes)
+            : (c.dtype == DType::i32 || c.dtype == DType::f32 || c.dtype == DType::boolean);
     if (!ok) {
       return bad(what + " '" + c.input + "' has dtype " + std::string(to_string(c.dtype)) +
                  "; expected " +
@@ -266,8 +266,7 @@ Status SequenceTable::backlog_expired() {
   return unavailable_error("timeout of the corresponding sequence has been expired");
 }
 
-std::optional<Status> SequenceTable::add(const std::shared_ptr<Request>& r,
-                                         Clock::time_point now) {
+std::optional<Status> SequenceTable::add(const std::shared_ptr<Request>& r, Clock::time_point now) {
   const SequenceFlags& f = *r->sequence_flags;
   auto it = by_id_.find(f.id);
   if (it == by_id_.end() && !f.start) {

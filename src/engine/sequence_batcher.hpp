@@ -70,12 +70,12 @@ struct SequencePlan {
 struct Sequence {
   CorrelationId id;
   std::deque<std::shared_ptr<Request>> pending;  ///< accepted, queued, in submit order
-  int worker = -1;       ///< its slot: worker and index; -1 while backlogged or after release
+  int worker = -1;  ///< its slot: worker and index; -1 while backlogged or after release
   int slot = -1;
   bool running = false;  ///< one of its requests is in a batch
   bool closed = false;   ///< its END request was accepted (or withdrawn): no more requests join
   bool backlogged = false;
-  bool released = false;  ///< its slot was freed (or it left the backlog): it is over
+  bool released = false;             ///< its slot was freed (or it left the backlog): it is over
   Clock::time_point last_request{};  ///< the latest accepted request (idle time counts from it)
   /// Implicit state (SequencePlan::states), written by the run of each of its requests.
   std::vector<Tensor> state;
@@ -115,8 +115,8 @@ class SequenceTable {
   std::int64_t queued() const noexcept { return queued_; }
 
   struct Counts {
-    std::int64_t live = 0;       ///< sequences with a slot or in the backlog
-    std::int64_t backlog = 0;    ///< sequences waiting for a slot
+    std::int64_t live = 0;            ///< sequences with a slot or in the backlog
+    std::int64_t backlog = 0;         ///< sequences waiting for a slot
     std::uint64_t idle_released = 0;  ///< slots freed by max_sequence_idle
     std::uint64_t backlog_expired = 0;
   };

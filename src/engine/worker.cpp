@@ -341,6 +341,8 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
       batch.rows = static_cast<std::int64_t>(batch.requests.size());
     }
     if (batch.requests.empty()) return Status();
+    io.sequences.reserve(batch.requests.size());
+    for (const auto& r : batch.requests) io.sequences.push_back(*r->sequence_flags);
   }
   io.batch_size = ctx_.sig.batched ? batch.rows : 1;
   io.request_rows.reserve(batch.requests.size());

@@ -125,6 +125,17 @@ void add_engine_metrics(Families& out, const std::string& prefix, const EngineMe
         static_cast<double>(m.inflight_requests));
   gauge("inference_retry_waiting", "Requests waiting for their retry backoff",
         static_cast<double>(m.retry_waiting));
+  gauge("sequences_live", "Sequence batching: live sequences (holding a slot or waiting for one)",
+        static_cast<double>(m.sequences_live));
+  gauge("sequence_backlog", "Sequence batching: sequences waiting for a free slot",
+        static_cast<double>(m.sequence_backlog));
+  counter("sequences_idle_released",
+          "Sequence batching: slots freed because their sequence was idle past "
+          "max_sequence_idle_microseconds",
+          m.sequences_idle_released);
+  counter("sequence_backlog_expired",
+          "Sequence batching: backlogged sequences whose request timeout expired",
+          m.sequence_backlog_expired);
   gauge("result_store_size", "Entries of the id-based API's result store",
         static_cast<double>(m.result_store_size));
   gauge("ordered_backlog_total",

@@ -439,6 +439,44 @@ Result<RequestOptions> InferenceServer::request_options(const Parameters& parame
     ASYNCINFER_ASSIGN_OR_RETURN(std::int64_t level, parameter_int(it->second, "priority", 0, 1000));
     o.priority = static_cast<int>(level);
   }
+  // Triton's sequence extension: sequence_id (an unsigned integer or a string), sequence_start,
+  // sequence_end. 0 and "" mean no sequence (the engine of a stateful model refuses that).
+  auto id = parameters.find("sequence_id");
+  auto start = parameters.find("sequence_start");
+  auto end = parameters.find("sequence_end");
+  if (id != parameters.end() || start != parameters.end() || end != parameters.end()) {
+    SequenceFlags f;
+    if (id != parameters.end()) {
+      if (const auto* text = std::get_if<std::string>(&id->second)) {
+        f.id = *text;
+      } else if (const auto* u = std::get_if<std::uint64_t>(&id->second)) {
+        f.id = *u;
+      } else if (const auto* i = std::get_if<std::int64_t>(&id->second); i != nullptr && *i >= 0) {
+        f.id = static_cast<std::uint64_t>(*i);
+      } else {
+        return invalid_argument_error(
+            "parameter 'sequence_id' must be an unsigned integer or a string");
+      }
+    }
+    if (start != parameters.end()) {
+      ASYNCINFER_ASSIGN_OR_RETURN(f.start, parameter_bool(start->second, "sequence_start"));
+    }
+    if (end != parameters.end()) {
+      ASYNCINFER_ASSIGN_OR_RETURN(f.end, parameter_bool(end->second, "sequence_end"));
+    }
+    const bool none = std::visit(
+        [](const auto& v) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+            return v.empty();
+          } else {
+            return v == 0;
+          }
+        },
+        f.id);
+    // A request outside any sequence may carry sequence_id 0 and false flags (Triton's clients
+    // send them by default).
+    if (!none || f.start || f.end) o.sequence = std::move(f);
+  }
   return o;
 }
 
@@ -550,7 +588,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
       return send(std::move(response), std::move(stop));
     };
   }
-  if (cache_ && target->response_cache) {
+  if (cache_ && target->response_cache && !options.sequence) {  // a sequence's step has state
     options.inline_callback = false;  // filling the cache copies the outputs
     return submit_cached(target, std::move(inputs), options, std::move(request.id),
                          std::move(selected), std::move(done));
@@ -680,6 +718,14 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
   if (model->ensemble) {
     return run_ensemble(std::move(model), std::move(inputs), options, std::move(id),
                         std::move(selected), std::move(done));
+  }
+  if (options.sequence && !model->engine->options().sequence_batching) {
+    // Triton passes the sequence parameters of a model without sequence batching to it, which
+    // ignores them (an ensemble's stateless steps get its stateful request's too).
+    RequestOptions plain = options;
+    plain.sequence.reset();
+    return run(std::move(model), std::move(inputs), plain, std::move(id), std::move(selected),
+               std::move(done), std::move(finished));
   }
   // Where versions can be replaced, a shallow copy (Tensors share their storage) of the inputs
   // survives a refusal by a version retired between the check and the submit.

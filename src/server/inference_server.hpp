@@ -172,7 +172,9 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 7> kServerExtensions = {"classification",
+inline constexpr std::array<std::string_view, 9> kServerExtensions = {"classification",
+                                                                      "sequence",
+                                                                      "sequence(string_id)",
                                                                       "model_repository",
                                                                       "model_configuration",
                                                                       "system_shared_memory",

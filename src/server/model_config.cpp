@@ -114,7 +114,6 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                           "' (they must be equal)");
   }
   // Behaviour-changing fields asyncinfer does not support.
-  if (c.has_sequence_batching()) return bad(model, "sequence_batching is not supported");
   if (c.has_ensemble_scheduling() && c.platform() != "ensemble") {
     return bad(model, "ensemble_scheduling needs platform: \"ensemble\"");
   }
@@ -292,6 +291,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     ASYNCINFER_RETURN_IF_ERROR(check_ensemble_graph(plan).status());
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));
+  ASYNCINFER_RETURN_IF_ERROR(plan_sequences(c, model, plan));
   if (plan.backend == ModelPlan::Backend::python) {
     // Its instances are host processes, whatever instance_group's kind (as in Triton, where a
     // KIND_GPU python model's model.py picks its GPU itself).

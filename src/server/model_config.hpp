@@ -11,7 +11,7 @@
 //     default_queue_policy: default_timeout_microseconds, allow_timeout_override,
 //     max_queue_size), version_policy, default_model_filename, parameters, model_warmup,
 //     output.label_filename;
-//   - would change behaviour but is not supported (sequence_batching, ensemble_scheduling,
+//   - would change behaviour but is not supported (ensemble_scheduling without "ensemble",
 //     input.reshape, decoupled transactions, an unknown field, ...): an error naming the field;
 //   - ignorable (optimization, metric_tags, response_cache, ...):
 //     a warning naming the field.
@@ -112,6 +112,14 @@ struct ModelPlan {
   /// Empty for a built-in model whose config lists none (its signature comes from its URI).
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
+  /// sequence_batching: the model inputs its control_input and state entries fill, and the
+  /// outputs its states keep, after `inputs` and `outputs` in the loaded model's signature;
+  /// clients never send nor receive them (Engine::request_signature).
+  std::vector<TensorSpec> sequence_inputs;
+  std::vector<TensorSpec> sequence_outputs;
+  /// sequence_batching state initial_state data_file names, by state input: read from the
+  /// version's initial_state/ folder at load (Triton's layout).
+  std::map<std::string, std::string> state_files;
   /// output name → its label_filename (a file in the model's folder, one label per line): the
   /// labels of the classification extension (classification.hpp).
   std::map<std::string, std::string> label_files;

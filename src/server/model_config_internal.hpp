@@ -60,5 +60,8 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
 Status plan_warmup(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan);
 Status plan_batching(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
                      std::vector<std::string>* warnings);
+/// sequence_batching → EngineOptions::sequence_batching, and the model inputs its controls and
+/// states fill and the outputs its states keep (ModelPlan::sequence_inputs, sequence_outputs).
+Status plan_sequences(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan);
 
 }  // namespace asyncinfer::server

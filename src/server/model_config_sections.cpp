@@ -466,3 +466,143 @@ Status plan_warmup(const inference::ModelConfig& c, std::string_view model, Mode
 }
 
 }  // namespace asyncinfer::server
+
+namespace asyncinfer::server {
+
+Status plan_sequences(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan) {
+  if (!c.has_sequence_batching()) return Status();
+  using SB = inference::ModelSequenceBatching;
+  const SB& q = c.sequence_batching();
+  const bool batched = c.max_batch_size() > 0;
+  if (plan.backend == ModelPlan::Backend::ensemble) {
+    return bad(model, "sequence_batching on an ensemble: put it on the stateful step's model");
+  }
+  if (plan.decoupled)
+    return bad(model, "sequence_batching with a decoupled model is not supported");
+  if (q.iterative_sequence())
+    return bad(model, "sequence_batching iterative_sequence is not supported");
+  SequenceBatchingOptions s;
+  s.model_name = std::string(model);
+  if (q.max_sequence_idle_microseconds() > 0) {
+    s.max_sequence_idle = std::chrono::microseconds(static_cast<std::int64_t>(
+        std::min<std::uint64_t>(q.max_sequence_idle_microseconds(), 86'400'000'000ULL)));
+  }
+  if (q.has_oldest()) {
+    s.strategy = SequenceBatchingOptions::Strategy::oldest;
+    const SB::StrategyOldest& o = q.oldest();
+    if (o.max_candidate_sequences() < 0) {
+      return bad(model, "sequence_batching oldest max_candidate_sequences must be >= 0");
+    }
+    // Triton's candidates are across the model; here they are split over the instances.
+    const int workers = std::max(plan.engine.workers, 1);
+    s.slots_per_worker = o.max_candidate_sequences() > 0
+                             ? std::max(1, (o.max_candidate_sequences() + workers - 1) / workers)
+                             : 0;
+  }
+  // A control's row: [1] after the batch dim (Triton's shape for control inputs).
+  const auto spec = [&](const std::string& name, DType dtype, Shape dims) {
+    TensorSpec t;
+    t.name = name;
+    t.dtype = dtype;
+    if (batched) t.shape.push_back(-1);
+    t.shape.insert(t.shape.end(), dims.begin(), dims.end());
+    return t;
+  };
+  for (const SB::ControlInput& in : q.control_input()) {
+    const std::string what = "sequence_batching control_input '" + in.name() + "'";
+    if (in.name().empty()) return bad(model, "sequence_batching control_input without a name");
+    if (in.control_size() != 1) {
+      return bad(model, what + " has " + std::to_string(in.control_size()) +
+                            " controls; expected exactly one");
+    }
+    const SB::Control& k = in.control(0);
+    SequenceControl sc;
+    sc.input = in.name();
+    switch (k.kind()) {
+      case SB::Control::CONTROL_SEQUENCE_START:
+        sc.kind = SequenceControl::Kind::start;
+        break;
+      case SB::Control::CONTROL_SEQUENCE_END:
+        sc.kind = SequenceControl::Kind::end;
+        break;
+      case SB::Control::CONTROL_SEQUENCE_READY:
+        sc.kind = SequenceControl::Kind::ready;
+        break;
+      case SB::Control::CONTROL_SEQUENCE_CORRID:
+        sc.kind = SequenceControl::Kind::corrid;
+        break;
+      default:
+        return bad(model, what + ": unknown control kind");
+    }
+    if (sc.kind == SequenceControl::Kind::corrid) {
+      auto dt = dtype_from_config(k.data_type());
+      if (!dt.ok()) return bad(model, what + ": " + std::string(dt.status().message()));
+      sc.dtype = *dt;
+    } else {
+      const int given = (k.int32_false_true_size() > 0 ? 1 : 0) +
+                        (k.fp32_false_true_size() > 0 ? 1 : 0) +
+                        (k.bool_false_true_size() > 0 ? 1 : 0);
+      if (given != 1) {
+        return bad(model, what +
+                              " needs exactly one of int32_false_true, fp32_false_true, "
+                              "bool_false_true");
+      }
+      if (k.int32_false_true_size() > 0) {
+        if (k.int32_false_true_size() != 2)
+          return bad(model, what + ": int32_false_true needs 2 values");
+        sc.dtype = DType::i32;
+        sc.false_value = k.int32_false_true(0);
+        sc.true_value = k.int32_false_true(1);
+      } else if (k.fp32_false_true_size() > 0) {
+        if (k.fp32_false_true_size() != 2)
+          return bad(model, what + ": fp32_false_true needs 2 values");
+        sc.dtype = DType::f32;
+        sc.false_value = k.fp32_false_true(0);
+        sc.true_value = k.fp32_false_true(1);
+      } else {
+        if (k.bool_false_true_size() != 2)
+          return bad(model, what + ": bool_false_true needs 2 values");
+        sc.dtype = DType::boolean;
+        sc.false_value = k.bool_false_true(0) ? 1 : 0;
+        sc.true_value = k.bool_false_true(1) ? 1 : 0;
+      }
+    }
+    plan.sequence_inputs.push_back(spec(sc.input, sc.dtype, {1}));
+    s.controls.push_back(std::move(sc));
+  }
+  for (const SB::State& st : q.state()) {
+    const std::string what = "sequence_batching state '" + st.input_name() + "'";
+    if (st.input_name().empty() || st.output_name().empty()) {
+      return bad(model, "sequence_batching state needs input_name and output_name");
+    }
+    auto dt = dtype_from_config(st.data_type());
+    if (!dt.ok()) return bad(model, what + ": " + std::string(dt.status().message()));
+    SequenceState ss;
+    ss.input = st.input_name();
+    ss.output = st.output_name();
+    ss.dtype = *dt;
+    for (std::int64_t d : st.dims()) {
+      if (d < 0) return bad(model, what + ": dims must be fixed (>= 0), got " + std::to_string(d));
+      ss.dims.push_back(d);
+    }
+    if (st.initial_state_size() > 1) return bad(model, what + ": at most one initial_state");
+    if (st.initial_state_size() == 1) {
+      const SB::InitialState& init = st.initial_state(0);
+      if (init.has_data_file()) {
+        ASYNCINFER_RETURN_IF_ERROR(
+            check_file_name(model, "initial_state data_file", init.data_file(), "initial_state"));
+        plan.state_files[ss.input] = init.data_file();
+      }
+    }
+    plan.sequence_inputs.push_back(spec(ss.input, ss.dtype, ss.dims));
+    plan.sequence_outputs.push_back(spec(ss.output, ss.dtype, ss.dims));
+    s.states.push_back(std::move(ss));
+  }
+  // The sequence batcher replaces the dynamic one (a oneof in the config): batches form from
+  // the slots' sequences, up to max_batch_size rows.
+  plan.engine.batching.max_batch_size = batched ? c.max_batch_size() : 1;
+  plan.engine.sequence_batching = std::move(s);
+  return Status();
+}
+
+}  // namespace asyncinfer::server

@@ -101,8 +101,18 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
     }
     return Status();
   };
-  ASYNCINFER_RETURN_IF_ERROR(compare("input", plan.inputs, sig.inputs));
-  return compare("output", plan.outputs, sig.outputs);
+  if (plan.sequence_inputs.empty() && plan.sequence_outputs.empty()) {
+    ASYNCINFER_RETURN_IF_ERROR(compare("input", plan.inputs, sig.inputs));
+    return compare("output", plan.outputs, sig.outputs);
+  }
+  // With sequence batching the model also has the inputs its controls and states fill and the
+  // outputs its states keep, after the listed ones.
+  std::vector<TensorSpec> inputs = plan.inputs;
+  inputs.insert(inputs.end(), plan.sequence_inputs.begin(), plan.sequence_inputs.end());
+  std::vector<TensorSpec> outputs = plan.outputs;
+  outputs.insert(outputs.end(), plan.sequence_outputs.begin(), plan.sequence_outputs.end());
+  ASYNCINFER_RETURN_IF_ERROR(compare("input", inputs, sig.inputs));
+  return compare("output", outputs, sig.outputs);
 }
 
 std::string EnsembleStep::label(std::size_t index) const {

@@ -43,6 +43,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// sequence_batching state initial_state data_file: the raw bytes of
+/// <model>/initial_state/<file> (row-major, exactly the state's size) as the state's first value.
+Status read_initial_states(const ModelPlan& plan, const fs::path& dir, SequenceBatchingOptions& s) {
+  for (SequenceState& st : s.states) {
+    auto it = plan.state_files.find(st.input);
+    if (it == plan.state_files.end()) continue;
+    const fs::path file = dir / "initial_state" / it->second;
+    std::ifstream f(file, std::ios::binary);
+    if (!f) return not_found_error("initial_state data_file " + file.string() + " cannot be read");
+    std::string bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(st.dtype, st.dims));
+    if (bytes.size() != t.byte_size()) {
+      return invalid_argument_error(
+          "initial_state data_file " + file.string() + " has " + std::to_string(bytes.size()) +
+          " bytes; state '" + st.input + "' " + std::string(oip_datatype(st.dtype)) +
+          shape_to_string(st.dims) + " needs " + std::to_string(t.byte_size()));
+    }
+    if (!bytes.empty()) std::memcpy(t.data(), bytes.data(), bytes.size());
+    st.initial = std::move(t);
+  }
+  return Status();
+}
+
 /// One warm-up input's tensor: zeros, random values (finite, |x| < 1 for the float types), or
 /// the bytes of <model>/warmup/<file>, which must be exactly the tensor's size.
 Result<Tensor> warmup_tensor(const WarmupSample::Input& in, Shape shape, const fs::path& dir,
@@ -1007,14 +1030,18 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       const fs::path file = vdir / plan->model_filename;
       if (!fs::exists(file, ec)) return not_found_error("no model file " + file.string());
       ModelOptions mo;
+      // The model's own tensors, then those sequence batching fills and keeps.
       mo.inputs = plan->inputs;
+      mo.inputs.insert(mo.inputs.end(), plan->sequence_inputs.begin(), plan->sequence_inputs.end());
       mo.outputs = plan->outputs;
+      mo.outputs.insert(mo.outputs.end(), plan->sequence_outputs.begin(),
+                        plan->sequence_outputs.end());
       mo.batch_limit = plan->batch_limit();
       if (plan->backend == ModelPlan::Backend::python) {
         // model.py gets the configuration as /config shows it (args["model_config"]).
         ModelSignature sig;
-        sig.inputs = plan->inputs;
-        sig.outputs = plan->outputs;
+        sig.inputs = mo.inputs;
+        sig.outputs = mo.outputs;
         sig.batched = plan->max_batch_size > 0;
         sig.batch_limit = plan->batch_limit();
         sig.decoupled = plan->decoupled;
@@ -1037,6 +1064,14 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     if (!model.ok()) return model.status();
     ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));
     mv->signature = (*model)->signature();
+    std::optional<SequenceBatchingOptions> sequences = plan->engine.sequence_batching;
+    if (sequences) {
+      // Clients send and receive the model's tensors without those sequence batching fills and
+      // keeps (they come last: ModelPlan::sequence_inputs).
+      mv->signature.inputs.resize(plan->inputs.size());
+      mv->signature.outputs.resize(plan->outputs.size());
+      ASYNCINFER_RETURN_IF_ERROR(read_initial_states(*plan, dir, *sequences));
+    }
 
     std::vector<std::string> devices;
     if (plan->device_auto) {
@@ -1054,6 +1089,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       // The server's readiness follows the engine's (ModelVersion::serving): its health
       // changes are pushed to the observers (on_change), not polled.
       EngineOptions eo = plan->engine;
+      eo.sequence_batching = sequences;
       eo.on_health_change = [observers = observers_] { observers->notify(); };
       eo.create_stop = stop;  // a Python instance's initialize() is cut short
       auto engine = Engine::create(*model, *device, std::move(eo));

@@ -32,7 +32,8 @@ class BadModelsFailAlone(harness.unittest.TestCase):
         repo.add("unknown_field", identity_config("unknown_field", "foo_bar: 3\n"))
         repo.add("sequence", identity_config("sequence").replace(
             "dynamic_batching { max_queue_delay_microseconds: 0 }",
-            "sequence_batching { max_sequence_idle_microseconds: 5000000 }"))
+            "sequence_batching { max_sequence_idle_microseconds: 5000000 "
+            "iterative_sequence: true }"))
         repo.add("no_config", None)
         repo.add("bad_uri", identity_config("bad_uri").replace("builtin:identity?", "builtin:nope?"))
         repo.add("wrong_name", identity_config("someone_else"))
@@ -59,7 +60,7 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
             "syntax": r"syntax': UNAVAILABLE: .*config.pbtxt:4:\d+: ",
             "unknown_field": r"unknown_field': UNAVAILABLE: .*config.pbtxt:12:\d+: Message type "
                              r"\"inference.ModelConfig\" has no field named \"foo_bar\"",
-            "sequence": r"sequence': UNAVAILABLE: .*sequence_batching is not supported",
+            "sequence": r"sequence': UNAVAILABLE: .*iterative_sequence is not supported",
             "no_config": r"no_config': UNAVAILABLE: no config.pbtxt",
             "bad_uri": r"bad_uri' version 1: UNAVAILABLE: .*unknown builtin model 'nope'",
             "wrong_name": r"wrong_name': UNAVAILABLE: .*name \"someone_else\" differs",
@@ -92,7 +93,7 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
         self.assertIn("foo_bar", r.json()["error"])
         r = requests.get(url + "/v2/models/sequence/ready", timeout=10)
         self.assertEqual(r.status_code, 400)
-        self.assertIn("sequence_batching is not supported", r.json()["error"])
+        self.assertIn("iterative_sequence is not supported", r.json()["error"])
         # Strict readiness (Triton's default): the server is not ready while a model failed.
         r = requests.get(url + "/v2/health/ready", timeout=10)
         self.assertEqual(r.status_code, 503)

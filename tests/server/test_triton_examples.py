@@ -29,7 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "triton_models")
 # Which model.py each model folder of triton_models/ gets.
 SOURCES = {"simple": "add_sub.py", "simple_int8": "add_sub.py", "simple_string": "add_sub.py",
-           "simple_identity": "identity.py", "repeat_int32": "repeat.py"}
+           "simple_identity": "identity.py", "repeat_int32": "repeat.py",
+           "simple_sequence": "sequence.py", "simple_dyna_sequence": "sequence.py",
+           "simple_string_dyna_sequence": "sequence.py"}
 
 # (script, protocol, extra arguments): every example that runs against a default server.
 HTTP = ["simple_http_infer_client", "simple_http_async_infer_client",
@@ -41,9 +43,16 @@ GRPC = ["simple_grpc_infer_client", "simple_grpc_async_infer_client",
         "simple_grpc_keepalive_client", "simple_grpc_custom_args_client",
         "simple_grpc_custom_repeat", "grpc_explicit_int_content_client",
         "grpc_explicit_int8_content_client", "grpc_explicit_byte_content_client"]
+# The sequence examples (stateful models), each also with -d: the dynamic (oldest) sequence
+# models, with the CORRID control.
+SEQUENCE = [("simple_http_sequence_sync_infer_client", "http"),
+            ("simple_grpc_sequence_sync_infer_client", "grpc"),
+            ("simple_grpc_sequence_stream_infer_client", "grpc"),
+            ("simple_grpc_aio_sequence_stream_infer_client", "grpc")]
 RUNS = ([(s, "http", []) for s in HTTP] + [(s, "grpc", []) for s in GRPC] +
         [("reuse_infer_objects_client", "http", ["-i", "http"]),
-         ("reuse_infer_objects_client", "grpc", ["-i", "grpc"])])
+         ("reuse_infer_objects_client", "grpc", ["-i", "grpc"])] +
+        [(s, p, extra) for s, p in SEQUENCE for extra in ([], ["-d"])])
 
 # The examples not run, each with why. Keep docs/serving.md's list the same.
 NOT_RUN = {
@@ -54,10 +63,6 @@ NOT_RUN = {
                                  "from its TensorFlow graph (auto-complete: issue 47)",
     "simple_grpc_model_control": "counts the 8 models of Triton's qa repository and loads "
                                  "'simple' with a config override that Triton auto-completes",
-    "simple_http_sequence_sync_infer_client": "sequence batcher (issue 48)",
-    "simple_grpc_sequence_sync_infer_client": "sequence batcher (issue 48)",
-    "simple_grpc_sequence_stream_infer_client": "sequence batcher (issue 48)",
-    "simple_grpc_aio_sequence_stream_infer_client": "sequence batcher (issue 48)",
     "simple_http_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
     "simple_grpc_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
     "image_client": "the classification extension and an image model (issue 47)",
@@ -121,7 +126,7 @@ class TritonExamples(unittest.TestCase):
 
 def add_runs():
     for script, protocol, extra in RUNS:
-        name = "test_" + script + ("_" + protocol if extra else "")
+        name = "test_" + script + "".join("_" + a.strip("-") for a in extra)
 
         def run(self, script=script, protocol=protocol, extra=extra):
             self.run_example(script, protocol, extra)

@@ -74,7 +74,8 @@ class TritonClient(harness.unittest.TestCase):
     # ---- extensions ------------------------------------------------------------------------------
 
     def test_extensions_list_what_is_served(self):
-        expected = ["classification", "model_repository", "model_configuration",
+        expected = ["classification", "sequence", "sequence(string_id)", "model_repository",
+                    "model_configuration",
                     "system_shared_memory", "binary_tensor_data", "statistics", "logging"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)

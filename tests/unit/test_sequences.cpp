@@ -31,7 +31,8 @@ class Accumulator final : public Model, public std::enable_shared_from_this<Accu
   explicit Accumulator(std::chrono::microseconds delay = 0us) : delay_(delay) {
     sig_.batched = true;
     sig_.batch_limit = 8;
-    for (const char* n : {"INPUT", "START", "READY"}) sig_.inputs.push_back({n, DType::i32, {-1, 1}});
+    for (const char* n : {"INPUT", "START", "READY"})
+      sig_.inputs.push_back({n, DType::i32, {-1, 1}});
     sig_.inputs.push_back({"CORRID", DType::u64, {-1, 1}});
     sig_.inputs.push_back({"STATE", DType::i32, {-1, 1}});
     sig_.outputs.push_back({"OUTPUT", DType::i32, {-1, 1}});
@@ -42,8 +43,8 @@ class Accumulator final : public Model, public std::enable_shared_from_this<Accu
   const std::string& name() const noexcept override { return name_; }
   Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
                                                          const InstanceOptions& o) override {
-    return std::unique_ptr<ModelInstance>(std::make_unique<Instance>(shared_from_this(),
-                                                                     o.worker_index));
+    return std::unique_ptr<ModelInstance>(
+        std::make_unique<Instance>(shared_from_this(), o.worker_index));
   }
   /// Largest batch seen, and (correlation ID → workers that ran it).
   std::int64_t largest_batch() const { return largest_.load(); }

@@ -265,7 +265,10 @@ response_cache { enable: true }
 
 TEST(ServerConfig, BehaviourChangingFieldsAreErrors) {
   const std::pair<const char*, const char*> cases[] = {
-      {"sequence_batching { max_sequence_idle_microseconds: 1 }", "sequence_batching"},
+      {"sequence_batching { iterative_sequence: true }", "iterative_sequence"},
+      {"sequence_batching { control_input [ { name: \"S\" control [ { kind: "
+       "CONTROL_SEQUENCE_START } ] } ] }",
+       "int32_false_true"},
       {"ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }",
        "ensemble_scheduling"},
       {"dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "DELAY"},

@@ -189,6 +189,9 @@ class Stub:
         args = msg["args"]
         self.model_config = json.loads(args["model_config"])
         self.output_names = {o["name"] for o in self.model_config.get("output", [])}
+        # Implicit state: the model writes each state's output as an ordinary output.
+        for st in (self.model_config.get("sequence_batching") or {}).get("state", []):
+            self.output_names.add(st.get("output_name", ""))
         policy = self.model_config.get("model_transaction_policy") or {}
         self.decoupled = bool(policy.get("decoupled", False))
         path = msg["model_py"]
@@ -219,7 +222,8 @@ class Stub:
             requests.append(utils.InferenceRequest(
                 [self.input_tensor(s) for s in r["inputs"]],
                 requested_output_names=[o["name"] for o in self.model_config.get("output", [])],
-                request_id=r.get("id", ""), _sender=sender,
+                request_id=r.get("id", ""), correlation_id=r.get("correlation_id", 0),
+                flags=r.get("flags", 0), _sender=sender,
                 _model_name=self.model_config.get("name", "")))
         self.pending = len(requests) if self.decoupled else 0
         try:

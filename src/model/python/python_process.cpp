@@ -535,7 +535,18 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
                         {"offset", p.offset},
                         {"size", p.tensor.byte_size()}});
     }
-    requests.push_back({{"inputs", std::move(inputs)}});
+    json request = {{"inputs", std::move(inputs)}};
+    if (j < io.sequences.size()) {
+      // Triton's InferenceRequest.correlation_id() and flags() (SEQUENCE_START 1, _END 2).
+      const SequenceFlags& f = io.sequences[j];
+      if (const auto* n = std::get_if<std::uint64_t>(&f.id)) {
+        request["correlation_id"] = *n;
+      } else {
+        request["correlation_id"] = std::get<std::string>(f.id);
+      }
+      request["flags"] = (f.start ? 1 : 0) | (f.end ? 2 : 0);
+    }
+    requests.push_back(std::move(request));
   }
   json msg = {{"op", "execute"}, {"requests", std::move(requests)}};
   if (*new_arena) msg["arena"] = in_size_;
