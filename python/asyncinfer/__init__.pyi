@@ -245,22 +245,33 @@ class Engine:
                  recovery: Union[RecoveryOptions, Dict[str, Any], None] = None,
                  watchdog: Seconds = 0.0, result_store_capacity: int = 65536,
                  result_ttl: Seconds = 60.0, intra_op_threads: int = 0,
-                 drain_timeout: Seconds = 30.0) -> None: ...
+                 drain_timeout: Seconds = 30.0,
+                 sequence_batching: Optional[Dict[str, Any]] = None) -> None:
+        """sequence_batching (stateful models): {"strategy": "direct"|"oldest",
+        "slots_per_worker": int, "max_sequence_idle": seconds, "model_name": str,
+        "controls": [{"kind": "start"|"end"|"ready"|"corrid", "input": name, "dtype": str,
+        "false_true": [f, t]}], "states": [{"input": name, "output": name, "dtype": str,
+        "dims": [...]}]} (SequenceBatchingOptions in engine.hpp)."""
     def infer(self, inputs: Inputs, *, timeout: Optional[Seconds] = None, priority: int = 0,
               deadline: Optional[float] = None, sequence_key: Optional[str] = None,
-              tag: Optional[str] = None, share_inputs: bool = True) -> Outputs:
+              tag: Optional[str] = None, share_inputs: bool = True,
+              sequence_id: Union[int, str, None] = None, sequence_start: bool = False,
+              sequence_end: bool = False) -> Outputs:
         """Synchronous; blocks without the GIL. Raises the request's error."""
     def submit(self, inputs: Inputs, *, callback: Optional[Callable[[Any], Any]] = None,
                timeout: Optional[Seconds] = None, priority: int = 0,
                deadline: Optional[float] = None, sequence_key: Optional[str] = None,
-               tag: Optional[str] = None, share_inputs: bool = False) -> Optional[Future]:
+               tag: Optional[str] = None, share_inputs: bool = False,
+               sequence_id: Union[int, str, None] = None, sequence_start: bool = False,
+               sequence_end: bool = False) -> Optional[Future]:
         """A Future, or None with callback= (callback(outputs_or_exception), once, on the
         completion thread). Bad input raises InvalidArgument; inputs are copied unless
         share_inputs=True."""
     def submit_id(self, id: str, inputs: Inputs, *, timeout: Optional[Seconds] = None,
                   priority: int = 0, deadline: Optional[float] = None,
                   sequence_key: Optional[str] = None, tag: Optional[str] = None,
-                  share_inputs: bool = False) -> None:
+                  share_inputs: bool = False, sequence_id: Union[int, str, None] = None,
+                  sequence_start: bool = False, sequence_end: bool = False) -> None:
         """Raises AlreadyExists, ResourceExhausted, InvalidArgument, Unavailable."""
     def result(self, id: str, timeout: Optional[Seconds] = None) -> Outputs:
         """Blocks on a condition without the GIL. Raises DeadlineExceeded, NotFound, or the
@@ -279,6 +290,9 @@ class Engine:
     def prometheus(self, prefix: str = "asyncinfer") -> str: ...
     @property
     def signature(self) -> ModelSignature: ...
+    @property
+    def request_signature(self) -> ModelSignature:
+        """signature without the inputs sequence_batching fills and its state outputs."""
     @property
     def options(self) -> Dict[str, Any]: ...
     @property

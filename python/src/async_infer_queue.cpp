@@ -61,7 +61,7 @@ class PyAsyncInferQueue {
     drain_releases();
     Engine& e = engine_.engine();
     RequestOptions ro = request_options(timeout, priority, deadline, py::none(), py::none());
-    Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+    Inputs in = to_inputs(inputs, e.request_signature(), share_inputs);
     take_job();
     auto st = state_;
     Engine::Callback cb = [st, userdata = PyRef(userdata),

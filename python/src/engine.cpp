@@ -96,6 +96,10 @@ py::dict metrics_dict(const EngineMetrics& m) {
   d["queue_depth"] = m.queue_depth;
   d["inflight_requests"] = m.inflight_requests;
   d["retry_waiting"] = m.retry_waiting;
+  d["sequences_live"] = m.sequences_live;
+  d["sequence_backlog"] = m.sequence_backlog;
+  d["sequences_idle_released"] = m.sequences_idle_released;
+  d["sequence_backlog_expired"] = m.sequence_backlog_expired;
   d["batches_per_s"] = m.batches_per_s;
   d["late_failures"] = m.late_failures;
   d["late_failures_by_reason"] = m.late_failures_by_reason;
@@ -148,13 +152,118 @@ Engine::Callback python_callback(const py::object& fn,
   };
 }
 
+std::optional<SequenceFlags> sequence_flags(const py::object& id, bool start, bool end) {
+  if (id.is_none()) {
+    if (start || end) raise_invalid("sequence_start and sequence_end need a sequence_id");
+    return std::nullopt;
+  }
+  SequenceFlags f;
+  f.start = start;
+  f.end = end;
+  if (py::isinstance<py::str>(id)) {
+    f.id = id.cast<std::string>();
+  } else if (py::isinstance<py::int_>(id) && !py::isinstance<py::bool_>(id)) {
+    if (id.cast<py::int_>() < py::int_(0)) {
+      raise_invalid("sequence_id must be a non-negative int (uint64) or a str");
+    }
+    f.id = id.cast<std::uint64_t>();
+  } else {
+    raise_invalid("sequence_id must be an int (uint64) or a str, got " +
+                  py::repr(id).cast<std::string>());
+  }
+  return f;
+}
+
+DType dtype_arg(const py::handle& v, const std::string& what) {
+  auto d = parse_dtype(py::str(v).cast<std::string>());
+  if (!d.ok()) raise_invalid(what + ": " + std::string(d.status().message()));
+  return *d;
+}
+
+/// Engine(sequence_batching=...): a dict with the fields of SequenceBatchingOptions (engine.hpp).
+SequenceBatchingOptions sequence_batching_arg(const py::object& v) {
+  if (!PyDict_Check(v.ptr())) {
+    raise_invalid("sequence_batching: expected a dict, got " + py::repr(v).cast<std::string>());
+  }
+  const auto d = py::reinterpret_borrow<py::dict>(v);
+  static const char* const kKeys[] = {"strategy", "slots_per_worker", "max_sequence_idle",
+                                      "controls", "states",           "model_name"};
+  for (const auto& [k, unused] : d) {
+    const std::string key = py::str(k).cast<std::string>();
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      raise_invalid("sequence_batching: unknown key '" + key +
+                    "' (strategy, slots_per_worker, max_sequence_idle, controls, states, "
+                    "model_name)");
+    }
+  }
+  SequenceBatchingOptions o;
+  if (d.contains("strategy")) {
+    const std::string s = py::str(d["strategy"]).cast<std::string>();
+    if (s == "direct") {
+      o.strategy = SequenceBatchingOptions::Strategy::direct;
+    } else if (s == "oldest") {
+      o.strategy = SequenceBatchingOptions::Strategy::oldest;
+    } else {
+      raise_invalid("sequence_batching: strategy '" + s + "': expected 'direct' or 'oldest'");
+    }
+  }
+  if (d.contains("slots_per_worker")) o.slots_per_worker = d["slots_per_worker"].cast<int>();
+  if (d.contains("max_sequence_idle")) {
+    o.max_sequence_idle =
+        to_duration_as<microseconds>(d["max_sequence_idle"], "sequence_batching max_sequence_idle");
+  }
+  if (d.contains("model_name")) o.model_name = py::str(d["model_name"]).cast<std::string>();
+  if (d.contains("controls")) {
+    for (const py::handle c : d["controls"]) {
+      const auto cd = py::reinterpret_borrow<py::dict>(c);
+      SequenceControl sc;
+      const std::string kind = py::str(cd["kind"]).cast<std::string>();
+      if (kind == "start") {
+        sc.kind = SequenceControl::Kind::start;
+      } else if (kind == "end") {
+        sc.kind = SequenceControl::Kind::end;
+      } else if (kind == "ready") {
+        sc.kind = SequenceControl::Kind::ready;
+      } else if (kind == "corrid") {
+        sc.kind = SequenceControl::Kind::corrid;
+      } else {
+        raise_invalid("sequence_batching control kind '" + kind +
+                      "': expected start, end, ready or corrid");
+      }
+      sc.input = py::str(cd["input"]).cast<std::string>();
+      if (cd.contains("dtype")) sc.dtype = dtype_arg(cd["dtype"], "sequence_batching control");
+      if (cd.contains("false_true")) {
+        auto ft = cd["false_true"].cast<std::vector<double>>();
+        if (ft.size() != 2) raise_invalid("sequence_batching control false_true: 2 values");
+        sc.false_value = ft[0];
+        sc.true_value = ft[1];
+      }
+      o.controls.push_back(std::move(sc));
+    }
+  }
+  if (d.contains("states")) {
+    for (const py::handle st : d["states"]) {
+      const auto sd = py::reinterpret_borrow<py::dict>(st);
+      SequenceState ss;
+      ss.input = py::str(sd["input"]).cast<std::string>();
+      ss.output = py::str(sd["output"]).cast<std::string>();
+      ss.dtype = dtype_arg(sd["dtype"], "sequence_batching state");
+      ss.dims = sd["dims"].cast<Shape>();
+      o.states.push_back(std::move(ss));
+    }
+  }
+  return o;
+}
+
 py::object submit(PyEngine& self, const py::object& inputs, const py::object& callback,
                   const py::object& timeout, int priority, const py::object& deadline,
-                  const py::object& sequence_key, const py::object& tag, bool share_inputs) {
+                  const py::object& sequence_key, const py::object& tag, bool share_inputs,
+                  const py::object& sequence_id, bool sequence_start, bool sequence_end) {
   drain_releases();
   Engine& e = self.engine();
   RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
-  Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+  ro.sequence = sequence_flags(sequence_id, sequence_start, sequence_end);
+  Inputs in = to_inputs(inputs, e.request_signature(), share_inputs);
   if (!callback.is_none()) {
     Engine::Callback cb = python_callback(callback, self.holder());
     Status s = submit_call(e, [&] { return e.submit(std::move(in), std::move(cb), ro); });
@@ -163,7 +272,7 @@ py::object submit(PyEngine& self, const py::object& inputs, const py::object& ca
   }
   // Bad input raises here and nothing is submitted; the engine's other refusals (queue full,
   // stopped) arrive in the returned future, which is then already done, as in C++.
-  Status v = validate_inputs(e.signature(), in);
+  Status v = validate_inputs(e.request_signature(), in);
   if (!v.ok()) raise_status(v.with_context("bad input"));
   Future<Outputs> f = submit_call(e, [&] { return e.submit(std::move(in), ro); });
   return make_future(std::make_unique<EngineSource>(std::move(f), self.holder().get()));
@@ -171,11 +280,13 @@ py::object submit(PyEngine& self, const py::object& inputs, const py::object& ca
 
 py::object infer(PyEngine& self, const py::object& inputs, const py::object& timeout, int priority,
                  const py::object& deadline, const py::object& sequence_key, const py::object& tag,
-                 bool share_inputs) {
+                 bool share_inputs, const py::object& sequence_id, bool sequence_start,
+                 bool sequence_end) {
   drain_releases();
   Engine& e = self.engine();
   RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
-  Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+  ro.sequence = sequence_flags(sequence_id, sequence_start, sequence_end);
+  Inputs in = to_inputs(inputs, e.request_signature(), share_inputs);
   Result<Outputs> r = without_gil([&] { return e.infer(std::move(in), ro); });
   drain_releases();
   if (!r.ok()) raise_status(r.status());
@@ -184,11 +295,13 @@ py::object infer(PyEngine& self, const py::object& inputs, const py::object& tim
 
 void submit_id(PyEngine& self, const std::string& id, const py::object& inputs,
                const py::object& timeout, int priority, const py::object& deadline,
-               const py::object& sequence_key, const py::object& tag, bool share_inputs) {
+               const py::object& sequence_key, const py::object& tag, bool share_inputs,
+               const py::object& sequence_id, bool sequence_start, bool sequence_end) {
   drain_releases();
   Engine& e = self.engine();
   RequestOptions ro = request_options(timeout, priority, deadline, sequence_key, tag);
-  Inputs in = to_inputs(inputs, e.signature(), share_inputs);
+  ro.sequence = sequence_flags(sequence_id, sequence_start, sequence_end);
+  Inputs in = to_inputs(inputs, e.request_signature(), share_inputs);
   Status s = submit_call(e, [&] { return e.submit(id, std::move(in), ro); });
   if (!s.ok()) raise_status(s);
 }
@@ -298,7 +411,11 @@ contiguous one. Bad input raises InvalidArgument naming the input, what it got a
 expected, and nothing is submitted.
 timeout: s (None = the engine's default_timeout); priority: 1 = highest, 0 = the engine's
 default; deadline: an absolute time.monotonic() value; sequence_key: ordered-delivery key;
-tag: free text echoed in error messages.)doc";
+tag: free text echoed in error messages.
+sequence_id, sequence_start, sequence_end: an engine with sequence_batching (a stateful model)
+needs sequence_id (an int, uint64, or a str) on every request, sequence_start=True on a
+sequence's first request and sequence_end=True on its last (Triton's sequence parameters); the
+inputs then leave out what sequence batching fills (Engine.request_signature).)doc";
 
 PyEngine::PyEngine(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                    EngineOptions options)
@@ -342,7 +459,7 @@ void init_engine(py::module_& m) {
                        const py::object& breaker, const py::object& recovery,
                        const py::object& watchdog, std::size_t result_store_capacity,
                        const py::object& result_ttl, int intra_op_threads,
-                       const py::object& drain_timeout) {
+                       const py::object& drain_timeout, const py::object& sequence_batching) {
              EngineOptions o;
              o.workers = workers;
              o.max_inflight_per_worker = max_inflight_per_worker;
@@ -373,6 +490,9 @@ void init_engine(py::module_& m) {
              o.result_ttl = to_duration_as<milliseconds>(result_ttl, "result_ttl");
              o.intra_op_threads = intra_op_threads;
              o.drain_timeout = to_duration_as<milliseconds>(drain_timeout, "drain_timeout");
+             if (!sequence_batching.is_none()) {
+               o.sequence_batching = sequence_batching_arg(sequence_batching);
+             }
              return std::make_unique<PyEngine>(model_arg(model), device_arg(device), std::move(o));
            }),
            py::arg("model"), py::arg("device") = "cpu", py::kw_only(),
@@ -398,11 +518,13 @@ void init_engine(py::module_& m) {
            py::arg("result_store_capacity") = d.result_store_capacity,
            py::arg("result_ttl") = to_seconds(d.result_ttl),
            py::arg("intra_op_threads") = d.intra_op_threads,
-           py::arg("drain_timeout") = to_seconds(d.drain_timeout))
+           py::arg("drain_timeout") = to_seconds(d.drain_timeout),
+           py::arg("sequence_batching") = py::none())
       .def("infer", &infer, py::arg("inputs"), py::kw_only(), py::arg("timeout") = py::none(),
            py::arg("priority") = 0, py::arg("deadline") = py::none(),
            py::arg("sequence_key") = py::none(), py::arg("tag") = py::none(),
-           py::arg("share_inputs") = true,
+           py::arg("share_inputs") = true, py::arg("sequence_id") = py::none(),
+           py::arg("sequence_start") = false, py::arg("sequence_end") = false,
            (std::string(R"doc(
 Synchronous inference (article §1.1): submits and blocks, without the GIL, until the request
 ends. Returns the outputs, a list of numpy arrays (one per model output; bfloat16 outputs as
@@ -417,6 +539,8 @@ blocks until the request ends, only another thread writing them meanwhile could 
            py::arg("timeout") = py::none(), py::arg("priority") = 0,
            py::arg("deadline") = py::none(), py::arg("sequence_key") = py::none(),
            py::arg("tag") = py::none(), py::arg("share_inputs") = false,
+           py::arg("sequence_id") = py::none(), py::arg("sequence_start") = false,
+           py::arg("sequence_end") = false,
            (std::string(R"doc(
 Asynchronous inference (article §2.2 / §2.1). Never blocks (except with
 queue_full_policy='block', which waits without the GIL).
@@ -441,6 +565,8 @@ until the request ends (OpenVINO's share_inputs).
            py::arg("timeout") = py::none(), py::arg("priority") = 0,
            py::arg("deadline") = py::none(), py::arg("sequence_key") = py::none(),
            py::arg("tag") = py::none(), py::arg("share_inputs") = false,
+           py::arg("sequence_id") = py::none(), py::arg("sequence_start") = false,
+           py::arg("sequence_end") = false,
            (std::string(R"doc(
 Id-based API (article §3.1): submits the request under ``id``; fetch it with result(id).
 Never blocks (except with queue_full_policy='block'). Raises AlreadyExists while a request with
@@ -537,6 +663,11 @@ The engine's health, for a readiness probe: a dict with live (shutdown has not b
 list of dicts with index, health ('healthy', 'recovering', 'paused', 'unhealthy') and reason.
 Never blocks; thread-safe.
 )doc")
+      .def_property_readonly(
+          "request_signature",
+          [](const PyEngine& self) { return self.engine().request_signature(); },
+          "What a request brings and its result holds: signature without the inputs that "
+          "sequence_batching fills and its state outputs (signature on other engines).")
       .def_property_readonly(
           "signature", [](const PyEngine& self) { return self.engine().signature(); },
           "The model's ModelSignature.")

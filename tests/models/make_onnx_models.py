@@ -19,6 +19,9 @@ and OpenVINO's own converter (`ovc`, from the wheel in .venv/openvino) for the I
   string_input.onnx    s string[N] -> Identity: a dtype asyncinfer does not have
   truncated.onnx       the first half of add.onnx's bytes
   corrupt.onnx         bytes that are no protobuf
+  accumulator.onnx     INPUT i32[N,1], START i32[N,1], ACC_IN i32[N,1] -> OUTPUT = ACC_IN *
+                       (1 - START) + INPUT, ACC_OUT = OUTPUT: a stateful model whose running
+                       sum is implicit state (sequence_batching state ACC_IN -> ACC_OUT)
 Each run rewrites everything; it takes about a second.
 """
 import argparse
@@ -126,6 +129,18 @@ def main():
 
     with open(os.path.join(out, "add.onnx"), "rb") as f:
         data = f.read()
+    i32 = TensorProto.INT32
+    one_i32 = helper.make_tensor("one_i32", i32, [], [1])
+    save(graph_model("accumulator", [
+        helper.make_node("Sub", ["one_i32", "START"], ["keep"]),
+        helper.make_node("Mul", ["ACC_IN", "keep"], ["kept"]),
+        helper.make_node("Add", ["kept", "INPUT"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+    ], [value("INPUT", i32, ["N", 1]), value("START", i32, ["N", 1]),
+        value("ACC_IN", i32, ["N", 1])],
+        [value("OUTPUT", i32, ["N", 1]), value("ACC_OUT", i32, ["N", 1])], [one_i32]),
+         os.path.join(out, "accumulator.onnx"))
+
     with open(os.path.join(out, "truncated.onnx"), "wb") as f:
         f.write(data[:len(data) // 2])
     with open(os.path.join(out, "corrupt.onnx"), "wb") as f:

@@ -68,3 +68,36 @@ def test_backend_parameters_reach_openvino():
 def test_a_bad_file_names_itself():
     with pytest.raises(asyncinfer.InvalidArgument, match="truncated.onnx.*OpenVINO cannot read it"):
         asyncinfer.load_model(os.path.join(ONNX, "truncated.onnx"))
+
+
+ACCUMULATOR = os.path.join(ONNX, "accumulator.onnx")
+
+
+def test_a_stateful_onnx_model_keeps_each_sequences_state_in_the_engine():
+    """accumulator.onnx: OUTPUT = ACC_IN * (1 - START) + INPUT; ACC_OUT = OUTPUT. The engine fills
+    START (a control) and ACC_IN (the previous request's ACC_OUT), so each sequence's outputs are
+    its running sums, whatever the interleaving."""
+    sequences = {"model_name": "accumulator", "max_sequence_idle": 5.0,
+                 "controls": [{"kind": "start", "input": "START", "dtype": "int32",
+                               "false_true": [0, 1]}],
+                 "states": [{"input": "ACC_IN", "output": "ACC_OUT", "dtype": "int32",
+                             "dims": [1]}]}
+    with asyncinfer.Engine(ACCUMULATOR, "cpu", workers=2, max_batch_size=4,
+                           sequence_batching=sequences) as engine:
+        assert [s.name for s in engine.request_signature.inputs] == ["INPUT"]
+        assert [s.name for s in engine.request_signature.outputs] == ["OUTPUT"]
+        steps, ids = 10, [1, 2, 3, "text", 5, 6, 7, 8, 9, 10]
+        futures = {sid: [] for sid in ids}
+        for k in range(steps):
+            for n, sid in enumerate(ids):
+                x = np.array([[n + 1]], np.int32)
+                futures[sid].append(engine.submit(x, sequence_id=sid, sequence_start=k == 0,
+                                                  sequence_end=k == steps - 1))
+        for n, sid in enumerate(ids):
+            got = [int(f.result(timeout=30)[0][0][0]) for f in futures[sid]]
+            assert got == [(n + 1) * (k + 1) for k in range(steps)], sid
+        with pytest.raises(asyncinfer.InvalidArgument, match="must specify the START flag"):
+            engine.infer(np.array([[1]], np.int32), sequence_id=77)
+        with pytest.raises(asyncinfer.InvalidArgument, match="non-zero or non-empty"):
+            engine.infer(np.array([[1]], np.int32))
+        assert engine.metrics()["sequences_live"] == 0
