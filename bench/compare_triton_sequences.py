@@ -10,10 +10,11 @@ command (gRPC stream, --sequence-length, concurrency = concurrent sequences) aga
 ../shared/peers.md), one server at a time on this machine. A third row serves the same model
 without sequence_batching on asyncinfer (the cost of sequence routing).
 
-  bench/compare_triton_sequences.py --tritonserver DIR --cli build/release/apps/asyncinfer/asyncinfer
+  bench/compare_triton_sequences.py --cli build/release/apps/asyncinfer/asyncinfer
 
-DIR is pytriton's tritonserver folder (bin/tritonserver, backends/ with the 3.11 python stub
-copied to backends/python/triton_python_backend_stub). Prints one row per server: requests/s,
+--tritonserver DIR: pytriton's tritonserver folder (bin/tritonserver, backends/ with the 3.11
+python stub copied to backends/python/triton_python_backend_stub), by default the one
+scripts/setup.sh --peers installs in .venv/triton. Prints one row per server: requests/s,
 p50 and p99 latency (us) as perf_analyzer measured them, and the command.
 """
 import argparse
@@ -110,7 +111,9 @@ def perf(pa, grpc_port, model, args, sequences):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tritonserver", required=True, help="pytriton's tritonserver folder")
+    p.add_argument("--tritonserver", help="pytriton's tritonserver folder",
+                   default=os.path.join(ROOT, ".venv", "triton", "lib", "python3.11",
+                                        "site-packages", "pytriton", "tritonserver"))
     p.add_argument("--cli", required=True, help="the asyncinfer program")
     p.add_argument("--perf-analyzer", default=os.path.join(ROOT, "scripts", "perf_analyzer"))
     p.add_argument("--concurrency", type=int, default=64)

@@ -53,8 +53,8 @@ pinned_venv() {
 # Triton's client (tests/server/test_tritonclient*.py run on it) and OpenVINO's runtime (the
 # openvino model backend builds against its C++ files; benchmark_app for bench/).
 # With --peers, also the servers bench/compare_servers.py measures asyncinfer against: KServe's
-# model server and Ray Serve (about 850 MB together), perf_analyzer 2.51 (260 MB) and Triton Model
-# Analyzer (610 MB); no test needs them (server.perf_analyzer and server.model_analyzer are
+# model server and Ray Serve (about 850 MB together), perf_analyzer 2.51 (260 MB), Triton Model
+# Analyzer (610 MB) and Triton 2.51 itself (370 MB); no test needs them (server.perf_analyzer and server.model_analyzer are
 # skipped without the last two). Their venvs see Debian's
 # packages, so that they serve the model through Debian's torch, asyncinfer's libtorch version.
 python_venvs() {
@@ -68,6 +68,13 @@ python_venvs() {
     pinned_venv perf_analyzer requirements-perf-analyzer.txt
     # Triton Model Analyzer (server.model_analyzer runs it against the tritonserver link).
     pinned_venv model_analyzer requirements-model-analyzer.txt
+    # The real Triton 2.51 (bench/compare_triton_sequences.py): its python backend needs the
+    # stub built for this interpreter (3.11) beside it.
+    pinned_venv triton requirements-triton.txt
+    local ts
+    ts="$(cd "$(dirname "$0")/.." && pwd)/.venv/triton/lib/python3.11/site-packages/pytriton/tritonserver"
+    cp -n "$ts/python_backend_stubs/3.11/triton_python_backend_stub" \
+      "$ts/backends/python/triton_python_backend_stub"
   fi
 }
 peers=0
