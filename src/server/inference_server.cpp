@@ -1205,7 +1205,8 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
     }
     for (auto& [j, call] : calls) call.cancel();
     model_->ensemble_counters->record(false, ns_since(start_), 0, 0);
-    done(Status(s.code(), "ensemble '" + model_->model_name + "': " + std::string(s.message())));
+    // Triton's wording (ensemble_scheduler.cc): the step's error after "in ensemble 'E', ".
+    done(Status(s.code(), "in ensemble '" + model_->model_name + "', " + std::string(s.message())));
     ended();
   }
 

@@ -83,6 +83,14 @@ class Sequences(unittest.TestCase):
             f.write(CRASHING)
         repo.add("crashing", accumulator_config("crashing", max_batch_size=1, instances=2),
                  files={"1/model.py": crash})
+        # An ensemble whose one step is the stateful model: it carries the sequence parameters.
+        repo.add("acc_ensemble", 'name: "acc_ensemble"\nplatform: "ensemble"\n'
+                 'max_batch_size: 8\n'
+                 'input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+                 'output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+                 'ensemble_scheduling { step [ { model_name: "acc" model_version: -1 '
+                 'input_map { key: "INPUT" value: "X" } '
+                 'output_map { key: "OUTPUT" value: "Y" } } ] }\n')
         with open(os.path.join(MODELS, "simple_dyna_sequence", "config.pbtxt")) as f:
             repo.add("simple_dyna_sequence", f.read(),
                      files={"1/model.py": os.path.join(MODELS, "sequence.py")})
@@ -214,6 +222,19 @@ class Sequences(unittest.TestCase):
             self.grpc_infer("simple_dyna_sequence", 1, "abc", start=True)
         self.assertIn("string", str(e.exception))
         self.assertEqual(self.grpc_infer("acc", 4, "text-id", start=True, end=True), 4)
+
+    def test_a_sequence_through_an_ensemble(self):
+        def step(v, start=False, end=False):
+            i = grpcclient.InferInput("X", [1, 1], "INT32")
+            i.set_data_from_numpy(np.array([[v]], np.int32))
+            r = self.grpc.infer("acc_ensemble", [i], sequence_id=301, sequence_start=start,
+                                sequence_end=end)
+            return int(r.as_numpy("Y")[0][0])
+        self.assertEqual([step(2, start=True), step(3), step(4, end=True)], [2, 5, 9])
+        with self.assertRaises(InferenceServerException) as e:
+            step(1)  # the sequence has ended: the step model refuses, the ensemble says where
+        self.assertIn("must specify the START flag", str(e.exception))
+        self.assertIn("in ensemble 'acc_ensemble', ", str(e.exception))
 
     def test_a_python_model_that_crashes_mid_sequence(self):
         # Two instances, one slot each: sequences 91 and 92 run on different processes.
