@@ -251,11 +251,12 @@ Withdrawal Scheduler::withdraw(const std::shared_ptr<Request>& r, Stage to, cons
   if (cur == Stage::queued && transition(*r, Stage::queued, to, lock)) {
     if (r->sequence) {
       std::vector<std::shared_ptr<Request>> rest;
-      const bool was_backlogged = r->sequence->backlogged;
-      sequences_->withdraw(*r, to, rest);
-      if (was_backlogged && to == Stage::timed_out && expired != nullptr) *expired = true;
+      const bool expiring = r->sequence->backlogged && to == Stage::timed_out && also != nullptr &&
+                            expired != nullptr;
+      sequences_->withdraw(*r, to, expiring ? &rest : nullptr);
+      if (expiring) *expired = true;
       for (auto& p : rest) {
-        if (transition(*p, Stage::queued, to, lock) && also != nullptr) also->push_back(p);
+        if (transition(*p, Stage::queued, to, lock)) also->push_back(p);
       }
       ref = r;
       lock.unlock();

@@ -202,10 +202,10 @@ class Scheduler {
   /// Takes `r` out of wherever it waits here, moving it to stage `to` (a terminal stage), when it
   /// is queued or waiting to retry; records `why` as its refusal when it is still being submitted
   /// (`to` is then not entered: its submit refuses it). See Withdrawal for the outcomes.
-  /// On a sequence engine, a request whose sequence waits in the backlog and that times out
-  /// takes the rest of its sequence with it (Triton: the backlog expired): those requests move
-  /// to `to` here and are added to `*also`, and `*expired` is set; the caller ends them all with
-  /// SequenceTable::backlog_expired().
+  /// On a sequence engine, given `also` and `expired`, a request whose sequence waits in the
+  /// backlog and that times out takes the rest of its sequence with it (Triton: the backlog
+  /// expired): those requests move to `to` here and are added to `*also`, and `*expired` is set;
+  /// the caller ends them all with SequenceTable::backlog_expired().
   Withdrawal withdraw(const std::shared_ptr<Request>& r, Stage to, const Status& why,
                       std::shared_ptr<Request>& ref,
                       std::vector<std::shared_ptr<Request>>* also = nullptr,

@@ -260,6 +260,7 @@ SequenceTable::SequenceTable(const SequenceBatchingOptions& o, int workers, std:
                                          : static_cast<int>(std::max<std::int64_t>(1, max_rows));
   slots_.assign(static_cast<std::size_t>(std::max(workers, 1)),
                 std::vector<std::shared_ptr<Sequence>>(static_cast<std::size_t>(per)));
+  next_slot_.assign(slots_.size(), 0);
 }
 
 Status SequenceTable::backlog_expired() {
@@ -386,13 +387,20 @@ std::vector<std::shared_ptr<Request>> SequenceTable::take(int worker, std::int64
       }
     }
   }
-  for (auto& s : slots_[static_cast<std::size_t>(worker)]) {
+  // From where the last batch stopped, round the slots: with more slots than a batch holds
+  // (oldest, or a half-open breaker's probe of one row) no slot waits behind the others.
+  auto& row = slots_[static_cast<std::size_t>(worker)];
+  std::size_t& cursor = next_slot_[static_cast<std::size_t>(worker)];
+  for (std::size_t n = 0; n < row.size(); ++n) {
     if (static_cast<std::int64_t>(out.size()) >= max_rows) break;
+    const std::size_t k = (cursor + n) % row.size();
+    auto& s = row[k];
     if (!s || s->running || s->pending.empty()) continue;
     s->running = true;
     out.push_back(std::move(s->pending.front()));
     s->pending.pop_front();
     --queued_;
+    if (static_cast<std::int64_t>(out.size()) >= max_rows) cursor = (k + 1) % row.size();
   }
   return out;
 }
@@ -416,7 +424,7 @@ bool SequenceTable::finished(const std::vector<SequenceRun>& runs, Clock::time_p
   return changed;
 }
 
-void SequenceTable::withdraw(Request& r, Stage to, std::vector<std::shared_ptr<Request>>& also) {
+void SequenceTable::withdraw(Request& r, Stage to, std::vector<std::shared_ptr<Request>>* also) {
   const std::shared_ptr<Sequence> s = r.sequence;
   if (!s) return;
   auto it = std::find_if(s->pending.begin(), s->pending.end(),
@@ -425,14 +433,17 @@ void SequenceTable::withdraw(Request& r, Stage to, std::vector<std::shared_ptr<R
   s->pending.erase(it);
   --queued_;
   if (r.sequence_flags->end) s->closed = true;
-  if (s->backlogged && to == Stage::timed_out) {
+  if (s->backlogged && to == Stage::timed_out && also != nullptr) {
     // Triton rejects the whole backlogged sequence when its timeout expires.
     ++backlog_expired_;
-    for (auto& p : s->pending) also.push_back(std::move(p));
+    for (auto& p : s->pending) also->push_back(std::move(p));
     queued_ -= static_cast<std::int64_t>(s->pending.size());
     s->pending.clear();
     s->closed = true;
   }
+  // A backlogged sequence left with nothing waiting (its client cancelled what it sent) leaves
+  // the backlog: the backlog stays bounded by the requests waiting, whatever clients do.
+  if (s->backlogged && s->pending.empty()) s->closed = true;
   release_if_over(*s);
 }
 

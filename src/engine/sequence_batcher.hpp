@@ -105,10 +105,10 @@ class SequenceTable {
   bool finished(const std::vector<SequenceRun>& runs, Clock::time_point now);
 
   /// Takes queued request `r` out of its sequence (cancelled, timed out). When `r` waits in the
-  /// backlog and `to` is timed_out, its whole sequence leaves the backlog (Triton: the backlog
-  /// expired): the sequence's other requests are moved to `also`, for the caller to end with
-  /// backlog_expired().
-  void withdraw(Request& r, Stage to, std::vector<std::shared_ptr<Request>>& also);
+  /// backlog, `to` is timed_out and `also` is given, its whole sequence leaves the backlog
+  /// (Triton: the backlog expired): the sequence's other requests are moved to `*also`, for the
+  /// caller to end with backlog_expired().
+  void withdraw(Request& r, Stage to, std::vector<std::shared_ptr<Request>>* also);
 
   /// Every waiting request, oldest sequence first.
   void append_waiting(std::vector<std::shared_ptr<Request>>& out) const;
@@ -138,6 +138,7 @@ class SequenceTable {
   std::map<CorrelationId, std::shared_ptr<Sequence>> by_id_;  ///< sequences still taking requests
   /// [worker][slot]: the sequence holding it (null = free).
   std::vector<std::vector<std::shared_ptr<Sequence>>> slots_;
+  std::vector<std::size_t> next_slot_;  ///< per worker: the slot take() looks at first
   std::deque<std::shared_ptr<Sequence>> backlog_;
   std::int64_t queued_ = 0;
   std::int64_t live_ = 0;

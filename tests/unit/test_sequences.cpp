@@ -249,6 +249,27 @@ TEST(Sequences, ABackloggedSequenceThatTimesOutFailsWithTritonsMessage) {
   EXPECT_EQ((*next)[0].data_as<std::int32_t>()[0], 5);
 }
 
+TEST(Sequences, ABackloggedSequenceWhoseRequestsAreCancelledLeavesTheBacklog) {
+  auto e = make(std::make_shared<Accumulator>(), 1, sequences(/*slots=*/1));
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(get_within(e->submit(value(1), in_sequence(std::uint64_t(1), true, false)), 5s).ok());
+  // Clients that start sequences and go away while they wait for a slot leave nothing behind.
+  for (std::uint64_t id = 2; id < 50; ++id) {
+    auto f = e->submit(value(1), in_sequence(id, true, false));
+    f.cancel();
+    EXPECT_FALSE(get_within(f, 5s).ok());
+  }
+  EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.sequence_backlog, 0);
+  EXPECT_EQ(m.sequences_live, 1);
+  EXPECT_EQ(m.queue_depth, 0);
+  EXPECT_FALSE(e->try_submit(value(1), in_sequence(std::uint64_t(2), false, false)).ok());
+  // Sequence 1 still holds the slot and goes on.
+  auto next = get_within(e->submit(value(2), in_sequence(std::uint64_t(1), false, true)), 5s);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)[0].data_as<std::int32_t>()[0], 3);
+}
+
 TEST(Sequences, ShutdownEndsEveryWaitingRequest) {
   auto e = make(std::make_shared<Accumulator>(2ms), 1, sequences(/*slots=*/2));
   ASSERT_NE(e, nullptr);
@@ -269,6 +290,41 @@ TEST(Sequences, ShutdownEndsEveryWaitingRequest) {
   const EngineMetrics m = e->metrics();
   EXPECT_EQ(m.completed + m.shut_down + m.cancelled + m.failed, 30u);
   EXPECT_EQ(m.queue_depth, 0);
+}
+
+TEST(Sequences, ThreadsStartCancelAndEndSequencesWhileTheEngineShutsDown) {
+  SequenceBatchingOptions opts = sequences(/*slots=*/3);
+  opts.max_sequence_idle = 20ms;
+  auto e = make(std::make_shared<Accumulator>(50us), 2, opts);
+  ASSERT_NE(e, nullptr);
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<Future<Outputs>> all;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      std::uint64_t n = 0;
+      while (!stop.load()) {
+        const std::uint64_t id = std::uint64_t(t) * 1'000'000 + ++n;
+        const int steps = 1 + static_cast<int>(n % 5);
+        for (int k = 0; k < steps && !stop.load(); ++k) {
+          auto f = e->submit(value(1), in_sequence(id, k == 0, k == steps - 1 && n % 3 != 0));
+          if ((n + k) % 7 == 0) f.cancel();  // some cancelled, some sequences never ended
+          std::lock_guard lock(mu);
+          all.push_back(std::move(f));
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(300ms);
+  e->shutdown(ShutdownMode::cancel, 0ms);
+  stop = true;
+  for (auto& t : threads) t.join();
+  for (auto& f : all) (void)get_within(f, 5s);  // every accepted request ends
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.submitted, m.completed + m.failed + m.timed_out + m.cancelled + m.shut_down);
+  EXPECT_EQ(m.queue_depth, 0);
+  EXPECT_GT(m.completed, 0u);
 }
 
 TEST(Sequences, AModelWithoutTheControlsInputIsRefusedAtCreate) {
