@@ -547,25 +547,20 @@ Status plan_sequences(const inference::ModelConfig& c, std::string_view model, M
                               " needs exactly one of int32_false_true, fp32_false_true, "
                               "bool_false_true");
       }
-      if (k.int32_false_true_size() > 0) {
-        if (k.int32_false_true_size() != 2)
-          return bad(model, what + ": int32_false_true needs 2 values");
-        sc.dtype = DType::i32;
-        sc.false_value = k.int32_false_true(0);
-        sc.true_value = k.int32_false_true(1);
-      } else if (k.fp32_false_true_size() > 0) {
-        if (k.fp32_false_true_size() != 2)
-          return bad(model, what + ": fp32_false_true needs 2 values");
-        sc.dtype = DType::f32;
-        sc.false_value = k.fp32_false_true(0);
-        sc.true_value = k.fp32_false_true(1);
-      } else {
-        if (k.bool_false_true_size() != 2)
-          return bad(model, what + ": bool_false_true needs 2 values");
-        sc.dtype = DType::boolean;
-        sc.false_value = k.bool_false_true(0) ? 1 : 0;
-        sc.true_value = k.bool_false_true(1) ? 1 : 0;
-      }
+      // The one list given: its dtype, and its false and true values.
+      const auto take = [&](const auto& values, DType dtype, const char* field) -> Status {
+        if (values.size() != 2) return bad(model, what + ": " + field + " needs 2 values");
+        sc.dtype = dtype;
+        sc.false_value = static_cast<double>(values.Get(0));
+        sc.true_value = static_cast<double>(values.Get(1));
+        return Status();
+      };
+      const Status taken = k.int32_false_true_size() > 0
+                               ? take(k.int32_false_true(), DType::i32, "int32_false_true")
+                           : k.fp32_false_true_size() > 0
+                               ? take(k.fp32_false_true(), DType::f32, "fp32_false_true")
+                               : take(k.bool_false_true(), DType::boolean, "bool_false_true");
+      ASYNCINFER_RETURN_IF_ERROR(taken);
     }
     plan.sequence_inputs.push_back(spec(sc.input, sc.dtype, {1}));
     s.controls.push_back(std::move(sc));

@@ -202,8 +202,11 @@ TEST(CliJson, CompareSyncAsyncOnSimHasRatios) {
   EXPECT_DOUBLE_EQ(j["ratios"][0]["throughput"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(j["ratios"][0]["p50"].get<double>(), 1.0);
   EXPECT_EQ(j["ratios"][1]["baseline"], "sync");
-  // With batching on a fixed-cost device, 8 in flight beats one caller clearly.
-  EXPECT_GT(j["ratios"][1]["throughput"].get<double>(), 2.0);
+  // With 8 in flight on a fixed-cost device the async run forms batches (behaviour, not speed:
+  // how much faster it is belongs to the benchmarks, and a loaded CI machine once measured 1.02x
+  // here while the batches still formed).
+  EXPECT_GT(j["ratios"][1]["throughput"].get<double>(), 0.0);
+  EXPECT_GT(j["runs"][1]["batch_size_mean"].get<double>(), 2.0);
   EXPECT_TRUE(j["ratios"][1]["p99"].is_number());
   // Sync ran one request at a time.
   EXPECT_NEAR(j["runs"][0]["batch_size_mean"].get<double>(), 1.0, 1e-9);
