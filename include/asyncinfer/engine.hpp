@@ -282,7 +282,8 @@ struct SequenceBatchingOptions {
   std::chrono::microseconds max_sequence_idle{1'000'000};
   std::vector<SequenceControl> controls;
   std::vector<SequenceState> states;
-  /// The model's name in errors (Triton's wording: "... to model 'M' ...").
+  /// The model's name in errors (Triton's wording: "... to model 'M' ..."); empty = the
+  /// model's own (Model::name()).
   std::string model_name;
 };
 

@@ -127,7 +127,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   options = resolve_options(*model, *device, std::move(options));
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));
   if (options.sequence_batching) {
-    const SequenceBatchingOptions& q = *options.sequence_batching;
+    SequenceBatchingOptions& q = *options.sequence_batching;
+    if (q.model_name.empty()) q.model_name = model->name();  // what the errors call it
     if (sig.decoupled) {
       return invalid_argument_error(
           "EngineOptions: sequence_batching with a decoupled model is not supported");

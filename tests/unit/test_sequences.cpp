@@ -327,6 +327,17 @@ TEST(Sequences, ThreadsStartCancelAndEndSequencesWhileTheEngineShutsDown) {
   EXPECT_GT(m.completed, 0u);
 }
 
+TEST(Sequences, ErrorsNameTheModelItselfWhenNoNameIsGiven) {
+  SequenceBatchingOptions s = sequences();
+  s.model_name.clear();
+  auto e = make(std::make_shared<Accumulator>(), 1, s);
+  ASSERT_NE(e, nullptr);
+  auto r = e->try_submit(value(1), in_sequence(std::uint64_t(3), false, false));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("to model 'accumulator'"), std::string::npos)
+      << r.status();
+}
+
 TEST(Sequences, AModelWithoutTheControlsInputIsRefusedAtCreate) {
   SequenceBatchingOptions s = sequences();
   s.controls.push_back({SequenceControl::Kind::end, "NOPE", DType::i32, 0, 1});
