@@ -78,6 +78,13 @@ class Sequences(unittest.TestCase):
         repo.add("acc", accumulator_config("acc"), files={"1/model.py": src})
         repo.add("one_slot", accumulator_config("one_slot", max_batch_size=1, instances=1,
                                                 idle_us=300000), files={"1/model.py": src})
+        # Its state starts at 100: initial_state data_file, read from <model>/initial_state/.
+        repo.add("acc_from_100", accumulator_config("acc_from_100").replace(
+            'zero_data: true, name: "z"', 'data_file: "hundred.bin", name: "hundred"'),
+                 files={"1/model.py": src})
+        os.makedirs(os.path.join(repo.path, "acc_from_100", "initial_state"))
+        np.array([100], np.int32).tofile(
+            os.path.join(repo.path, "acc_from_100", "initial_state", "hundred.bin"))
         crash = os.path.join(repo.path, "crash.py")
         with open(crash, "w") as f:
             f.write(CRASHING)
@@ -235,6 +242,10 @@ class Sequences(unittest.TestCase):
             step(1)  # the sequence has ended: the step model refuses, the ensemble says where
         self.assertIn("must specify the START flag", str(e.exception))
         self.assertIn("in ensemble 'acc_ensemble', ", str(e.exception))
+
+    def test_initial_state_from_a_data_file(self):
+        self.assertEqual([self.grpc_infer("acc_from_100", 1, 401, start=True),
+                          self.grpc_infer("acc_from_100", 2, 401, end=True)], [101, 103])
 
     def test_a_python_model_that_crashes_mid_sequence(self):
         # Two instances, one slot each: sequences 91 and 92 run on different processes.
