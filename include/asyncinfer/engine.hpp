@@ -166,6 +166,9 @@ struct RequestOptions {
   /// Stateful models (EngineOptions::sequence_batching), where it is required: the sequence this
   /// request belongs to. Refused (invalid_argument) on an engine without sequence batching.
   std::optional<SequenceFlags> sequence;
+  /// Handed to the model with the request (BatchIO::contexts): its id, parameters and callers.
+  /// Null (the default) = none; costs nothing then.
+  std::shared_ptr<const RequestContext> context;
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own

@@ -25,6 +25,7 @@
 // one worker thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,6 +43,10 @@
 
 namespace asyncinfer {
 
+namespace detail {
+class ModelHostLink;  // src/model/model_host.hpp: what a model may ask of its server
+}  // namespace detail
+
 /// A sequence's correlation ID (Triton's sequence_id, the CORRID control): an unsigned integer or
 /// a string. 0 and "" are not IDs (Triton reserves them for requests outside any sequence). IDs of
 /// the two kinds never equal each other (1 and "1" are two sequences).
@@ -55,6 +60,21 @@ struct SequenceFlags {
   CorrelationId id = std::uint64_t{0};
   bool start = false;  ///< the first request of the sequence: its state starts afresh
   bool end = false;    ///< the last: the sequence's slot is freed once it has run
+};
+
+/// What a request carries to its model besides its tensors, for backends that hand a model its
+/// requests one by one (the python backend's InferenceRequest.request_id(), parameters(), and
+/// business logic scripting): set by whoever submits it (RequestOptions::context), read by the
+/// model through BatchIO::contexts. Immutable once submitted; shared, never copied.
+struct RequestContext {
+  std::string id;  ///< the client's request id (the protocol's "id"), may be empty
+  /// The request's parameters as a JSON object's text (Triton's InferenceRequest.parameters()),
+  /// e.g. {"custom":"x","n":3}; empty = none.
+  std::string parameters_json;
+  /// Business logic scripting: the models whose execution made this request, outermost first
+  /// (a client's request has none). What a model's own BLS calls extend, and what their cycle
+  /// and depth checks read (docs/design.md, "Business logic scripting").
+  std::vector<std::string> callers;
 };
 
 /// One named input or output: dtype and full shape (-1 = dynamic dim).
@@ -142,6 +162,13 @@ struct BatchIO {
   /// backends that hand a model its requests one by one (the python backend's
   /// correlation_id() and flags()).
   std::vector<SequenceFlags> sequences;
+  /// Each request's RequestContext, in batch order (null where its submitter gave none); empty
+  /// when no request of the batch has one.
+  std::vector<std::shared_ptr<const RequestContext>> contexts;
+  /// The latest deadline of the batch's requests (the batch runs while one of them lives);
+  /// max() when one of them has none. What a model's own requests (business logic scripting)
+  /// inherit.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 /// A model bound to one device and stream (one per engine worker).
@@ -242,6 +269,10 @@ struct ModelOptions {
   /// (Triton's OpenVINO backend's keys) and any other OpenVINO CPU property by its name; the
   /// other backends refuse a non-empty list (invalid_argument naming the key).
   BackendParameters backend_parameters;
+  /// python: the server that hosts the model, for its model.py's business logic scripting, model
+  /// loading API and custom metrics (internal: src/model/model_host.hpp); null = none (those
+  /// calls then fail with unavailable). The other backends ignore it.
+  std::shared_ptr<detail::ModelHostLink> host;
 };
 
 /// Loads a model by URI: "builtin:<kind>?...", "torch:<path>", a path ending in ".pt",

@@ -192,6 +192,8 @@ struct Request {
   /// once accepted (under the queue mutex until it runs; sequence_batcher.hpp).
   std::optional<SequenceFlags> sequence_flags;
   std::shared_ptr<Sequence> sequence;
+  /// RequestOptions::context (BatchIO::contexts).
+  std::shared_ptr<const RequestContext> context;
 
   // Intrusive queue links, guarded by the queue mutex.
   Request* prev = nullptr;

@@ -346,7 +346,17 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
   }
   io.batch_size = ctx_.sig.batched ? batch.rows : 1;
   io.request_rows.reserve(batch.requests.size());
-  for (const auto& r : batch.requests) io.request_rows.push_back(ctx_.sig.batched ? r->rows : 1);
+  bool contexts = false;
+  io.deadline = Clock::time_point::min();
+  for (const auto& r : batch.requests) {
+    io.request_rows.push_back(ctx_.sig.batched ? r->rows : 1);
+    contexts = contexts || r->context != nullptr;
+    io.deadline = std::max(io.deadline, r->deadline);
+  }
+  if (contexts) {
+    io.contexts.reserve(batch.requests.size());
+    for (const auto& r : batch.requests) io.contexts.push_back(r->context);
+  }
   try {
     if (batch.requests.size() == 1) {
       io.host_inputs = batch.requests[0]->inputs;
