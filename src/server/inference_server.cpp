@@ -24,17 +24,37 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "asyncinfer/detail/chrono.hpp"
 #include "classification.hpp"
 #include "model_config.hpp"
+#include "model_host.hpp"
 #include "server_log.hpp"
 
 namespace asyncinfer::server {
 // ---- helpers ------------------------------------------------------------------------------------
 
 namespace {
+
+// A python model's view of a client's request (InferenceRequest.request_id() and parameters()):
+// the parameters the server does not consume itself, as a JSON object.
+std::shared_ptr<const RequestContext> python_request_context(const std::string& id,
+                                                             const Parameters& parameters) {
+  auto c = std::make_shared<RequestContext>();
+  c->id = id;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, value] : parameters) {
+    if (key == "timeout" || key == "priority" || key == "sequence_id" || key == "sequence_start" ||
+        key == "sequence_end" || key == "binary_data_output") {
+      continue;  // Triton's reserved parameters: the server applies them
+    }
+    std::visit([&, k = &key](const auto& v) { j[*k] = v; }, value);
+  }
+  c->parameters_json = j.empty() ? std::string() : j.dump();
+  return c;
+}
 
 std::string names_of(const std::vector<TensorSpec>& specs) {
   std::string out;
@@ -107,10 +127,15 @@ InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, Se
     cache_ = std::make_unique<ResponseCache>(options_.response_cache_bytes);
   }
   repository_observer_ = repository_->on_change([this] { readiness_observers_.notify(); });
+  host_ = std::make_unique<ServerModelHost>(*this);
+  repository_->host_link().bind(host_.get());
 }
 
 InferenceServer::~InferenceServer() {
   if (live()) shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+  // Its models (and their processes) may outlive it in the repository's engines being torn
+  // down: from here their calls get unavailable.
+  repository_->host_link().unbind();
   // The repository (a member) outlives this body; its engines may still tell it of changes.
   repository_->remove_observer(repository_observer_);
 }
@@ -548,6 +573,11 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   }
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
+  options.context = std::move(request.context);
+  if (!options.context && model.platform == "python" &&
+      (!request.id.empty() || !request.parameters.empty())) {
+    options.context = python_request_context(request.id, request.parameters);
+  }
   if (request.deadline) options.deadline = *request.deadline;
   options.inline_callback = request.completion_hands_off;
   if (std::any_of(request.outputs.begin(), request.outputs.end(),
@@ -1029,6 +1059,7 @@ std::string InferenceServer::metrics_text() const {
     std::lock_guard lock(metrics_mu_);
     for (const auto& [name, p] : protocols_) p->collect(families);
   }
+  repository_->custom_metrics().collect(families);  // python models' pb_utils.MetricFamily
   return families.text();
 }
 

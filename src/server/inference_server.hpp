@@ -102,6 +102,10 @@ struct InferRequest {
   /// block for back-pressure, waiting on `stop` too (it fires when the request ends); a non-ok
   /// return says the client is gone (RequestOptions::on_response). Must not call into the server.
   std::function<Status(InferResponse, std::stop_token stop)> on_response;
+  /// Handed to the model (RequestOptions::context). Null: submit() makes one for a python model
+  /// from `id` and `parameters` (its InferenceRequest.request_id() and parameters()). A model's
+  /// own request (business logic scripting, model_host.cpp) gives one with its callers.
+  std::shared_ptr<const RequestContext> context;
 };
 
 /// "model 'm' is decoupled: ..." — the answer to a one-response protocol call (HTTP infer, gRPC
@@ -183,6 +187,7 @@ inline constexpr std::array<std::string_view, 9> kServerExtensions = {"classific
                                                                       "logging"};
 
 class ServerLog;
+class ServerModelHost;
 
 struct ServerOptions {
   std::string name = "asyncinfer";
@@ -387,6 +392,9 @@ class InferenceServer {
   std::condition_variable ensembles_cv_;
   std::int64_t live_ensembles_ = 0;  // under ensembles_mu_
   std::map<std::string, std::unique_ptr<ProtocolMetrics>, std::less<>> protocols_;
+  /// What its python models ask of it (model_host.hpp), bound to the repository's host link
+  /// for the server's life.
+  std::unique_ptr<ServerModelHost> host_;
 };
 
 /// The bytes of a request's input tensors (those without a lease of their own:

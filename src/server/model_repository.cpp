@@ -19,6 +19,9 @@
 // poll), draining and shutdown (drain_async, LoadingEngine, shutdown).
 #include "model_repository.hpp"
 
+#include "model/model_host.hpp"
+#include "model_host.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -781,6 +784,9 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
     return not_found_error("model repository '" + root.string() + "' is not a folder");
   }
   std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  repo->host_link_ = std::make_shared<detail::ModelHostLink>();
+  repo->custom_metrics_ = std::make_shared<CustomMetrics>();
+  repo->host_link_->bind_metrics(repo->custom_metrics_);
   repo->root_ = root;
   repo->options_ = std::move(options);
   repo->log_ = log;
@@ -1050,6 +1056,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         mo.decoupled = plan->decoupled;
         mo.model_config_json = std::move(shown.json);
         mo.backend_parameters = plan->backend_parameters;
+        mo.host = host_link_;
         model = asyncinfer::load_model("python:" + file.string(), mo);
       } else if (plan->backend == ModelPlan::Backend::openvino) {
         // Triton's rule: max_batch_size > 0 says dim 0 is the batch dim, whatever the file.

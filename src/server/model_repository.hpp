@@ -57,7 +57,13 @@
 #include "observers.hpp"
 #include "response_cache.hpp"
 
+namespace asyncinfer::detail {
+class ModelHostLink;  // src/model/model_host.hpp
+}  // namespace asyncinfer::detail
+
 namespace asyncinfer::server {
+
+class CustomMetrics;  // model_host.hpp
 
 struct ModelPlan;
 
@@ -299,6 +305,12 @@ class ModelRepository {
   /// thread: ObserverList's rules), after the snapshot is visible and with no lock of the
   /// repository held, so it may call snapshot(). Returns an id for remove_observer().
   std::size_t on_change(std::function<void()> f) { return observers_->add(std::move(f)); }
+
+  /// What every python model of this repository is given as its host (ModelOptions::host):
+  /// unbound until the server that serves the repository binds itself (InferenceServer).
+  detail::ModelHostLink& host_link() noexcept { return *host_link_; }
+  /// Its python models' custom metrics (pb_utils.MetricFamily), for /metrics.
+  const CustomMetrics& custom_metrics() const noexcept { return *custom_metrics_; }
   /// After it returns `f` runs no more (a call in progress has ended).
   void remove_observer(std::size_t id) { observers_->remove(id); }
 
@@ -412,7 +424,9 @@ class ModelRepository {
   /// on_change's observers. Shared with the engines' on_health_change, as an engine may outlive
   /// the repository (a request's ModelRef holds its version).
   std::shared_ptr<ObserverList> observers_ = std::make_shared<ObserverList>();
-  std::shared_ptr<Control> control_;  ///< the control thread and its queue
+  std::shared_ptr<detail::ModelHostLink> host_link_;  ///< made by load()
+  std::shared_ptr<CustomMetrics> custom_metrics_;     ///< made by load(), bound to host_link_
+  std::shared_ptr<Control> control_;                  ///< the control thread and its queue
 };
 
 }  // namespace asyncinfer::server
