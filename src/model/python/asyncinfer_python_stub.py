@@ -20,6 +20,20 @@ SCM_RIGHTS. The protocol (each request gets exactly one reply, in order):
                                            + output arena fd? | done {error, traceback}
   finalize                               finalized (then the stub exits)
 
+Every message that waits for an answer carries a "tag" (a number the stub picks) and its answer
+carries it back, so that the threads of model.py (and an asyncio loop) share the socket: whichever
+thread waits reads the socket and hands each answer to the thread (or asyncio future) whose tag it
+bears (Channel). Business logic scripting, the model loading API, custom metrics and logs, in any
+phase (infer only during execute):
+  infer {tag, model, version, inputs[], outputs[], id, correlation_id, flags, timeout, priority,
+         parameters, decoupled, fd?} + NUL + tensors (or a sealed memfd)
+                                         -> response {tag, final, outputs[] | error, code, fd?}
+                                            (one, or a decoupled model's many) + NUL + tensors
+  cancel_infer {tag}                     (no answer)
+  model_ready | load_model | unload_model | metric_family | metric | metric_update {tag, ...}
+                                         -> reply {tag, value | error, code}
+  log {level, message}, metric_delete {metric}   (no answer)
+
 A tensor is {name, datatype (the protocol's FP32, BYTES, ...), shape, offset, size}: its bytes
 lie at `offset` in the input arena (server -> stub) or the output arena (stub -> server), two
 memfd regions mapped by both processes; BYTES tensors in Triton's length-prefixed form. The
@@ -27,7 +41,13 @@ server copies a response's tensors out before it answers `sent` or reads the nex
 each message may reuse the output arena from offset 0.
 """
 
+import array
+import asyncio
+import collections
+import faulthandler
 import importlib.util
+import inspect
+import itertools
 import json
 import linecache
 import fcntl
@@ -53,11 +73,23 @@ def _register_source(name, text):
     linecache.cache[name] = (len(text), None, text.splitlines(True), name)
 
 
-def recv():
-    data, fds, _flags, _addr = socket.recv_fds(SOCK, MAX_MESSAGE, 4)
+_FD_SIZE = array.array("i").itemsize
+
+
+def recv(flags=0):
+    """The next message: (JSON object, payload after its NUL or b"", fds)."""
+    # recvmsg itself: Python 3.11's socket.recv_fds drops its flags argument.
+    data, ancdata, _flags, _addr = SOCK.recvmsg(MAX_MESSAGE, socket.CMSG_LEN(4 * _FD_SIZE), flags)
+    fds = []
+    for level, kind, cdata in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % _FD_SIZE]))
     if not data:  # the server closed its end: it is gone, or it is replacing this instance
         os._exit(0)
-    return json.loads(data), fds
+    nul = data.find(b"\0")
+    if nul < 0:
+        return json.loads(data), b"", fds
+    return json.loads(data[:nul]), memoryview(data)[nul + 1:], fds
 
 
 class MessageTooLong(Exception):
@@ -65,18 +97,24 @@ class MessageTooLong(Exception):
     instead of breaking the channel (the server would have to end the process)."""
 
 
-def send(obj, fds=()):
+_SEND_LOCK = threading.RLock()  # reentrant: a __del__ (gc) may send mid-send
+
+
+def send(obj, fds=(), payload=None):
     data = json.dumps(obj, separators=(",", ":")).encode()
+    if payload is not None:
+        data = b"".join((data, b"\0", payload))
     if len(data) > MAX_REPLY:
         raise MessageTooLong(
             "the response's description is %d bytes, over the %d bytes of the control channel "
             "(%d output tensors)" % (len(data), MAX_REPLY, len(obj.get("outputs") or [])
                                      + sum(len(r.get("outputs") or [])
                                            for r in obj.get("responses") or [])))
-    if fds:
-        socket.send_fds(SOCK, [data], list(fds))
-    else:
-        SOCK.send(data)
+    with _SEND_LOCK:
+        if fds:
+            socket.send_fds(SOCK, [data], list(fds))
+        else:
+            SOCK.send(data)
 
 
 def _clip(text, limit=16000):
@@ -96,6 +134,383 @@ def _error_fields(exc):
 def _error_code(err):
     code = err.code()
     return code if isinstance(code, int) and not isinstance(code, bool) else 1
+
+
+class Channel:
+    """The socket as the threads of model.py share it. Sends are whole messages (send()); an
+    answer is found by its tag. No reader thread: a thread that waits for an answer reads the
+    socket itself while no other thread does (the others wait on `cv`), and hands each message it
+    reads to its addressee; an asyncio loop reads when the socket is readable (attach()). A
+    message without a tag (execute, finalize) waits in `loose` for the main loop."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.reading = False
+        self.tags = itertools.count(1)
+        self.waiters = {}  # tag -> callable(msg, payload, fds), under cv
+        self.loose = collections.deque()
+        self.loops = {}  # asyncio loop -> futures waiting on it
+
+    def _dispatch(self, msg, payload, fds):  # under cv
+        tag = msg.get("tag")
+        if tag is None:
+            self.loose.append((msg, payload, fds))
+            return
+        waiter = self.waiters.get(tag)
+        if waiter is None:  # an answer nobody waits for any more (its call was abandoned)
+            for fd in fds:
+                os.close(fd)
+            return
+        waiter(msg, payload, fds)
+
+    def wait(self, done):
+        """Returns once done() (called under cv) is true, reading the socket meanwhile if no one
+        else does."""
+        with self.cv:
+            while not done():
+                if not self.reading:
+                    break
+                self.cv.wait()
+            else:
+                return
+            self.reading = True
+        try:
+            while True:
+                msg, payload, fds = recv()
+                with self.cv:
+                    self._dispatch(msg, payload, fds)
+                    self.cv.notify_all()
+                    if done():
+                        return
+        finally:
+            with self.cv:
+                self.reading = False
+                self.cv.notify_all()
+
+    def call(self, msg, fds=(), payload=None):
+        """Sends msg with a new tag; returns its one answer (msg, payload, fds)."""
+        box = []
+        tag = next(self.tags)
+        msg["tag"] = tag
+        with self.cv:
+            self.waiters[tag] = lambda m, p, f: box.append((m, p, f))
+        try:
+            send(msg, fds, payload)
+            self.wait(lambda: box)
+        finally:
+            with self.cv:
+                self.waiters.pop(tag, None)
+        return box[0]
+
+    def next_loose(self):
+        self.wait(lambda: self.loose)
+        with self.cv:
+            return self.loose.popleft()
+
+    # asyncio: the loop reads the socket when it is readable, while it has futures waiting.
+    def attach(self, loop):
+        with self.cv:
+            n = self.loops.get(loop, 0)
+            self.loops[loop] = n + 1
+        if n == 0:
+            loop.add_reader(SOCK.fileno(), self._readable)
+
+    def detach(self, loop):
+        with self.cv:
+            n = self.loops.get(loop, 0) - 1
+            if n > 0:
+                self.loops[loop] = n
+                return
+            self.loops.pop(loop, None)
+        try:
+            loop.remove_reader(SOCK.fileno())
+        except Exception:  # noqa: BLE001 — a closed loop
+            pass
+
+    def _readable(self):
+        with self.cv:
+            if self.reading:
+                # Another thread reads it; wait until it has (a short wait: it is in recv()).
+                self.cv.wait(0.001)
+                return
+            self.reading = True
+        try:
+            while True:
+                try:
+                    msg, payload, fds = recv(socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                with self.cv:
+                    self._dispatch(msg, payload, fds)
+                    self.cv.notify_all()
+        finally:
+            with self.cv:
+                self.reading = False
+                self.cv.notify_all()
+
+
+CHANNEL = Channel()
+
+
+def _tensor_payload(utils, t):
+    """(datatype, shape, uint8 array) of a pb_utils.Tensor, for the wire."""
+    np = _np
+    arr = t.as_numpy()
+    if arr.dtype.kind in ("O", "S", "U"):
+        flat = utils.serialize_byte_tensor(arr)
+        return "BYTES", [int(d) for d in arr.shape], (flat if flat is not None
+                                                      else np.zeros((0,), np.uint8))
+    datatype = _DATATYPE_OF.get(arr.dtype.str.lstrip("<>=|"))
+    if datatype is None:
+        raise utils.TritonModelException("tensor '%s' has numpy dtype %s, which has no protocol "
+                                         "datatype" % (t.name(), arr.dtype))
+    return datatype, [int(d) for d in arr.shape], np.ascontiguousarray(arr).reshape(-1).view(
+        np.uint8)
+
+
+INLINE_TENSOR_BYTES = 64 * 1024  # kInlineTensorBytes in python_process.cpp
+
+
+def _pack_tensors(utils, tensors):
+    """specs, and (payload bytes | None, fds) for a call's inputs: inline up to
+    INLINE_TENSOR_BYTES, else in a memfd of their own, sealed against any change."""
+    specs = []
+    parts = []
+    offset = 0
+    for t in tensors:
+        datatype, shape, data = _tensor_payload(utils, t)
+        specs.append({"name": t.name(), "datatype": datatype, "shape": shape, "offset": offset,
+                      "size": int(data.nbytes)})
+        parts.append((offset, data))
+        offset += (int(data.nbytes) + ALIGN - 1) // ALIGN * ALIGN
+    if offset <= INLINE_TENSOR_BYTES:
+        buf = bytearray(offset)
+        for off, data in parts:
+            buf[off:off + data.nbytes] = data.tobytes()
+        return specs, bytes(buf), []
+    fd = os.memfd_create("asyncinfer-python-call", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, offset)
+    for off, data in parts:
+        view = memoryview(data)
+        while view.nbytes:
+            n = os.pwrite(fd, view, off)
+            view = view[n:]
+            off += n
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    return specs, None, [fd]
+
+
+def _unpack_response(utils, msg, payload, fds):
+    """A call's response message as a pb_utils.InferenceResponse."""
+    np = _np
+    if "error" in msg:
+        for fd in fds:
+            os.close(fd)
+        return utils.InferenceResponse(error=utils.TritonError(msg["error"], msg.get("code", 1)))
+    if msg.get("fd"):
+        fd = fds[0]
+        size = os.fstat(fd).st_size
+        # Private and writable: the arrays are views of the server's memfd, copied only where the
+        # model writes to them.
+        buf = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        for f in fds:
+            os.close(f)
+    else:
+        buf = bytearray(payload)
+    outputs = []
+    for spec in msg.get("outputs", []):
+        shape = tuple(spec["shape"])
+        if spec["datatype"] == "BYTES":
+            raw = buf[spec["offset"]:spec["offset"] + spec["size"]]
+            arr = utils.deserialize_bytes_tensor(raw) if raw else np.array([], np.object_)
+            arr = arr.reshape(shape)
+        else:
+            arr = np.ndarray(shape, _NUMPY_OF[spec["datatype"]], buffer=buf,
+                             offset=spec["offset"])
+        outputs.append(utils.Tensor(spec["name"], arr))
+    return utils.InferenceResponse(output_tensors=outputs)
+
+
+class Call:
+    """One infer call in flight: its responses as they come (sync iterator or asyncio)."""
+
+    def __init__(self, utils, request, decoupled):
+        self.utils = utils
+        self.decoupled = decoupled
+        self.tag = next(CHANNEL.tags)
+        self.items = collections.deque()  # responses not yet taken
+        self.finished = False             # the final response (or an error) has come
+        self.cancelled = False
+        self.future = None                # asyncio: the future the next response resolves
+        self.loop = None
+        specs, payload, fds = _pack_tensors(utils, request.inputs())
+        name = request.model_name()
+        if isinstance(name, bytes):
+            name = name.decode("utf-8")
+        params = request.parameters()
+        if isinstance(params, str):
+            params = json.loads(params) if params else {}
+        msg = {"op": "infer", "tag": self.tag, "model": str(name),
+               "version": request.model_version(), "inputs": specs,
+               "outputs": list(request.requested_output_names()), "id": request.request_id(),
+               "correlation_id": request.correlation_id(), "flags": request.flags(),
+               "timeout": int(request.timeout()), "priority": int(getattr(request, "_priority", 0)),
+               "parameters": params or {}, "decoupled": bool(decoupled)}
+        if fds:
+            msg["fd"] = True
+        with CHANNEL.cv:
+            CHANNEL.waiters[self.tag] = self._deliver
+        try:
+            send(msg, fds, payload)
+        except BaseException:
+            with CHANNEL.cv:
+                CHANNEL.waiters.pop(self.tag, None)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _deliver(self, msg, payload, fds):  # under CHANNEL.cv
+        response = _unpack_response(self.utils, msg, payload, fds)
+        final = bool(msg.get("final", True))
+        if final:
+            self.finished = True
+            CHANNEL.waiters.pop(self.tag, None)
+        self.items.append((response, final))
+        fut = self.future
+        if fut is not None:
+            self.future = None
+            self.loop.call_soon_threadsafe(_resolve, fut)
+
+    def next(self):
+        """The next response, blocking; None after the final one."""
+        CHANNEL.wait(lambda: self.items or self.finished)
+        with CHANNEL.cv:
+            return self.items.popleft() if self.items else None
+
+    async def anext(self):
+        loop = asyncio.get_running_loop()
+        with CHANNEL.cv:
+            if self.items or self.finished:
+                return self.items.popleft() if self.items else None
+            self.future = loop.create_future()
+            self.loop = loop
+            fut = self.future
+        CHANNEL.attach(loop)
+        try:
+            await fut
+        finally:
+            CHANNEL.detach(loop)
+        with CHANNEL.cv:
+            return self.items.popleft() if self.items else None
+
+    def cancel(self):
+        with CHANNEL.cv:
+            if self.finished or self.cancelled:
+                return
+            self.cancelled = True
+        send({"op": "cancel_infer", "tag": self.tag})
+
+
+def _resolve(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
+class ResponseIterator:
+    """What exec(decoupled=True) returns: the responses in order, the last one with the final
+    flag (it may have no outputs). Abandoned before its end, it cancels the request."""
+
+    def __init__(self, call):
+        self._call = call
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        item = self._call.next()
+        if item is None:
+            self._done = True
+            raise StopIteration
+        response, final = item
+        if final:
+            self._done = True
+        return response
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._call.anext()
+        if item is None:
+            self._done = True
+            raise StopAsyncIteration
+        response, final = item
+        if final:
+            self._done = True
+        return response
+
+    def cancel(self):
+        self._call.cancel()
+
+    def __del__(self):
+        if not self._done:
+            try:
+                self._call.cancel()
+            except Exception:  # noqa: BLE001 — at interpreter exit
+                pass
+
+
+class Host:
+    """What triton_python_backend_utils calls into (its _host): the server's side of BLS, the
+    model loading API, custom metrics and logging."""
+
+    def __init__(self, utils):
+        self.utils = utils
+
+    def exec(self, request, decoupled):
+        call = Call(self.utils, request, decoupled)
+        if decoupled:
+            return ResponseIterator(call)
+        first = call.next()
+        if first is None:
+            return self.utils.InferenceResponse(
+                error=self.utils.TritonError("the call ended without a response"))
+        return first[0]
+
+    async def async_exec(self, request, decoupled):
+        call = Call(self.utils, request, decoupled)
+        if decoupled:
+            return ResponseIterator(call)
+        try:
+            first = await call.anext()
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if first is None:
+            return self.utils.InferenceResponse(
+                error=self.utils.TritonError("the call ended without a response"))
+        return first[0]
+
+    def ask(self, msg):
+        reply, _payload, fds = CHANNEL.call(msg)
+        for fd in fds:
+            os.close(fd)
+        if "error" in reply:
+            raise self.utils.TritonModelException(reply["error"])
+        return reply.get("value")
+
+    def log(self, level, message):
+        send({"op": "log", "level": int(level), "message": _clip(str(message), 60000)})
+
+    def tell(self, msg):
+        send(msg)
 
 
 class OutputArena:
@@ -141,10 +556,12 @@ class Stub:
         self.model = None
         self.model_config = {}
         self.output_names = set()
+        self.output_dtypes = {}
         self.decoupled = False
         self.input = None  # mmap of the input arena
         self.output = OutputArena()
-        self.rpc = threading.RLock()  # one message and its reply at a time
+        self.arena_lock = threading.RLock()  # the output arena: one response's tensors at a time
+        self.loop = None  # the asyncio loop of an `async def execute`
         self.done_cv = threading.Condition()
         self.pending = 0  # decoupled requests of this batch without their final flag
 
@@ -170,6 +587,15 @@ class Stub:
             if t.name() not in self.output_names:
                 continue  # not in the config: dropped, as Triton does
             arr = t.as_numpy()
+            want = self.output_dtypes.get(t.name())
+            if (want is not None and arr.dtype != want and arr.dtype.kind in "iu"
+                    and want.kind in "iu"):
+                # np.array([0]) is INT64 where the config says INT32 (Triton's own examples do
+                # it): an integer output is converted to the config's integer type where no value
+                # changes; otherwise (and for floats) the server refuses it, naming both types.
+                cast = arr.astype(want)
+                if np.array_equal(cast, arr):
+                    arr = cast
             if arr.dtype.kind in ("O", "S", "U"):
                 flat = self.utils.serialize_byte_tensor(arr)
                 payload = flat if flat is not None else np.zeros((0,), np.uint8)
@@ -189,6 +615,11 @@ class Stub:
         args = msg["args"]
         self.model_config = json.loads(args["model_config"])
         self.output_names = {o["name"] for o in self.model_config.get("output", [])}
+        self.output_dtypes = {}
+        for o in self.model_config.get("output", []):
+            t = self.utils.triton_string_to_numpy(o.get("data_type", ""))
+            if t is not None and t is not _np.object_:
+                self.output_dtypes[o["name"]] = _np.dtype(t)
         # Implicit state: the model writes each state's output as an ordinary output.
         for st in (self.model_config.get("sequence_batching") or {}).get("state", []):
             self.output_names.add(st.get("output_name", ""))
@@ -220,14 +651,19 @@ class Stub:
             sender = ResponseSender(self, index)
             senders.append(sender)
             requests.append(utils.InferenceRequest(
-                [self.input_tensor(s) for s in r["inputs"]],
+                inputs=[self.input_tensor(s) for s in r["inputs"]],
                 requested_output_names=[o["name"] for o in self.model_config.get("output", [])],
                 request_id=r.get("id", ""), correlation_id=r.get("correlation_id", 0),
-                flags=r.get("flags", 0), _sender=sender,
-                _model_name=self.model_config.get("name", "")))
+                flags=r.get("flags", 0), parameters=r.get("parameters", "{}"), _sender=sender,
+                model_name=self.model_config.get("name", "")))
         self.pending = len(requests) if self.decoupled else 0
         try:
             result = self.model.execute(requests)
+            if inspect.isawaitable(result):  # async def execute: on this process's event loop
+                if self.loop is None:
+                    self.loop = asyncio.new_event_loop()
+                    asyncio.set_event_loop(self.loop)
+                result = self.loop.run_until_complete(result)
         except BaseException as e:  # noqa: B036 — a model's SystemExit fails its requests too
             self.end_senders(senders)
             fields = _error_fields(e)
@@ -247,7 +683,8 @@ class Stub:
             send({"op": "done", "error": fields["message"], "traceback": fields["traceback"]})
             return
         try:
-            send(reply, fds)
+            with self.arena_lock:
+                send(reply, fds)
         except MessageTooLong as e:
             send({"op": "done", "error": str(e), "traceback": ""})
         for fd in fds:
@@ -271,7 +708,8 @@ class Stub:
                     % (i, type(response).__name__))
             encoded.append(None if response.has_error() else self.encode(response))
         flat = [t for e in encoded if e is not None for t in e]
-        specs, fds, extra = self.output.layout(flat)
+        with self.arena_lock:
+            specs, fds, extra = self.output.layout(flat)
         out = []
         k = 0
         for response, e in zip(result, encoded):
@@ -303,7 +741,7 @@ class Stub:
             self.done_cv.notify_all()
 
     def run(self):
-        msg, _ = recv()
+        msg, _payload, _fds = CHANNEL.next_loose()
         if msg.get("op") != "init":
             send({"op": "error", "message": "expected init, got %r" % msg.get("op"),
                   "traceback": ""})
@@ -316,7 +754,7 @@ class Stub:
             return 1
         send({"op": "ready"})
         while True:
-            msg, fds = recv()
+            msg, _payload, fds = CHANNEL.next_loose()
             op = msg.get("op")
             if op == "execute":
                 self.execute(msg, fds)
@@ -353,7 +791,9 @@ class ResponseSender:
             raise utils.TritonModelException(
                 "send: expected an InferenceResponse, got %s" % type(response).__name__)
         msg = {"op": "send", "request": self._index, "final": final}
-        with self._stub.rpc:  # the check, the message and the final flag together, once
+        # The check, the message and the final flag together, once; the output arena holds this
+        # response's tensors until the server has copied them (its answer).
+        with self._stub.arena_lock:
             if self._final or self._closed:
                 raise utils.TritonModelException(
                     "send: request %d already ended (its final flag was sent)" % self._index)
@@ -367,13 +807,12 @@ class ResponseSender:
                     msg["outputs"] = specs
                     msg.update(extra)
             try:
-                send(msg, fds)
+                reply, _payload, _fds = CHANNEL.call(msg, fds)
             except MessageTooLong as e:
                 raise utils.TritonModelException("send: " + str(e)) from None
             finally:
                 for fd in fds:
                     os.close(fd)
-            reply, _ = recv()
             self._cancelled = bool(reply.get("cancelled", False))
             if final:
                 self._final = True
@@ -384,9 +823,7 @@ class ResponseSender:
     def is_cancelled(self):
         if self._closed or self._final:
             return self._cancelled
-        with self._stub.rpc:
-            send({"op": "is_cancelled", "request": self._index})
-            reply, _ = recv()
+        reply, _payload, _fds = CHANNEL.call({"op": "is_cancelled", "request": self._index})
         self._cancelled = bool(reply.get("value", False))
         return self._cancelled
 
@@ -410,6 +847,8 @@ def main():
     global _np, _NUMPY_OF
     # Leave a terminal's Ctrl-C to the server, which then shuts this instance down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # `kill -USR1 <pid>` prints every thread's stack to the server's log: where a model hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     threading.Thread(target=_watch_server, name="asyncinfer-watch-server", daemon=True).start()
     utils_text = SOCK.recv(MAX_MESSAGE).decode()
     utils = types.ModuleType("triton_python_backend_utils")
@@ -417,6 +856,7 @@ def main():
     _register_source(utils.__file__, utils_text)
     exec(compile(utils_text, utils.__file__, "exec"), utils.__dict__)
     sys.modules["triton_python_backend_utils"] = utils
+    utils._host = Host(utils)
     import numpy as np
     _np = np
     _NUMPY_OF = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,

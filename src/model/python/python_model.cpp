@@ -9,6 +9,7 @@
 
 #include "asyncinfer/log.hpp"
 #include "model/backend.hpp"
+#include "model/model_host.hpp"
 #include "model/python/python_process.hpp"
 
 namespace asyncinfer::detail {
@@ -184,6 +185,7 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   setup->model_repository = version_dir.parent_path().string();
   setup->model_name = version_dir.parent_path().filename().string();
   setup->interpreter = std::string(kDefaultInterpreter);
+  setup->host = options.host;
   for (const auto& [key, value] : options.backend_parameters) {
     // Other keys are model.py's own: it reads them from args["model_config"]["parameters"].
     if (key == "python_interpreter") setup->interpreter = value;

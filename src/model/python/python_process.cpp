@@ -1,15 +1,16 @@
 // PythonProcess (python_process.hpp): the server's side of one Python stub process.
 //
-// One file of about 760 lines, on purpose: it implements one class whose parts all work on the
-// same process state (the socket, pidfd and eventfd, the two arenas, and the broken_, reaped_,
-// stopping_ and grace_end_ fields) through send_message(), receive() and kill_and_reap(), which
-// start, execute and the destructor all use. It is also the server's half of one protocol whose
-// other half is asyncinfer_python_stub.py: every message of it is handled here, in one file to
-// read beside that one.
-// Its sections, in order: helpers (constants, datatype names, TritonError codes, Fds), start
-// (spawn and the init handshake), end (destructor, exited), control messages (send_message,
-// receive, exit_description, kill_and_reap), arenas (write_inputs, map_output_arena,
-// read_outputs), execute (execute, execute_messages).
+// One file of about 1,100 lines, on purpose: it implements one class whose parts all work on the
+// same process state (the socket, pidfd and eventfd, the two arenas, the mailbox, and the broken_,
+// reaped_, stopping_ and grace_end_ fields) through send_message(), receive() and
+// kill_and_reap(), which start, execute and the destructor all use. It is also the server's half
+// of one protocol whose other half is asyncinfer_python_stub.py: every message of it is handled
+// here, in one file to read beside that one.
+// Its sections, in order: helpers (constants, datatype names, TritonError codes, Fds), the
+// mailbox (responses to model.py's calls), start (spawn and the init handshake), end (destructor,
+// exited), control messages (send_message, receive, exit_description, kill_and_reap), arenas
+// (write_inputs, map_output_arena, read_outputs), execute (execute, execute_messages), and the
+// calls model.py makes (handle_host_message, start_call, flush_mail).
 #include "model/python/python_process.hpp"
 
 #include <fcntl.h>
@@ -29,6 +30,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -131,11 +133,155 @@ std::string shape_text(const json& shape) {
 struct PythonProcess::Message {
   json body;
   Fds fds;
+  /// The bytes after the JSON text and its NUL (a call's inline tensors); valid until the next
+  /// receive().
+  std::string_view payload;
   std::string op() const {
     auto it = body.find("op");
     return it != body.end() && it->is_string() ? it->get<std::string>() : std::string();
   }
 };
+
+/// Messages for the stub made on other threads (a call's responses, a load's answer), sent by the
+/// instance's thread the next time it waits for the stub (receive()). Shared with the callbacks,
+/// which may outlive the process.
+struct PythonProcess::Mailbox {
+  struct Mail {
+    std::string text;
+    int fd = -1;            ///< passed with it (SCM_RIGHTS), then closed
+    std::uint64_t tag = 0;  ///< the call it answers
+    bool last = false;      ///< the call's last response
+    bool call = false;      ///< a response to a call (else a model-control answer)
+  };
+  std::mutex mu;
+  std::vector<Mail> items;
+  int event = -1;  // eventfd: readable while items is not empty
+
+  Mailbox() : event(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  ~Mailbox() {
+    for (Mail& m : items) {
+      if (m.fd >= 0) ::close(m.fd);
+    }
+    if (event >= 0) ::close(event);
+  }
+  void post(Mail m) {
+    {
+      std::lock_guard lock(mu);
+      items.push_back(std::move(m));
+    }
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(event, &one, sizeof(one));
+  }
+  /// A call's response as the stub reads it: {"op":"response","tag","final","outputs":[{name,
+  /// datatype,shape,offset,size}]} then NUL and the tensors' bytes, or with "fd":true the bytes
+  /// in a sealed memfd passed alongside; or {"op":"response","tag","final":true,"error","code"}.
+  static Mail response(std::uint64_t tag, Result<HostResponse> r);
+  std::vector<Mail> take() {
+    std::uint64_t n = 0;
+    [[maybe_unused]] const ssize_t got = ::read(event, &n, sizeof(n));
+    std::lock_guard lock(mu);
+    return std::exchange(items, {});
+  }
+};
+
+namespace {
+
+// Ours -> pb_utils.TritonError's codes (code_of_triton_error's inverse).
+int triton_error_code(StatusCode code) {
+  switch (code) {
+    case StatusCode::not_found:
+      return 2;
+    case StatusCode::invalid_argument:
+      return 3;
+    case StatusCode::unavailable:
+    case StatusCode::resource_exhausted:
+    case StatusCode::deadline_exceeded:
+      return 4;
+    case StatusCode::failed_precondition:
+      return 5;
+    case StatusCode::already_exists:
+      return 6;
+    case StatusCode::cancelled:
+      return 7;
+    default:
+      return 1;
+  }
+}
+
+// Tensors up to this many bytes in all travel inside the message; more go in a memfd of their own.
+constexpr std::size_t kInlineTensorBytes = 64 * 1024;
+
+json reply_error(std::uint64_t tag, const Status& s) {
+  return {{"op", "reply"},
+          {"tag", tag},
+          {"error", std::string(s.message())},
+          {"code", triton_error_code(s.code())}};
+}
+
+}  // namespace
+
+PythonProcess::Mailbox::Mail PythonProcess::Mailbox::response(std::uint64_t tag,
+                                                              Result<HostResponse> r) {
+  Mail mail;
+  mail.tag = tag;
+  mail.call = true;
+  json j = {{"op", "response"}, {"tag", tag}};
+  if (!r.ok()) {
+    j["final"] = true;
+    j["error"] = std::string(r.status().message());
+    j["code"] = triton_error_code(r.status().code());
+    mail.last = true;
+    mail.text = j.dump();
+    return mail;
+  }
+  mail.last = r->final;
+  j["final"] = r->final;
+  json outputs = json::array();
+  std::size_t total = 0;
+  for (const auto& [name, t] : r->outputs) {
+    outputs.push_back({{"name", name},
+                       {"datatype", datatype_name(t.dtype())},
+                       {"shape", t.shape()},
+                       {"offset", total},
+                       {"size", t.byte_size()}});
+    total += align_up(t.byte_size());
+  }
+  j["outputs"] = std::move(outputs);
+  auto fill = [&](char* base) {
+    std::size_t offset = 0;
+    for (const auto& [name, t] : r->outputs) {
+      if (t.byte_size() > 0) std::memcpy(base + offset, t.data(), t.byte_size());
+      offset += align_up(t.byte_size());
+    }
+  };
+  if (total <= kInlineTensorBytes) {
+    std::string head = j.dump();
+    mail.text.resize(head.size() + 1 + total);
+    std::memcpy(mail.text.data(), head.data(), head.size());
+    mail.text[head.size()] = '\0';
+    fill(mail.text.data() + head.size() + 1);
+    return mail;
+  }
+  // A memfd of its own, sealed against any change: the stub's arrays are views of it.
+  const int fd = ::memfd_create("asyncinfer-python-response", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void* map = MAP_FAILED;
+  if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(total)) == 0) {
+    map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (map == MAP_FAILED) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    return response(tag, resource_exhausted_error("a response of " + std::to_string(total) +
+                                                  " bytes for model.py: " + errno_text(e)));
+  }
+  fill(static_cast<char*>(map));
+  ::munmap(map, total);
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  j["fd"] = true;
+  mail.text = j.dump();
+  mail.fd = fd;
+  return mail;
+}
 
 Result<std::unique_ptr<PythonProcess>> PythonProcess::start(
     std::shared_ptr<const PythonSetup> setup, std::string instance_name,
@@ -153,6 +299,8 @@ Status PythonProcess::fail(StatusCode code, const std::string& what) {
 Status PythonProcess::spawn(const std::stop_token* stop, bool stop_bounds_initialize) {
   const PythonSetup& s = *setup_;
   buffer_.assign(kMaxMessage, '\0');
+  mail_ = std::make_shared<Mailbox>();
+  if (mail_->event < 0) return fail(StatusCode::internal, "eventfd: " + errno_text(errno));
   wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_ < 0) return fail(StatusCode::internal, "eventfd: " + errno_text(errno));
   int sv[2];
@@ -245,6 +393,11 @@ Status PythonProcess::spawn(const std::stop_token* stop, bool stop_bounds_initia
                                       ? Clock::time_point::max()
                                       : Clock::now() + s.initialize_timeout;
   Result<Message> m = receive(stop, until, std::chrono::milliseconds(0));
+  // initialize() may create custom metrics and log (not call other models: Triton's rule).
+  for (bool handled = true; m.ok() && handled;) {
+    if (Status hs = handle_host_message(*m, &handled); !hs.ok()) return hs;
+    if (handled) m = receive(stop, until, std::chrono::milliseconds(0));
+  }
   if (!m.ok()) {
     if (stop != nullptr && stop->stop_requested()) {
       kill_and_reap();
@@ -283,8 +436,12 @@ PythonProcess::~PythonProcess() {
   if (pid_ > 0 && !reaped_ && !broken_) {
     // finalize(), bounded: a model that does not return from it is killed like a stuck one.
     if (send_message(json{{"op", "finalize"}}.dump()).ok()) {
-      Result<Message> m = receive(nullptr, Clock::now() + setup_->stop_grace);
-      (void)m;
+      const Clock::time_point until = Clock::now() + setup_->stop_grace;
+      Result<Message> m = receive(nullptr, until);
+      for (bool handled = true; m.ok() && handled;) {  // finalize() may log, delete metrics
+        if (!handle_host_message(*m, &handled).ok()) break;
+        if (handled) m = receive(nullptr, until);
+      }
     }
   }
   if (pid_ > 0 && !reaped_) kill_and_reap();
@@ -364,20 +521,26 @@ Result<PythonProcess::Message> PythonProcess::receive(
       timeout_ms = static_cast<int>(std::min<long long>(left, INT_MAX));
     }
     // The socket first: a message written just before the process exited is still read.
-    std::array<pollfd, 3> fds = {pollfd{sock_, POLLIN, 0}, pollfd{pidfd_, POLLIN, 0},
-                                 pollfd{wake_, POLLIN, 0}};
-    const int r = ::poll(fds.data(), stopping_ ? 2 : 3, timeout_ms);
+    std::array<pollfd, 4> fds = {pollfd{sock_, POLLIN, 0}, pollfd{pidfd_, POLLIN, 0},
+                                 pollfd{mail_->event, POLLIN, 0}, pollfd{wake_, POLLIN, 0}};
+    const int r = ::poll(fds.data(), stopping_ ? 3 : 4, timeout_ms);
     if (r < 0) {
       if (errno == EINTR) continue;
       return fail(StatusCode::internal, "poll: " + errno_text(errno));
     }
-    if (!stopping_ && (fds[2].revents & POLLIN) != 0) {
+    if (!stopping_ && (fds[3].revents & POLLIN) != 0) {
       std::uint64_t n = 0;
       [[maybe_unused]] const ssize_t got = ::read(wake_, &n, sizeof(n));
       if (stop != nullptr && stop->stop_requested()) {
         stopping_ = true;  // once per batch: later messages do not renew the grace period
         grace_end_ = Clock::now() + grace.value_or(setup_->stop_grace);
+        // Every request of the batch has ended: so has what model.py asked of other models.
+        for (auto& [tag, call] : calls_) call->cancel();
       }
+      continue;
+    }
+    if ((fds[2].revents & POLLIN) != 0) {
+      if (Status s = flush_mail(); !s.ok()) return s;
       continue;
     }
     if ((fds[0].revents & POLLIN) == 0) {
@@ -422,7 +585,15 @@ Result<PythonProcess::Message> PythonProcess::receive(
                                             std::to_string(kMaxMessage) + " bytes; the process " +
                                             kill_and_reap());
     }
-    m.body = json::parse(buffer_.data(), buffer_.data() + n, nullptr, /*allow_exceptions=*/false);
+    // JSON text, then (a call's inline tensors) NUL and bytes.
+    const char* end = buffer_.data() + n;
+    const char* nul = static_cast<const char*>(std::memchr(buffer_.data(), '\0', n));
+    if (nul != nullptr) {
+      m.payload = std::string_view(nul + 1, static_cast<std::size_t>(end - nul - 1));
+      end = nul;
+    }
+    const char* begin = buffer_.data();
+    m.body = json::parse(begin, end, nullptr, /*allow_exceptions=*/false);
     if (!m.body.is_object()) {
       return fail(
           StatusCode::internal,
@@ -546,6 +717,12 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
       }
       request["flags"] = (f.start ? 1 : 0) | (f.end ? 2 : 0);
     }
+    if (j < io.contexts.size() && io.contexts[j]) {
+      // InferenceRequest.request_id() and parameters() (a JSON object's text).
+      const RequestContext& c = *io.contexts[j];
+      if (!c.id.empty()) request["id"] = c.id;
+      if (!c.parameters_json.empty()) request["parameters"] = c.parameters_json;
+    }
     requests.push_back(std::move(request));
   }
   json msg = {{"op", "execute"}, {"requests", std::move(requests)}};
@@ -660,12 +837,266 @@ Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
   if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
   stopping_ = false;
   grace_end_ = Clock::time_point::max();
+  io_ = &io;
+  Status s;
   try {
-    return execute_messages(io, stop);
+    s = execute_messages(io, stop);
   } catch (const std::exception& e) {  // a message whose fields have the wrong types
-    return fail(StatusCode::internal, std::string("the stub sent a malformed message (") +
+    s = fail(StatusCode::internal, std::string("the stub sent a malformed message (") + e.what() +
+                                       "); the process " + kill_and_reap());
+  }
+  io_ = nullptr;
+  end_calls();
+  return s;
+}
+
+void PythonProcess::end_calls() {
+  for (auto& [tag, call] : calls_) call->cancel();
+  calls_.clear();
+}
+
+Status PythonProcess::flush_mail() {
+  for (Mailbox::Mail& mail : mail_->take()) {
+    if (mail.call) {
+      auto it = calls_.find(mail.tag);
+      if (it == calls_.end()) {  // its execute has ended: the stub no longer waits for it
+        if (mail.fd >= 0) ::close(mail.fd);
+        continue;
+      }
+      if (mail.last) calls_.erase(it);
+    }
+    const int fd = mail.fd;
+    Status s = send_message(mail.text, fd);
+    if (fd >= 0) ::close(fd);
+    mail.fd = -1;
+    if (!s.ok()) return s;
+  }
+  return Status();
+}
+
+Status PythonProcess::handle_host_message(Message& m, bool* handled) {
+  *handled = true;
+  const std::string op = m.op();
+  try {
+    const std::uint64_t tag = m.body.value("tag", std::uint64_t{0});
+    if (op == "log") {
+      // pb_utils.Logger: INFO 0, WARNING 1, ERROR 2, VERBOSE 3.
+      const int level = m.body.value("level", 0);
+      const LogLevel l = level == 1   ? LogLevel::warning
+                         : level == 2 ? LogLevel::error
+                         : level == 3 ? LogLevel::debug
+                                      : LogLevel::info;
+      log(l, "python model '" + setup_->model_name + "' instance " + instance_name_ + ": " +
+                 m.body.value("message", std::string()));
+      return Status();
+    }
+    if (op == "infer") return start_call(m, tag);
+    if (op == "cancel_infer") {
+      if (auto it = calls_.find(tag); it != calls_.end()) it->second->cancel();
+      return Status();
+    }
+    if (op == "metric_delete") {
+      if (setup_->host) setup_->host->metric_delete(m.body.value("metric", std::uint64_t{0}));
+      return Status();
+    }
+    const bool host_op = op == "model_ready" || op == "load_model" || op == "unload_model" ||
+                         op == "metric_family" || op == "metric" || op == "metric_update";
+    if (!host_op) {
+      *handled = false;
+      return Status();
+    }
+    if (!setup_->host) {
+      return send_message(
+          reply_error(tag, unavailable_error("model '" + setup_->model_name +
+                                             "' runs outside a model server: it has no other "
+                                             "models to reach and no /metrics"))
+              .dump());
+    }
+    ModelHostLink& host = *setup_->host;
+    json reply = {{"op", "reply"}, {"tag", tag}};
+    auto answer = [&](auto result) {
+      if (!result.ok()) return send_message(reply_error(tag, result.status()).dump());
+      reply["value"] = *result;
+      return send_message(reply.dump());
+    };
+    auto text = [&](const char* key) {
+      const json& v = m.body.value(key, json());
+      if (v.is_string()) return v.get<std::string>();
+      if (v.is_number_integer()) return std::to_string(v.get<std::int64_t>());
+      return std::string();
+    };
+    if (op == "model_ready") {
+      std::string version = text("version");
+      if (version == "-1") version.clear();
+      reply["value"] = host.model_ready(text("model"), version);
+      return send_message(reply.dump());
+    }
+    if (op == "load_model" || op == "unload_model") {
+      // Answered when the repository has decided, through the mailbox.
+      auto done = [mail = mail_, tag](const Status& st) {
+        Mailbox::Mail out;
+        out.text = st.ok() ? json{{"op", "reply"}, {"tag", tag}, {"value", true}}.dump()
+                           : reply_error(tag, st).dump();
+        mail->post(std::move(out));
+      };
+      if (op == "unload_model") {
+        host.unload_model(text("model"), std::move(done));
+      } else {
+        std::optional<std::string> config;
+        if (const std::string c = text("config"); !c.empty()) config = c;
+        host.load_model(text("model"), std::move(config), std::move(done));
+      }
+      return Status();
+    }
+    if (op == "metric_family") {
+      const std::string kind = m.body.value("kind", std::string());
+      const MetricKind k = kind == "gauge"       ? MetricKind::gauge
+                           : kind == "histogram" ? MetricKind::histogram
+                                                 : MetricKind::counter;
+      if (kind != "counter" && kind != "gauge" && kind != "histogram") {
+        return send_message(
+            reply_error(tag, invalid_argument_error("metric family kind must be COUNTER, GAUGE "
+                                                    "or HISTOGRAM"))
+                .dump());
+      }
+      return answer(host.metric_family(text("name"), text("description"), k));
+    }
+    if (op == "metric") {
+      std::map<std::string, std::string> labels;
+      const json given = m.body.value("labels", json::object());  // kept: items() views it
+      for (const auto& [key, value] : given.items()) {
+        labels[key] = value.is_string() ? value.get<std::string>() : value.dump();
+      }
+      std::vector<double> buckets;
+      const json bounds = m.body.value("buckets", json::array());
+      for (const json& b : bounds) buckets.push_back(b.get<double>());
+      return answer(host.metric(m.body.value("family", std::uint64_t{0}), labels, buckets));
+    }
+    // metric_update
+    return answer(host.metric_update(m.body.value("metric", std::uint64_t{0}),
+                                     m.body.value("what", std::string()),
+                                     m.body.value("value", 0.0)));
+  } catch (const std::exception& e) {
+    return fail(StatusCode::internal, "the stub sent a malformed '" + op + "' message (" +
                                           e.what() + "); the process " + kill_and_reap());
   }
+}
+
+Status PythonProcess::start_call(Message& m, std::uint64_t tag) {
+  auto refuse = [&](const Status& st) { return send_message(Mailbox::response(tag, st).text); };
+  if (io_ == nullptr) {
+    return refuse(failed_precondition_error(
+        "business logic scripting is only available inside execute(), not in initialize() or "
+        "finalize() (as in Triton)"));
+  }
+  if (!setup_->host) {
+    return refuse(unavailable_error("model '" + setup_->model_name +
+                                    "' runs outside a model server: there is no other model to "
+                                    "call"));
+  }
+  HostRequest r;
+  r.model = m.body.value("model", std::string());
+  const json& version = m.body.value("version", json());
+  if (version.is_number_integer() && version.get<std::int64_t>() > 0) {
+    r.version = std::to_string(version.get<std::int64_t>());
+  } else if (version.is_string()) {
+    r.version = version.get<std::string>();
+  }
+  // The tensors: inline after the JSON text (copied here, before the next message reuses the
+  // buffer), or in a sealed memfd of their own (mapped: no copy).
+  std::shared_ptr<Storage> storage;
+  const bool in_fd = m.body.value("fd", false);
+  if (in_fd) {
+    if (m.fds.fds.size() != 1) {
+      return fail(StatusCode::internal, "the stub sent a call's tensors without their descriptor");
+    }
+    const int fd = m.fds.fds[0];
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    struct stat st {};
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_WRITE)) != (F_SEAL_SHRINK | F_SEAL_WRITE) ||
+        ::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      return refuse(internal_error("the call's tensors are not in a sealed memfd"));
+    }
+    const auto size = static_cast<std::size_t>(st.st_size);
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) return refuse(resource_exhausted_error("mmap: " + errno_text(errno)));
+    storage = std::make_shared<Storage>(
+        map, size, Placement{}, [size](void* p) { ::munmap(p, size); }, true);
+  } else {
+    ASYNCINFER_ASSIGN_OR_RETURN(storage,
+                                Storage::allocate_host(std::max<std::size_t>(m.payload.size(), 1)));
+    if (!m.payload.empty()) std::memcpy(storage->data(), m.payload.data(), m.payload.size());
+  }
+  const json inputs = m.body.value("inputs", json::array());
+  for (const json& spec : inputs) {
+    const std::string name = spec.value("name", std::string());
+    const std::string datatype = spec.value("datatype", std::string());
+    const Result<DType> dtype = parse_dtype(datatype);
+    if (!dtype.ok()) {
+      return refuse(invalid_argument_error("input '" + name + "': datatype '" + datatype +
+                                           "' has no protocol name"));
+    }
+    const std::size_t offset = spec.value("offset", std::size_t{0});
+    const std::size_t size = spec.value("size", std::size_t{0});
+    if (offset > storage->bytes() || size > storage->bytes() - offset) {
+      return refuse(internal_error("input '" + name + "' lies outside its bytes"));
+    }
+    Shape shape = spec.value("shape", Shape{});
+    Result<Tensor> t = Tensor::from_storage(storage, *dtype, shape, offset);
+    if (!t.ok() || t->byte_size() != size) {
+      return refuse(invalid_argument_error(
+          "input '" + name + "': " +
+          (t.ok() ? std::to_string(size) + " bytes for shape " + shape_to_string(shape)
+                  : std::string(t.status().message()))));
+    }
+    r.inputs.emplace_back(name, std::move(*t));
+  }
+  const json outputs = m.body.value("outputs", json::array());
+  for (const json& o : outputs) {
+    r.outputs.push_back(o.get<std::string>());
+  }
+  r.id = m.body.value("id", std::string());
+  const json& corr = m.body.value("correlation_id", json());
+  const int flags = m.body.value("flags", 0);
+  const bool has_id = (corr.is_number_unsigned() && corr.get<std::uint64_t>() != 0) ||
+                      (corr.is_string() && !corr.get<std::string>().empty());
+  if (has_id || flags != 0) {
+    SequenceFlags f;
+    if (corr.is_string()) {
+      f.id = corr.get<std::string>();
+    } else if (corr.is_number_unsigned()) {
+      f.id = corr.get<std::uint64_t>();
+    }
+    f.start = (flags & 1) != 0;
+    f.end = (flags & 2) != 0;
+    r.sequence = std::move(f);
+  }
+  r.priority = m.body.value("priority", 0);
+  // The caller's deadline (the latest of its batch's), and the call's own timeout (µs).
+  r.deadline = io_->deadline;
+  if (const std::int64_t us = m.body.value("timeout", std::int64_t{0}); us > 0) {
+    r.deadline = std::min(r.deadline, Clock::now() + std::chrono::microseconds(us));
+  }
+  auto context = std::make_shared<RequestContext>();
+  context->id = r.id;
+  if (const json& p = m.body.value("parameters", json()); p.is_object() && !p.empty()) {
+    context->parameters_json = p.dump();
+  }
+  // The chain: the longest of the batch's requests' (which of them made the call is not known),
+  // then this model.
+  for (const auto& c : io_->contexts) {
+    if (c && c->callers.size() > context->callers.size()) context->callers = c->callers;
+  }
+  context->callers.push_back(setup_->model_name);
+  r.context = std::move(context);
+  r.decoupled = m.body.value("decoupled", false);
+  Result<std::shared_ptr<HostCall>> call =
+      setup_->host->infer(std::move(r), [mail = mail_, tag](Result<HostResponse> response) {
+        mail->post(Mailbox::response(tag, std::move(response)));
+      });
+  if (!call.ok()) return refuse(call.status());
+  calls_[tag] = std::move(*call);
+  return Status();
 }
 
 Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop) {
@@ -680,15 +1111,20 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
   Status first_error;
   for (;;) {
     ASYNCINFER_ASSIGN_OR_RETURN(Message m, receive(&stop, Clock::time_point::max()));
+    bool handled = false;
+    ASYNCINFER_RETURN_IF_ERROR(handle_host_message(m, &handled));
+    if (handled) continue;
     const std::string op = m.op();
+    const std::uint64_t tag = m.body.value("tag", std::uint64_t{0});
     if (op == "is_cancelled") {
       const std::size_t r = m.body.value("request", std::size_t{0});
       const bool value = io.responses ? io.responses->is_cancelled(r) : stop.stop_requested();
-      ASYNCINFER_RETURN_IF_ERROR(send_message(json{{"op", "cancelled"}, {"value", value}}.dump()));
+      ASYNCINFER_RETURN_IF_ERROR(
+          send_message(json{{"op", "cancelled"}, {"tag", tag}, {"value", value}}.dump()));
       continue;
     }
     if (op == "send") {
-      json reply = {{"op", "sent"}};
+      json reply = {{"op", "sent"}, {"tag", tag}};
       const std::size_t r = m.body.value("request", requests);
       Status s;
       if (!io.responses) {

@@ -27,6 +27,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "asyncinfer/model.hpp"
+#include "model/model_host.hpp"
 
 namespace asyncinfer::detail {
 
@@ -53,6 +56,9 @@ struct PythonSetup {
   /// out, its client gone) or its stream is being replaced, before the process is killed and
   /// restarted at the next batch. Also how long finalize() may take.
   std::chrono::milliseconds stop_grace{2'000};
+  /// The server the model runs in (ModelOptions::host): model.py's business logic scripting,
+  /// model loading API and custom metrics; null = none (those calls fail with unavailable).
+  std::shared_ptr<ModelHostLink> host;
 };
 
 class PythonProcess {
@@ -78,6 +84,10 @@ class PythonProcess {
   /// io.outputs (not decoupled) or sends through io.responses (decoupled). Blocks; `stop` ends it
   /// early (after PythonSetup::stop_grace). Errors name the model; after an error that leaves the
   /// process unusable (it exited, was killed, broke the protocol) alive() is false.
+  /// While it runs, model.py's requests to other models (business logic scripting) go to
+  /// PythonSetup::host, carrying the batch's deadline and chain of callers; their responses are
+  /// sent to the stub as they come (docs/design.md, "Business logic scripting"); those still in
+  /// flight when it returns are cancelled.
   Status execute(BatchIO& io, const std::stop_token& stop);
 
   bool alive() const noexcept { return pid_ > 0 && !broken_; }
@@ -87,6 +97,7 @@ class PythonProcess {
 
  private:
   struct Message;
+  struct Mailbox;
   PythonProcess(std::shared_ptr<const PythonSetup> setup, std::string instance_name)
       : setup_(std::move(setup)), instance_name_(std::move(instance_name)) {}
 
@@ -111,6 +122,16 @@ class PythonProcess {
   /// request of `rows` rows (batched) or the full shapes (not batched).
   Result<std::vector<Tensor>> read_outputs(const void* specs, std::int64_t rows,
                                            std::size_t request);
+  /// A message the stub may send in any phase (init, execute, finalize) that asks something of
+  /// the server (PythonSetup::host) or logs: handled (answered now, or later through the
+  /// mailbox) and *handled set; anything else is left to the caller. Errors break the channel.
+  Status handle_host_message(Message& m, bool* handled);
+  /// infer: model.py's request to another model.
+  Status start_call(Message& m, std::uint64_t tag);
+  /// Sends the stub what other threads left in the mailbox (responses to its calls).
+  Status flush_mail();
+  /// Cancels this batch's calls still in flight (their late responses are dropped by the stub).
+  void end_calls();
 
   std::shared_ptr<const PythonSetup> setup_;
   std::string instance_name_;
@@ -129,6 +150,11 @@ class PythonProcess {
   int in_fd_ = -1;
   void* in_map_ = nullptr;
   std::size_t in_size_ = 0;
+  // Business logic scripting: the batch being executed (its deadline and callers; null outside
+  // execute), its calls in flight by the stub's tag, and where their responses wait to be sent.
+  const BatchIO* io_ = nullptr;
+  std::map<std::uint64_t, std::shared_ptr<HostCall>> calls_;
+  std::shared_ptr<Mailbox> mail_;
   // Output arena (the stub's; mapped read-only here).
   void* out_map_ = nullptr;
   std::size_t out_size_ = 0;

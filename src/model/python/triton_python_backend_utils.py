@@ -12,8 +12,10 @@ is_cancelled), InferenceResponse (output_tensors, error), TritonError with its c
 TritonModelException, get_input_tensor_by_name, get_output_tensor_by_name,
 get_input_config_by_name, get_output_config_by_name, triton_string_to_numpy,
 triton_to_numpy_type, numpy_to_triton_type, serialize_byte_tensor, deserialize_bytes_tensor,
-Logger, and the TRITONSERVER_* flags. Not covered: business-logic scripting (InferenceRequest
-.exec), DLPack and GPU tensors, auto_complete_config.
+Logger (into the server's log), the TRITONSERVER_* flags, business logic scripting
+(InferenceRequest.exec and async_exec, decoupled or not), is_model_ready, load_model,
+unload_model, and custom metrics (MetricFamily, Metric). Not covered: DLPack and GPU tensors,
+auto_complete_config, load_model's files.
 """
 
 import json
@@ -207,21 +209,78 @@ class InferenceResponse:
     def error(self):
         return self._error
 
+    def parameters(self):
+        """The response's parameters as a JSON object's text."""
+        p = self._parameters
+        return p if isinstance(p, str) else json.dumps(p or {})
+
+
+class PreferredMemory:
+    """Where a BLS call's outputs should be (Triton's pb_utils.PreferredMemory): asyncinfer's
+    python backend has host memory only, so every value means the host."""
+
+    def __init__(self, preferred_memory_type=0, preferred_device_id=0):
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+TRITONSERVER_MEMORY_GPU = 2
+TRITONSERVER_MEMORY_CPU = 0
+
+
+class InferenceTrace:
+    """Triton's trace context of a BLS request; accepted and unused."""
+
+    def __init__(self, context=None):
+        self._context = context
+
+    def get_context(self, mode="triton"):
+        return self._context
+
 
 class InferenceRequest:
-    """One request handed to execute(). Built by the stub; a model reads it."""
+    """A request: one handed to execute(), or one a model makes to call another model of the
+    server (business logic scripting) with exec() or async_exec(). The constructor is Triton's
+    (python_backend's pb_utils.InferenceRequest): model_name, inputs, requested_output_names,
+    and optionally model_version (-1 = the default), correlation_id (an int or str sequence ID),
+    flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END), timeout (microseconds; 0 = the
+    caller's remaining deadline only), parameters (a dict of str, int and bool)."""
 
-    def __init__(self, inputs, requested_output_names=(), request_id="", correlation_id=0,
-                 flags=0, parameters="{}", _sender=None, _model_name="", _model_version=-1):
+    def __init__(self, request_id="", correlation_id=0, inputs=None,
+                 requested_output_names=None, model_name="", model_version=-1, flags=0,
+                 timeout=0, preferred_memory=None, trace=None, parameters=None, _sender=None):
+        if inputs is None:
+            raise TritonModelException("InferenceRequest needs inputs (a list of pb_utils.Tensor)")
+        if requested_output_names is None:
+            raise TritonModelException("InferenceRequest needs requested_output_names")
+        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
+            raise TritonModelException("Correlation ID must be integer or string")
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    "InferenceRequest inputs must be pb_utils.Tensor, got %s" % type(t).__name__)
+        if isinstance(model_name, bytes):
+            model_name = model_name.decode("utf-8")
+        if parameters is None:
+            parameters = "{}"
+        elif isinstance(parameters, dict):
+            for k, v in parameters.items():
+                if not isinstance(k, str) or not isinstance(v, (str, int, bool)):
+                    raise TritonModelException(
+                        "InferenceRequest parameters must map str to str, int or bool")
+            parameters = json.dumps(parameters)
+        elif not isinstance(parameters, str):
+            raise TritonModelException("InferenceRequest parameters must be a dict")
         self._inputs = list(inputs)
         self._requested = list(requested_output_names)
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._flags = flags
+        self._timeout = timeout
         self._parameters = parameters
         self._sender = _sender
-        self._model_name = _model_name
-        self._model_version = _model_version
+        self._model_name = model_name
+        self._model_version = model_version
 
     def inputs(self):
         return self._inputs
@@ -239,6 +298,7 @@ class InferenceRequest:
         return self._flags
 
     def parameters(self):
+        """The request's parameters as a JSON object's text."""
         return self._parameters
 
     def model_name(self):
@@ -248,7 +308,7 @@ class InferenceRequest:
         return self._model_version
 
     def timeout(self):
-        return 0
+        return self._timeout
 
     def is_cancelled(self):
         return self._sender is not None and self._sender.is_cancelled()
@@ -260,15 +320,108 @@ class InferenceRequest:
                 "model_transaction_policy { decoupled: true }")
         return self._sender
 
-    def exec(self, *args, **kwargs):
-        raise TritonModelException(
-            "InferenceRequest.exec (business logic scripting) is not supported by asyncinfer's "
-            "python backend; use an ensemble")
+    def exec(self, decoupled=False):
+        """Runs this request on model_name, in the server, and blocks for its response (an
+        InferenceResponse, with has_error() set on failure). decoupled=True: an iterator over
+        the responses of a decoupled model, the last one final (maybe without outputs), with
+        cancel()."""
+        return _host.exec(self, decoupled)
 
-    def async_exec(self, *args, **kwargs):
+    async def async_exec(self, decoupled=False):
+        """exec() for an `async def execute`: awaits the response without blocking the event
+        loop, so that many calls run at once (asyncio.gather)."""
+        return await _host.async_exec(self, decoupled)
+
+
+_host = None  # the stub's Host (asyncinfer_python_stub.py): the server's side of the calls
+
+
+def is_model_ready(model_name, model_version=""):
+    """Whether the server serves model_name (version "" = any) and it is ready."""
+    return bool(_host.ask({"op": "model_ready", "model": str(model_name),
+                           "version": str(model_version)}))
+
+
+def load_model(model_name, config="", files=None):
+    """Loads (or reloads) model_name from the repository (explicit model control mode); config:
+    a JSON model configuration that replaces its config.pbtxt. Blocks until the load is
+    decided; raises TritonModelException with the server's reason on failure."""
+    if files:
         raise TritonModelException(
-            "InferenceRequest.async_exec (business logic scripting) is not supported by "
-            "asyncinfer's python backend; use an ensemble")
+            "load_model: files (a model's files in the request) are not supported by asyncinfer; "
+            "put them in the repository")
+    _host.ask({"op": "load_model", "model": str(model_name), "config": str(config or "")})
+
+
+def unload_model(model_name):
+    """Unloads model_name (explicit model control mode); its requests in flight finish."""
+    _host.ask({"op": "unload_model", "model": str(model_name)})
+
+
+class Metric:
+    """One metric (a label set) of a MetricFamily: increment() (counter, gauge), set() (gauge),
+    observe() (histogram), value()."""
+
+    def __init__(self, family, labels=None, buckets=None):
+        if labels is None:
+            labels = {}
+        if not isinstance(labels, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise TritonModelException("Metric labels must be a dict of str to str")
+        if buckets is not None:
+            buckets = [float(b) for b in buckets]
+        self._family = family
+        self._id = _host.ask({"op": "metric", "family": family._id, "labels": labels,
+                              "buckets": buckets or []})
+
+    def _update(self, what, value):
+        return _host.ask({"op": "metric_update", "metric": self._id, "what": what,
+                          "value": float(value)})
+
+    def increment(self, value):
+        self._update("increment", value)
+
+    def set(self, value):
+        self._update("set", value)
+
+    def observe(self, value):
+        self._update("observe", value)
+
+    def value(self):
+        return self._update("value", 0)
+
+    def __del__(self):
+        try:
+            _host.tell({"op": "metric_delete", "metric": self._id})
+        except Exception:  # noqa: BLE001 — at interpreter exit
+            pass
+
+
+class MetricFamily:
+    """Triton's custom metric family: a Prometheus name, its help text and its kind; its metrics
+    show on the server's /metrics with the labels each was given."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    _KINDS = {0: "counter", 1: "gauge", 2: "histogram"}
+
+    def __init__(self, name, description, kind):
+        if kind not in self._KINDS:
+            raise TritonModelException(
+                "MetricFamily kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM, got %r"
+                % (kind,))
+        self._name = name
+        self._kind = kind
+        self._id = _host.ask({"op": "metric_family", "name": str(name),
+                              "description": str(description), "kind": self._KINDS[kind]})
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 — Triton's name
+        if buckets is not None and self._kind != self.HISTOGRAM:
+            raise TritonModelException("buckets are for histogram metric families")
+        if buckets is None and self._kind == self.HISTOGRAM:
+            raise TritonModelException("a histogram metric needs buckets")
+        return Metric(self, labels, buckets)
 
 
 def get_input_tensor_by_name(inference_request, name):
@@ -296,6 +449,13 @@ def _config_entry(model_config, section, name):
     return None
 
 
+def using_decoupled_model_transaction_policy(model_config):
+    """Whether the config says model_transaction_policy { decoupled: true }."""
+    if isinstance(model_config, str):
+        model_config = json.loads(model_config)
+    return bool((model_config.get("model_transaction_policy") or {}).get("decoupled", False))
+
+
 def get_input_config_by_name(model_config, name):
     """The config's `input` entry called `name` (a dict), or None. Accepts the dict or the
     JSON text of args['model_config']."""
@@ -318,6 +478,10 @@ class Logger:
 
     @classmethod
     def log(cls, message, level=INFO):
+        """Into the server's log, with the model's name and instance."""
+        if _host is not None:
+            _host.log(level, message)
+            return
         sys.stderr.write("%s python: %s\n" % (cls._NAMES.get(level, "I"), message))
         sys.stderr.flush()
 
