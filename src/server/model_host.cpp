@@ -116,6 +116,9 @@ Result<std::shared_ptr<detail::HostCall>> ServerModelHost::infer(detail::HostReq
     r.parameters["sequence_end"] = f.end;
   }
   r.context = std::move(request.context);
+  // The completion only posts to the calling instance's mailbox: it runs where the request ends,
+  // one thread hand-off fewer (RequestOptions::inline_callback).
+  r.completion_hands_off = true;
   auto shared = std::make_shared<OnResponse>(std::move(on_response));
   if (decoupled) {
     r.on_response = [shared](InferResponse response, std::stop_token) {

@@ -33,6 +33,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "asyncinfer/log.hpp"
@@ -142,9 +143,42 @@ struct PythonProcess::Message {
   }
 };
 
-/// Messages for the stub made on other threads (a call's responses, a load's answer), sent by the
-/// instance's thread the next time it waits for the stub (receive()). Shared with the callbacks,
-/// which may outlive the process.
+namespace {
+
+// One message on the control socket (SOCK_SEQPACKET: whole or not at all), with a descriptor
+// (SCM_RIGHTS) when fd >= 0. The errno of a failure, 0 on success.
+int send_packet(int sock, const std::string& text, int fd, int flags) {
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  for (;;) {
+    if (::sendmsg(sock, &msg, MSG_NOSIGNAL | flags) >= 0) return 0;
+    if (errno != EINTR) return errno;
+  }
+}
+
+}  // namespace
+
+/// Messages for the stub made on other threads: a call's responses, a model-control answer.
+/// Shared with the callbacks, which may outlive the process.
+///
+/// A call's response goes to the socket at once from the thread that made it (the called
+/// model's), when it can without waiting: nothing is queued before it, no other thread is
+/// sending, and the socket takes it without blocking. Otherwise it waits in `items`, and the
+/// instance's thread sends it the next time it waits for the stub (receive(), woken by `event`).
+/// Either way each call's responses reach the stub in order, and one the stub no longer waits for
+/// (its execute has ended: not `live`) is dropped.
 struct PythonProcess::Mailbox {
   struct Mail {
     std::string text;
@@ -154,8 +188,14 @@ struct PythonProcess::Mailbox {
     bool call = false;      ///< a response to a call (else a model-control answer)
   };
   std::mutex mu;
-  std::vector<Mail> items;
-  int event = -1;  // eventfd: readable while items is not empty
+  std::vector<Mail> items;       // under mu
+  std::set<std::uint64_t> live;  // under mu: the calls of the execute in progress
+  bool flushing = false;         // under mu: the instance's thread sends what it took
+  int event = -1;                // eventfd: readable while items is not empty
+  /// Every send on the socket holds it (the instance thread's, and the direct ones above); sock
+  /// is -1 once the process's socket is closed.
+  std::mutex send_mu;
+  int sock = -1;
 
   Mailbox() : event(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
   ~Mailbox() {
@@ -167,6 +207,21 @@ struct PythonProcess::Mailbox {
   void post(Mail m) {
     {
       std::lock_guard lock(mu);
+      if (m.call) {
+        if (!live.contains(m.tag)) {  // its execute has ended: the stub no longer waits for it
+          if (m.fd >= 0) ::close(m.fd);
+          return;
+        }
+        if (m.last) live.erase(m.tag);
+        if (items.empty() && !flushing) {
+          std::unique_lock send_lock(send_mu, std::try_to_lock);
+          if (send_lock.owns_lock() && sock >= 0 &&
+              send_packet(sock, m.text, m.fd, MSG_DONTWAIT) == 0) {
+            if (m.fd >= 0) ::close(m.fd);
+            return;
+          }
+        }
+      }
       items.push_back(std::move(m));
     }
     const std::uint64_t one = 1;
@@ -176,11 +231,32 @@ struct PythonProcess::Mailbox {
   /// datatype,shape,offset,size}]} then NUL and the tensors' bytes, or with "fd":true the bytes
   /// in a sealed memfd passed alongside; or {"op":"response","tag","final":true,"error","code"}.
   static Mail response(std::uint64_t tag, Result<HostResponse> r);
+  /// What waits, for the instance's thread, which sends it and calls take() again until it gets
+  /// nothing (flushing stays set meanwhile, so that no direct send overtakes what it took).
   std::vector<Mail> take() {
     std::uint64_t n = 0;
     [[maybe_unused]] const ssize_t got = ::read(event, &n, sizeof(n));
     std::lock_guard lock(mu);
+    flushing = !items.empty();
     return std::exchange(items, {});
+  }
+  void begin_call(std::uint64_t tag) {
+    std::lock_guard lock(mu);
+    live.insert(tag);
+  }
+  void end_call(std::uint64_t tag) {
+    std::lock_guard lock(mu);
+    live.erase(tag);
+  }
+  /// The execute has ended: its calls' responses, queued or to come, are dropped.
+  void end_calls() {
+    std::lock_guard lock(mu);
+    live.clear();
+    std::erase_if(items, [](Mail& m) {
+      if (!m.call) return false;
+      if (m.fd >= 0) ::close(m.fd);
+      return true;
+    });
   }
 };
 
@@ -291,6 +367,14 @@ Result<std::unique_ptr<PythonProcess>> PythonProcess::start(
   return p;
 }
 
+Result<std::string> PythonProcess::auto_complete(std::shared_ptr<const PythonSetup> setup,
+                                                 const std::string& config_json) {
+  std::unique_ptr<PythonProcess> p(new PythonProcess(setup, setup->model_name + "_auto_complete"));
+  p->auto_complete_in_ = config_json;
+  ASYNCINFER_RETURN_IF_ERROR(p->spawn(nullptr, false));
+  return std::move(p->auto_complete_out_);
+}
+
 Status PythonProcess::fail(StatusCode code, const std::string& what) {
   return Status(
       code, "python model '" + setup_->model_name + "' instance " + instance_name_ + ": " + what);
@@ -308,6 +392,7 @@ Status PythonProcess::spawn(const std::stop_token* stop, bool stop_bounds_initia
     return fail(StatusCode::internal, "socketpair: " + errno_text(errno));
   }
   sock_ = sv[0];
+  mail_->sock = sock_;
   int child = sv[1];
   if (child == 3) {  // dup2(3, 3) would leave it close-on-exec
     child = ::fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
@@ -387,6 +472,16 @@ Status PythonProcess::spawn(const std::stop_token* stop, bool stop_bounds_initia
       {"model_name", s.model_name},
   };
   json init = {{"op", "init"}, {"args", std::move(args)}, {"model_py", s.model_py}};
+  const bool completing = !auto_complete_in_.empty();
+  if (completing) {
+    init = {{"op", "auto_complete"},
+            {"config", json::parse(auto_complete_in_, nullptr, false)},
+            {"model_py", s.model_py}};
+    if (init["config"].is_discarded()) {
+      kill_and_reap();
+      return fail(StatusCode::invalid_argument, "auto_complete: the config is not JSON");
+    }
+  }
   ASYNCINFER_RETURN_IF_ERROR(send_message(init.dump()));
   // initialize has no requests to finish: a stop kills it at once (no grace).
   const Clock::time_point until = stop != nullptr && stop_bounds_initialize
@@ -415,7 +510,17 @@ Status PythonProcess::spawn(const std::stop_token* stop, bool stop_bounds_initia
                                                "(its output is in the server's log)");
   }
   const std::string op = m->op();
-  if (op == "ready") return Status();
+  if (op == "ready" && !completing) return Status();
+  if (op == "completed" && completing) {
+    auto_complete_out_ = m->body.value("config", json()).dump();
+    kill_and_reap();  // it exits by itself; this reaps it
+    return Status();
+  }
+  if (op == "error" && completing) {
+    const std::string message = m->body.value("message", std::string("?"));
+    kill_and_reap();
+    return fail(StatusCode::invalid_argument, "auto_complete_config: " + message);
+  }
   if (op == "error") {
     const std::string message = m->body.value("message", std::string("?"));
     const std::string tb = m->body.value("traceback", std::string());
@@ -448,6 +553,10 @@ PythonProcess::~PythonProcess() {
   if (in_map_ != nullptr) ::munmap(in_map_, in_size_);
   if (out_map_ != nullptr) ::munmap(out_map_, out_size_);
   if (in_fd_ >= 0) ::close(in_fd_);
+  if (mail_) {  // no direct send from here on
+    std::lock_guard lock(mail_->send_mu);
+    mail_->sock = -1;
+  }
   if (sock_ >= 0) ::close(sock_);
   if (wake_ >= 0) ::close(wake_);
   if (pidfd_ >= 0) ::close(pidfd_);
@@ -467,29 +576,15 @@ Status PythonProcess::send_message(const std::string& text, int fd) {
     return fail(StatusCode::internal,
                 "a control message of " + std::to_string(text.size()) + " bytes is over the limit");
   }
-  iovec iov{const_cast<char*>(text.data()), text.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  int e = 0;
+  {
+    std::lock_guard lock(mail_->send_mu);
+    e = send_packet(sock_, text, fd, 0);
   }
-  for (;;) {
-    const ssize_t n = ::sendmsg(sock_, &msg, MSG_NOSIGNAL);
-    if (n >= 0) return Status();
-    if (errno == EINTR) continue;
-    const int e = errno;
-    const std::string how = kill_and_reap();
-    return fail(StatusCode::unavailable,
-                "the Python process " + how + " (sending to it failed: " + errno_text(e) + ")");
-  }
+  if (e == 0) return Status();
+  const std::string how = kill_and_reap();
+  return fail(StatusCode::unavailable,
+              "the Python process " + how + " (sending to it failed: " + errno_text(e) + ")");
 }
 
 Result<PythonProcess::Message> PythonProcess::receive(
@@ -851,25 +946,24 @@ Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
 }
 
 void PythonProcess::end_calls() {
+  mail_->end_calls();  // their late responses are dropped
   for (auto& [tag, call] : calls_) call->cancel();
   calls_.clear();
 }
 
 Status PythonProcess::flush_mail() {
-  for (Mailbox::Mail& mail : mail_->take()) {
-    if (mail.call) {
-      auto it = calls_.find(mail.tag);
-      if (it == calls_.end()) {  // its execute has ended: the stub no longer waits for it
-        if (mail.fd >= 0) ::close(mail.fd);
-        continue;
+  for (std::vector<Mailbox::Mail> mails = mail_->take(); !mails.empty(); mails = mail_->take()) {
+    for (Mailbox::Mail& mail : mails) {
+      const int fd = std::exchange(mail.fd, -1);
+      Status s = send_message(mail.text, fd);
+      if (fd >= 0) ::close(fd);
+      if (!s.ok()) {
+        for (Mailbox::Mail& rest : mails) {
+          if (rest.fd >= 0) ::close(std::exchange(rest.fd, -1));
+        }
+        return s;
       }
-      if (mail.last) calls_.erase(it);
     }
-    const int fd = mail.fd;
-    Status s = send_message(mail.text, fd);
-    if (fd >= 0) ::close(fd);
-    mail.fd = -1;
-    if (!s.ok()) return s;
   }
   return Status();
 }
@@ -1090,11 +1184,15 @@ Status PythonProcess::start_call(Message& m, std::uint64_t tag) {
   context->callers.push_back(setup_->model_name);
   r.context = std::move(context);
   r.decoupled = m.body.value("decoupled", false);
+  mail_->begin_call(tag);  // before: its response may come before infer() returns
   Result<std::shared_ptr<HostCall>> call =
       setup_->host->infer(std::move(r), [mail = mail_, tag](Result<HostResponse> response) {
         mail->post(Mailbox::response(tag, std::move(response)));
       });
-  if (!call.ok()) return refuse(call.status());
+  if (!call.ok()) {
+    mail_->end_call(tag);
+    return refuse(call.status());
+  }
   calls_[tag] = std::move(*call);
   return Status();
 }

@@ -73,6 +73,13 @@ class PythonProcess {
                                                       std::string instance_name,
                                                       const std::stop_token* stop = nullptr,
                                                       bool stop_bounds_initialize = false);
+  /// Triton's auto-complete: runs model.py's TritonPythonModel.auto_complete_config on
+  /// `config_json` (a ModelConfig in protobuf's JSON form) in a process of its own, which then
+  /// exits, and returns the config it returned, as JSON. invalid_argument with model.py's message
+  /// when it raises (Triton's errors for a config it contradicts), unavailable when the process
+  /// fails or takes over PythonSetup::initialize_timeout. Blocks.
+  static Result<std::string> auto_complete(std::shared_ptr<const PythonSetup> setup,
+                                           const std::string& config_json);
   /// Asks model.py to finalize() (up to stop_grace) unless the process is stuck, then kills it
   /// and reaps it.
   ~PythonProcess();
@@ -155,6 +162,9 @@ class PythonProcess {
   const BatchIO* io_ = nullptr;
   std::map<std::uint64_t, std::shared_ptr<HostCall>> calls_;
   std::shared_ptr<Mailbox> mail_;
+  // auto_complete(): the config sent in place of init, and the one model.py returned.
+  std::string auto_complete_in_;
+  std::string auto_complete_out_;
   // Output arena (the stub's; mapped read-only here).
   void* out_map_ = nullptr;
   std::size_t out_size_ = 0;
