@@ -39,6 +39,7 @@ namespace {
 
 struct ServeOptions {
   std::string repository;
+  bool disable_auto_complete_config = false;  ///< Triton's --disable-auto-complete-config
   std::string host = "127.0.0.1";
   int http_port = 8000;
   int metrics_port = 8002;
@@ -175,8 +176,8 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
     // --disable-auto-complete-config takes no value in Triton; the others take one.
     if (flag == "--disable-auto-complete-config") {
       app.add_flag_callback(
-             flag, [&o, flag] { o.tuning_flags.push_back(flag); },
-             "Triton: accepted (asyncinfer never completes a config from the model)")
+             flag, [&o] { o.disable_auto_complete_config = true; },
+             "Triton: python models' auto_complete_config is not called")
           ->group(group);
       continue;
     }
@@ -378,6 +379,7 @@ int run_serve(const ServeOptions& given) {
   ro.load_timeout =
       o.model_load_timeout_s > 0 ? ms(o.model_load_timeout_s) : std::chrono::milliseconds::max();
   ro.load_threads = o.model_load_threads;
+  ro.auto_complete_config = !o.disable_auto_complete_config;
   ro.model_config_name = o.model_config_name;
   // SIGTERM or SIGINT while the models load cuts the loads short and ends the server: a hanging
   // model.py's initialize() does not hold the exit for --model-load-timeout.

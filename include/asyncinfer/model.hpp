@@ -282,6 +282,17 @@ struct ModelOptions {
 /// missing file; unavailable for a backend that was not built.
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options = {});
 
+/// Triton's auto-complete: the backend of the model at `uri` completes `config_json` (a Triton
+/// ModelConfig in protobuf's JSON form, proto field names) from what the model says of itself,
+/// and returns the completed config (the same text when it has nothing to add). python: runs
+/// model.py's TritonPythonModel.auto_complete_config(config) in a process of its own (the
+/// interpreter of options.backend_parameters' python_interpreter), when model.py defines it;
+/// invalid_argument with model.py's message when it raises (a config that contradicts the given
+/// one: Triton's errors), unavailable when the process fails. Other backends return it unchanged.
+/// Blocks while the process runs (up to 120 s).
+Result<std::string> complete_model_config(std::string_view uri, std::string_view config_json,
+                                          const ModelOptions& options = {});
+
 /// The model kinds built into this library, in registration order ("builtin:identity", ...,
 /// "builtin:gemm" where the cuda backend is built, "torch" where libtorch is). Never blocks.
 std::vector<std::string> model_backends();

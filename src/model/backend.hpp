@@ -34,10 +34,16 @@ namespace asyncinfer::detail {
 using ModelLoader = Result<std::shared_ptr<Model>> (*)(std::string_view uri, std::string_view args,
                                                        const ModelOptions& options);
 
+/// Completes a model's configuration (complete_model_config in model.hpp); `args` as ModelLoader's.
+using ConfigCompleter = Result<std::string> (*)(std::string_view uri, std::string_view args,
+                                                std::string_view config_json,
+                                                const ModelOptions& options);
+
 struct ModelBackend {
   std::string kind;   ///< "builtin:identity", "builtin:gemm", "torch"
   std::string usage;  ///< URI forms for error messages: "torch:<file.pt> or a path ending in .pt"
   ModelLoader load = nullptr;
+  ConfigCompleter complete = nullptr;  ///< null: the config is taken as it is
 };
 
 /// The model kinds load_model knows, registered on first use (register_builtin_model_backends).

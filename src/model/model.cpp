@@ -157,6 +157,17 @@ std::vector<std::string> model_backends() {
   return kinds;
 }
 
+Result<std::string> complete_model_config(std::string_view uri, std::string_view config_json,
+                                          const ModelOptions& options) {
+  const detail::ModelUri parsed = detail::parse_model_uri(uri);
+  for (const auto& b : detail::ModelBackendRegistry::instance().snapshot()) {
+    if (b.kind == parsed.kind && b.complete != nullptr) {
+      return b.complete(uri, parsed.args, config_json, options);
+    }
+  }
+  return std::string(config_json);
+}
+
 Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptions& options) {
   const detail::ModelUri parsed = detail::parse_model_uri(uri);
   if (options.batch_limit && *options.batch_limit < 1) {

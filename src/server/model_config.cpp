@@ -278,12 +278,11 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
 
   ASYNCINFER_RETURN_IF_ERROR(plan_batching(c, model, plan, warnings));
   ASYNCINFER_RETURN_IF_ERROR(plan_tensors(c, model, plan, warnings));
-  if ((plan.backend == ModelPlan::Backend::torch || plan.backend == ModelPlan::Backend::python ||
-       plan.backend == ModelPlan::Backend::ensemble) &&
+  // A python model's may come from its model.py's auto_complete_config (the repository checks
+  // them after it: model_repository.cpp).
+  if ((plan.backend == ModelPlan::Backend::torch || plan.backend == ModelPlan::Backend::ensemble) &&
       (plan.inputs.empty() || plan.outputs.empty())) {
-    const char* kind = plan.backend == ModelPlan::Backend::torch    ? "pytorch_libtorch"
-                       : plan.backend == ModelPlan::Backend::python ? "python"
-                                                                    : "ensemble";
+    const char* kind = plan.backend == ModelPlan::Backend::torch ? "pytorch_libtorch" : "ensemble";
     return bad(model, std::string("a ") + kind +
                           " model needs input and output lists (name, data_type, dims)");
   }

@@ -180,6 +180,12 @@ struct AppliedConfig {
 Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSignature& signature,
                                            std::string_view device);
 
+/// The config as given (config.pbtxt or a load's override, parsed), in protobuf's JSON form with
+/// the proto field names and 64-bit integers as numbers, `name` filled in: what a python model's
+/// auto_complete_config is handed (complete_model_config). internal_error only if libprotobuf
+/// fails.
+Result<std::string> given_model_config_json(const ModelPlan& plan);
+
 /// Checks a loaded model's signature against the plan's inputs/outputs and max_batch_size
 /// (names, dtypes, dims). invalid_argument names the first difference.
 Status check_signature(const ModelPlan& plan, const ModelSignature& signature);

@@ -100,6 +100,24 @@ void int64_as_numbers(nlohmann::json& j, const google::protobuf::Descriptor* d) 
   }
 }
 
+// `c` in protobuf's JSON form with the proto field names and 64-bit integers as numbers;
+// `defaults`: every scalar printed, also those at their default.
+Result<std::string> config_json(const inference::ModelConfig& c, const std::string& model,
+                                bool defaults) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = defaults;
+  std::string text;
+  const auto status = google::protobuf::util::MessageToJsonString(c, &text, options);
+  if (!status.ok()) {
+    return internal_error("model '" + model +
+                          "': config to JSON: " + std::string(status.message()));
+  }
+  nlohmann::json j = nlohmann::json::parse(text);
+  int64_as_numbers(j, inference::ModelConfig::descriptor());
+  return j.dump();
+}
+
 void add_tensor(const TensorSpec& s, bool batched, std::string* name, inference::DataType* type,
                 google::protobuf::RepeatedField<std::int64_t>* dims) {
   *name = s.name;
@@ -192,19 +210,17 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
 
   AppliedConfig out;
   out.binary = c.SerializeAsString();
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string text;
-  const auto status = google::protobuf::util::MessageToJsonString(c, &text, options);
-  if (!status.ok()) {
-    return internal_error("model '" + plan.name +
-                          "': config to JSON: " + std::string(status.message()));
-  }
-  nlohmann::json j = nlohmann::json::parse(text);
-  int64_as_numbers(j, inference::ModelConfig::descriptor());
-  out.json = j.dump();
+  ASYNCINFER_ASSIGN_OR_RETURN(out.json, config_json(c, plan.name, true));
   return out;
+}
+
+Result<std::string> given_model_config_json(const ModelPlan& plan) {
+  inference::ModelConfig c;
+  if (!c.ParseFromString(plan.config_binary)) {
+    return internal_error("model '" + plan.name + "': the parsed config does not read back");
+  }
+  if (c.name().empty()) c.set_name(plan.name);
+  return config_json(c, plan.name, false);
 }
 
 }  // namespace asyncinfer::server

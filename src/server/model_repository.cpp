@@ -864,6 +864,38 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
   return repo;
 }
 
+namespace {
+
+// Triton's auto-complete for a python model (RepositoryOptions::auto_complete_config): the
+// model.py of its newest version folder completes the config (complete_model_config), which is
+// planned again; the plan as it was when model.py adds nothing.
+Result<ModelPlan> auto_complete(ModelPlan plan, const fs::path& dir, const std::string& name) {
+  std::error_code ec;
+  std::int64_t newest = -1;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string v = entry.path().filename().string();
+    std::int64_t n = 0;
+    const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (err == std::errc() && end == v.data() + v.size() && n > newest &&
+        fs::exists(entry.path() / plan.model_filename, ec)) {
+      newest = n;
+    }
+  }
+  if (newest < 0) return plan;  // the load says which file is missing
+  const fs::path file = dir / std::to_string(newest) / plan.model_filename;
+  ASYNCINFER_ASSIGN_OR_RETURN(std::string given, given_model_config_json(plan));
+  ModelOptions mo;
+  mo.backend_parameters = plan.backend_parameters;
+  ASYNCINFER_ASSIGN_OR_RETURN(std::string completed,
+                              complete_model_config("python:" + file.string(), given, mo));
+  if (completed == given) return plan;
+  std::vector<std::string> ignored;  // the given config's warnings were logged already
+  return plan_model_config_json(completed, "the config auto_complete_config returned", name,
+                                &ignored);
+}
+
+}  // namespace
+
 std::shared_ptr<const ServedModel> ModelRepository::build(
     const std::string& name, const std::shared_ptr<const ServedModel>& old,
     const std::optional<std::string>& config_json, std::uint64_t epoch,
@@ -925,6 +957,15 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     plan = plan_model_config(text, config_path.string(), name, &warnings);
     if (config_path.filename() != "config.pbtxt") {
       log("model '" + name + "': configuration " + config_path.string() + " (--model-config-name)");
+    }
+  }
+  if (plan.ok() && plan->backend == ModelPlan::Backend::python) {
+    if (options_.auto_complete_config) plan = auto_complete(std::move(*plan), dir, name);
+    if (plan.ok() && (plan->inputs.empty() || plan->outputs.empty())) {
+      plan = invalid_argument_error(
+          "model '" + name +
+          "': a python model needs input and output lists (name, data_type, dims), in its "
+          "config or added by its model.py's auto_complete_config");
     }
   }
   for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);

@@ -118,6 +118,10 @@ struct RepositoryOptions {
   /// of the repository at start, and the load calls of explicit mode, each model's own in the
   /// order they came. At least 1.
   int load_threads = 4;
+  /// Triton's auto-complete (off: --disable-auto-complete-config): a python model whose model.py
+  /// defines auto_complete_config(config) has it called at load, in a process of its own, and
+  /// loads with the config it returns (complete_model_config in model.hpp).
+  bool auto_complete_config = true;
   /// Cancels the loads at start (ModelRepository::load; a signal during start-up): the loads
   /// running are cut short as shutdown() cuts them, the models not loaded yet are left
   /// UNAVAILABLE ("the server is shutting down"), and load() returns once those running have

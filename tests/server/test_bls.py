@@ -6,6 +6,10 @@ abandoned decoupled stream, a bad metric. Triton's own python_backend examples r
 test_python_backend_examples.py."""
 
 import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -75,6 +79,31 @@ class TritonPythonModel:
                 continue
             out.append(pb_utils.InferenceResponse(
                 [pb_utils.get_output_tensor_by_name(resp, "y")]))
+        return out
+'''
+
+# Calls `double_any` with a tensor of 200,000 floats (800 KB: the call's inputs and its response
+# travel in memfds, not inline) and checks the answer itself; y = x.
+BIG = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            big = np.arange(200000, dtype=np.float32)
+            resp = pb_utils.InferenceRequest(
+                model_name="double_any", inputs=[pb_utils.Tensor("x", big)],
+                requested_output_names=["y"]).exec()
+            if resp.has_error():
+                raise pb_utils.TritonModelException(resp.error().message())
+            y = pb_utils.get_output_tensor_by_name(resp, "y").as_numpy()
+            ok = y.shape == big.shape and np.array_equal(y, 2 * big)
+            y[0] = 1.0  # the response's arrays are the model's to change (copy on write)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("y", x * (1.0 if ok else -1.0))]))
         return out
 '''
 
@@ -269,6 +298,9 @@ class Bls(harness.unittest.TestCase):
         add(cls.repo, "double", config("double", X, Y), DOUBLE)
         add(cls.repo, "caller", config("caller", X + TARGET, Y), CALLER)
         add(cls.repo, "fan_out", config("fan_out", X, Y), FAN_OUT)
+        add(cls.repo, "double_any", config("double_any", [("x", "TYPE_FP32", [-1])],
+                                           [("y", "TYPE_FP32", [-1])]), DOUBLE)
+        add(cls.repo, "big", config("big", X, Y), BIG)
         add(cls.repo, "ping", config("ping", X, Y), PING % "pong")
         add(cls.repo, "pong", config("pong", X, Y), PING % "ping")
         add(cls.repo, "self_call", config("self_call", X, Y), PING % "self_call")
@@ -311,6 +343,9 @@ class Bls(harness.unittest.TestCase):
     def test_async_exec_fans_out(self):
         x = np.float32([1, -1, 0.5, 2])
         np.testing.assert_allclose(self.call("fan_out", x), 64 * x)
+
+    def test_large_tensors_travel_in_memfds(self):
+        np.testing.assert_array_equal(self.call("big", [1, 2, 3, 4]), [1, 2, 3, 4])
 
     def test_unknown_model_is_an_error_in_the_caller_which_goes_on(self):
         with self.assertRaises(InferenceServerException) as e:
@@ -373,6 +408,109 @@ class Bls(harness.unittest.TestCase):
             self.call("caller", [1, 1, 1, 1], "double")
         self.assertEqual(self.ask("load_double"), "loaded True")
         np.testing.assert_array_equal(self.call("caller", [1, 1, 1, 1], "double"), [2, 2, 2, 2])
+
+
+# auto_complete_config: the whole signature comes from model.py; y = x + 1.
+AUTO = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.set_max_batch_size(%d)
+        auto_complete_model_config.add_input({"name": "x", "data_type": "TYPE_FP32", "dims": [4]})
+        auto_complete_model_config.add_output({"name": "y", "data_type": "TYPE_FP32", "dims": [4]})
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() + 1)]) for r in requests]
+'''
+
+# Says which Python runs it (sys.prefix).
+PREFIX = '''
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        a = np.array([sys.prefix.encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("text", a)]) for r in requests]
+'''
+
+
+class PythonBackendApi(harness.unittest.TestCase):
+    """auto_complete_config and EXECUTION_ENV_PATH, at load."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        cls.addClassCleanup(cls.repo.cleanup)
+        add(cls.repo, "auto", 'name: "auto"\nbackend: "python"\n', AUTO % 4)
+        add(cls.repo, "auto_contradicted", 'name: "auto_contradicted"\nbackend: "python"\n'
+            'max_batch_size: 8\n', AUTO % 2)
+        # A Python environment of the model's own (a venv that sees Debian's numpy), as a folder
+        # and as a tarball.
+        env = os.path.join(cls.repo.path, "envs", "pyenv")
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", "--without-pip",
+                        env], check=True, timeout=120)
+        cls.tarball = os.path.join(cls.repo.path, "envs", "pyenv-%d.tar.gz" % os.getpid())
+        with tarfile.open(cls.tarball, "w:gz") as t:
+            t.add(env, arcname=".")
+        cls.env = os.path.realpath(env)
+        add(cls.repo, "env_dir", config("env_dir", TEXT, TEXT, extra=
+            'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "%s" } }\n' % env),
+            PREFIX)
+        add(cls.repo, "env_tar", config("env_tar", TEXT, TEXT, extra=
+            'parameters { key: "EXECUTION_ENV_PATH" value { string_value: '
+            '"$$TRITON_MODEL_DIRECTORY/../envs/%s" } }\n' % os.path.basename(cls.tarball)),
+            PREFIX)
+        cls.server = Server(cls.repo.path, "--model-control-mode", "explicit",
+                            "--load-model", "auto", "--load-model", "env_dir",
+                            "--load-model", "env_tar").start()
+        cls.addClassCleanup(cls.server.stop)
+        cls.client = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port,
+                                                      network_timeout=60)
+        cls.addClassCleanup(cls.client.close)
+
+    @classmethod
+    def tearDownClass(cls):
+        stem = os.path.basename(cls.tarball).split(".")[0]
+        cache = os.path.join(tempfile.gettempdir(), "asyncinfer-python-envs")
+        for d in os.listdir(cache) if os.path.isdir(cache) else []:
+            if d.startswith(stem + "-"):
+                shutil.rmtree(os.path.join(cache, d), ignore_errors=True)
+
+    def test_auto_complete_config_gives_the_signature(self):
+        x = httpclient.InferInput("x", [1, 4], "FP32")  # batched: max_batch_size 4
+        x.set_data_from_numpy(np.float32([[1, 2, 3, 4]]))
+        r = self.client.infer("auto", [x])
+        np.testing.assert_array_equal(r.as_numpy("y"), [[2, 3, 4, 5]])
+        c = self.client.get_model_config("auto")
+        self.assertEqual(c["max_batch_size"], 4)
+        self.assertIn("dynamic_batching", c)
+        self.assertEqual([i["name"] for i in c["input"]], ["x"])
+
+    def test_auto_complete_config_that_contradicts_the_config_is_refused(self):
+        with self.assertRaises(InferenceServerException) as e:
+            self.client.load_model("auto_contradicted")
+        self.assertIn("max_batch_size 8", str(e.exception))
+        self.assertIn("auto_complete_config sets max_batch_size 2", str(e.exception))
+
+    def infer_text(self, model):
+        return self.client.infer(model, [text("text", "?")]).as_numpy("text")[0].decode()
+
+    def test_execution_env_path_folder(self):
+        self.assertEqual(self.infer_text("env_dir"), self.env)
+
+    def test_execution_env_path_tarball_is_unpacked_once(self):
+        prefix = self.infer_text("env_tar")
+        self.assertIn("asyncinfer-python-envs", prefix)
+        self.assertTrue(os.path.basename(prefix).startswith(
+            os.path.basename(self.tarball).split(".")[0] + "-"), prefix)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ SCM_RIGHTS. The protocol (each request gets exactly one reply, in order):
 
   server -> stub                         stub -> server
   init {args, model_py, parent}          ready | error {message, traceback}
+  auto_complete {config, model_py}       completed {config} | error {message, traceback}
+                                         (then the stub exits: Triton's auto-complete)
   execute {requests[{inputs[]}],         (during execute, from any thread of the model)
            arena?} + input arena fd?       send {request, final, outputs[]?, error?, code?,
                                                  arena?} + output arena fd?  -> sent {cancelled,
@@ -429,17 +431,19 @@ class ResponseIterator:
     def __iter__(self):
         return self
 
+    def _accept(self, item, stop):
+        """The response of `item` (response, final), or raises `stop` after the last one."""
+        if item is None:
+            self._done = True
+            raise stop
+        response, final = item
+        self._done = final
+        return response
+
     def __next__(self):
         if self._done:
             raise StopIteration
-        item = self._call.next()
-        if item is None:
-            self._done = True
-            raise StopIteration
-        response, final = item
-        if final:
-            self._done = True
-        return response
+        return self._accept(self._call.next(), StopIteration)
 
     def __aiter__(self):
         return self
@@ -447,14 +451,7 @@ class ResponseIterator:
     async def __anext__(self):
         if self._done:
             raise StopAsyncIteration
-        item = await self._call.anext()
-        if item is None:
-            self._done = True
-            raise StopAsyncIteration
-        response, final = item
-        if final:
-            self._done = True
-        return response
+        return self._accept(await self._call.anext(), StopAsyncIteration)
 
     def cancel(self):
         self._call.cancel()
@@ -740,8 +737,39 @@ class Stub:
             self.pending -= 1
             self.done_cv.notify_all()
 
+    def auto_complete(self, msg):
+        """Triton's auto-complete: model.py's auto_complete_config(config) on the config given;
+        replies with the config it returns, then this process ends."""
+        path = msg["model_py"]
+        sys.path.insert(0, os.path.dirname(path))
+        spec = importlib.util.spec_from_file_location("model", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise AttributeError("%s defines no class TritonPythonModel" % path)
+        config = self.utils.ModelConfig(msg["config"])
+        fn = getattr(cls, "auto_complete_config", None)
+        if fn is not None:
+            result = fn(config)
+            if not isinstance(result, self.utils.ModelConfig):
+                raise self.utils.TritonModelException(
+                    "auto_complete_config returned %s; it must return the pb_utils.ModelConfig "
+                    "it was given" % type(result).__name__)
+            config = result
+        return config.as_dict()
+
     def run(self):
         msg, _payload, _fds = CHANNEL.next_loose()
+        if msg.get("op") == "auto_complete":
+            try:
+                send({"op": "completed", "config": self.auto_complete(msg)})
+            except BaseException as e:  # noqa: B036
+                fields = _error_fields(e)
+                send({"op": "error", "message": fields["message"],
+                      "traceback": fields["traceback"]})
+            return 0
         if msg.get("op") != "init":
             send({"op": "error", "message": "expected init, got %r" % msg.get("op"),
                   "traceback": ""})

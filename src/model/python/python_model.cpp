@@ -3,7 +3,16 @@
 // signature comes from ModelOptions (the server passes config.pbtxt's input, output,
 // max_batch_size (as batched and batch_limit) and model_transaction_policy, and the config itself
 // as JSON for args["model_config"]).
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +20,8 @@
 #include "model/backend.hpp"
 #include "model/model_host.hpp"
 #include "model/python/python_process.hpp"
+
+extern char** environ;  // NOLINT(readability-redundant-declaration): posix_spawn's environment
 
 namespace asyncinfer::detail {
 namespace {
@@ -75,6 +86,113 @@ std::string minimal_config(const std::string& name, const ModelSignature& sig) {
             {"output", list(sig.outputs)},
             {"model_transaction_policy", {{"decoupled", sig.decoupled}}}};
   return c.dump();
+}
+
+// Runs argv (no shell) and waits; the exit status, or -1 when it cannot start.
+int run_command(std::vector<std::string> argv) {
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Unpacks an environment tarball (conda-pack's, or any tar of a Python environment) once into a
+// cache folder named by its path, size and time, and returns that folder. Several loads at once
+// unpack into folders of their own; the first rename wins.
+Result<fs::path> unpacked_environment(const fs::path& tarball) {
+  std::error_code ec;
+  const auto size = fs::file_size(tarball, ec);
+  const auto time = fs::last_write_time(tarball, ec).time_since_epoch().count();
+  if (ec) return not_found_error("EXECUTION_ENV_PATH: no file " + tarball.string());
+  const std::size_t key = std::hash<std::string>{}(tarball.string() + "|" + std::to_string(size) +
+                                                   "|" + std::to_string(time));
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const fs::path root = cache != nullptr && *cache != '\0'
+                            ? fs::path(cache) / "asyncinfer" / "python-envs"
+                            : fs::temp_directory_path() / "asyncinfer-python-envs";
+  const fs::path dir = root / (tarball.stem().stem().string() + "-" + std::to_string(key));
+  if (fs::is_directory(dir, ec)) return dir;
+  fs::create_directories(root, ec);
+  const fs::path partial = dir.string() + ".partial-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(reinterpret_cast<std::uintptr_t>(&ec));
+  // Python's tarfile (the "tar" filter: no absolute paths, no links out of the folder), by the
+  // server's own interpreter: no tar parser here.
+  const int rc = run_command({std::string(kDefaultInterpreter), "-c",
+                              "import sys, tarfile\n"
+                              "with tarfile.open(sys.argv[1]) as t:\n"
+                              "    try:\n        t.extractall(sys.argv[2], filter='tar')\n"
+                              "    except TypeError:\n        t.extractall(sys.argv[2])\n",
+                              tarball.string(), partial.string()});
+  if (rc != 0) {
+    fs::remove_all(partial, ec);
+    return invalid_argument_error("EXECUTION_ENV_PATH: cannot unpack " + tarball.string() +
+                                  " (a tar archive of a Python environment was expected)");
+  }
+  // conda-pack's tarballs fix their prefixes with the script they carry.
+  if (fs::exists(partial / "bin" / "conda-unpack", ec)) {
+    (void)run_command(
+        {(partial / "bin" / "python3").string(), (partial / "bin" / "conda-unpack").string()});
+  }
+  fs::rename(partial, dir, ec);
+  if (ec) fs::remove_all(partial, ec);  // another load unpacked it first
+  return dir;
+}
+
+// The interpreter of a model: Triton's EXECUTION_ENV_PATH parameter (a Python environment: a
+// folder with bin/python3, or a tarball of one, "$$TRITON_MODEL_DIRECTORY" standing for the
+// model's folder), or asyncinfer's python_interpreter, or Debian's python3. Other keys are
+// model.py's own: it reads them from args["model_config"]["parameters"].
+Status resolve_interpreter(PythonSetup& setup, const ModelOptions& options) {
+  setup.interpreter = std::string(kDefaultInterpreter);
+  for (const auto& [key, value] : options.backend_parameters) {
+    if (key == "python_interpreter") setup.interpreter = value;
+    if (key != "EXECUTION_ENV_PATH") continue;
+    std::string path = value;
+    constexpr std::string_view kModelDir = "$$TRITON_MODEL_DIRECTORY";
+    for (std::size_t at = path.find(kModelDir); at != std::string::npos;
+         at = path.find(kModelDir)) {
+      path.replace(at, kModelDir.size(), setup.model_repository);
+    }
+    std::error_code ec;
+    fs::path env = path;
+    if (!fs::is_directory(env, ec)) {
+      if (!fs::is_regular_file(env, ec)) {
+        return not_found_error("python model '" + setup.model_name + "': EXECUTION_ENV_PATH " +
+                               path +
+                               " is neither a folder nor a file (a Python environment, or a "
+                               "tarball of one, was expected)");
+      }
+      ASYNCINFER_ASSIGN_OR_RETURN(env, unpacked_environment(env));
+    }
+    const fs::path python = env / "bin" / "python3";
+    if (!fs::exists(python, ec)) {
+      return invalid_argument_error("python model '" + setup.model_name + "': EXECUTION_ENV_PATH " +
+                                    path + " has no bin/python3");
+    }
+    setup.interpreter = python.string();
+  }
+  return Status();
+}
+
+// What every instance of the model at `file` (<repository>/<model>/<version>/model.py, as Triton
+// lays a repository out) shares, but its signature, config and host.
+Result<std::shared_ptr<PythonSetup>> make_setup(std::string_view uri, const fs::path& file,
+                                                const ModelOptions& options) {
+  auto setup = std::make_shared<PythonSetup>();
+  setup->uri = std::string(uri);
+  setup->model_py = file.string();
+  const fs::path version_dir = file.parent_path();
+  setup->model_version = version_dir.filename().string();
+  setup->model_repository = version_dir.parent_path().string();
+  setup->model_name = version_dir.parent_path().filename().string();
+  ASYNCINFER_RETURN_IF_ERROR(resolve_interpreter(*setup, options));
+  return setup;
 }
 
 // The process of one instance, shared with the host functions of its batches (which may still
@@ -174,22 +292,10 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
     return invalid_argument_error(
         "python model " + file.string() +
         ": its inputs and outputs must be given (config.pbtxt input and output, with name, "
-        "data_type and dims; auto_complete_config is not supported)");
+        "data_type and dims, or model.py's auto_complete_config adding them)");
   }
-  auto setup = std::make_shared<PythonSetup>();
-  setup->uri = std::string(uri);
-  setup->model_py = file.string();
-  // <repository>/<model>/<version>/model.py, as Triton lays a repository out.
-  const fs::path version_dir = file.parent_path();
-  setup->model_version = version_dir.filename().string();
-  setup->model_repository = version_dir.parent_path().string();
-  setup->model_name = version_dir.parent_path().filename().string();
-  setup->interpreter = std::string(kDefaultInterpreter);
+  ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<PythonSetup> setup, make_setup(uri, file, options));
   setup->host = options.host;
-  for (const auto& [key, value] : options.backend_parameters) {
-    // Other keys are model.py's own: it reads them from args["model_config"]["parameters"].
-    if (key == "python_interpreter") setup->interpreter = value;
-  }
   ModelSignature& sig = setup->signature;
   sig.inputs = options.inputs;
   sig.outputs = options.outputs;
@@ -213,9 +319,24 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   return std::shared_ptr<Model>(std::make_shared<PythonModel>(std::move(setup)));
 }
 
+// complete_model_config for model.py: its auto_complete_config, run only when the file defines
+// one (a process, numpy and model.py's imports cost a fraction of a second per load).
+Result<std::string> complete_python_config(std::string_view uri, std::string_view path,
+                                           std::string_view config_json,
+                                           const ModelOptions& options) {
+  std::error_code ec;
+  const fs::path file = fs::absolute(fs::path(path), ec);
+  std::ifstream in(file);
+  if (!in) return not_found_error("python model: no file " + std::string(path));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.find("auto_complete_config") == std::string::npos) return std::string(config_json);
+  ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<PythonSetup> setup, make_setup(uri, file, options));
+  return PythonProcess::auto_complete(std::move(setup), std::string(config_json));
+}
+
 void register_python_model_backend(ModelBackendRegistry& registry) {
-  (void)registry.add(
-      {"python", "python:<model.py> or a path ending in model.py", &load_python_model});
+  (void)registry.add({"python", "python:<model.py> or a path ending in model.py",
+                      &load_python_model, &complete_python_config});
 }
 
 }  // namespace asyncinfer::detail

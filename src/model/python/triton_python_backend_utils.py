@@ -14,8 +14,8 @@ get_input_config_by_name, get_output_config_by_name, triton_string_to_numpy,
 triton_to_numpy_type, numpy_to_triton_type, serialize_byte_tensor, deserialize_bytes_tensor,
 Logger (into the server's log), the TRITONSERVER_* flags, business logic scripting
 (InferenceRequest.exec and async_exec, decoupled or not), is_model_ready, load_model,
-unload_model, and custom metrics (MetricFamily, Metric). Not covered: DLPack and GPU tensors,
-auto_complete_config, load_model's files.
+unload_model, and custom metrics (MetricFamily, Metric). ModelConfig (auto_complete_config). Not covered: DLPack and GPU
+tensors, load_model's files.
 """
 
 import json
@@ -331,6 +331,105 @@ class InferenceRequest:
         """exec() for an `async def execute`: awaits the response without blocking the event
         loop, so that many calls run at once (asyncio.gather)."""
         return await _host.async_exec(self, decoupled)
+
+
+class ModelConfig:
+    """What auto_complete_config(auto_complete_model_config) is given and returns (Triton's
+    pb_utils.ModelConfig): the model's configuration as the server read it, which the model may
+    complete. A setting that contradicts what the configuration already says raises ValueError,
+    and the model does not load."""
+
+    def __init__(self, model_config):
+        if isinstance(model_config, str):
+            model_config = json.loads(model_config)
+        self._config = model_config
+        self._config.setdefault("input", [])
+        self._config.setdefault("output", [])
+        self._config.setdefault("max_batch_size", 0)
+
+    def _name(self):
+        return self._config.get("name", "")
+
+    def as_dict(self):
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size):
+        given = int(self._config.get("max_batch_size", 0))
+        if given > max_batch_size:
+            raise ValueError(
+                "the configuration of model '%s' says max_batch_size %d, but its "
+                "auto_complete_config sets max_batch_size %d" % (self._name(), given,
+                                                                  max_batch_size))
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self):
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._config:
+                raise ValueError(
+                    "the configuration of model '%s' schedules with %s, but its "
+                    "auto_complete_config sets dynamic_batching" % (self._name(), other))
+        self._config.setdefault("dynamic_batching", {})
+
+    def _add_tensor(self, section, tensor):
+        what = section  # "input" or "output"
+        allowed = ("name", "data_type", "dims") + (("optional",) if section == "input" else ())
+        if not isinstance(tensor, dict):
+            raise ValueError("add_%s of model '%s' takes a dict" % (what, self._name()))
+        for key in tensor:
+            if key not in allowed:
+                raise ValueError("%s '%s' of model '%s' in auto_complete_config has property "
+                                 "'%s'; the properties are %s"
+                                 % (what, tensor.get("name", "?"), self._name(), key,
+                                    ", ".join(allowed)))
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError("%s '%s' of model '%s' in auto_complete_config has no '%s'"
+                                 % (what, tensor.get("name", "?"), self._name(), key))
+        for given in self._config[section]:
+            if given.get("name") != tensor["name"]:
+                continue
+            dtype = given.get("data_type", "TYPE_INVALID")
+            if dtype not in ("", "TYPE_INVALID") and dtype != tensor["data_type"]:
+                raise ValueError(
+                    "model '%s': the configuration says data_type %s for %s '%s', its "
+                    "auto_complete_config says %s" % (self._name(), dtype, what, tensor["name"],
+                                                      tensor["data_type"]))
+            dims = [int(d) for d in given.get("dims", [])]
+            if dims and dims != [int(d) for d in tensor["dims"]]:
+                raise ValueError(
+                    "model '%s': the configuration says dims %s for %s '%s', its "
+                    "auto_complete_config says %s" % (self._name(), dims, what, tensor["name"],
+                                                      list(tensor["dims"])))
+            given.setdefault("data_type", tensor["data_type"])
+            if given.get("data_type") in ("", "TYPE_INVALID"):
+                given["data_type"] = tensor["data_type"]
+            if not dims:
+                given["dims"] = [int(d) for d in tensor["dims"]]
+            return
+        entry = {"name": tensor["name"], "data_type": tensor["data_type"],
+                 "dims": [int(d) for d in tensor["dims"]]}
+        if tensor.get("optional"):
+            entry["optional"] = True
+        self._config[section].append(entry)
+
+    def add_input(self, input):  # noqa: A002 — Triton's name
+        self._add_tensor("input", input)
+
+    def add_output(self, output):
+        self._add_tensor("output", output)
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError("model_transaction_policy of model '%s' has property '%s'; the "
+                                 "one property is 'decoupled'" % (self._name(), key))
+        want = bool(transaction_policy_dict.get("decoupled", False))
+        given = self._config.get("model_transaction_policy")
+        if given is not None and "decoupled" in given and bool(given["decoupled"]) != want:
+            raise ValueError(
+                "the configuration of model '%s' says decoupled: %s, its auto_complete_config "
+                "says %s" % (self._name(), bool(given["decoupled"]), want))
+        self._config["model_transaction_policy"] = {"decoupled": want}
 
 
 _host = None  # the stub's Host (asyncinfer_python_stub.py): the server's side of the calls
