@@ -21,12 +21,11 @@ import argparse
 import csv
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+import peer_servers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -72,25 +71,6 @@ instance_group [ { kind: KIND_CPU, count: 2 } ]
 """ % (name, batching)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(http_port, model, timeout=60):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            url = "http://127.0.0.1:%d/v2/models/%s/ready" % (http_port, model)
-            if urllib.request.urlopen(url, timeout=2).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not turn ready")
-
-
 def perf(pa, grpc_port, model, args, sequences):
     out = tempfile.mktemp(suffix=".csv")
     cmd = [pa, "-m", model, "-i", "grpc", "--streaming", "-u", "127.0.0.1:%d" % grpc_port,
@@ -112,8 +92,7 @@ def perf(pa, grpc_port, model, args, sequences):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tritonserver", help="pytriton's tritonserver folder",
-                   default=os.path.join(ROOT, ".venv", "triton", "lib", "python3.11",
-                                        "site-packages", "pytriton", "tritonserver"))
+                   default=peer_servers.DEFAULT_TRITONSERVER)
     p.add_argument("--cli", required=True, help="the asyncinfer program")
     p.add_argument("--perf-analyzer", default=os.path.join(ROOT, "scripts", "perf_analyzer"))
     p.add_argument("--concurrency", type=int, default=64)
@@ -131,38 +110,13 @@ def main():
     rows = []
     try:
         for server in ("asyncinfer", "triton"):
-            http, grpc, metrics = free_port(), free_port(), free_port()
-            if server == "asyncinfer":
-                cmd = [args.cli, "serve", "--model-repository", repo, "--host", "127.0.0.1",
-                       "--http-port", str(http), "--grpc-port", str(grpc),
-                       "--metrics-port", str(metrics)]
-                env = dict(os.environ)
-            else:
-                ts = args.tritonserver
-                site = os.path.dirname(os.path.dirname(os.path.abspath(ts)))
-                cmd = [os.path.join(ts, "bin", "tritonserver"), "--model-repository=" + repo,
-                       "--backend-directory=" + os.path.join(ts, "backends"),
-                       "--http-address=127.0.0.1", "--http-port=%d" % http,
-                       "--grpc-address=127.0.0.1", "--grpc-port=%d" % grpc,
-                       "--metrics-address=127.0.0.1", "--metrics-port=%d" % metrics,
-                       "--log-info=false"]
-                env = dict(os.environ, PYTHONPATH=site)
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    env=env)
-            try:
-                wait_ready(http, "seq_acc")
+            with peer_servers.serve(server, repo, ["seq_acc"], args.cli,
+                                    args.tritonserver) as (_http, grpc):
                 rows.append((server, "sequences") + perf(args.perf_analyzer, grpc, "seq_acc",
                                                          args, True))
                 if server == "asyncinfer":
                     rows.append((server, "no sequences") + perf(args.perf_analyzer, grpc,
                                                                 "plain_acc", args, False))
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
     finally:
         shutil.rmtree(repo, ignore_errors=True)
     print("| server | model | requests/s | p50 us | p99 us |")
