@@ -107,6 +107,66 @@ class TritonPythonModel:
         return out
 '''
 
+# A stateful model (sequence_batching, implicit state): OUTPUT = the sequence's running sum.
+ACC_CONFIG = """name: "acc"
+backend: "python"
+max_batch_size: 8
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  state [ { input_name: "ACC_IN", output_name: "ACC_OUT", data_type: TYPE_INT32, dims: [ 1 ],
+            initial_state: { data_type: TYPE_INT32, dims: [ 1 ], zero_data: true, name: "z" } } ]
+}
+input [ { name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+ACC = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+            acc = pb_utils.get_input_tensor_by_name(r, "ACC_IN").as_numpy()
+            total = (acc + x).astype(np.int32)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("ACC_OUT", total)]))
+        return out
+'''
+
+# Two sequences through `acc`, interleaved, by BLS (correlation_id and START / END flags): x[0]
+# and x[1] three times each; y = [sum of the first, sum of the second, 0, 0].
+SEQ_CALLER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+START = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            sums = [0, 0]
+            for step in range(3):
+                flags = (START if step == 0 else 0) | (END if step == 2 else 0)
+                for k, cid in enumerate((7001, "seq-b")):
+                    v = np.array([[int(x[k])]], np.int32)
+                    resp = pb_utils.InferenceRequest(
+                        model_name="acc", inputs=[pb_utils.Tensor("INPUT", v)],
+                        requested_output_names=["OUTPUT"], correlation_id=cid,
+                        flags=flags).exec()
+                    if resp.has_error():
+                        raise pb_utils.TritonModelException(resp.error().message())
+                    sums[k] = int(pb_utils.get_output_tensor_by_name(resp, "OUTPUT")
+                                  .as_numpy()[0][0])
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("y", np.array(sums + [0, 0], np.float32))]))
+        return out
+'''
+
 # async execute: 32 concurrent calls to `double`, summed: y = 64x.
 FAN_OUT = '''
 import asyncio
@@ -256,6 +316,12 @@ class TritonPythonModel:
             except pb_utils.TritonModelException as e:
                 return "error: " + str(e)
             return "no error"
+        if q == "reschedule":
+            try:
+                self.request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            except pb_utils.TritonModelException as e:
+                return "error: " + str(e)
+            return "no error"
         if q == "unload_double":
             pb_utils.unload_model("double")
             return "unloaded %s" % pb_utils.is_model_ready("double")
@@ -268,6 +334,7 @@ class TritonPythonModel:
         out = []
         for r in requests:
             q = pb_utils.get_input_tensor_by_name(r, "text").as_numpy()[0].decode()
+            self.request = r
             self.calls.increment(1)
             self.hist.observe(5.0)
             pb_utils.Logger.log_warn("tools asked %s" % q)
@@ -301,6 +368,8 @@ class Bls(harness.unittest.TestCase):
         add(cls.repo, "double_any", config("double_any", [("x", "TYPE_FP32", [-1])],
                                            [("y", "TYPE_FP32", [-1])]), DOUBLE)
         add(cls.repo, "big", config("big", X, Y), BIG)
+        add(cls.repo, "acc", ACC_CONFIG, ACC)
+        add(cls.repo, "seq_caller", config("seq_caller", X, Y), SEQ_CALLER)
         add(cls.repo, "ping", config("ping", X, Y), PING % "pong")
         add(cls.repo, "pong", config("pong", X, Y), PING % "ping")
         add(cls.repo, "self_call", config("self_call", X, Y), PING % "self_call")
@@ -343,6 +412,11 @@ class Bls(harness.unittest.TestCase):
     def test_async_exec_fans_out(self):
         x = np.float32([1, -1, 0.5, 2])
         np.testing.assert_allclose(self.call("fan_out", x), 64 * x)
+
+    def test_bls_drives_sequences_of_a_stateful_model(self):
+        np.testing.assert_array_equal(self.call("seq_caller", [2, 5, 0, 0]), [6, 15, 0, 0])
+        # Each call started its sequences afresh (START): the same again.
+        np.testing.assert_array_equal(self.call("seq_caller", [1, 1, 0, 0]), [3, 3, 0, 0])
 
     def test_large_tensors_travel_in_memfds(self):
         np.testing.assert_array_equal(self.call("big", [1, 2, 3, 4]), [1, 2, 3, 4])
@@ -397,6 +471,7 @@ class Bls(harness.unittest.TestCase):
         self.assertIn("Prometheus name", self.ask("bad_metric"))
         self.assertIn("COUNTER, GAUGE or HISTOGRAM", self.ask("bad_kind"))
         self.assertIn("takes increment()", self.ask("counter_set"))
+        self.assertIn("iterative_sequence", self.ask("reschedule"))
         with urllib.request.urlopen(self.server.metrics_url, timeout=10) as r:
             metrics = r.read().decode()
         self.assertRegex(metrics, r'bls_tools_calls\{model="tools",version="1"\} [1-9]')

@@ -313,6 +313,17 @@ class InferenceRequest:
     def is_cancelled(self):
         return self._sender is not None and self._sender.is_cancelled()
 
+    def set_release_flags(self, flags):
+        """Triton's request rescheduling: only TRITONSERVER_REQUEST_RELEASE_ALL (what happens
+        anyway) is accepted. TRITONSERVER_REQUEST_RELEASE_RESCHEDULE needs iterative sequences
+        (sequence_batching { iterative_sequence: true }), which asyncinfer refuses at load."""
+        if flags == TRITONSERVER_REQUEST_RELEASE_ALL:
+            return
+        raise TritonModelException(
+            "set_release_flags(%r): request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
+            "is not supported by asyncinfer; it needs sequence_batching { iterative_sequence: "
+            "true }, which is refused at load" % (flags,))
+
     def get_response_sender(self):
         if self._sender is None or not self._sender._decoupled:
             raise TritonModelException(
