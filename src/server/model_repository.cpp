@@ -871,18 +871,13 @@ namespace {
 // planned again; the plan as it was when model.py adds nothing.
 Result<ModelPlan> auto_complete(ModelPlan plan, const fs::path& dir, const std::string& name) {
   std::error_code ec;
-  std::int64_t newest = -1;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string v = entry.path().filename().string();
-    std::int64_t n = 0;
-    const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (err == std::errc() && end == v.data() + v.size() && n > newest &&
-        fs::exists(entry.path() / plan.model_filename, ec)) {
-      newest = n;
-    }
+  fs::path file;
+  const std::vector<std::int64_t> versions = version_folders(dir);  // ascending
+  for (auto v = versions.rbegin(); v != versions.rend() && file.empty(); ++v) {
+    const fs::path candidate = dir / std::to_string(*v) / plan.model_filename;
+    if (fs::exists(candidate, ec)) file = candidate;
   }
-  if (newest < 0) return plan;  // the load says which file is missing
-  const fs::path file = dir / std::to_string(newest) / plan.model_filename;
+  if (file.empty()) return plan;  // the load says which file is missing
   ASYNCINFER_ASSIGN_OR_RETURN(std::string given, given_model_config_json(plan));
   ModelOptions mo;
   mo.backend_parameters = plan.backend_parameters;

@@ -547,6 +547,19 @@ class OutputArena:
         return specs, fds, extra
 
 
+def _model_class(path):
+    """model.py imported as the module `model` (its folder on sys.path): its TritonPythonModel."""
+    sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location("model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None:
+        raise AttributeError("%s defines no class TritonPythonModel" % path)
+    return cls
+
+
 class Stub:
     def __init__(self, utils):
         self.utils = utils
@@ -622,15 +635,7 @@ class Stub:
             self.output_names.add(st.get("output_name", ""))
         policy = self.model_config.get("model_transaction_policy") or {}
         self.decoupled = bool(policy.get("decoupled", False))
-        path = msg["model_py"]
-        sys.path.insert(0, os.path.dirname(path))
-        spec = importlib.util.spec_from_file_location("model", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["model"] = module
-        spec.loader.exec_module(module)
-        if not hasattr(module, "TritonPythonModel"):
-            raise AttributeError("%s defines no class TritonPythonModel" % path)
-        self.model = module.TritonPythonModel()
+        self.model = _model_class(msg["model_py"])()
         if hasattr(self.model, "initialize"):
             self.model.initialize(args)
 
@@ -740,15 +745,7 @@ class Stub:
     def auto_complete(self, msg):
         """Triton's auto-complete: model.py's auto_complete_config(config) on the config given;
         replies with the config it returns, then this process ends."""
-        path = msg["model_py"]
-        sys.path.insert(0, os.path.dirname(path))
-        spec = importlib.util.spec_from_file_location("model", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["model"] = module
-        spec.loader.exec_module(module)
-        cls = getattr(module, "TritonPythonModel", None)
-        if cls is None:
-            raise AttributeError("%s defines no class TritonPythonModel" % path)
+        cls = _model_class(msg["model_py"])
         config = self.utils.ModelConfig(msg["config"])
         fn = getattr(cls, "auto_complete_config", None)
         if fn is not None:
