@@ -82,6 +82,11 @@ struct TensorSpec {
   std::string name;
   DType dtype = DType::f32;
   Shape shape;
+  /// An input a request may leave out (Triton's `optional: true`): its slot in the request's
+  /// inputs is then an undefined Tensor, and a batch holds it only when every request of the
+  /// batch left it out. Only backends that say so take such inputs (the python backend hands
+  /// the model the inputs that came). Ignored on outputs.
+  bool optional = false;
 };
 
 struct ModelSignature {

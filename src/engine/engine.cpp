@@ -82,7 +82,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   Status v = validate_inputs(given, inputs);
   if (!v.ok()) return v.with_context(context("bad input", o.tag));
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].is_host_accessible()) {
+    if (inputs[i].defined() && !inputs[i].is_host_accessible()) {
       return invalid_argument_error(context("bad input", o.tag) + ": input '" +
                                     given.inputs[i].name +
                                     "' is in device memory; pass host tensors");
@@ -122,7 +122,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   if (caller_runs_ && !caller_runs_tripped_.load(std::memory_order_relaxed)) {
     r->caller_run_max = o.caller_run_max_compute;
   }
-  r->rows = sig_.batched ? inputs[0].dim(0) : 1;
+  r->rows = sig_.batched ? detail::request_rows(inputs) : 1;
   // Guarantee 6: the caller may overwrite its buffers once submit returns. A tensor still
   // referenced elsewhere is copied; one moved in is used as it is.
   bool copied = false;
@@ -158,7 +158,7 @@ Status EngineCore::check_sequence(const Inputs& inputs, const RequestOptions& o)
     return invalid_argument_error("inference request to model '" + model +
                                   "' must specify a non-zero or non-empty correlation ID");
   }
-  if (sig_.batched && !inputs.empty() && inputs[0].dim(0) != 1) {
+  if (sig_.batched && detail::request_rows(inputs) != 1) {
     return invalid_argument_error("inference request to model '" + model +
                                   "' must specify batch-size 1 due to requirements of sequence "
                                   "batcher");

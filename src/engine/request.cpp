@@ -9,6 +9,7 @@ bool batch_compatible(const Request& a, const Request& b) noexcept {
   for (std::size_t i = 0; i < a.inputs.size(); ++i) {
     const Tensor& x = a.inputs[i];
     const Tensor& y = b.inputs[i];
+    if (x.defined() != y.defined()) return false;  // an optional input one of them left out
     if (x.dtype() != y.dtype() || x.rank() != y.rank()) return false;
     if (!std::equal(x.shape().begin() + (x.rank() > 0 ? 1 : 0), x.shape().end(),
                     y.shape().begin() + (y.rank() > 0 ? 1 : 0))) {
@@ -16,6 +17,13 @@ bool batch_compatible(const Request& a, const Request& b) noexcept {
     }
   }
   return true;
+}
+
+std::int64_t request_rows(const Inputs& inputs) noexcept {
+  for (const Tensor& t : inputs) {
+    if (t.defined()) return t.rank() > 0 ? t.shape()[0] : 1;
+  }
+  return 1;
 }
 
 std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
@@ -28,6 +36,10 @@ std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
     }
   };
   for (const Tensor& t : inputs) {
+    if (!t.defined()) {  // an optional input left out
+      mix(~0ULL);
+      continue;
+    }
     mix(static_cast<std::uint64_t>(t.dtype()));
     mix(t.rank());
     for (std::size_t d = batched ? 1 : 0; d < t.rank(); ++d) {

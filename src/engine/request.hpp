@@ -253,5 +253,8 @@ struct Pending {
 bool batch_compatible(const Request& a, const Request& b) noexcept;
 /// Hash of dtypes and non-batch dims.
 std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept;
+/// Rows (dim 0) of a batched request: of its first input that it gives (an optional input may
+/// be left out); 1 when it gives none.
+std::int64_t request_rows(const Inputs& inputs) noexcept;
 
 }  // namespace asyncinfer::detail

@@ -367,6 +367,10 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
         for (std::size_t j = 0; j < batch.requests.size(); ++j) {
           parts[j] = batch.requests[j]->inputs[i];
         }
+        if (!parts[0].defined()) {  // an optional input that the whole batch left out
+          io.host_inputs.emplace_back();
+          continue;
+        }
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, concat_dim0(parts));
         io.host_inputs.push_back(std::move(t));
       }
@@ -376,6 +380,10 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
     } else {
       io.inputs.reserve(io.host_inputs.size());
       for (const Tensor& h : io.host_inputs) {
+        if (!h.defined()) {
+          io.inputs.emplace_back();
+          continue;
+        }
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor d, ctx_.device.empty_like(h, MemoryKind::device));
         ASYNCINFER_RETURN_IF_ERROR(stream_->copy(d, h));
         io.inputs.push_back(std::move(d));

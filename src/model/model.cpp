@@ -34,6 +34,7 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
                                   names + "), got " + std::to_string(inputs.size()));
   }
   std::int64_t batch = -1;
+  std::size_t batch_from = 0;  // the input that set `batch`
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const TensorSpec& spec = sig.inputs[i];
     const Tensor& t = inputs[i];
@@ -41,7 +42,10 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
     auto expected = [&spec] {
       return std::string(to_string(spec.dtype)) + shape_to_string(spec.shape);
     };
-    if (!t.defined()) return invalid_argument_error("input '" + spec.name + "' is undefined");
+    if (!t.defined()) {
+      if (spec.optional) continue;  // left out, as the model allows
+      return invalid_argument_error("input '" + spec.name + "' is undefined");
+    }
     if (t.dtype() != spec.dtype) {
       return invalid_argument_error("input '" + spec.name + "': expected dtype " +
                                     std::string(to_string(spec.dtype)) + " (" + expected() +
@@ -67,10 +71,11 @@ Status validate_inputs(const ModelSignature& sig, std::span<const Tensor> inputs
                                       std::to_string(b) + ", expected at least 1");
       }
       if (batch >= 0 && b != batch) {
-        return invalid_argument_error("input '" + spec.name + "': batch dim 0 is " +
-                                      std::to_string(b) + " but input '" + sig.inputs[0].name +
-                                      "' has " + std::to_string(batch));
+        return invalid_argument_error(
+            "input '" + spec.name + "': batch dim 0 is " + std::to_string(b) + " but input '" +
+            sig.inputs[batch_from].name + "' has " + std::to_string(batch));
       }
+      if (batch < 0) batch_from = i;
       batch = b;
       if (sig.batch_limit && b > *sig.batch_limit) {
         return invalid_argument_error("input '" + spec.name + "': batch of " + std::to_string(b) +

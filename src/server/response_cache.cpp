@@ -40,12 +40,17 @@ CacheKey response_cache_key(std::string_view model, std::int64_t version,
   key.bytes.append(std::to_string(version)).push_back('\0');
   key.bytes.append(std::to_string(generation)).push_back('\0');
   for (const Tensor& t : inputs) {
+    if (!t.defined()) {  // an optional input left out
+      key.bytes.push_back('-');
+      continue;
+    }
     key.bytes.append(to_string(t.dtype())).push_back('[');
     for (std::int64_t d : t.shape()) key.bytes.append(std::to_string(d)).push_back(',');
     key.bytes.push_back(']');
   }
   const std::size_t meta = key.bytes.size();
   for (const Tensor& t : inputs) {
+    if (t.byte_size() == 0) continue;
     key.bytes.append(static_cast<const char*>(t.data()), t.byte_size());
   }
   std::uint64_t h = hash_bytes(key.bytes.data(), meta);

@@ -753,6 +753,10 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
   for (const std::int64_t r : rows) {
     for (std::size_t i = 0; i < sig.inputs.size(); ++i) {
       Tensor t = io.host_inputs.at(i);
+      if (!t.defined()) {  // an optional input the requests left out: not sent
+        parts.push_back({t, total});
+        continue;
+      }
       if (split) {
         ASYNCINFER_ASSIGN_OR_RETURN(t, t.slice(begin, begin + r));
       }
@@ -792,6 +796,7 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
     json inputs = json::array();
     for (std::size_t i = 0; i < sig.inputs.size(); ++i, ++k) {
       const Part& p = parts[k];
+      if (!p.tensor.defined()) continue;
       if (p.tensor.byte_size() > 0) {
         std::memcpy(static_cast<char*>(in_map_) + p.offset, p.tensor.data(), p.tensor.byte_size());
       }
