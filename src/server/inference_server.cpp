@@ -47,7 +47,8 @@ std::shared_ptr<const RequestContext> python_request_context(const std::string& 
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, value] : parameters) {
     if (key == "timeout" || key == "priority" || key == "sequence_id" || key == "sequence_start" ||
-        key == "sequence_end" || key == "binary_data_output") {
+        key == "sequence_end" || key == "binary_data_output" ||
+        key == "triton_enable_empty_final_response") {
       continue;  // Triton's reserved parameters: the server applies them
     }
     std::visit([&, k = &key](const auto& v) { j[*k] = v; }, value);
@@ -298,6 +299,56 @@ Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_
 
 // ---- checking a request -------------------------------------------------------------------------
 
+Result<Tensor> InferenceServer::bytes_input(const ModelVersion& model, std::string_view name,
+                                            Shape shape, std::string serialized) {
+  std::size_t expected = 1;
+  for (const std::int64_t d : shape)
+    expected *= static_cast<std::size_t>(std::max<std::int64_t>(d, 0));
+  const std::string where =
+      "for inference input '" + std::string(name) + "' for model '" + model.model_name + "'";
+  std::size_t at = 0;
+  std::size_t count = 0;
+  while (at < serialized.size()) {
+    if (count == expected) {
+      return invalid_argument_error("unexpected number of string elements " +
+                                    std::to_string(count + 1) + " " + where + ", expecting " +
+                                    std::to_string(expected));
+    }
+    if (serialized.size() - at < 4) {
+      return invalid_argument_error("incomplete string length indicator " + where +
+                                    ", expecting 4 bytes but only " +
+                                    std::to_string(serialized.size() - at) + " bytes available");
+    }
+    std::uint32_t n = 0;
+    for (int b = 0; b < 4; ++b) {
+      n |= static_cast<std::uint32_t>(static_cast<unsigned char>(serialized[at + b])) << (8 * b);
+    }
+    at += 4;
+    if (n > serialized.size() - at) {
+      return invalid_argument_error("string element " + std::to_string(count) + " " + where +
+                                    " has length " + std::to_string(n) + " but only " +
+                                    std::to_string(serialized.size() - at) +
+                                    " bytes follow its length");
+    }
+    at += n;
+    ++count;
+  }
+  if (count != expected) {
+    return invalid_argument_error("expected " + std::to_string(expected) + " string elements " +
+                                  where + ", got " + std::to_string(count));
+  }
+  auto t = Tensor::from_serialized(std::move(shape), std::move(serialized));
+  if (!t.ok()) return t.status().with_context("input '" + std::string(name) + "'");
+  return t;
+}
+
+Status InferenceServer::byte_size_mismatch(const ModelVersion& model, std::string_view name,
+                                           std::size_t expected, std::size_t got) {
+  return invalid_argument_error("input byte size mismatch for input '" + std::string(name) +
+                                "' for model '" + model.model_name + "'. Expected " +
+                                std::to_string(expected) + ", got " + std::to_string(got));
+}
+
 Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::string_view name,
                                                std::string_view datatype,
                                                std::span<const std::int64_t> shape) {
@@ -306,8 +357,9 @@ Result<InputSlot> InferenceServer::check_input(const ModelVersion& model, std::s
   auto it = std::find_if(sig.inputs.begin(), sig.inputs.end(),
                          [&](const TensorSpec& s) { return s.name == name; });
   if (it == sig.inputs.end()) {
-    return invalid_argument_error("model '" + model.model_name + "' has no input '" +
-                                  std::string(name) + "' (inputs: " + names_of(sig.inputs) + ")");
+    return invalid_argument_error("unexpected inference input '" + std::string(name) +
+                                  "' for model '" + model.model_name +
+                                  "' (inputs: " + names_of(sig.inputs) + ")");
   }
   auto dtype = dtype_from_oip(datatype);
   if (!dtype.ok()) return dtype.status().with_context(what);
@@ -453,6 +505,17 @@ Result<bool> parameter_bool(const ParameterValue& value, std::string_view name) 
 
 Result<RequestOptions> InferenceServer::request_options(const Parameters& parameters) {
   RequestOptions o;
+  // Triton keeps the "triton_" prefix for itself; of those keys a client may send only
+  // triton_enable_empty_final_response (its common.h; the words are its HTTP frontend's).
+  for (auto it = parameters.lower_bound("triton_");
+       it != parameters.end() && it->first.starts_with("triton_"); ++it) {
+    if (it->first != "triton_enable_empty_final_response") {
+      return invalid_argument_error(
+          "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+          "be specified. (parameter '" +
+          it->first + "')");
+    }
+  }
   if (auto it = parameters.find("timeout"); it != parameters.end()) {
     // Triton's request parameter, in microseconds; 0 = no timeout of the request's own.
     ASYNCINFER_ASSIGN_OR_RETURN(
@@ -511,6 +574,44 @@ std::string decoupled_message(const std::string& model_name) {
          "request): use gRPC ModelStreamInfer or HTTP POST .../generate_stream";
 }
 
+namespace {
+
+// Triton's count check: too many or too few inputs, or a required one missing, in its words
+// ("expected 3 inputs but got 1 inputs for model 'M'. Got input(s) ['A'], but missing required
+// input(s) ['B','C']. Please provide all required input(s)."; "expected number of inputs between
+// 3 and 4 ..." where some are optional; qa/L0_input_validation), then an unknown name ("unexpected
+// inference input 'X' for model 'M'", with the inputs it has).
+Status check_input_count(const std::string& model, const ModelSignature& sig,
+                         const std::vector<InferInput>& given, const Inputs& placed,
+                         const std::string* unknown) {
+  std::size_t required = 0;
+  std::string missing;
+  for (std::size_t i = 0; i < sig.inputs.size(); ++i) {
+    if (sig.inputs[i].optional) continue;
+    ++required;
+    if (!placed[i].defined()) missing += (missing.empty() ? "'" : ",'") + sig.inputs[i].name + "'";
+  }
+  const bool count_ok = given.size() >= required && given.size() <= sig.inputs.size();
+  if (count_ok && unknown != nullptr) {
+    return invalid_argument_error("unexpected inference input '" + *unknown + "' for model '" +
+                                  model + "' (inputs: " + names_of(sig.inputs) + ")");
+  }
+  if (count_ok && missing.empty()) return Status();
+  std::string got;
+  for (const InferInput& in : given) got += (got.empty() ? "'" : ",'") + in.name + "'";
+  const std::string expected = required == sig.inputs.size()
+                                   ? "expected " + std::to_string(required) + " inputs"
+                                   : "expected number of inputs between " +
+                                         std::to_string(required) + " and " +
+                                         std::to_string(sig.inputs.size());
+  return invalid_argument_error(expected + " but got " + std::to_string(given.size()) +
+                                " inputs for model '" + model + "'. Got input(s) [" + got +
+                                "], but missing required input(s) [" + missing +
+                                "]. Please provide all required input(s).");
+}
+
+}  // namespace
+
 // ---- submission ---------------------------------------------------------------------------------
 
 Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferRequest request,
@@ -524,24 +625,24 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
                              " is not ready");
   }
   const ModelSignature& sig = model.signature;
-  // Inputs in signature order; each once; none missing.
+  // Inputs in signature order; each once; every required one given (optional ones may be left
+  // out), checked in Triton's order and words (its core's request validation).
   Inputs inputs(sig.inputs.size());
+  const std::string* unknown = nullptr;
   for (InferInput& in : request.inputs) {
     auto it = std::find_if(sig.inputs.begin(), sig.inputs.end(),
                            [&](const TensorSpec& s) { return s.name == in.name; });
     if (it == sig.inputs.end()) {
-      return invalid_argument_error("model '" + model.model_name + "' has no input '" + in.name +
-                                    "' (inputs: " + names_of(sig.inputs) + ")");
+      if (unknown == nullptr) unknown = &in.name;
+      continue;
     }
     Tensor& slot = inputs[static_cast<std::size_t>(it - sig.inputs.begin())];
     if (slot.defined()) return invalid_argument_error("input '" + in.name + "' is given twice");
     slot = std::move(in.tensor);
   }
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      return invalid_argument_error("input '" + sig.inputs[i].name + "' is missing (model '" +
-                                    model.model_name + "' needs " + names_of(sig.inputs) + ")");
-    }
+  if (Status s = check_input_count(model.model_name, sig, request.inputs, inputs, unknown);
+      !s.ok()) {
+    return s;
   }
   // Outputs asked for: known, each once.
   std::vector<std::size_t> selected;
@@ -574,7 +675,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
   options.context = std::move(request.context);
-  if (!options.context && model.platform == "python" &&
+  if (!options.context && (model.platform == "python" || model.ensemble) &&
       (!request.id.empty() || !request.parameters.empty())) {
     options.context = python_request_context(request.id, request.parameters);
   }

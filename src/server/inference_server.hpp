@@ -271,6 +271,16 @@ class InferenceServer {
   static Result<InputSlot> check_input(const ModelVersion& model, std::string_view name,
                                        std::string_view datatype,
                                        std::span<const std::int64_t> shape);
+  /// BYTES input `name` of `model` from its serialized elements (each a 4-byte little-endian
+  /// length, then that many bytes), as many as `shape` holds. invalid_argument in Triton's words
+  /// (its core's request validation; qa/L0_input_validation) when fewer come ("expected 16 string
+  /// elements for inference input 'X' for model 'M', got 14") or more ("unexpected number of
+  /// string elements 17 ..., expecting 16"), or when a length runs past the end.
+  static Result<Tensor> bytes_input(const ModelVersion& model, std::string_view name, Shape shape,
+                                    std::string serialized);
+  /// The words Triton uses when an input's data is not the size its shape and datatype need.
+  static Status byte_size_mismatch(const ModelVersion& model, std::string_view name,
+                                   std::size_t expected, std::size_t got);
   /// Whether the model has output `name`; invalid_argument listing the outputs otherwise.
   static Result<const TensorSpec*> check_output(const ModelVersion& model, std::string_view name);
 

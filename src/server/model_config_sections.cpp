@@ -214,8 +214,11 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
     }
     if (in.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
     if (in.allow_ragged_batch()) return bad(model, field + ": allow_ragged_batch is not supported");
-    if (in.optional()) {
-      return bad(model, field + ": optional inputs are not supported (every input is required)");
+    if (in.optional() && plan.backend != ModelPlan::Backend::python) {
+      // Only the python backend hands a model the inputs that came, as Triton's does.
+      return bad(model, field +
+                            ": optional inputs are served for python models only (this "
+                            "backend needs every input)");
     }
     if (in.format() != inference::ModelInput::FORMAT_NONE) {
       warnings->push_back("model '" + std::string(model) + "': " + field +
@@ -224,6 +227,7 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
     ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec spec, tensor_spec(model, "input", in.name(),
                                                              in.data_type(), in.dims(), batched));
     if (!names.insert(spec.name).second) return bad(model, "input '" + spec.name + "' twice");
+    spec.optional = in.optional();
     plan.inputs.push_back(std::move(spec));
   }
   names.clear();
@@ -291,7 +295,11 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
       case inference::ModelInstanceGroup::KIND_MODEL:
         // Triton's kind for a device the model picks itself: here, its parameters "device" (what
         // GET .../config shows for a model on the simulated device, so that a config read back
-        // loads again).
+        // loads again). A python model's process picks its own device: its engine runs on cpu.
+        if (plan.device.empty() && plan.backend == ModelPlan::Backend::python) {
+          d = "cpu";
+          break;
+        }
         if (plan.device.empty()) {
           return bad(model,
                      "instance_group kind KIND_MODEL needs parameters { key: \"device\" } (the "

@@ -140,12 +140,15 @@ class BadInput(harness.unittest.TestCase):
     def test_unknown_model_version_input_output(self):
         self.bad(404, "Request for unknown model: 'nope' is not found", GOOD, path="/v2/models/nope/infer")
         self.bad(404, "version 5 is not found", GOOD, path="/v2/models/identity/versions/5/infer")
-        self.bad(400, "has no input 'x' (inputs: input0)", self.with_input(name="x"))
+        self.bad(400, "unexpected inference input 'x' for model 'identity' (inputs: input0)",
+                 self.with_input(name="x"))
         self.bad(400, "has no output 'y' (outputs: output0)",
                  dict(GOOD, outputs=[{"name": "y"}]))
 
     def test_missing_and_repeated_input(self):
-        self.bad(400, "input 'input0' is missing", {"inputs": []})
+        self.bad(400, "expected 1 inputs but got 0 inputs for model 'identity'. Got input(s) [], but "
+                 "missing required input(s) ['input0']. Please provide all required input(s).",
+                 {"inputs": []})
         self.bad(400, "input 'input0' is given twice",
                  {"inputs": [GOOD["inputs"][0], GOOD["inputs"][0]]})
         self.bad(400, "output 'output0' is requested twice",

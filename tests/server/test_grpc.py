@@ -482,7 +482,7 @@ class BadInput(RpcCase):
                  gc.infer_request("identity", self.good_input(), version="9"))
         self.invalid("failed to get model version from specified version string 'v1'", "identity",
                      self.good_input(), version="v1")
-        self.invalid("has no input 'x' (inputs: input0)", "identity",
+        self.invalid("unexpected inference input 'x' for model 'identity' (inputs: input0)", "identity",
                      [("x", "FP32", [1, 16], [1.0] * 16)])
         self.invalid("has no output 'y' (outputs: output0)", "identity", self.good_input(),
                      outputs=["y"])
@@ -490,7 +490,9 @@ class BadInput(RpcCase):
                      outputs=["output0", "output0"])
 
     def test_missing_repeated_and_nameless_inputs(self):
-        self.invalid("input 'input1' is missing", "two",
+        self.invalid("expected 2 inputs but got 1 inputs for model 'two'. Got input(s) ['input0'], "
+                     "but missing required input(s) ['input1']. Please provide all required "
+                     "input(s).", "two",
                      [("input0", "FP32", [1, 3], [1, 2, 3])])
         self.invalid("input 'input0' is given twice", "two",
                      [("input0", "FP32", [1, 3], [1, 2, 3])] * 2)
@@ -524,9 +526,9 @@ class BadInput(RpcCase):
         del r.raw_input_contents[1]
         self.bad(grpc.StatusCode.INVALID_ARGUMENT,
                  "raw_input_contents has 1 entries but the request has 2 inputs", r)
-        self.invalid("raw_input_contents[0] (input 'input0') has 63 bytes; shape [1,16] of FP32 "
-                     "needs 64", "identity", [("input0", "FP32", [1, 16], b"\0" * 63)])
-        self.invalid("has 65 bytes", "identity", [("input0", "FP32", [1, 16], b"\0" * 65)])
+        self.invalid("input byte size mismatch for input 'input0' for model 'identity'. "
+                     "Expected 64, got 63", "identity", [("input0", "FP32", [1, 16], b"\0" * 63)])
+        self.invalid("Expected 64, got 65", "identity", [("input0", "FP32", [1, 16], b"\0" * 65)])
 
     def test_raw_and_typed_together(self):
         r = gc.infer_request("two", [("input0", "FP32", [1, 3], [1, 2, 3]),

@@ -237,7 +237,7 @@ class BytesTensors(harness.unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             self.grpc_stub().ModelInfer(req, timeout=10)
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("raw_input_contents[0]", e.exception.details())
+        self.assertIn("for inference input 'input0' for model 'strings'", e.exception.details())
         self.assertIn("length 9", e.exception.details())
         # Count mismatch in bytes_contents.
         req = pb.ModelInferRequest(model_name="strings")

@@ -274,19 +274,13 @@ Result<InferRequest> decode_infer_request(const ModelVersion& model, ModelInferR
       std::string& bytes = *message.mutable_raw_input_contents(k_raw);
       if (slot.dtype == DType::bytes) {
         // Length-prefixed elements, as in HTTP's binary form (tritonclient sends BYTES this way).
-        auto t = Tensor::from_serialized(dims, std::move(bytes));
-        if (!t.ok()) {
-          return t.status().with_context("raw_input_contents[" + std::to_string(k_raw) + "] (" +
-                                         what + ")");
-        }
-        req.inputs.push_back({in.name(), std::move(*t)});
+        ASYNCINFER_ASSIGN_OR_RETURN(
+            Tensor t, InferenceServer::bytes_input(model, in.name(), dims, std::move(bytes)));
+        req.inputs.push_back({in.name(), std::move(t)});
         continue;
       }
       if (bytes.size() != slot.byte_size) {
-        return invalid_argument_error("raw_input_contents[" + std::to_string(k_raw) + "] (" + what +
-                                      ") has " + std::to_string(bytes.size()) + " bytes; shape " +
-                                      shape_to_string(shape) + " of " + in.datatype() + " needs " +
-                                      std::to_string(slot.byte_size));
+        return InferenceServer::byte_size_mismatch(model, in.name(), slot.byte_size, bytes.size());
       }
       ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, tensor_over(std::move(bytes), slot.dtype, dims));
       req.inputs.push_back({in.name(), std::move(t)});

@@ -73,9 +73,7 @@ Result<DecodedInfer> decode_raw(const ModelVersion& model, std::string_view body
         InputSlot slot,
         InferenceServer::check_input(model, spec.name, oip_datatype(spec.dtype), shape));
     if (body.size() != slot.byte_size) {
-      return invalid_argument_error(
-          "input byte size mismatch for input '" + spec.name + "' for model '" + model.model_name +
-          "'. Expected " + std::to_string(slot.byte_size) + ", got " + std::to_string(body.size()));
+      return InferenceServer::byte_size_mismatch(model, spec.name, slot.byte_size, body.size());
     }
     ASYNCINFER_ASSIGN_OR_RETURN(t, Tensor::empty(slot.dtype, shape));
     if (!body.empty()) std::memcpy(t.data(), body.data(), body.size());
