@@ -27,7 +27,7 @@ packages=(
   pybind11-dev python3-pybind11 python3-dev python3-numpy libdlpack-dev
   python3-pip python3-setuptools python3-wheel python3-venv
   python3-pytest python3-pytest-asyncio
-  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml
+  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml libre2-dev
   libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx python3-torchvision python3-psutil
   python3-pil
 )

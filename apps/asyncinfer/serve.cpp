@@ -82,6 +82,8 @@ struct ServeOptions {
   std::vector<std::string> tuning_flags;  // accepted, ignored: "--name=value" each
   std::vector<std::string> http_restricted_api;
   std::vector<std::string> grpc_restricted_protocol;
+  std::string http_header_forward_pattern;
+  std::string grpc_header_forward_pattern;
 };
 
 /// Triton's flags that only tune Triton's internals (no counterpart here): accepted with one
@@ -213,10 +215,6 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   refuse_unless("--model-namespacing", {"false", "0"}, "one repository, one name space");
   refuse_unless("--trace-level", {"OFF", "off"}, "asyncinfer does not write Triton traces");
   refuse_unless("--rate-limit-resource", {}, "asyncinfer has no rate limiter");
-  refuse_unless("--http-header-forward-pattern", {},
-                "request headers are not forwarded to models here");
-  refuse_unless("--grpc-header-forward-pattern", {},
-                "request headers are not forwarded to models here");
 }
 
 /// Applies Triton's flags to `o` (after parsing); invalid_argument naming the flag when they
@@ -354,6 +352,21 @@ int run_serve(const ServeOptions& given) {
     }
   }
 
+  std::shared_ptr<const HeaderForward> http_forward;
+  std::shared_ptr<const HeaderForward> grpc_forward;
+  for (auto [pattern, forward, option] :
+       {std::tuple{&o.http_header_forward_pattern, &http_forward, "--http-header-forward-pattern"},
+        std::tuple{&o.grpc_header_forward_pattern, &grpc_forward,
+                   "--grpc-header-forward-pattern"}}) {
+    if (pattern->empty()) continue;
+    auto made = HeaderForward::create(*pattern, option);
+    if (!made.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n", made.status().to_string().c_str());
+      return kExitUsage;
+    }
+    *forward = std::move(*made);
+  }
+
   auto mode = parse_model_control_mode(o.model_control_mode);
   if (!mode.ok()) {
     std::fprintf(stderr, "asyncinfer serve: error: %s\n", mode.status().to_string().c_str());
@@ -433,6 +446,7 @@ int run_serve(const ServeOptions& given) {
 
   HttpOptions ho;
   ho.restricted = http_restricted;
+  ho.header_forward = http_forward;
   ho.host = o.host;
   ho.http_port = o.http_port;
   ho.metrics_port = o.metrics_port;
@@ -467,6 +481,7 @@ int run_serve(const ServeOptions& given) {
   if (o.grpc_port >= 0) {
     GrpcOptions go;
     go.restricted = grpc_restricted;
+    go.header_forward = grpc_forward;
     go.host = o.host;
     go.port = o.grpc_port;
     go.max_message_bytes = o.grpc_max_message_bytes;
@@ -619,6 +634,12 @@ Command add_serve_command(CLI::App& parent) {
                   "Triton's <api>[,<api>...]:<key>=<value> for gRPC: the calls of those "
                   "categories need the metadata triton-grpc-protocol-<key>: <value> "
                   "(UNAVAILABLE otherwise); repeatable");
+  app->add_option("--http-header-forward-pattern", o->http_header_forward_pattern,
+                  "Triton's: request headers whose name matches this RE2 pattern (anywhere, "
+                  "case-insensitive unless it says (?-i)) reach the model as string request "
+                  "parameters");
+  app->add_option("--grpc-header-forward-pattern", o->grpc_header_forward_pattern,
+                  "Triton's: the same for gRPC metadata");
   app->add_option("--max-connections", o->max_connections,
                   "Open HTTP connections at most (429 above)")
       ->capture_default_str()

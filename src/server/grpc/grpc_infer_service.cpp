@@ -86,6 +86,7 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
       return finish(resource_exhausted_error(impl_.core.memory().exhausted_message(bytes)));
     }
     parsed.request.deadline = call_deadline(ctx_);
+    impl_.forward_headers(ctx_, parsed.request.parameters);
     auto accepted = impl_.core.submit(parsed.model, std::move(parsed.request),
                                       [this](Result<InferResponse> r) { complete(std::move(r)); });
     if (!accepted.ok()) return finish(accepted.status());

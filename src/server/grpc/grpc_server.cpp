@@ -48,6 +48,15 @@ void CountedUnary::OnDone() {
   delete this;
 }
 
+void GrpcServer::Impl::forward_headers(const grpc::CallbackServerContext* ctx,
+                                       Parameters& parameters) const {
+  if (!opt.header_forward) return;
+  for (const auto& [key, value] : ctx->client_metadata()) {
+    opt.header_forward->forward(std::string_view(key.data(), key.size()),
+                                std::string_view(value.data(), value.size()), parameters);
+  }
+}
+
 grpc::Status GrpcServer::Impl::restricted(const grpc::CallbackServerContext* ctx,
                                           ApiCategory category) const {
   const ApiRestriction* r = opt.restricted.find(category);

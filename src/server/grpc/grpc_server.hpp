@@ -53,6 +53,7 @@
 
 #include "frontend.hpp"
 #include "inference_server.hpp"
+#include "header_forward.hpp"
 #include "restricted_api.hpp"
 
 namespace asyncinfer::server {
@@ -100,6 +101,9 @@ struct GrpcOptions {
   /// --grpc-restricted-protocol: the API categories that answer only a call carrying their
   /// metadata key "triton-grpc-protocol-<key>" (restricted_api.hpp); UNAVAILABLE otherwise.
   RestrictedApis restricted;
+  /// --grpc-header-forward-pattern: the call's metadata that reaches the model as string request
+  /// parameters (header_forward.hpp); null = none.
+  std::shared_ptr<const HeaderForward> header_forward;
 };
 
 class GrpcServer : public Frontend {

@@ -157,6 +157,8 @@ struct GrpcServer::Impl {
   /// OK, or Triton's UNAVAILABLE when `category` is restricted (--grpc-restricted-protocol) and
   /// the call lacks its metadata (grpc_server.cpp).
   grpc::Status restricted(const grpc::CallbackServerContext* ctx, ApiCategory category) const;
+  /// Adds the call's metadata that --grpc-header-forward-pattern forwards to `parameters`.
+  void forward_headers(const grpc::CallbackServerContext* ctx, Parameters& parameters) const;
 
   class Service;  // inference.GRPCInferenceService (grpc_infer_service.cpp)
   std::unique_ptr<grpc::Service> service;

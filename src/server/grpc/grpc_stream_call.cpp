@@ -247,6 +247,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (!message.status.ok()) return fail(message.status);
     ModelRef mv = message.model;
     message.request.deadline = deadline_;
+    impl_.forward_headers(ctx_, message.request.parameters);
     // The request's tensors count against the server's memory budget while it runs.
     MemoryBudget::Lease lease = impl_.core.memory().lease();
     if (const std::size_t bytes = input_bytes(message.request); !lease.reserve(bytes)) {

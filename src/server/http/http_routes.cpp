@@ -391,6 +391,13 @@ void Session::handle_infer(const std::string& model, const std::string& version)
   });
 }
 
+void Session::forward_headers(Parameters& parameters) const {
+  if (!impl_.opt.header_forward) return;
+  for (const auto& field : request_) {
+    impl_.opt.header_forward->forward(field.name_string(), field.value(), parameters);
+  }
+}
+
 void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bool body_too_large,
                          bool inflated) {
   if (closed()) return;
@@ -403,6 +410,7 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
     return respond_status(decoded.status());
   }
   decoded_ = std::move(*decoded);
+  forward_headers(decoded_.request.parameters);
   // The body is gone; the request's tensors are what it holds now, until its response. A body
   // read whole was counted as it arrived; an inflated one only now, where the budget may refuse.
   const std::size_t tensors = input_bytes(decoded_.request);

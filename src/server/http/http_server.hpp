@@ -31,6 +31,7 @@
 
 #include "frontend.hpp"
 #include "inference_server.hpp"
+#include "header_forward.hpp"
 #include "restricted_api.hpp"
 
 namespace asyncinfer::server {
@@ -74,6 +75,9 @@ struct HttpOptions {
   /// --http-restricted-api: the API categories that answer only a request carrying their header
   /// (restricted_api.hpp); 403 otherwise.
   RestrictedApis restricted;
+  /// --http-header-forward-pattern: the request headers that reach the model as string request
+  /// parameters (header_forward.hpp); null = none.
+  std::shared_ptr<const HeaderForward> header_forward;
 };
 
 class HttpServer : public Frontend {

@@ -229,6 +229,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_event_written(beast::error_code ec, bool event);
   void on_infer_done(Result<InferResponse> r);
   void send_infer(EncodedResponse enc);
+  /// Adds the request's headers that --http-header-forward-pattern forwards to `parameters`.
+  void forward_headers(Parameters& parameters) const;
 
   // ---- writing (not_found and respond_method: http_routes.cpp) ----------------------------------
   void not_found(std::string_view target);
@@ -330,6 +332,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<EventQueue> events_;
   std::deque<std::string> sse_pending_;
   std::optional<http::response<http::empty_body>> sse_header_;
+  /// The status the event stream's header carries: 200, or the error's when the model's first
+  /// response is an error (Triton's: the events still follow, the error one among them).
+  int sse_status_ = 200;
   std::optional<http::response_serializer<http::empty_body>> sse_serializer_;
   Result<std::string> generate_answer_{std::string()};
   std::uint64_t generated_ = 0;  ///< responses before the final one
