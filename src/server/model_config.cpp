@@ -237,9 +237,18 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                  "from <version>/" +
                      plan.model_filename);
     }
-  } else if (backend == "builtin" || platform == "asyncinfer_builtin") {
+  } else if (backend == "builtin" || platform == "asyncinfer_builtin" || backend == "identity") {
     plan.backend = ModelPlan::Backend::builtin;
     plan.platform = "asyncinfer_builtin";
+    // Triton's identity backend (its qa models' and tutorials'): input i comes back as output i.
+    if (backend == "identity") {
+      if (!plan.builtin_uri.empty()) {
+        return bad(model,
+                   "backend \"identity\" takes no parameters \"uri\" (it is builtin:identity)");
+      }
+      plan.builtin_uri = "builtin:identity";
+      plan.builtin_takes_config_tensors = true;
+    }
     if (plan.builtin_uri.rfind("builtin:", 0) != 0) {
       return bad(model,
                  "backend \"builtin\" needs parameters { key: \"uri\" value { "

@@ -86,6 +86,9 @@ struct ModelPlan {
   std::string platform;
   /// builtin: the model URI ("builtin:identity?..."), from parameters { key: "uri" }.
   std::string builtin_uri;
+  /// builtin: the model takes the listed inputs and outputs as its own (Triton's `backend:
+  /// "identity"`), not the URI's.
+  bool builtin_takes_config_tensors = false;
   /// torch, openvino, python: the file inside each version folder (default_model_filename, else
   /// "model.pt" for torch, "model.xml" for openvino as in Triton's OpenVINO backend,
   /// "model.onnx" for a config written for onnxruntime_onnx, "model.py" for python).

@@ -866,6 +866,15 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
 
 namespace {
 
+// Whether a version folder of `dir` holds model.py (a python model without a config).
+bool has_model_py(const fs::path& dir) {
+  std::error_code ec;
+  for (const std::int64_t v : version_folders(dir)) {
+    if (fs::exists(dir / std::to_string(v) / "model.py", ec)) return true;
+  }
+  return false;
+}
+
 // Triton's auto-complete for a python model (RepositoryOptions::auto_complete_config): the
 // model.py of its newest version folder completes the config (complete_model_config), which is
 // planned again; the plan as it was when model.py adds nothing.
@@ -945,8 +954,17 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
       }
     }
   } else if (auto t = read_file(config_path); !t.ok()) {
-    plan = not_found_error("no config.pbtxt in " + dir.string() +
-                           " (asyncinfer needs one: it does not guess a model's config)");
+    if (options_.auto_complete_config && has_model_py(dir)) {
+      // Triton's rule: a folder without a config whose version holds model.py is a python
+      // model, completed by its auto_complete_config (below).
+      plan = plan_model_config("backend: \"python\"", "(no config.pbtxt: a python model)", name,
+                               &warnings);
+    } else {
+      plan = not_found_error("no config.pbtxt in " + dir.string() +
+                             (options_.auto_complete_config
+                                  ? " (and no <version>/model.py to complete one from)"
+                                  : " (auto-complete is off: --disable-auto-complete-config)"));
+    }
   } else {
     text = std::move(*t);
     plan = plan_model_config(text, config_path.string(), name, &warnings);
@@ -1067,7 +1085,14 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     }
     Result<std::shared_ptr<Model>> model = internal_error("unset");
     if (plan->backend == ModelPlan::Backend::builtin) {
-      model = asyncinfer::load_model(plan->builtin_uri);
+      ModelOptions mo;
+      if (plan->builtin_takes_config_tensors) {
+        mo.inputs = plan->inputs;
+        mo.outputs = plan->outputs;
+        mo.batched = plan->max_batch_size > 0;
+        mo.batch_limit = plan->batch_limit();
+      }
+      model = asyncinfer::load_model(plan->builtin_uri, mo);
     } else {
       const fs::path file = vdir / plan->model_filename;
       if (!fs::exists(file, ec)) return not_found_error("no model file " + file.string());

@@ -125,6 +125,35 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
 
   const ModelSignature& signature() const noexcept override { return sig_; }
   const std::string& name() const noexcept override { return name_; }
+  /// Takes the inputs, outputs and batching of `o` (ModelOptions::inputs etc.) instead of the
+  /// URI's: as many outputs as inputs, output i of input i's dtype and shape, since output i is
+  /// a copy of input i. invalid_argument naming the first pair that differs.
+  Status use_signature(const ModelOptions& o, const std::string& context) {
+    if (o.inputs.size() != o.outputs.size() || o.inputs.empty() ||
+        static_cast<int>(o.inputs.size()) > 64) {
+      return invalid_argument_error(context + ": " + std::to_string(o.inputs.size()) +
+                                    " inputs and " + std::to_string(o.outputs.size()) +
+                                    " outputs; an identity model needs as many outputs as inputs "
+                                    "(1 to 64), output i a copy of input i");
+    }
+    for (std::size_t i = 0; i < o.inputs.size(); ++i) {
+      const TensorSpec& in = o.inputs[i];
+      const TensorSpec& out = o.outputs[i];
+      if (in.dtype != out.dtype || in.shape != out.shape) {
+        return invalid_argument_error(
+            context + ": output '" + out.name + "' " + std::string(to_string(out.dtype)) +
+            shape_to_string(out.shape) + " is not a copy of input '" + in.name + "' " +
+            std::string(to_string(in.dtype)) + shape_to_string(in.shape) +
+            " (output i must be input i's dtype and dims)");
+      }
+    }
+    sig_.inputs = o.inputs;
+    sig_.outputs = o.outputs;
+    sig_.batched = o.batched.value_or(sig_.batched);
+    sig_.batch_limit = sig_.batched ? o.batch_limit : std::nullopt;
+    cfg_.inputs = static_cast<int>(o.inputs.size());
+    return Status();
+  }
   bool cancellable() const noexcept override { return cfg_.cancellable; }
   /// No per-thread state; not with a cost read from the input, nor with an injected hang.
   bool supports_caller_runs() const noexcept override {
@@ -399,7 +428,7 @@ Result<std::shared_ptr<Model>> load_stream_model(std::string_view uri, std::stri
 }  // namespace
 
 Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::string_view query,
-                                                  const ModelOptions& /*options*/) {
+                                                  const ModelOptions& options) {
   BuiltinConfig cfg;
   cfg.kind = std::string(uri.substr(0, uri.find('?')).substr(std::string_view("builtin:").size()));
   const std::string context = "builtin:" + cfg.kind;
@@ -462,7 +491,12 @@ Result<std::shared_ptr<Model>> load_builtin_model(std::string_view uri, std::str
     cfg.fail_at_enqueue = at == "enqueue";
     ASYNCINFER_ASSIGN_OR_RETURN(cfg.instances, p.get_int("instances", 0, 0, 1 << 20));
   }
-  return std::shared_ptr<Model>(std::make_shared<BuiltinModel>(std::string(uri), std::move(cfg)));
+  auto model = std::make_shared<BuiltinModel>(std::string(uri), std::move(cfg));
+  if (!options.inputs.empty() || !options.outputs.empty()) {
+    // The tensors a model config lists (Triton's identity backend: input i is output i).
+    ASYNCINFER_RETURN_IF_ERROR(model->use_signature(options, context));
+  }
+  return std::shared_ptr<Model>(std::move(model));
 }
 
 void register_builtin_model_backend(ModelBackendRegistry& registry) {
