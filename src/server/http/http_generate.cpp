@@ -89,35 +89,60 @@ Result<std::string> generate_json(const InferResponse& r) {
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-/// A JSON scalar as a parameter; invalid_argument for arrays, objects and null.
-Result<ParameterValue> parameter_of(const std::string& key, const json& v) {
+using ordered_json = nlohmann::ordered_json;
+
+/// A JSON scalar as a parameter; invalid_argument in Triton's words for arrays, objects and null
+/// (its HTTP frontend's SetTritonParameterFromJsonParameter).
+Result<ParameterValue> parameter_of(const std::string& key, const ordered_json& v) {
   if (v.is_boolean()) return ParameterValue(v.get<bool>());
   if (v.is_number_unsigned()) return ParameterValue(v.get<std::uint64_t>());
   if (v.is_number_integer()) return ParameterValue(v.get<std::int64_t>());
   if (v.is_number_float()) return ParameterValue(v.get<double>());
   if (v.is_string()) return ParameterValue(v.get<std::string>());
-  return invalid_argument_error("'" + key +
-                                "' is neither a model input nor a scalar parameter (a string, "
-                                "number or boolean)");
+  return invalid_argument_error("parameter '" + key +
+                                "' has invalid type. It should be either 'int', 'bool', or "
+                                "'string'. (a model input or a scalar request parameter)");
 }
 
-/// A member naming input `spec` as its tensor.
-Result<Tensor> input_of(const TensorSpec& spec, const json& v, bool batched) {
-  const std::string what = "input '" + spec.name + "'";
-  const json list = v.is_array() ? v : json::array({v});
-  for (const json& e : list) {
-    if (e.is_array() || e.is_object() || e.is_null()) {
-      return invalid_argument_error(what + " must be a scalar or a 1-D array of scalars");
-    }
+/// The shape of input `spec` holding `elements` values, as Triton's generate deduces it: the
+/// fixed dims take their share, the innermost variable dim the rest, the other variable dims 1
+/// (a batched model's batch dim among them).
+Result<Shape> generate_shape(const TensorSpec& spec, std::size_t elements) {
+  Shape shape = spec.shape;
+  std::size_t left = elements;
+  const auto cannot = [&] {
+    return invalid_argument_error("The schema can not convert input '" + spec.name +
+                                  "' to tensor with proper shape (" + std::to_string(elements) +
+                                  " elements for dims " + shape_to_string(spec.shape) + ")");
+  };
+  for (auto d = shape.rbegin(); d != shape.rend(); ++d) {
+    if (*d == -1) continue;
+    if (*d == 0 ? left != 0 : left % static_cast<std::size_t>(*d) != 0) return cannot();
+    if (*d != 0) left /= static_cast<std::size_t>(*d);
   }
-  Shape shape;
-  if (batched) shape.push_back(1);
-  shape.push_back(static_cast<std::int64_t>(list.size()));
+  for (auto d = shape.rbegin(); d != shape.rend(); ++d) {
+    if (*d != -1) continue;
+    *d = static_cast<std::int64_t>(left);
+    left = 1;
+  }
+  if (left != 1 && elements != 0) return cannot();
+  return shape;
+}
+
+/// A member naming input `spec` as its tensor: a scalar or a 1-D array, in Triton's words where
+/// a value has the wrong type (TritonJson's).
+Result<Tensor> input_of(const TensorSpec& spec, const ordered_json& v) {
+  const std::string what = "input '" + spec.name + "'";
+  const ordered_json list = v.is_array() ? v : ordered_json::array({v});
+  ASYNCINFER_ASSIGN_OR_RETURN(Shape shape, generate_shape(spec, list.size()));
   const DType d = spec.dtype;
   if (d == DType::bytes) {
     std::vector<std::string> elements;
-    for (const json& e : list) {
-      if (!e.is_string()) return invalid_argument_error(what + " is BYTES: give strings");
+    for (const ordered_json& e : list) {
+      if (!e.is_string()) {
+        return invalid_argument_error("attempt to access JSON non-string as string (" + what +
+                                      " is BYTES: give strings)");
+      }
       elements.push_back(e.get<std::string>());
     }
     return Tensor::from_strings(shape, elements);
@@ -128,11 +153,18 @@ Result<Tensor> input_of(const TensorSpec& spec, const json& v, bool batched) {
   }
   ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::empty(d, shape));
   for (std::size_t i = 0; i < list.size(); ++i) {
-    const json& e = list[i];
-    const bool number = e.is_number() || (d == DType::boolean && e.is_boolean());
-    if (!number) {
-      return invalid_argument_error(what + " is " + std::string(to_string(d)) + ": give numbers" +
-                                    (d == DType::boolean ? " or booleans" : ""));
+    const ordered_json& e = list[i];
+    if (d == DType::boolean) {
+      if (!e.is_boolean()) {
+        return invalid_argument_error("attempt to access JSON non-boolean as boolean (" + what +
+                                      " is BOOL: give true or false)");
+      }
+      static_cast<bool*>(t.data())[i] = e.get<bool>();
+      continue;
+    }
+    if (!e.is_number()) {
+      return invalid_argument_error("attempt to access JSON non-number as number (" + what +
+                                    " is " + std::string(to_string(d)) + ": give numbers)");
     }
     auto put = [&]<class T>(T*) { static_cast<T*>(t.data())[i] = e.get<T>(); };
     switch (d) {
@@ -166,9 +198,6 @@ Result<Tensor> input_of(const TensorSpec& spec, const json& v, bool batched) {
       case DType::u64:
         put(static_cast<std::uint64_t*>(nullptr));
         break;
-      case DType::boolean:
-        put(static_cast<bool*>(nullptr));
-        break;
       default:
         break;
     }
@@ -176,21 +205,50 @@ Result<Tensor> input_of(const TensorSpec& spec, const json& v, bool batched) {
   return t;
 }
 
-/// The generate request body as an InferRequest.
+/// The generate request body as an InferRequest, its members taken in the order they come (as
+/// Triton's frontend takes them: the first bad one is the one reported).
 Result<InferRequest> decode_generate(const ModelVersion& model, std::string_view body,
                                      int max_depth) {
-  ASYNCINFER_ASSIGN_OR_RETURN(json doc, parse_json(body, max_depth));
+  // Depth and syntax as every JSON body here; then again in document order, noting the first
+  // top-level key given twice.
+  ASYNCINFER_RETURN_IF_ERROR(parse_json(body, max_depth).status());
+  std::vector<std::string> keys;
+  std::string twice;
+  ordered_json doc = ordered_json::parse(
+      body.begin(), body.end(),
+      [&](int depth, ordered_json::parse_event_t event, ordered_json& value) {
+        if (depth == 1 && event == ordered_json::parse_event_t::key) {
+          const std::string key = value.get<std::string>();
+          if (twice.empty() && std::find(keys.begin(), keys.end(), key) != keys.end()) {
+            twice = key;
+          }
+          keys.push_back(key);
+        }
+        return true;
+      },
+      /*allow_exceptions=*/false);
   if (!doc.is_object()) {
     return invalid_argument_error(
         "the generate request must be a JSON object of inputs and "
         "parameters");
   }
+  const auto input_spec = [&](const std::string& key) {
+    return std::find_if(model.signature.inputs.begin(), model.signature.inputs.end(),
+                        [&](const TensorSpec& s) { return s.name == key; });
+  };
+  if (!twice.empty() && input_spec(twice) != model.signature.inputs.end()) {
+    return invalid_argument_error("input '" + twice + "' already exists in request");
+  }
   InferRequest req;
   for (auto& [key, value] : doc.items()) {
     if (key == "parameters") {
-      if (!value.is_object()) return invalid_argument_error("'parameters' must be an object");
+      if (!value.is_object()) {
+        return invalid_argument_error("Expected JSON object for keyword: 'parameters'");
+      }
       for (auto& [pk, pv] : value.items()) {
-        ASYNCINFER_ASSIGN_OR_RETURN(req.parameters[pk], parameter_of(pk, pv));
+        auto p = parameter_of(pk, pv);
+        if (!p.ok()) return p.status().with_context("Converting keyword: 'parameters'");
+        req.parameters[pk] = std::move(*p);
       }
       continue;
     }
@@ -198,10 +256,9 @@ Result<InferRequest> decode_generate(const ModelVersion& model, std::string_view
       req.id = value.get<std::string>();
       continue;
     }
-    auto spec = std::find_if(model.signature.inputs.begin(), model.signature.inputs.end(),
-                             [&](const TensorSpec& s) { return s.name == key; });
+    auto spec = input_spec(key);
     if (spec != model.signature.inputs.end()) {
-      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, input_of(*spec, value, model.signature.batched));
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, input_of(*spec, value));
       req.inputs.push_back({key, std::move(t)});
       continue;
     }
@@ -236,6 +293,7 @@ void Session::handle_generate(const std::string& model, const std::string& versi
   request_.body() = std::string();
   if (!decoded.ok()) return respond_status(decoded.status());
   InferRequest req = std::move(*decoded);
+  forward_headers(req.parameters);
   lease_.hold(input_bytes(req));
   auto self = shared_from_this();
   events_ = std::make_shared<EventQueue>();
@@ -253,6 +311,7 @@ void Session::handle_generate(const std::string& model, const std::string& versi
   }
   generated_ = 0;
   generate_stream_ = stream;
+  sse_status_ = 200;
   auto accepted = impl_.core.submit(m, std::move(req), [self](Result<InferResponse> r) mutable {
     net::post(self->executor(),
               [self, r = std::move(r)]() mutable { self->on_generate_done(std::move(r)); });
@@ -295,8 +354,8 @@ void Session::on_generate_done(Result<InferResponse> r) {
     events_.reset();
     if (!r.ok()) return respond_status(r.status());
     const std::uint64_t total = generated_ + (final_has_data ? 1 : 0);
-    if (total != 1) {
-      return respond_error(400, "generate expects exactly one response, model '" +
+    if (total != 1) {  // Triton's words first
+      return respond_error(400, "generate expects model to produce exactly 1 response, model '" +
                                     r->model->model_name + "' sent " + std::to_string(total) +
                                     " (use generate_stream)");
     }
@@ -305,10 +364,10 @@ void Session::on_generate_done(Result<InferResponse> r) {
     if (!text.ok()) return respond_status(text.status());
     return respond(200, std::move(*text));
   }
-  if (!r.ok() && sse_ == SseState::none) {  // nothing sent yet: a plain error answer, as Triton's
-    events_->close();
-    events_.reset();
-    return respond_status(r.status());
+  if (!r.ok() && sse_ == SseState::none) {
+    // The model's first response is an error: the stream's header carries its status and the
+    // error is its one event, as Triton answers (errors before the model ran are plain JSON).
+    sse_status_ = http_status(r.status().code());
   }
   if (!r.ok()) {
     sse_pending_.push_back(sse_event(error_json(r.status().message())));
@@ -329,9 +388,12 @@ void Session::pump_events() {
     set_sse(SseState::header);
     sse_writing_ = true;
     set_phase(Phase::writing);
-    if (kind_ == Kind::api) impl_.metrics.count_request(1);  // a 2xx
-    sse_header_.emplace(http::status::ok, version_);
-    sse_header_->set(http::field::content_type, "text/event-stream");
+    if (kind_ == Kind::api) {
+      impl_.metrics.count_request(
+          static_cast<std::size_t>(std::clamp(sse_status_ / 100, 1, 5) - 1));
+    }
+    sse_header_.emplace(static_cast<http::status>(sse_status_), version_);
+    sse_header_->set(http::field::content_type, "text/event-stream; charset=utf-8");
     sse_header_->set(http::field::cache_control, "no-cache");
     const bool keep = keep_alive_ && !draining_ && !impl_.draining.load(std::memory_order_acquire);
     sse_header_->keep_alive(keep);
