@@ -1,0 +1,306 @@
+"""Triton's own qa tests (github.com/triton-inference-server/server, qa/L0_*), their Python files
+unchanged, against `asyncinfer serve`, as their test.sh runs them against tritonserver.
+
+The files are never copied into this project: TRITON_SERVER_DIR (or --server-repo DIR) names a
+checkout of Triton's server repository; its qa files are read at the tag of the Triton release
+they are compared with (v2.51.0, git archive) when the checkout has it, as they are otherwise.
+Without a checkout the test clones the qa folders it needs (sparse, depth 1) into a temporary
+folder, and exits 77 (ctest: skipped) when that fails too. Triton's qa scripts talk to
+localhost:8000 and 8001, so the server and the tests run in a network namespace of their own
+(unshare -n, as root), where those ports are free and nothing outside can be reached.
+
+Each run is one server configuration (the flags test.sh gives tritonserver) and one unittest
+invocation of a qa file (the classes or cases test.sh runs); a run passes when it exits 0. The
+cases left out are named in SKIPPED with the reason, and the test fails when a qa file has a
+case named nowhere, so a new upstream case is looked at, not silently left out.
+"""
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPOSITORY_URL = "https://github.com/triton-inference-server/server"
+TAG = "v2.51.0"
+
+# What a model of Triton's qa model zoo (built by its gen_qa_* scripts into /data, not published)
+# or a GPU would be needed for.
+ZOO = "needs a model of Triton's qa model zoo (made by its gen_qa_model_repository scripts, not " \
+      "published)"
+
+
+class Run:
+    """One server configuration and one unittest invocation."""
+
+    def __init__(self, test, args=(), env=None, cases=None, models=None):
+        self.test = test                  # the qa file
+        self.args = list(args)            # asyncinfer serve flags beyond the repository
+        self.env = dict(env or {})
+        self.cases = cases or []          # unittest names (Class or Class.test); [] = all
+        self.models = models              # a function(qa_dir, repo) that adds models
+
+
+def pt_identity(qa, repo):
+    """qa/L0_input_validation/test.sh's pt_identity: torch.nn.Identity scripted, batched."""
+    d = os.path.join(repo, "pt_identity")
+    os.makedirs(os.path.join(d, "1"))
+    subprocess.run(["/usr/bin/python3", "-c",
+                    "import sys, torch; torch.jit.save(torch.jit.script(torch.nn.Identity()), "
+                    "sys.argv[1])", os.path.join(d, "1", "model.pt")], check=True, timeout=300)
+    with open(os.path.join(d, "config.pbtxt"), "w") as f:
+        f.write('name: "pt_identity"\nbackend: "pytorch"\nmax_batch_size: 8\n'
+                'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [8] }]\n'
+                'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [8] }]\n'
+                'dynamic_batching { max_queue_delay_microseconds: 1000000 }\n')
+
+
+def identity_models(qa, repo):
+    """The models of Triton's qa identity model repository that qa/L0_http/http_test.py uses,
+    written here from their documented behaviour (input i comes back as output i; max_batch_size
+    8) and served by Triton's identity backend (asyncinfer's builtin:identity)."""
+    def model(name, dtype, dims, count=1, extra=""):
+        d = os.path.join(repo, name)
+        os.makedirs(os.path.join(d, "1"))
+        shape = ", ".join(str(x) for x in dims)
+        ins = ", ".join('{ name: "INPUT%d" data_type: %s dims: [ %s ] }' % (i, dtype, shape)
+                        for i in range(count))
+        outs = ", ".join('{ name: "OUTPUT%d" data_type: %s dims: [ %s ] }' % (i, dtype, shape)
+                         for i in range(count))
+        with open(os.path.join(d, "config.pbtxt"), "w") as f:
+            f.write('name: "%s"\nbackend: "identity"\nmax_batch_size: 8\ninput [ %s ]\n'
+                    'output [ %s ]\n%s' % (name, ins, outs, extra))
+    model("onnx_zero_1_float32", "TYPE_FP32", [-1])
+    model("onnx_zero_1_object", "TYPE_STRING", [-1])
+    model("onnx_zero_1_float16", "TYPE_FP16", [-1, -1])
+    model("onnx_zero_3_float32", "TYPE_FP32", [-1], count=3)
+    # qa/L0_http/test.sh's two copies: one element, and a queue of one.
+    model("onnx_zero_1_object_1_element", "TYPE_STRING", [1])
+    model("onnx_zero_1_float32_queue", "TYPE_FP32", [-1],
+          extra="dynamic_batching { max_queue_delay_microseconds: 1000000 "
+                "preferred_batch_size: [ 8 ] default_queue_policy { max_queue_size: 1 } }\n")
+
+
+def copy_models(sub):
+    def add(qa, repo):
+        src = os.path.join(qa, sub)
+        for name in os.listdir(src):
+            shutil.copytree(os.path.join(src, name), os.path.join(repo, name))
+    return add
+
+
+def both(*fns):
+    def add(qa, repo):
+        for fn in fns:
+            fn(qa, repo)
+    return add
+
+
+PARAMETER_RUNS = []
+for header_test, flags in [
+        ("test_params", []),
+        ("test_headers", ["--grpc-header-forward-pattern", "my_header.*",
+                          "--http-header-forward-pattern", "my_header.*"]),
+        ("test_header_forward_pattern_case_insensitive",
+         ["--grpc-header-forward-pattern", "MY_HEADER.*",
+          "--http-header-forward-pattern", "MY_HEADER.*"]),
+        ("test_grpc_header_forward_pattern_case_sensitive",
+         ["--grpc-header-forward-pattern", "(?-i)MY_HEADER.*"])]:
+    PARAMETER_RUNS.append(Run("parameters_test.py", args=flags, env={"TEST_HEADER": header_test},
+                              models=copy_models("model_repository")))
+
+# suite (qa/<suite>) -> runs, as its test.sh makes them
+SUITES = {
+    "L0_input_validation": [
+        Run("input_validation_test.py", cases=["InputValTest"], models=copy_models("models")),
+        Run("input_validation_test.py", cases=["InputShapeTest.test_input_shape_validation"],
+            models=both(copy_models("models"), pt_identity)),
+    ],
+    "L0_parameters": PARAMETER_RUNS,
+    "L0_http": [
+        Run("http_test.py", models=identity_models),
+        Run("generate_endpoint_test.py", models=copy_models("generate_models")),
+    ],
+}
+
+# "<suite>/<file>::<Class>.<case>" -> why it is not run
+SKIPPED = {
+    "L0_input_validation/input_validation_test.py::InputShapeTest.test_input_string_shape_validation":
+        ZOO + " (graphdef_object_int32_int32, TensorFlow); the BYTES element-count words it "
+        "checks are tested by test_conformance.py",
+    "L0_input_validation/input_validation_test.py::InputShapeTest.test_wrong_input_shape_tensor_size":
+        ZOO + " (TensorRT plan shape-tensor models: a GPU)",
+}
+
+
+def skip(why):
+    print("SKIPPED: " + why)
+    sys.exit(77)
+
+
+def fetch_qa(given, work):
+    """The qa folder of Triton's server repository at TAG where the checkout has it."""
+    dest = os.path.join(work, "server")
+    paths = ["qa/common"] + ["qa/" + s for s in SUITES]
+    if given:
+        tag = subprocess.run(["git", "-C", given, "rev-parse", "-q", "--verify", TAG + "^{commit}"],
+                             capture_output=True, text=True)
+        if tag.returncode != 0:
+            print("note: %s has no tag %s; its qa files are used as they are" % (given, TAG))
+            return os.path.join(given, "qa")
+        os.makedirs(dest)
+        archive = subprocess.run(["git", "-C", given, "archive", TAG] + paths,
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
+        return os.path.join(dest, "qa")
+    try:
+        subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", TAG, "--filter=blob:none",
+                        "--sparse", REPOSITORY_URL, dest], check=True, timeout=300,
+                       capture_output=True)
+        subprocess.run(["git", "-C", dest, "sparse-checkout", "set"] + paths, check=True,
+                       timeout=300, capture_output=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        skip("no checkout of Triton's server repository (TRITON_SERVER_DIR) and cloning %s "
+             "failed: %s" % (REPOSITORY_URL, e))
+    return os.path.join(dest, "qa")
+
+
+def cases_of(path):
+    """Class.test names of the unittest cases a qa file defines."""
+    tree = ast.parse(open(path).read())
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        item.name.startswith("test"):
+                    out.append("%s.%s" % (node.name, item.name))
+    return out
+
+
+def check_coverage(qa):
+    """Every case of the files run is run or named in SKIPPED."""
+    unknown = []
+    for suite, runs in SUITES.items():
+        for test in sorted({r.test for r in runs}):
+            run_cases = [c for r in runs if r.test == test for c in (r.cases or [""])]
+            for case in cases_of(os.path.join(qa, suite, test)):
+                covered = any(c == "" or case == c or case.startswith(c + ".") for c in run_cases)
+                key = "%s/%s::%s" % (suite, test, case)
+                if not covered and key not in SKIPPED:
+                    unknown.append(key)
+    return unknown
+
+
+def wait_ready(server, log, seconds=180):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:8000/v2/health/ready", timeout=2):
+                return True
+        except OSError:
+            log.seek(0)
+            failed = "a model failed to load" in log.read()  # asyncinfer serve's words
+            if failed or server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                print(log.read()[-8000:])
+                return False
+            time.sleep(0.2)
+
+
+def run_one(args, qa, suite, run, work):
+    repo = tempfile.mkdtemp(prefix="models-", dir=work)
+    if run.models:
+        run.models(os.path.join(qa, suite), repo)
+    log = open(os.path.join(work, "server.log"), "w+")
+    cmd = [args.cli, "serve", "--model-repository", repo, "--host", "127.0.0.1"] + run.args
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        if not wait_ready(server, log):
+            print("FAIL: the server did not become ready: %s" % " ".join(cmd))
+            return False
+        env = dict(os.environ, **run.env)
+        try:
+            out = subprocess.run([sys.executable, run.test] + run.cases,
+                                 cwd=os.path.join(qa, suite), env=env, capture_output=True,
+                                 text=True, timeout=300)
+            ok, text = out.returncode == 0, out.stdout + out.stderr
+        except subprocess.TimeoutExpired as e:
+            ok, text = False, "timed out after 300 s: %s" % (e.stdout,)
+        if not ok:
+            print(text[-6000:])
+            log.seek(0)
+            print("---- server log ----\n" + log.read()[-6000:])
+        return ok
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def inside(args):
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    work = tempfile.mkdtemp(prefix="asyncinfer-triton-qa-")
+    failures = []
+    total = 0
+    try:
+        for suite, runs in SUITES.items():
+            if args.suite and suite not in args.suite:
+                continue
+            for run in runs:
+                total += 1
+                name = "%s/%s %s %s %s" % (suite, run.test, " ".join(run.cases),
+                                           " ".join("%s=%s" % kv for kv in run.env.items()),
+                                           " ".join(run.args))
+                ok = run_one(args, args.qa, suite, run, work)
+                print("%s %s" % ("ok  " if ok else "FAIL", name), flush=True)
+                if not ok:
+                    failures.append(name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("%d of %d runs passed" % (total - len(failures), total))
+    return 1 if failures else 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cli", required=True)
+    p.add_argument("--server-repo", default=os.environ.get("TRITON_SERVER_DIR", ""))
+    p.add_argument("--suite", action="append", help="run only this qa suite (repeatable)")
+    p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--qa", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inside:
+        return inside(args)
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        skip("needs unshare and ip (util-linux, iproute2) for a network namespace")
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        skip("cannot make a network namespace (unshare -n needs root)")
+    with tempfile.TemporaryDirectory(prefix="asyncinfer-qa-") as work:
+        qa = fetch_qa(args.server_repo, work)
+        unknown = check_coverage(qa)
+        if unknown:
+            print("FAIL: qa cases neither run nor named in SKIPPED:\n  " + "\n  ".join(unknown))
+            return 1
+        cmd = ["unshare", "-n", sys.executable, os.path.abspath(__file__), "--inside",
+               "--cli", os.path.abspath(args.cli), "--qa", qa]
+        for s in args.suite or []:
+            cmd += ["--suite", s]
+        try:
+            return subprocess.run(cmd, timeout=1500).returncode
+        except subprocess.TimeoutExpired:
+            print("FAIL: the qa tests did not end within 1500 s")
+            return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
