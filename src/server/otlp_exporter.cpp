@@ -127,9 +127,10 @@ void OtlpExporter::add(std::vector<OtlpSpan> spans) {
         ++dropped_;
         continue;
       }
+      wake = wake || queue_.empty();  // the thread waits for a first span without a timeout
       queue_.push_back(std::move(s));
     }
-    wake = queue_.size() >= config_.bsp_max_export_batch_size;
+    wake = wake || queue_.size() >= config_.bsp_max_export_batch_size;
   }
   if (wake) cv_.notify_one();
 }
@@ -139,7 +140,9 @@ void OtlpExporter::run() {
   const std::size_t batch_max = std::max<std::uint32_t>(1, config_.bsp_max_export_batch_size);
   std::unique_lock lock(mu_);
   while (true) {
-    // Sleep until a full batch waits, the schedule delay has passed, or the exporter stops.
+    // Sleep until a span arrives; then until a full batch waits, the schedule delay has passed
+    // since, or the exporter stops.
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     cv_.wait_for(lock, delay, [&] { return stop_ || queue_.size() >= batch_max; });
     const bool stopping = stop_;
     while (!queue_.empty()) {

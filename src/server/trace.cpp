@@ -131,7 +131,7 @@ Result<TraceConfig> parse_trace_config(const std::vector<std::string>& specs,
   std::optional<std::uint32_t> bsp_queue, bsp_delay, bsp_batch;
   for (const std::string& spec : specs) {
     const std::size_t comma = spec.find(',');
-    const std::size_t eq = spec.find('=', comma == std::string::npos ? 0 : comma + 1);
+    const std::size_t first_eq = spec.find('=');
     if (comma == 0) {
       return invalid_argument_error(
           "No trace mode specified. --trace-config option format is "
@@ -139,7 +139,8 @@ Result<TraceConfig> parse_trace_config(const std::vector<std::string>& specs,
           spec);
     }
     // A comma after the '=' belongs to the value (resource=a=b,c is not a mode).
-    const bool has_mode = comma != std::string::npos && (eq == std::string::npos || comma < eq);
+    const bool has_mode =
+        comma != std::string::npos && (first_eq == std::string::npos || comma < first_eq);
     std::string mode = has_mode ? lower(spec.substr(0, comma)) : "";
     const std::size_t key_at = has_mode ? comma + 1 : 0;
     const std::size_t eq_at = spec.find('=', key_at);
