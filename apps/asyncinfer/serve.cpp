@@ -25,6 +25,7 @@
 #include "inference_server.hpp"
 #include "model_repository.hpp"
 #include "server_log.hpp"
+#include "trace.hpp"
 #endif
 #if ASYNCINFER_HAVE_SERVER && ASYNCINFER_HAVE_GRPC
 #include "grpc_server.hpp"
@@ -84,6 +85,10 @@ struct ServeOptions {
   std::vector<std::string> grpc_restricted_protocol;
   std::string http_header_forward_pattern;
   std::string grpc_header_forward_pattern;
+  // Triton's trace extension (src/server/trace.hpp): --trace-config, and the older flags.
+  std::vector<std::string> trace_config;
+  std::optional<std::string> trace_file, trace_rate, trace_count, trace_log_frequency;
+  std::vector<std::string> trace_level;
 };
 
 /// Triton's flags that only tune Triton's internals (no counterpart here): accepted with one
@@ -131,10 +136,6 @@ constexpr const char* kTritonTuningFlags[] = {
     "--vertex-ai-port",
     "--vertex-ai-thread-count",
     "--vertex-ai-default-model",
-    "--trace-file",
-    "--trace-rate",
-    "--trace-count",
-    "--trace-log-frequency",
 };
 
 /// Triton's command-line flags (tritonserver --help of Triton 2.51; docs/serving.md, "Triton's
@@ -172,6 +173,24 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
       ->group(group)
       ->check(CLI::IsMember({"default", "ISO8601"}));
   app.add_option("--http-thread-count", o.http_threads, "Triton: = --http-threads")->group(group);
+  // Triton's trace extension (docs/serving.md, "Trace"); checked at start (parse_trace_config).
+  app.add_option("--trace-config", o.trace_config,
+                 "Triton: [triton|opentelemetry,]<setting>=<value>, repeatable: rate, level "
+                 "(OFF|TIMESTAMPS|TENSORS), count, mode (triton|opentelemetry); triton: file, "
+                 "log-frequency; opentelemetry: url, resource=<k>=<v>, bsp_max_queue_size, "
+                 "bsp_schedule_delay, bsp_max_export_batch_size")
+      ->group(group);
+  app.add_option("--trace-file", o.trace_file, "Triton (older): = --trace-config triton,file=")
+      ->group(group);
+  app.add_option("--trace-level", o.trace_level, "Triton (older): = --trace-config level=")
+      ->group(group);
+  app.add_option("--trace-rate", o.trace_rate, "Triton (older): = --trace-config rate=")
+      ->group(group);
+  app.add_option("--trace-count", o.trace_count, "Triton (older): = --trace-config count=")
+      ->group(group);
+  app.add_option("--trace-log-frequency", o.trace_log_frequency,
+                 "Triton (older): = --trace-config triton,log-frequency=")
+      ->group(group);
   // Triton internals with no counterpart here: accepted, one warning each.
   for (const char* name : kTritonTuningFlags) {
     const std::string flag = name;
@@ -205,15 +224,12 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   };
   refuse_unless("--rate-limit", {"off"},
                 "asyncinfer has no rate limiter (each model version has its own workers)");
-  refuse_unless("--trace-config", {"level=OFF", "level=off"},
-                "asyncinfer does not write Triton traces");
   refuse_unless("--log-file", {}, "the log goes to standard error (redirect it)");
   refuse_unless("--grpc-use-ssl", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
   refuse_unless("--grpc-use-ssl-mutual", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
   refuse_unless("--allow-sagemaker", {"false", "0"}, "no SageMaker endpoint here");
   refuse_unless("--allow-vertex-ai", {"false", "0"}, "no Vertex AI endpoint here");
   refuse_unless("--model-namespacing", {"false", "0"}, "one repository, one name space");
-  refuse_unless("--trace-level", {"OFF", "off"}, "asyncinfer does not write Triton traces");
   refuse_unless("--rate-limit-resource", {}, "asyncinfer has no rate limiter");
 }
 
@@ -324,6 +340,15 @@ int run_serve(const ServeOptions& given) {
       std::fprintf(stderr, "asyncinfer serve: error: %s\n", applied.status().to_string().c_str());
       return kExitUsage;
     }
+  }
+  // Triton's trace extension: its settings at start (an error is the command line's).
+  LegacyTraceFlags legacy_trace{o.trace_file, o.trace_level, o.trace_rate, o.trace_count,
+                                o.trace_log_frequency};
+  auto trace_config = parse_trace_config(o.trace_config, legacy_trace, log_line);
+  if (!trace_config.ok()) {
+    std::fprintf(stderr, "asyncinfer serve: error: %s\n",
+                 std::string(trace_config.status().message()).c_str());
+    return kExitUsage;
   }
   const std::size_t fds = raise_fd_limit();
   // Options checked before the models load (a load may take minutes).
@@ -442,6 +467,16 @@ int run_serve(const ServeOptions& given) {
              " file descriptors for client connections (the process may open " +
              std::to_string(fds) + "; the rest is open or held in reserve)");
   }
+  if (trace_config->level != 0) {
+    log_line(trace_config->mode == TraceMode::triton
+                 ? "trace: triton mode, every " + std::to_string(trace_config->rate) +
+                       "th request to " + trace_config->file
+                 : "trace: opentelemetry mode, every " + std::to_string(trace_config->rate) +
+                       "th request, spans to " + trace_config->otel.url);
+  }
+  // Before the server, which samples requests into it, and gone after it (its files closed).
+  TraceManager tracer(std::move(*trace_config), log_line);
+  so.trace = &tracer;
   InferenceServer core(std::move(*repository), so);
 
   HttpOptions ho;

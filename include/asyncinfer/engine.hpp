@@ -63,6 +63,7 @@
 // the completion executor that runs it).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -102,6 +103,21 @@ enum class RequestState : std::uint8_t {
 std::string_view to_string(RequestState state) noexcept;
 std::ostream& operator<<(std::ostream& os, RequestState state);
 bool is_terminal(RequestState state) noexcept;
+
+/// When a request's phases began, as the engine saw them (Triton's trace activities): filled by
+/// the engine at the completion point of the batch the request ran in, before the request ends,
+/// for a request that completes successfully; zero for a phase it did not reach. Times are
+/// Clock (steady_clock) nanoseconds since its epoch. The engine writes each field once with a
+/// relaxed store; a reader that saw the request's result sees them (the result is published
+/// after them). Shared so that a request ended meanwhile (deadline, cancel) by another thread
+/// never leaves the engine writing into freed memory.
+struct RequestTimeline {
+  std::atomic<std::int64_t> queue_start_ns{0};           ///< entered the queue (last attempt)
+  std::atomic<std::int64_t> compute_start_ns{0};         ///< its batch taken from the queue
+  std::atomic<std::int64_t> compute_input_end_ns{0};     ///< the batch's inputs gathered
+  std::atomic<std::int64_t> compute_output_start_ns{0};  ///< the batch's completion point
+  std::atomic<std::int64_t> compute_end_ns{0};           ///< outputs split and handed over
+};
 
 /// Per-request options.
 struct RequestOptions {
@@ -169,6 +185,9 @@ struct RequestOptions {
   /// Handed to the model with the request (BatchIO::contexts): its id, parameters and callers.
   /// Null (the default) = none; costs nothing then.
   std::shared_ptr<const RequestContext> context;
+  /// Filled with the request's phases (RequestTimeline) when not null: the server's traces ask
+  /// for it for sampled requests only. Null (the default) costs one branch per request.
+  std::shared_ptr<RequestTimeline> timeline;
 };
 
 /// The largest batch the engine forms for a batched model that sets no limit of its own

@@ -109,6 +109,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->sequence_key = o.sequence_key;
   r->sequence_flags = o.sequence;
   r->context = o.context;
+  r->timeline = o.timeline;
   if (o.sequence && r->sequence_key.empty()) {
     // Delivered in the sequence's order (Engine::create turns ordered delivery on).
     r->sequence_key = (std::holds_alternative<std::string>(o.sequence->id) ? "s:" : "u:") +

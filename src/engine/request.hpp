@@ -194,6 +194,8 @@ struct Request {
   std::shared_ptr<Sequence> sequence;
   /// RequestOptions::context (BatchIO::contexts).
   std::shared_ptr<const RequestContext> context;
+  /// RequestOptions::timeline: written by the worker whose batch completes it (worker.cpp).
+  std::shared_ptr<RequestTimeline> timeline;
 
   // Intrusive queue links, guarded by the queue mutex.
   Request* prev = nullptr;

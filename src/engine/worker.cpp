@@ -541,6 +541,17 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
     const Request& r = *batch->requests[k];
     if (r.stage.load(std::memory_order_acquire) != Stage::running) continue;
     counted[k] = r.queue_ns + stream_wait_ns + 1;
+    if (r.timeline != nullptr) [[unlikely]] {  // a traced request (RequestOptions::timeline)
+      auto at = [](Clock::time_point t) -> std::int64_t {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+      };
+      RequestTimeline& t = *r.timeline;
+      t.queue_start_ns.store(at(r.enqueued), std::memory_order_relaxed);
+      t.compute_start_ns.store(at(batch->dispatched), std::memory_order_relaxed);
+      t.compute_input_end_ns.store(at(batch->inputs_ready), std::memory_order_relaxed);
+      t.compute_output_start_ns.store(at(now), std::memory_order_relaxed);
+      t.compute_end_ns.store(at(split_done), std::memory_order_relaxed);
+    }
     ++n;
     rows += static_cast<std::uint64_t>(ctx_.sig.batched ? r.rows : 1);
     queue_ns += counted[k] - 1;

@@ -32,6 +32,7 @@
 #include "model_config.hpp"
 #include "model_host.hpp"
 #include "server_log.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 // ---- helpers ------------------------------------------------------------------------------------
@@ -123,6 +124,10 @@ InferenceServer::InferenceServer(std::unique_ptr<ModelRepository> repository, Se
   if (options_.log == nullptr) {
     own_log_ = std::make_unique<ServerLog>("asyncinfer serve");
     options_.log = own_log_.get();
+  }
+  if (options_.trace == nullptr) {
+    own_trace_ = std::make_unique<TraceManager>(TraceConfig{});
+    options_.trace = own_trace_.get();
   }
   if (options_.response_cache_bytes > 0) {
     cache_ = std::make_unique<ResponseCache>(options_.response_cache_bytes);
@@ -717,6 +722,18 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
         if (Status s = classify_outputs(*target, classes, response); !s.ok()) return s;
       }
       return send(std::move(response), std::move(stop));
+    };
+  }
+  if (request.trace) [[unlikely]] {  // a sampled request (trace.hpp): the last wrapper, run first
+    std::shared_ptr<Trace> trace = std::move(request.trace);
+    trace->set_model(target->model_name, target->version, request.id);
+    trace->record_now("REQUEST_START");
+    options.timeline = trace->timeline();
+    done = [trace, done = std::move(done)](Result<InferResponse> r) mutable {
+      trace->record_timeline();
+      trace->record_now("REQUEST_END");
+      if (r.ok()) r->trace = trace;
+      done(std::move(r));
     };
   }
   if (cache_ && target->response_cache && !options.sequence) {  // a sequence's step has state

@@ -78,6 +78,8 @@ struct RequestedOutput {
 };
 
 struct InferResponse;
+class Trace;
+class TraceManager;
 
 struct InferRequest {
   std::string id;
@@ -106,6 +108,13 @@ struct InferRequest {
   /// from `id` and `parameters` (its InferenceRequest.request_id() and parameters()). A model's
   /// own request (business logic scripting, model_host.cpp) gives one with its callers.
   std::shared_ptr<const RequestContext> context;
+  /// A sampled request's trace (trace.hpp): set by a frontend only when the server's
+  /// TraceManager is active() and sampled it, after recording its own receive activities.
+  /// submit() records REQUEST_START, has the engine fill its timeline, records the engine's
+  /// phases and REQUEST_END at completion, and hands it back in the response (InferResponse::
+  /// trace), where the frontend records its send activities. Null (always, with tracing off):
+  /// nothing of this happens.
+  std::shared_ptr<Trace> trace;
 };
 
 /// "model 'm' is decoupled: ..." — the answer to a one-response protocol call (HTTP infer, gRPC
@@ -134,6 +143,8 @@ struct InferResponse {
   ModelRef model;
   std::string id;
   std::vector<InferOutput> outputs;
+  /// InferRequest::trace, back for the frontend's send activities (the final response only).
+  std::shared_ptr<Trace> trace;
 };
 
 /// What check_input() found out: where the input goes and how big its data is.
@@ -176,15 +187,16 @@ class InflightRequest {
 
 /// The protocol extensions served (Triton's names, in Triton's order): what GET /v2 and gRPC
 /// ServerMetadata list, exactly.
-inline constexpr std::array<std::string_view, 9> kServerExtensions = {"classification",
-                                                                      "sequence",
-                                                                      "sequence(string_id)",
-                                                                      "model_repository",
-                                                                      "model_configuration",
-                                                                      "system_shared_memory",
-                                                                      "binary_tensor_data",
-                                                                      "statistics",
-                                                                      "logging"};
+inline constexpr std::array<std::string_view, 10> kServerExtensions = {"classification",
+                                                                       "sequence",
+                                                                       "sequence(string_id)",
+                                                                       "model_repository",
+                                                                       "model_configuration",
+                                                                       "system_shared_memory",
+                                                                       "binary_tensor_data",
+                                                                       "statistics",
+                                                                       "trace",
+                                                                       "logging"};
 
 class ServerLog;
 class ServerModelHost;
@@ -209,6 +221,10 @@ struct ServerOptions {
   /// LogSettings) reads and changes. Null: the server makes one of its own, writing to standard
   /// error. Must outlive the server.
   ServerLog* log = nullptr;
+  /// Triton's trace extension (trace.hpp): what GET/POST /v2[/models/{m}]/trace/setting and
+  /// gRPC TraceSetting read and change, and what samples requests. Null: the server makes one of
+  /// its own with tracing off. Must outlive the server.
+  TraceManager* trace = nullptr;
 };
 
 class InferenceServer {
@@ -224,6 +240,8 @@ class InferenceServer {
   const ServerOptions& options() const noexcept { return options_; }
   /// The server's log (ServerOptions::log, or its own).
   ServerLog& log() const noexcept { return *options_.log; }
+  /// The server's traces (ServerOptions::trace, or its own).
+  TraceManager& tracer() const noexcept { return *options_.trace; }
   const ModelRepository& repository() const noexcept { return *repository_; }
   /// Model control (load_model, unload_model) goes through it.
   ModelRepository& repository() noexcept { return *repository_; }
@@ -383,7 +401,8 @@ class InferenceServer {
 
   std::unique_ptr<ModelRepository> repository_;
   ServerOptions options_;
-  std::unique_ptr<ServerLog> own_log_;  // when options_.log is null
+  std::unique_ptr<ServerLog> own_log_;       // when options_.log is null
+  std::unique_ptr<TraceManager> own_trace_;  // when options_.trace is null
   std::unique_ptr<ResponseCache> cache_;
   MemoryBudget memory_;  // before shared_memory_, which counts input copies against it
   SharedMemoryManager shared_memory_;

@@ -79,7 +79,8 @@ class TritonCommandLine(harness.unittest.TestCase):
     def test_what_cannot_be_honoured_is_refused(self):
         for flags, fragment in (
                 (["--rate-limit=execution_count"], "no rate limiter"),
-                (["--trace-config", "level=TIMESTAMPS"], "Triton traces"),
+                (["--trace-config", "level=TIMESTAMPS"], "needs a file"),
+                (["--trace-config", "rate=often"], "rate"),
                 (["--log-file=/tmp/triton.log"], "standard error"),
                 (["--allow-http=false"], "always serves HTTP"),
                 (["--grpc-use-ssl=true"], "TLS"),

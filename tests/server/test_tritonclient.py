@@ -76,7 +76,8 @@ class TritonClient(harness.unittest.TestCase):
     def test_extensions_list_what_is_served(self):
         expected = ["classification", "sequence", "sequence(string_id)", "model_repository",
                     "model_configuration",
-                    "system_shared_memory", "binary_tensor_data", "statistics", "logging"]
+                    "system_shared_memory", "binary_tensor_data", "statistics", "trace",
+                    "logging"]
         self.assertEqual(self.http.get_server_metadata()["extensions"], expected)
         self.assertEqual(list(self.grpc.get_server_metadata().extensions), expected)
 

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "classification.hpp"
 #include "ensemble.hpp"
 #include "grpc/grpc_acceptor.hpp"
@@ -33,6 +35,7 @@
 #include "response_cache.hpp"
 #include "server_log.hpp"
 #include "status_mapping.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -231,6 +234,199 @@ TEST(ServerLog, LevelsFormatAndAllOrNothingUpdates) {
             StatusCode::invalid_argument);
   EXPECT_EQ(log.update({{"log_format", std::string("json")}}).status().code(),
             StatusCode::invalid_argument);
+}
+
+// ---- Triton's trace extension (trace.hpp)
+// ---------------------------------------------------------
+
+/// A setting change as the HTTP and gRPC frontends make it: name → values, nullopt = clear.
+TraceSettingUpdate trace_update(
+    std::map<std::string, std::optional<std::vector<std::string>>, std::less<>> given) {
+  auto u = parse_trace_setting_update(given);
+  EXPECT_TRUE(u.ok()) << u.status();
+  return u.ok() ? *u : TraceSettingUpdate{};
+}
+
+TEST(Trace, ConfigParsesAsTritonDoes) {
+  auto c = parse_trace_config({"triton,file=t.json", "level=TIMESTAMPS", "level=tensors", "rate=1",
+                               "count=5", "triton,log-frequency=2"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->level, kTraceTimestamps | kTraceTensors);
+  EXPECT_EQ(c->rate, 1u);
+  EXPECT_EQ(c->count, 5);
+  EXPECT_EQ(c->log_frequency, 2u);
+  EXPECT_EQ(c->file, "t.json");
+  EXPECT_EQ(c->mode, TraceMode::triton);
+  auto o = parse_trace_config({"mode=opentelemetry", "level=TIMESTAMPS",
+                               "opentelemetry,url=http://collector:4318/v1/traces",
+                               "opentelemetry,resource=service.name=svc",
+                               "opentelemetry,bsp_max_queue_size=7",
+                               "opentelemetry,bsp_schedule_delay=20"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->mode, TraceMode::opentelemetry);
+  EXPECT_EQ(o->otel.url, "http://collector:4318/v1/traces");
+  ASSERT_EQ(o->otel.resource.size(), 1u);
+  EXPECT_EQ(o->otel.resource[0].first, "service.name");
+  EXPECT_EQ(o->otel.resource[0].second, "svc");
+  EXPECT_EQ(o->otel.bsp_max_queue_size, 7u);
+  EXPECT_EQ(o->otel.bsp_schedule_delay_ms, 20u);
+  // The older flags, and --trace-config over them.
+  LegacyTraceFlags legacy{std::string("old.json"), {"TIMESTAMPS"}, std::string("3"), {}, {}};
+  std::vector<std::string> warnings;
+  auto l =
+      parse_trace_config({"rate=4"}, legacy, [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->file, "old.json");
+  EXPECT_EQ(l->rate, 4u);
+  EXPECT_EQ(warnings.size(), 1u);
+  // Refused: Triton's format errors, unknown keys, bad numbers, tracing without a file.
+  for (auto [spec, expect] :
+       {std::pair{"rate", "format"}, std::pair{",rate=1", "No trace mode"},
+        std::pair{"jaeger,url=x", "invalid value for trace mode"}, std::pair{"rate=abc", "rate"},
+        std::pair{"count=-2", "count"}, std::pair{"level=loud", "trace level"},
+        std::pair{"colour=red", "unknown setting"},
+        std::pair{"opentelemetry,url=https://x", "http://"},
+        std::pair{"level=TIMESTAMPS", "needs a file"}}) {
+    auto bad = parse_trace_config({spec});
+    ASSERT_FALSE(bad.ok()) << spec;
+    EXPECT_NE(bad.status().message().find(expect), std::string_view::npos)
+        << spec << " → " << bad.status();
+  }
+}
+
+TEST(Trace, UpdateErrorsInTritonsWords) {
+  using Given = std::map<std::string, std::optional<std::vector<std::string>>, std::less<>>;
+  for (auto [given, expect] :
+       {std::pair{Given{{"trace_file", std::vector<std::string>{"x"}}}, "can not be updated"},
+        std::pair{Given{{"trace_level", std::vector<std::string>{"OFF", "TIMESTAMPS"}}},
+                  "Expect only one trace level 'OFF'"},
+        std::pair{Given{{"trace_rate", std::vector<std::string>{"abc"}}},
+                  "Unable to parse 'trace_rate', got: abc"},
+        std::pair{Given{{"trace_count", std::vector<std::string>{"-5"}}}, "Expecting value >= -1"},
+        std::pair{Given{{"log_frequency", std::vector<std::string>{"99999999999"}}},
+                  "out of range"},
+        std::pair{Given{{"trace_rate", std::vector<std::string>{"1", "2"}}},
+                  "expect only 1 value"}}) {
+    auto u = parse_trace_setting_update(given);
+    ASSERT_FALSE(u.ok());
+    EXPECT_NE(u.status().message().find(expect), std::string_view::npos) << u.status();
+  }
+  // Tracing with a rate of 0 is refused; turning it off with one is not.
+  auto c = parse_trace_config({"triton,file=/dev/null", "level=TIMESTAMPS", "rate=1"});
+  ASSERT_TRUE(c.ok());
+  TraceManager m(*c);
+  auto zero = m.update("", trace_update({{"trace_rate", std::vector<std::string>{"0"}}}));
+  EXPECT_NE(zero.status().message().find("Attempting to set invalid trace setting"),
+            std::string_view::npos)
+      << zero.status();
+  EXPECT_TRUE(m.update("", trace_update({{"trace_rate", std::vector<std::string>{"0"}},
+                                         {"trace_level", std::vector<std::string>{"OFF"}}}))
+                  .ok());
+}
+
+// trace_endpoint_test.py's test_http_clear_settings, on the manager.
+TEST(Trace, ModelSettingsFallBackToTheGlobalOnesFieldByField) {
+  auto c = parse_trace_config({"triton,file=g.log", "level=TIMESTAMPS", "rate=1"});
+  ASSERT_TRUE(c.ok());
+  TraceManager m(*c);
+  EXPECT_TRUE(m.active());
+  EXPECT_EQ(trace_settings_json(m.settings("simple")),
+            R"({"trace_level":["TIMESTAMPS"],"trace_rate":"1","trace_count":"-1",)"
+            R"("log_frequency":"0","trace_file":"g.log","trace_mode":"triton"})");
+  using V = std::vector<std::string>;
+  ASSERT_TRUE(
+      m.update("simple", trace_update({{"trace_rate", V{"12"}}, {"log_frequency", V{"34"}}})).ok());
+  ASSERT_TRUE(m.update("", trace_update({{"trace_rate", V{"56"}},
+                                         {"trace_count", V{"78"}},
+                                         {"trace_level", V{"OFF"}}}))
+                  .ok());
+  EXPECT_FALSE(m.active());
+  auto g =
+      m.update("", trace_update({{"trace_rate", std::nullopt}, {"trace_count", std::nullopt}}));
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->level, 0u);
+  EXPECT_EQ(g->rate, 1u);  // its value at start
+  EXPECT_EQ(g->count, -1);
+  TraceSettings model = m.settings("simple");
+  EXPECT_EQ(model.level, 0u);
+  EXPECT_EQ(model.rate, 12u);
+  EXPECT_EQ(model.count, -1);
+  EXPECT_EQ(model.log_frequency, 34u);
+  auto cleared = m.update(
+      "simple", trace_update({{"trace_rate", std::nullopt}, {"trace_level", std::nullopt}}));
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_EQ(cleared->rate, 1u);
+  EXPECT_EQ(cleared->log_frequency, 34u);
+  EXPECT_EQ(m.settings("").log_frequency, 0u);
+  // A model's level on while the global one is off: tracing is active.
+  ASSERT_TRUE(m.update("simple", trace_update({{"trace_level", V{"TIMESTAMPS"}}})).ok());
+  EXPECT_TRUE(m.active());
+  EXPECT_EQ(m.sample("other", std::nullopt), nullptr);
+  EXPECT_NE(m.sample("simple", std::nullopt), nullptr);
+}
+
+TEST(Trace, SamplesEveryRateThWhileCountLastsAndRotatesFiles) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("asyncinfer_trace_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "t.json").string();
+  {
+    auto c = parse_trace_config(
+        {"triton,file=" + file, "level=TIMESTAMPS", "rate=2", "count=3", "triton,log-frequency=2"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    TraceManager m(*c);
+    int sampled = 0;
+    for (int i = 0; i < 10; ++i) {
+      auto t = m.sample("m", std::nullopt);
+      if (!t) continue;
+      ++sampled;
+      t->set_model("m", 1, "id" + std::to_string(i));
+      t->record("HTTP_RECV_START", 10);
+      t->record("REQUEST_START", 20);
+      t->timeline()->queue_start_ns.store(30);
+      t->timeline()->compute_start_ns.store(40);
+      t->record_timeline();
+      t->record("REQUEST_END", 90);
+    }
+    EXPECT_EQ(sampled, 3);  // requests 2, 4 and 6; then the count is spent
+    EXPECT_EQ(m.settings("").count, 0);
+  }
+  // log_frequency 2: traces 1-2 in t.json.0, trace 3 (the count spent) in t.json.1.
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string first = read(dir / "t.json.0");
+  const std::string second = read(dir / "t.json.1");
+  EXPECT_FALSE(std::filesystem::exists(dir / "t.json.2"));
+  auto j = nlohmann::json::parse(first);
+  ASSERT_TRUE(j.is_array());
+  // Per trace: the model record, then one record per timestamp, in time order.
+  ASSERT_EQ(j.size(), 2u * 6u) << first;
+  EXPECT_EQ(j[0]["timestamps"][0]["name"], "HTTP_RECV_START");
+  EXPECT_EQ(j[1]["model_name"], "m");
+  EXPECT_EQ(j[1]["model_version"], 1);
+  EXPECT_EQ(j[1]["request_id"], "id1");
+  EXPECT_EQ(j[2]["timestamps"][0]["name"], "REQUEST_START");
+  EXPECT_EQ(j[3]["timestamps"][0]["name"], "QUEUE_START");
+  EXPECT_EQ(j[3]["timestamps"][0]["ns"], 30);
+  EXPECT_EQ(j[4]["timestamps"][0]["name"], "COMPUTE_START");
+  EXPECT_EQ(j[5]["timestamps"][0]["name"], "REQUEST_END");
+  EXPECT_EQ(nlohmann::json::parse(second).size(), 6u) << second;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Trace, TraceParentIsW3CTraceContext) {
+  auto p = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->trace_id[0], 0x0a);
+  EXPECT_EQ(p->trace_id[15], 0x9c);
+  EXPECT_EQ(p->span_id[7], 0x31);
+  EXPECT_EQ(p->flags, 1);
+  EXPECT_FALSE(parse_traceparent("00-00000000000000000000000000000000-b7ad6b7169203331-01"));
+  EXPECT_FALSE(parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"));
+  EXPECT_FALSE(parse_traceparent("00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01"));
 }
 
 TEST(ServerConfig, IgnorableFieldsAreWarnings) {

@@ -2,12 +2,16 @@
 // (liveness, readiness, metadata, RepositoryIndex) answered at once, ModelInfer's reactor
 // (InferCall: decode, submit, and the engine's completion callback answers), and the hand-off of
 // ModelStreamInfer to its reactor (grpc_stream_call.cpp).
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "grpc_server_impl.hpp"
 #include "oip_grpc.hpp"
 #include "server_log.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -65,6 +69,10 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
       micros = micros_;
     }
     account_.ended();
+    if (trace_) [[unlikely]] {
+      trace_->record_now("GRPC_SEND_END");
+      trace_.reset();
+    }
     impl_.count(code);
     impl_.metrics.observe_infer_us(micros);
     impl_.remove(this);
@@ -87,6 +95,19 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
     }
     parsed.request.deadline = call_deadline(ctx_);
     impl_.forward_headers(ctx_, parsed.request.parameters);
+    if (impl_.core.tracer().active()) [[unlikely]] {  // Triton's trace extension (trace.hpp)
+      std::optional<TraceParent> parent;
+      const auto& md = ctx_->client_metadata();
+      if (auto it = md.find("traceparent"); it != md.end()) {
+        parent = parse_traceparent(std::string_view(it->second.data(), it->second.size()));
+      }
+      trace_ = impl_.core.tracer().sample(parsed.model->model_name, parent);
+      if (trace_) {
+        trace_->record("GRPC_WAITREAD_START", trace_ns(start_));
+        trace_->record_now("GRPC_WAITREAD_END");
+        parsed.request.trace = trace_;
+      }
+    }
     auto accepted = impl_.core.submit(parsed.model, std::move(parsed.request),
                                       [this](Result<InferResponse> r) { complete(std::move(r)); });
     if (!accepted.ok()) return finish(accepted.status());
@@ -102,6 +123,8 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   /// On the engine's completion executor.
   void complete(Result<InferResponse> r) {
     if (!r.ok()) return finish(r.status());
+    if (trace_) [[unlikely]]
+      trace_->record_now("GRPC_SEND_START");
     *response_ = encode_infer_response(*r, false);
     lease_.hold(response_->Length());
     if (Status too_big = check_response_size(*response_, impl_.opt.max_message_bytes);
@@ -128,6 +151,8 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
   grpc::CallbackServerContext* ctx_;
   grpc::ByteBuffer* response_;
   Clock::time_point start_;
+  /// A sampled call's trace (trace.hpp): set in run() before submit, ended in OnDone.
+  std::shared_ptr<Trace> trace_;
   AcceptorAccount account_;
   /// Its share of the server's memory budget (the request's tensors, then the response); set
   /// before the request is submitted and after it completes, never both at once.
@@ -147,7 +172,8 @@ using CudaSharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_CudaSh
     pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryRegister<
         pb::GRPCInferenceService::WithCallbackMethod_CudaSharedMemoryUnregister<
             pb::GRPCInferenceService::WithCallbackMethod_LogSettings<
-                pb::GRPCInferenceService::Service>>>>;
+                pb::GRPCInferenceService::WithCallbackMethod_TraceSetting<
+                    pb::GRPCInferenceService::Service>>>>>;
 using SharedMemoryBase = pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryStatus<
     pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryRegister<
         pb::GRPCInferenceService::WithCallbackMethod_SystemSharedMemoryUnregister<
@@ -191,6 +217,7 @@ class GrpcServer::Impl::Service final : public ServiceBase {
   using ServiceBase::SystemSharedMemoryRegister;
   using ServiceBase::SystemSharedMemoryStatus;
   using ServiceBase::SystemSharedMemoryUnregister;
+  using ServiceBase::TraceSetting;
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const pb::ServerLiveRequest*,
@@ -406,6 +433,38 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     m["log_error"].set_bool_param(settings->log_error);
     m["log_verbose_level"].set_uint32_param(settings->log_verbose_level);
     m["log_format"].set_string_param(std::string(to_string(settings->log_format)));
+    return done(ctx, Status());
+  }
+
+  // Triton's trace extension (trace.hpp): a model's settings need the model to be ready; an
+  // empty value clears a setting.
+  grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* ctx,
+                                         const pb::TraceSettingRequest* in,
+                                         pb::TraceSettingResponse* out) override {
+    if (grpc::Status s = impl_.restricted(ctx, ApiCategory::trace); !s.ok()) return done(ctx, s);
+    const std::string& model = in->model_name();
+    if (!model.empty() && !impl_.core.find(model, "").ok()) {
+      return done(ctx, invalid_argument_error("Request for unknown model : " + model));
+    }
+    TraceManager& tracer = impl_.core.tracer();
+    TraceSettings settings;
+    if (in->settings().empty()) {
+      settings = tracer.settings(model);
+    } else {
+      std::map<std::string, std::optional<std::vector<std::string>>, std::less<>> given;
+      for (const auto& [name, value] : in->settings()) {
+        given[name] = std::vector<std::string>(value.value().begin(), value.value().end());
+      }
+      auto update = parse_trace_setting_update(given);
+      if (!update.ok()) return done(ctx, update.status());
+      auto updated = tracer.update(model, *update);
+      if (!updated.ok()) return done(ctx, updated.status());
+      settings = std::move(*updated);
+    }
+    auto& m = *out->mutable_settings();
+    for (auto& [name, values] : trace_settings_values(settings)) {
+      for (std::string& v : values) m[name].add_value(std::move(v));
+    }
     return done(ctx, Status());
   }
 

@@ -13,6 +13,7 @@
 #include "http_compression.hpp"
 #include "http_server_impl.hpp"
 #include "server_log.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -196,6 +197,12 @@ void Session::handle_api() {
     if (!settings.ok()) return respond_status(settings.status());
     return respond(200, log_settings_json(*settings));
   }
+  if (is(3, {"v2", "trace", "setting"})) return handle_trace_setting("");
+  if (p.size() == 5 && p[1] == "models" && p[3] == "trace" && p[4] == "setting") {
+    std::string model;
+    if (!percent_decode(p[2], model)) return respond_error(400, "bad percent-escape in model name");
+    return handle_trace_setting(model);
+  }
   if (p[1] == "systemsharedmemory" || p[1] == "cudasharedmemory") {
     return handle_shared_memory(p, p[1] == "cudasharedmemory", method);
   }
@@ -311,6 +318,22 @@ void Session::handle_shared_memory(const std::vector<std::string_view>& p, bool 
   respond(200, "", "");
 }
 
+void Session::handle_trace_setting(const std::string& model) {
+  // Triton's trace extension (trace.hpp): a model's settings need the model to be ready.
+  const http::verb method = method_ == http::verb::head ? http::verb::get : method_;
+  if (method != http::verb::get && method != http::verb::post) return respond_method("GET, POST");
+  if (!model.empty() && !impl_.core.find(model, "").ok()) {
+    return respond_error(400, "Request for unknown model : " + model);
+  }
+  TraceManager& tracer = impl_.core.tracer();
+  if (method == http::verb::get) return respond(200, trace_settings_json(tracer.settings(model)));
+  auto update = parse_trace_settings_request(request_.body(), impl_.opt.max_json_depth);
+  if (!update.ok()) return respond_status(update.status());
+  auto settings = tracer.update(model, *update);
+  if (!settings.ok()) return respond_status(settings.status());
+  respond(200, trace_settings_json(*settings));
+}
+
 void Session::handle_infer(const std::string& model, const std::string& version) {
   is_infer_ = true;
   auto mv = impl_.core.find(model, version);
@@ -350,6 +373,18 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     header_length = n;
   }
   ModelRef m = std::move(*mv);
+  if (impl_.core.tracer().active()) [[unlikely]] {  // Triton's trace extension (trace.hpp)
+    std::optional<TraceParent> parent;
+    if (auto it = request_.find("traceparent"); it != request_.end()) {
+      parent = parse_traceparent(it->value());
+    }
+    trace_ = impl_.core.tracer().sample(m->model_name, parent);
+    if (trace_) {
+      const std::int64_t read = trace_ns(request_read_at_);
+      trace_->record("HTTP_RECV_START", recv_start_ns_ != 0 ? recv_start_ns_ : read);
+      trace_->record("HTTP_RECV_END", read);
+    }
+  }
   if (coding == ContentCoding::identity && request_.body().size() < kCodecInlineBytes) {
     auto decoded = decode_infer_request(*m, request_.body(), header_length,
                                         impl_.opt.max_json_depth, &impl_.core.shared_memory());
@@ -420,6 +455,8 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
   lease_.hold(tensors);
   auto self = shared_from_this();
   decoded_.request.completion_hands_off = true;  // the callback below only posts
+  if (trace_) [[unlikely]]
+    decoded_.request.trace = trace_;
   // This thread may run the request itself (HttpOptions::caller_run) when its inputs are small:
   // the model's recent average says nothing of a request many times larger than its own.
   if (tensors < kCodecInlineBytes) decoded_.request.caller_run_max_compute = impl_.opt.caller_run;
@@ -500,6 +537,8 @@ void Session::on_infer_done(Result<InferResponse> r) {
 void Session::send_infer(EncodedResponse enc) {
   if (closed()) return;
   if (client_gone_) return close();
+  if (trace_) [[unlikely]]
+    trace_->record_now("HTTP_SEND_START");
   Response res{http::status::ok, version_};
   res.set(http::field::content_type, enc.binary ? "application/octet-stream" : "application/json");
   // Of the JSON before compression, as Triton sends it.

@@ -208,6 +208,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_metrics();
   void handle_api();
   void handle_infer(const std::string& model, const std::string& version);
+  /// GET/POST /v2/trace/setting (`model` empty) and /v2/models/{m}/trace/setting.
+  void handle_trace_setting(const std::string& model);
   /// `body_too_large`: inflating the body passed --max-body-bytes (413); `inflated`: the body
   /// was compressed, so its tensors are counted against the memory budget only now.
   void on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bool body_too_large = false,
@@ -294,6 +296,11 @@ class Session : public std::enable_shared_from_this<Session> {
   MemoryBudget::Lease lease_;
   std::size_t header_bytes_ = 0;  ///< the current request's header, for the trailers' limit
   Clock::time_point request_read_at_;
+  /// Tracing (trace.hpp), only while the server's TraceManager is active: when the current
+  /// request's first byte was parsed (0 otherwise), and its trace if it was sampled (until its
+  /// response is written: HTTP_SEND_END).
+  std::int64_t recv_start_ns_ = 0;
+  std::shared_ptr<Trace> trace_;
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point timer_at_;
   /// A wait of timer_ is pending (an outstanding operation, whatever the phase; not a phase).

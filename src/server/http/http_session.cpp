@@ -10,6 +10,7 @@
 #include <string>
 
 #include "http_server_impl.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 
@@ -114,6 +115,7 @@ void Session::start_request() {
   parser_->eager(false);  // stop after the header, so that its size is known
   header_bytes_ = 0;
   method_ = http::verb::unknown;
+  recv_start_ns_ = impl_.core.tracer().active() ? trace_ns(Clock::now()) : 0;
   lease_ = impl_.core.memory().lease();
   set_deadline(impl_.opt.header_timeout);
   parse();
@@ -301,6 +303,10 @@ void Session::on_write(beast::error_code ec) {
   serializer_.reset();
   response_.reset();
   lease_.release();
+  if (trace_) [[unlikely]] {
+    trace_->record_now("HTTP_SEND_END");
+    trace_.reset();  // written now, if the engine is done with it too
+  }
   if (is_infer_ && !ec) {
     impl_.metrics.observe_infer_us(
         std::chrono::duration<double, std::micro>(Clock::now() - request_read_at_).count());

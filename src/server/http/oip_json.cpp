@@ -4,6 +4,8 @@
 // oip_json_encode.cpp.
 #include "oip_json.hpp"
 
+#include <map>
+
 #include <string>
 
 #include "model_config.hpp"
@@ -154,6 +156,39 @@ Result<Parameters> parse_log_settings_request(std::string_view body, int max_dep
     }
   }
   return out;
+}
+
+Result<TraceSettingUpdate> parse_trace_settings_request(std::string_view body, int max_depth) {
+  std::map<std::string, std::optional<std::vector<std::string>>, std::less<>> given;
+  if (body.empty()) return parse_trace_setting_update(given);
+  ASYNCINFER_ASSIGN_OR_RETURN(json j, parse_json(body, max_depth));
+  if (!j.is_object()) return invalid_argument_error("the request body must be a JSON object");
+  for (const auto& [name, value] : j.items()) {
+    if (name != "trace_file" && name != "trace_level" && name != "trace_rate" &&
+        name != "trace_count" && name != "log_frequency") {
+      continue;  // Triton ignores other names
+    }
+    if (value.is_null()) {
+      given[name] = std::nullopt;
+    } else if (name == "trace_level") {
+      if (!value.is_array()) {
+        return invalid_argument_error("'trace_level' must be an array of strings");
+      }
+      std::vector<std::string> levels;
+      for (const json& l : value) {
+        if (!l.is_string()) {
+          return invalid_argument_error("'trace_level' must be an array of strings");
+        }
+        levels.push_back(l.get<std::string>());
+      }
+      given[name] = std::move(levels);
+    } else if (value.is_string()) {
+      given[name] = std::vector<std::string>{value.get<std::string>()};
+    } else {
+      return invalid_argument_error("trace setting '" + name + "' must be a string (or null)");
+    }
+  }
+  return parse_trace_setting_update(given);
 }
 
 Result<SharedMemoryRegisterCall> parse_shared_memory_register(std::string_view body,

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "inference_server.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 
@@ -77,6 +78,11 @@ Result<bool> parse_index_request(std::string_view body, int max_depth);
 /// The body of POST /v2/logging (Triton's logging extension): a JSON object of settings, each a
 /// bool, a number or a string (ServerLog::update checks which); invalid_argument otherwise.
 Result<Parameters> parse_log_settings_request(std::string_view body, int max_depth);
+/// The body of POST /v2[/models/{m}]/trace/setting (Triton's trace extension): a JSON object,
+/// or empty (nothing to change); trace_level an array of strings, the other settings strings,
+/// any of them null to clear it (parse_trace_setting_update says what is checked).
+/// invalid_argument otherwise.
+Result<TraceSettingUpdate> parse_trace_settings_request(std::string_view body, int max_depth);
 
 /// The body of POST /v2/repository/models/{m}/load or /unload (Triton's): empty, or
 /// {"parameters": {...}}. A load's `config` (a string: a ModelConfig in JSON) replaces the
