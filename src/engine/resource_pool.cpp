@@ -125,9 +125,16 @@ Result<std::shared_ptr<ExecutionGate>> ResourcePool::add_model(
 }
 
 void ResourcePool::remove(std::vector<std::unique_ptr<Instance>>& instances) noexcept {
+  bool any = false;
   {
     std::lock_guard lock(mu_);
     for (auto& i : instances) {
+      if (i->reserved) {  // the model is gone: its reservation goes back
+        give_back_locked(*i);
+        i->reserved = false;
+        std::erase(reserved_, i.get());
+        any = true;
+      }
       for (auto& [slot, n] : i->needs) {
         slot->asks.erase(slot->asks.find(static_cast<std::uint32_t>(n)));
         if (!slot->given) slot->count = slot->asks.empty() ? 0 : *slot->asks.rbegin();
@@ -141,7 +148,9 @@ void ResourcePool::remove(std::vector<std::unique_ptr<Instance>>& instances) noe
       }
     }
     instances.clear();
+    if (any) any = grant_locked();
   }
+  if (any) cv_.notify_all();
 }
 
 bool ResourcePool::fits_locked(const Instance& instance) const {
@@ -183,8 +192,31 @@ bool ResourcePool::grant_locked() {
   return any;
 }
 
+bool ResourcePool::expire_locked(std::chrono::steady_clock::time_point now) {
+  bool any = false;
+  for (auto it = reserved_.begin(); it != reserved_.end();) {
+    Instance& i = **it;
+    if (i.reserved_until > now) {
+      ++it;
+      continue;
+    }
+    give_back_locked(i);
+    i.reserved = false;
+    i.pass = i.pass_before_reserve;  // an unused turn costs nothing
+    it = reserved_.erase(it);
+    any = true;
+  }
+  return any && grant_locked();
+}
+
 bool ResourcePool::acquire(Instance& instance, const std::stop_token& stop) {
   std::unique_lock lock(mu_);
+  if (expire_locked(std::chrono::steady_clock::now())) cv_.notify_all();
+  if (instance.reserved) {  // it came back in time: the resources kept for it are its
+    instance.reserved = false;
+    std::erase(reserved_, &instance);
+    return true;
+  }
   // Idleness earns no burst: a pass left behind moves up to the last grant's.
   Waiter w;
   w.instance = &instance;
@@ -192,9 +224,21 @@ bool ResourcePool::acquire(Instance& instance, const std::stop_token& stop) {
   w.weight = instance.weight;
   w.arrival = arrivals_++;
   waiting_.insert(&w);
+  instance.waiting = true;
   if (grant_locked()) cv_.notify_all();  // others may have been granted too
-  if (w.granted) return true;
-  cv_.wait(lock, stop, [&] { return w.granted; });
+  while (!w.granted && !stop.stop_requested()) {
+    if (reserved_.empty()) {
+      // Woken to be granted, to stop, or when a reservation appears (its expiry is then waited
+      // for: the waiters give back what nobody claimed).
+      cv_.wait(lock, stop, [&] { return w.granted || !reserved_.empty(); });
+    } else {
+      auto until = reserved_.front()->reserved_until;
+      for (const Instance* i : reserved_) until = std::min(until, i->reserved_until);
+      cv_.wait_until(lock, stop, until, [&] { return w.granted; });
+    }
+    if (!w.granted && expire_locked(std::chrono::steady_clock::now())) cv_.notify_all();
+  }
+  instance.waiting = false;
   if (w.granted) return true;
   // Stopped first: leave the line; those it held back may go now.
   waiting_.erase(&w);
@@ -207,7 +251,32 @@ void ResourcePool::release(Instance& instance) noexcept {
   {
     std::lock_guard lock(mu_);
     give_back_locked(instance);
-    any = grant_locked();
+    const auto now = std::chrono::steady_clock::now();
+    any = expire_locked(now);
+    if (!waiting_.empty() && !instance.waiting && !instance.reserved) {
+      // Others wait: it competes as if it waited already (header); first in line, the resources
+      // are kept for its next acquire().
+      Waiter comeback;
+      comeback.instance = &instance;
+      comeback.pass = std::max(instance.pass, last_pass_);
+      comeback.weight = instance.weight;
+      comeback.arrival = arrivals_++;
+      const std::uint64_t pass_before = instance.pass;
+      waiting_.insert(&comeback);
+      any = grant_locked() || any;
+      if (comeback.granted) {
+        instance.reserved = true;
+        instance.pass_before_reserve = pass_before;
+        instance.reserved_until = now + kComebackHold;
+        reserved_.push_back(&instance);
+        any = true;  // the waiters time their waits by it
+      } else {
+        waiting_.erase(&comeback);
+        any = grant_locked() || any;  // it may have held others back
+      }
+    } else {
+      any = grant_locked() || any;
+    }
   }
   if (any) cv_.notify_all();
 }

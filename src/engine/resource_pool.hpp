@@ -22,6 +22,13 @@
 //   not free blocks every later waiter that shares one of its resources (a large request is never
 //   overtaken forever by small ones); later waiters on other resources go ahead. Nobody starves:
 //   every grant moves the grantee's pass past the waiters it overtook.
+// - The instance that gives its resources back competes for them too (Triton's instance is back
+//   in the rate limiter's queue as soon as its model has more work): when others wait, a release
+//   puts the releasing instance in line as if it waited already, and when it comes first the
+//   resources stay reserved for its next acquire() for up to kComebackHold. Without that, two
+//   models that always have work would only alternate, whatever their priorities. A reservation
+//   nobody claims in time is given back (the waiters' timed waits expire it), and the instance's
+//   pass is restored.
 //
 // Threads: every method is thread-safe; one mutex guards the pool, held only for bookkeeping
 // (never while a model runs nor while a caller is blocked). Waiters block on one condition
@@ -29,6 +36,7 @@
 // worker leaves at once.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -71,6 +79,8 @@ class ResourcePool : public std::enable_shared_from_this<ResourcePool> {
  public:
   /// The device number of global resources in slot().
   static constexpr int kGlobal = -1;
+  /// How long resources stay reserved for the instance that released them (see the header).
+  static constexpr std::chrono::microseconds kComebackHold{2000};
 
   /// A pool with the operator's counts. Make it with std::make_shared (add_model shares it).
   explicit ResourcePool(std::vector<ResourceLimit> limits);
@@ -109,6 +119,10 @@ class ResourcePool : public std::enable_shared_from_this<ResourcePool> {
     std::vector<std::pair<Slot*, std::int64_t>> needs;  // stable: std::map nodes
     std::uint64_t weight = 1;
     std::uint64_t pass = 0;
+    bool waiting = false;                   // its acquire() is in line
+    bool reserved = false;                  // its resources are kept for its comeback
+    std::uint64_t pass_before_reserve = 0;  // restored when the reservation expires
+    std::chrono::steady_clock::time_point reserved_until{};
   };
   struct Waiter {
     Instance* instance = nullptr;
@@ -134,6 +148,9 @@ class ResourcePool : public std::enable_shared_from_this<ResourcePool> {
   bool fits_locked(const Instance& instance) const;
   void take_locked(Instance& instance);
   void give_back_locked(Instance& instance);
+  /// Gives back the reservations not claimed by `now`; true when that granted anything. Under
+  /// mu_.
+  bool expire_locked(std::chrono::steady_clock::time_point now);
 
   const std::vector<ResourceLimit> limits_;
   mutable std::mutex mu_;
@@ -142,6 +159,7 @@ class ResourcePool : public std::enable_shared_from_this<ResourcePool> {
   std::set<Waiter*, WaiterOrder> waiting_;  // under mu_
   std::uint64_t arrivals_ = 0;              // under mu_
   std::uint64_t last_pass_ = 0;             // under mu_: the pass of the last grant
+  std::vector<Instance*> reserved_;         // under mu_: instances with a reservation
 };
 
 }  // namespace asyncinfer::detail

@@ -196,6 +196,63 @@ TEST(ResourcePool, PriorityIsAWeightPriorityTwoGetsHalfTheTurnsOfPriorityOne) {
   EXPECT_LT(share, 0.9) << turns_one << " vs " << turns_two;   // and priority 2 is not starved
 }
 
+TEST(ResourcePool, TwoInstancesThatAlwaysHaveWorkShareTheTurnsByPriority) {
+  // Triton's qa case (L0_rate_limiter, cross-model prioritization): each instance asks again
+  // right after it gave the resources back; priority 1 gets about twice the turns of priority 2.
+  auto pool = std::make_shared<ResourcePool>(std::vector<ResourceLimit>{});
+  auto one = add(*pool, "one", {needs({{"R", 4}}, 1)});
+  auto two = add(*pool, "two", {needs({{"R", 4}}, 2)});
+  std::stop_source never;
+  std::atomic<int> turns_one{0};
+  std::atomic<int> turns_two{0};
+  std::atomic<int> total{0};
+  auto run = [&](ExecutionGate& g, std::atomic<int>& turns) {
+    while (total.load() < 300) {
+      if (!g.acquire(0, never.get_token())) return;
+      ++turns;
+      ++total;
+      std::this_thread::sleep_for(200us);
+      g.release(0);
+    }
+  };
+  std::thread a([&] { run(*one, turns_one); });
+  std::thread b([&] { run(*two, turns_two); });
+  a.join();
+  b.join();
+  const double share = static_cast<double>(turns_one.load()) / (turns_one + turns_two);
+  EXPECT_GT(share, 0.58) << turns_one << " vs " << turns_two;  // 2/3
+  EXPECT_LT(share, 0.9) << turns_one << " vs " << turns_two;
+}
+
+TEST(ResourcePool, AReservationForTheReleasingInstanceLapsesWhenItDoesNotComeBack) {
+  auto pool = std::make_shared<ResourcePool>(std::vector<ResourceLimit>{});
+  auto a = add(*pool, "a", {needs({{"R", 1}}, 1)});
+  auto b = add(*pool, "b", {needs({{"R", 1}}, 5)});
+  std::stop_source never;
+  ASSERT_TRUE(b->acquire(0, never.get_token()));  // b has had a turn (weight 5)
+  b->release(0);
+  ASSERT_TRUE(a->acquire(0, never.get_token()));
+  auto b_wait = std::async(std::launch::async, [&] { return b->acquire(0, never.get_token()); });
+  ASSERT_TRUE(wait_for_waiters(*pool, 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  a->release(0);  // a comes first (fewer weighted turns): R is kept for it, and it never returns
+  ASSERT_EQ(b_wait.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(b_wait.get());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(pool->slot("R", 0)->in_use, 1);
+  b->release(0);
+  // A comeback in time finds its reservation.
+  ASSERT_TRUE(a->acquire(0, never.get_token()));
+  auto b_again = std::async(std::launch::async, [&] { return b->acquire(0, never.get_token()); });
+  ASSERT_TRUE(wait_for_waiters(*pool, 1));
+  a->release(0);
+  EXPECT_TRUE(a->acquire(0, never.get_token()));
+  a->release(0);
+  ASSERT_EQ(b_again.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(b_again.get());
+  b->release(0);
+}
+
 TEST(ResourcePool, AWaiterForBusyResourcesHoldsBackOnlyThoseSharingThem) {
   auto pool = std::make_shared<ResourcePool>(std::vector<ResourceLimit>{{"R1", 4, {}}});
   auto small = add(*pool, "small", {needs({{"R1", 1}}, 1)});
