@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -89,6 +90,8 @@ struct ServeOptions {
   std::vector<std::string> trace_config;
   std::optional<std::string> trace_file, trace_rate, trace_count, trace_log_frequency;
   std::vector<std::string> trace_level;
+  std::string rate_limit = "off";                 // --rate-limit: execution_count or off
+  std::vector<std::string> rate_limit_resources;  // --rate-limit-resource, as given
 };
 
 /// Triton's flags that only tune Triton's internals (no counterpart here): accepted with one
@@ -222,15 +225,21 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
            std::string("Triton: refused unless ") + (allowed.empty() ? "absent" : allowed[0]))
         ->group(group);
   };
-  refuse_unless("--rate-limit", {"off"},
-                "asyncinfer has no rate limiter (each model version has its own workers)");
+  app.add_option("--rate-limit", o.rate_limit,
+                 "Triton: execution_count (an instance runs a batch only when the resources its "
+                 "instance_group rate_limiter lists are free; priority weights the turns) or off "
+                 "(the default: rate_limiter settings are not served)")
+      ->group(group);
+  app.add_option("--rate-limit-resource", o.rate_limit_resources,
+                 "Triton: <name>:<count>[:<device>], repeatable: a resource's count, on one "
+                 "device or every one (default: the largest count a loaded instance asks for)")
+      ->group(group);
   refuse_unless("--log-file", {}, "the log goes to standard error (redirect it)");
   refuse_unless("--grpc-use-ssl", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
   refuse_unless("--grpc-use-ssl-mutual", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
   refuse_unless("--allow-sagemaker", {"false", "0"}, "no SageMaker endpoint here");
   refuse_unless("--allow-vertex-ai", {"false", "0"}, "no Vertex AI endpoint here");
   refuse_unless("--model-namespacing", {"false", "0"}, "one repository, one name space");
-  refuse_unless("--rate-limit-resource", {}, "asyncinfer has no rate limiter");
 }
 
 /// Applies Triton's flags to `o` (after parsing); invalid_argument naming the flag when they
@@ -261,6 +270,13 @@ Status apply_triton_flags(ServeOptions& o, const std::function<void(const std::s
   }
   if (address) o.host = *address;
   if (o.exit_timeout_secs) o.drain_timeout_s = *o.exit_timeout_secs;
+  // Triton reads the mode in any case.
+  std::transform(o.rate_limit.begin(), o.rate_limit.end(), o.rate_limit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (o.rate_limit != "execution_count" && o.rate_limit != "off") {
+    return invalid_argument_error("--rate-limit '" + o.rate_limit +
+                                  "': the modes are execution_count and off");
+  }
   for (const std::string& f : o.tuning_flags) {
     warn("warning: " + f + " tunes Triton's internals; asyncinfer ignores it");
   }
@@ -405,6 +421,21 @@ int run_serve(const ServeOptions& given) {
     return kExitUsage;
   }
   RepositoryOptions ro;
+  std::vector<RateLimitResource> resources;  // checked whatever the mode, as Triton does
+  for (const std::string& spec : o.rate_limit_resources) {
+    auto r = parse_rate_limit_resource(spec);
+    if (!r.ok()) {
+      std::fprintf(stderr, "asyncinfer serve: error: %s\n",
+                   std::string(r.status().message()).c_str());
+      return kExitUsage;
+    }
+    resources.push_back(std::move(*r));
+  }
+  if (o.rate_limit == "execution_count") {
+    ro.rate_limiter = make_rate_limiter(std::move(resources));
+    log_line("rate limiter: execution_count (" + std::to_string(o.rate_limit_resources.size()) +
+             " resource counts given)");
+  }
   ro.control_mode = *mode;
   ro.load_models = o.load_models;
   ro.poll_interval = ms(o.repository_poll_secs);

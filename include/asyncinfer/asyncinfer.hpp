@@ -7,6 +7,7 @@
 //   device.hpp    Device, Stream, Event, EventPool, open_device
 //   model.hpp     Model, ModelInstance, ModelSignature, load_model
 //   engine.hpp    Engine: sync/async inference, callbacks, futures, request ids
+//   execution_gate.hpp  ExecutionGate: what a worker passes before a batch runs (rate limiter)
 //   pipeline.hpp  Pipeline: stages overlapped on streams
 //   policy.hpp    RetryPolicy, CircuitBreakerOptions
 //   metrics.hpp   Histogram, EngineMetrics, Prometheus text
@@ -15,6 +16,7 @@
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
+#include "asyncinfer/execution_gate.hpp"
 #include "asyncinfer/executor.hpp"
 #include "asyncinfer/future.hpp"
 #include "asyncinfer/log.hpp"

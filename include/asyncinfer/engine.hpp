@@ -77,6 +77,7 @@
 
 #include "asyncinfer/detail/unique_function.hpp"
 #include "asyncinfer/device.hpp"
+#include "asyncinfer/execution_gate.hpp"
 #include "asyncinfer/future.hpp"
 #include "asyncinfer/metrics.hpp"
 #include "asyncinfer/model.hpp"
@@ -416,6 +417,12 @@ struct EngineOptions {
   /// batching; no retries (a stateful step runs once); ordered delivery per sequence (each
   /// sequence's results reach their futures and callbacks in its order).
   std::optional<SequenceBatchingOptions> sequence_batching;
+  /// A gate every batch passes before the model runs it (execution_gate.hpp): a model server's
+  /// rate limiter, shared by the engines of several models. Owned outside the engine (this is a
+  /// share of it); it must stay valid while the engine runs. Null (the default): none, and the
+  /// hot path costs one pointer test per batch. With a gate no request runs on its submitting
+  /// thread (RequestOptions::caller_run_max_compute is ignored).
+  std::shared_ptr<ExecutionGate> execution_gate;
 };
 
 class EngineCore;

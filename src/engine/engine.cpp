@@ -30,7 +30,8 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       // Where a caller may run a request alone and at once, as a worker would
       // (RequestOptions::caller_run_max_compute); Scheduler::accept decides the rest.
       caller_runs_(inline_path_ && !sig_.decoupled && opt_.batching.max_queue_delay.count() == 0 &&
-                   !opt_.sequence_batching && model_->supports_caller_runs()),
+                   !opt_.sequence_batching && !opt_.execution_gate &&
+                   model_->supports_caller_runs()),
       started_(Clock::now()),
       completion_(static_cast<std::size_t>(opt_.completion_threads), "ai-callback"),
       dispatcher_(1, "ai-dispatch"),

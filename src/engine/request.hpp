@@ -235,6 +235,9 @@ struct Batch {
   std::atomic<bool> done{false};  ///< completion point handled (vs the watchdog)
   /// Counted in its worker's batches on the stream (launched, completion point not yet run).
   std::atomic<bool> on_stream{false};
+  /// It holds its worker's turn at EngineOptions::execution_gate (given back once, when its work
+  /// ends: Worker::leave_gate).
+  std::atomic<bool> gate_held{false};
   Clock::time_point dispatched{};    ///< taken from the queue (Triton's compute_input starts)
   Clock::time_point inputs_ready{};  ///< inputs gathered, copies enqueued (compute_infer starts)
   Clock::time_point compute_start{};

@@ -74,6 +74,8 @@ void Worker::start() {
 void Worker::wake() {
   { std::lock_guard lock(mu_); }
   cv_.notify_all();
+  // A batch waiting at the execution gate leaves it once the engine is cancelling.
+  if (ctx_.opt.execution_gate != nullptr && scheduler_.cancelling()) gate_stop_.request_stop();
 }
 
 void Worker::join() {
@@ -247,6 +249,7 @@ void Worker::launch(const std::shared_ptr<Batch>& batch) {
     ++inflight_;
     running_.push_back(batch);
   }
+  if (ctx_.opt.execution_gate != nullptr && !pass_gate(batch)) return;
   const Clock::time_point now = Clock::now();
   batch->dispatched = now;
   for (const auto& r : batch->requests) {
@@ -297,6 +300,30 @@ void Worker::launch(const std::shared_ptr<Batch>& batch) {
   }
   s = stream_->launch_host_func([this, batch](Status st) { on_batch_done(batch, std::move(st)); });
   if (!s.ok()) end_without_running(batch, s);
+}
+
+bool Worker::pass_gate(const std::shared_ptr<Batch>& batch) {
+  if (ctx_.opt.execution_gate->acquire(index_, gate_stop_.get_token())) {
+    batch->gate_held.store(true, std::memory_order_release);
+    return true;
+  }
+  // Cancelling: its requests end here (shutdown's cancel may already have ended them, from
+  // running_), then it leaves the worker without running.
+  for (const auto& r : batch->requests) {
+    resolver_.try_resolve(
+        r, Stage::shut_down,
+        aborted_error(detail::with_tag(
+            "engine shut down while the request waited for its instance's rate-limiter resources",
+            r->tag)));
+  }
+  end_without_running(batch, Status());
+  return false;
+}
+
+void Worker::leave_gate(Batch& batch) noexcept {
+  if (batch.gate_held.exchange(false, std::memory_order_acq_rel)) {
+    ctx_.opt.execution_gate->release(index_);
+  }
 }
 
 Status Worker::assemble(Batch& batch, BatchIO& io) {
@@ -423,6 +450,7 @@ void Worker::off_stream(Batch& batch) {
 }
 
 void Worker::end_without_running(const std::shared_ptr<Batch>& batch, Status s) {
+  if (ctx_.opt.execution_gate != nullptr) leave_gate(*batch);
   off_stream(*batch);
   if (batch->done.exchange(true)) return;
   if (!s.ok()) {
@@ -435,6 +463,8 @@ void Worker::end_without_running(const std::shared_ptr<Batch>& batch, Status s) 
 }
 
 void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
+  // The model's work for the batch has ended (even when the watchdog ended its requests first).
+  if (ctx_.opt.execution_gate != nullptr) leave_gate(*batch);
   off_stream(*batch);
   if (batch->done.exchange(true)) {
     // The watchdog ended it first: its requests have ended; what it brings is late.

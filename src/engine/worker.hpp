@@ -9,6 +9,14 @@
 // for a batch when it has a free in-flight slot, assembles it, enqueues it on its stream with a
 // completion point, and arms the hang watchdog.
 //
+// The execution gate (EngineOptions::execution_gate, execution_gate.hpp: a server's rate
+// limiter), when there is one: launch() waits at it with the batch in hand (counted in running_,
+// so shutdown's cancel sees its requests; the wait is the requests' queue time) and the batch
+// gives its turn back when its work ends (on_batch_done or end_without_running: leave_gate), or
+// when the hang watchdog abandons it (on_watchdog). A
+// cancelling engine wakes the wait (wake() requests gate_stop_); the batch's requests then end
+// as shut down and it never runs. Without a gate each of those places costs one pointer test.
+//
 // The inline path (a device with DeviceCapabilities::caller_run_streams, such as cpu, and no hang
 // watchdog): the worker's stream has no thread of its own,
 // and the worker runs each batch it launched itself, right after launching it (kernel, then the
@@ -78,7 +86,8 @@ class Worker {
   /// Starts the worker thread (the loop). Once, after open() succeeded.
   void start();
   /// Wakes the worker thread wherever it waits on the worker's own condition variable (a recycle
-  /// backoff, a breaker cool-down, a full in-flight window); the Scheduler wakes its own waits.
+  /// backoff, a breaker cool-down, a full in-flight window) and, once the engine is cancelling,
+  /// its wait at the execution gate; the Scheduler wakes its own waits.
   /// Thread-safe; takes the worker's mutex briefly.
   void wake();
   /// Waits for the worker thread to leave: the engine must be cancelling (the loop leaves then).
@@ -113,6 +122,11 @@ class Worker {
   /// EngineOptions::create_stop at open(), none for a recycle.
   Status make_stream_and_instance(std::stop_token stop = {});
   void launch(const std::shared_ptr<Batch>& batch);
+  /// Waits at the execution gate for `batch` (launch(), with a gate). false: the engine is
+  /// cancelling; the batch's requests have ended (shut down) and it has left the worker.
+  bool pass_gate(const std::shared_ptr<Batch>& batch);
+  /// Gives back the batch's turn at the execution gate if it holds one (once).
+  void leave_gate(Batch& batch) noexcept;
   /// Builds the batch's inputs. Requests whose preparation throws fail alone and leave the batch.
   Status assemble(Batch& batch, BatchIO& io);
   Status enqueue_copies_back(Batch& batch, BatchIO& io);
@@ -185,8 +199,9 @@ class Worker {
   std::atomic<std::uint64_t> recycles_{0};
   std::atomic<std::uint64_t> recycle_attempts_failed_{0};
   std::atomic<std::int64_t> stream_batches_{0};  // launched, completion point not yet run
-  SpinWait spin_;        // the worker thread's only: its wait for work at low load (loop)
-  std::jthread thread_;  // last: joined before the rest is destroyed
+  SpinWait spin_;               // the worker thread's only: its wait for work at low load (loop)
+  std::stop_source gate_stop_;  // requested by wake() once cancelling: leaves the gate's wait
+  std::jthread thread_;         // last: joined before the rest is destroyed
 };
 
 }  // namespace asyncinfer::detail

@@ -31,6 +31,9 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
     }
   }
   if (batch->done.exchange(true)) return;
+  // Its work is abandoned with its instance: its turn at the execution gate goes back now, so
+  // that the worker's next batch (and other models) are not held up by a hung instance.
+  if (ctx_.opt.execution_gate != nullptr) leave_gate(*batch);
   ctx_.watchdog_fired.fetch_add(1, std::memory_order_relaxed);
   bool taken_out = false;  // healthy (or paused) until now, recovering from now
   {

@@ -75,6 +75,18 @@ struct WarmupSample {
   std::vector<Input> inputs;
 };
 
+/// One instance's instance_group rate_limiter (Triton's ModelRateLimiter): the resources it must
+/// hold while a batch runs, and its priority (a weight: 2 gets half the turns of 1).
+struct InstanceRateLimit {
+  struct Resource {
+    std::string name;
+    std::uint32_t count = 0;
+    bool global = false;  ///< one count for the server, not one per device
+  };
+  std::vector<Resource> resources;
+  std::uint32_t priority = 0;
+};
+
 /// Everything needed to load and serve one model's versions.
 struct ModelPlan {
   enum class Backend : std::uint8_t { torch, builtin, openvino, python, ensemble };
@@ -127,6 +139,11 @@ struct ModelPlan {
   /// labels of the classification extension (classification.hpp).
   std::map<std::string, std::string> label_files;
   EngineOptions engine;
+  /// instance_group rate_limiter: one entry per engine worker, in the groups' order (a group of
+  /// count N gives N), each with its group's resources and priority; empty when no group has a
+  /// rate_limiter. Served only with --rate-limit=execution_count (RepositoryOptions::rate_limiter,
+  /// src/engine/resource_pool.hpp).
+  std::vector<InstanceRateLimit> rate_limits;
   VersionPolicy versions;
   /// model_warmup: run on each version before it turns ready (model_repository.cpp).
   std::vector<WarmupSample> warmup;

@@ -249,9 +249,36 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
   return Status();
 }
 
+namespace {
+
+/// An instance group's rate_limiter (Triton's ModelRateLimiter): its resources and priority,
+/// checked (a name, no name twice).
+Result<InstanceRateLimit> plan_rate_limiter(const inference::ModelInstanceGroup& g,
+                                            std::string_view model) {
+  InstanceRateLimit needs;
+  if (!g.has_rate_limiter()) return needs;
+  const inference::ModelRateLimiter& r = g.rate_limiter();
+  needs.priority = r.priority();
+  std::set<std::string> names;
+  for (const inference::ModelRateLimiter::Resource& res : r.resources()) {
+    if (res.name().empty()) {
+      return bad(model, "instance_group rate_limiter: a resource without a name");
+    }
+    if (!names.insert(res.name()).second) {
+      return bad(model, "instance_group rate_limiter: resource \"" + res.name() + "\" twice");
+    }
+    needs.resources.push_back(InstanceRateLimit::Resource{res.name(), res.count(), res.global()});
+  }
+  return needs;
+}
+
+}  // namespace
+
 Status plan_instances(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
                       std::vector<std::string>* warnings) {
   int workers = 0;
+  bool limited = false;                        // a group has a rate_limiter
+  std::vector<InstanceRateLimit> group_needs;  // one per worker
   std::string device;
   bool device_auto = c.instance_group().empty();
   bool first = true;
@@ -263,11 +290,7 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
       warnings->push_back("model '" + std::string(model) +
                           "': instance_group profile is ignored (TensorRT only)");
     }
-    if (g.has_rate_limiter()) {
-      warnings->push_back("model '" + std::string(model) +
-                          "': instance_group rate_limiter is ignored (each model has its own "
-                          "engine and workers)");
-    }
+    ASYNCINFER_ASSIGN_OR_RETURN(InstanceRateLimit needs, plan_rate_limiter(g, model));
     if (!g.host_policy().empty()) {
       warnings->push_back("model '" + std::string(model) +
                           "': instance_group host_policy is ignored");
@@ -326,8 +349,13 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
                             ": a model has at most " + std::to_string(kMaxInstanceCount) +
                             " instances in all");
     }
-    workers += g.count() == 0 ? 1 : g.count();
+    const int instances = g.count() == 0 ? 1 : g.count();
+    workers += instances;
+    if (g.has_rate_limiter()) limited = true;
+    group_needs.insert(group_needs.end(), static_cast<std::size_t>(instances), needs);
   }
+  // Every worker's entry, in order, once any group has a rate_limiter (the others need nothing).
+  if (limited) plan.rate_limits = std::move(group_needs);
   // No instance_group on an openvino model: as many workers as OpenVINO's throughput hint has
   // streams (0 = the model's preference, Model::preferred_instances).
   const bool model_decides =

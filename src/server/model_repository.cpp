@@ -19,6 +19,7 @@
 // poll), draining and shutdown (drain_async, LoadingEngine, shutdown).
 #include "model_repository.hpp"
 
+#include "engine/resource_pool.hpp"
 #include "model/model_host.hpp"
 #include "model_host.hpp"
 
@@ -270,6 +271,43 @@ std::string_view to_string(ModelControlMode mode) noexcept {
   return "none";
 }
 
+Result<RateLimitResource> parse_rate_limit_resource(std::string_view text) {
+  auto refuse = [&] {
+    return invalid_argument_error(
+        "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+        "'<resource_name>:<count>' (count and device integers >= 0). Got " +
+        std::string(text));
+  };
+  auto number = [](std::string_view t, auto* out) {
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+    return !t.empty() && ec == std::errc() && end == t.data() + t.size() && *out >= 0;
+  };
+  const std::size_t first = text.find(':');
+  if (first == std::string_view::npos || first == 0) return refuse();
+  RateLimitResource r;
+  r.name = std::string(text.substr(0, first));
+  std::string_view rest = text.substr(first + 1);
+  const std::size_t second = rest.find(':');
+  std::int64_t count = 0;
+  if (!number(rest.substr(0, second), &count) || count > 0xffffffffLL) return refuse();
+  r.count = static_cast<std::uint32_t>(count);
+  if (second != std::string_view::npos) {
+    int device = 0;
+    if (!number(rest.substr(second + 1), &device)) return refuse();
+    r.device = device;
+  }
+  return r;
+}
+
+std::shared_ptr<detail::ResourcePool> make_rate_limiter(std::vector<RateLimitResource> resources) {
+  std::vector<detail::ResourceLimit> limits;
+  limits.reserve(resources.size());
+  for (RateLimitResource& r : resources) {
+    limits.push_back(detail::ResourceLimit{std::move(r.name), r.count, r.device});
+  }
+  return std::make_shared<detail::ResourcePool>(std::move(limits));
+}
+
 Result<ModelControlMode> parse_model_control_mode(std::string_view text) {
   if (text == "none") return ModelControlMode::none;
   if (text == "poll") return ModelControlMode::poll;
@@ -361,6 +399,17 @@ std::vector<IndexEntry> RepositorySnapshot::index(bool ready_only) const {
 // ---- folders ------------------------------------------------------------------------------------
 
 namespace {
+
+/// The device number the rate limiter keys per-device resources by (Triton's device id): N for
+/// "cuda:N", 0 for every other device (cpu, sim: one device each).
+int rate_limiter_device(const std::string& spec) {
+  constexpr std::string_view kCuda = "cuda:";
+  if (spec.compare(0, kCuda.size(), kCuda) != 0) return 0;
+  int n = 0;
+  const char* first = spec.data() + kCuda.size();
+  const auto [end, ec] = std::from_chars(first, spec.data() + spec.size(), n);
+  return ec == std::errc() && end == spec.data() + spec.size() ? n : 0;
+}
 
 /// Positive integer folder names only (Triton ignores the rest).
 bool parse_version(const std::string& name, std::int64_t* out) {
@@ -1160,6 +1209,23 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       eo.sequence_batching = sequences;
       eo.on_health_change = [observers = observers_] { observers->notify(); };
       eo.create_stop = stop;  // a Python instance's initialize() is cut short
+      if (options_.rate_limiter != nullptr && !plan->rate_limits.empty()) {
+        // Its instances join the server's rate limiter on this device (refused with Triton's
+        // message when the resources cannot serve them); they leave it with the engine.
+        std::vector<detail::InstanceNeeds> needs;
+        needs.reserve(plan->rate_limits.size());
+        for (const InstanceRateLimit& l : plan->rate_limits) {
+          detail::InstanceNeeds& n = needs.emplace_back();
+          n.priority = l.priority;
+          for (const InstanceRateLimit::Resource& r : l.resources) {
+            n.resources.push_back(detail::ResourceNeed{r.name, r.count, r.global});
+          }
+        }
+        auto gate =
+            options_.rate_limiter->add_model(name, rate_limiter_device(spec), std::move(needs));
+        if (!gate.ok()) return gate.status();
+        eo.execution_gate = std::move(*gate);
+      }
       auto engine = Engine::create(*model, *device, std::move(eo));
       if (!engine.ok()) {
         last = engine.status();

@@ -59,6 +59,7 @@
 
 namespace asyncinfer::detail {
 class ModelHostLink;  // src/model/model_host.hpp
+class ResourcePool;   // src/engine/resource_pool.hpp
 }  // namespace asyncinfer::detail
 
 namespace asyncinfer::server {
@@ -87,6 +88,20 @@ Status check_model_name(std::string_view name);
 /// A --model-config-name: one path component, no space (Triton's rule), not "." or "..".
 /// invalid_argument naming it otherwise.
 Status check_model_config_name(std::string_view name);
+
+/// Triton's --rate-limit-resource=<name>:<count>[:<device>]: a resource's count on one device,
+/// or on every device when none is given (a global resource takes it whatever the device).
+struct RateLimitResource {
+  std::string name;
+  std::uint32_t count = 0;
+  std::optional<int> device;
+};
+/// "<name>:<count>" or "<name>:<count>:<device>" (count and device integers >= 0, the name not
+/// empty); invalid_argument quoting Triton's format otherwise.
+Result<RateLimitResource> parse_rate_limit_resource(std::string_view text);
+/// The server's rate limiter (--rate-limit=execution_count): a pool with these counts, shared by
+/// every model of the repository (RepositoryOptions::rate_limiter).
+std::shared_ptr<detail::ResourcePool> make_rate_limiter(std::vector<RateLimitResource> resources);
 
 struct RepositoryOptions {
   ModelControlMode control_mode = ModelControlMode::none;
@@ -127,6 +142,13 @@ struct RepositoryOptions {
   /// UNAVAILABLE ("the server is shutting down"), and load() returns once those running have
   /// ended. Default: never fires.
   std::stop_token start_stop;
+  /// Triton's rate limiter (--rate-limit=execution_count; src/engine/resource_pool.hpp): the
+  /// server's resources, shared by every model. A version whose instance groups list resources
+  /// is added to it at load (refused, the version UNAVAILABLE with Triton's message, when it asks
+  /// for more than a given count or mixes global and per-device use of a name) and its engine's
+  /// workers pass its gate before each batch. Null (--rate-limit=off, the default): rate_limiter
+  /// settings are read and not served.
+  std::shared_ptr<detail::ResourcePool> rate_limiter;
 };
 
 /// A ModelVersion's `retired`: an atomic flag that a version being made can be moved with (the

@@ -78,7 +78,7 @@ class TritonCommandLine(harness.unittest.TestCase):
 
     def test_what_cannot_be_honoured_is_refused(self):
         for flags, fragment in (
-                (["--rate-limit=execution_count"], "no rate limiter"),
+                (["--rate-limit=sometimes"], "execution_count and off"),
                 (["--trace-config", "level=TIMESTAMPS"], "needs a file"),
                 (["--trace-config", "rate=often"], "rate"),
                 (["--log-file=/tmp/triton.log"], "standard error"),

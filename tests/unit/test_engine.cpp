@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -585,6 +586,93 @@ TEST(Engine, AClosedLoopOfOneInFlightEndsEveryRequestWhateverTheSpin) {
       engine->shutdown(ShutdownMode::drain);
       EXPECT_EQ(engine->metrics().completed, static_cast<std::uint64_t>(kRequests));
     }
+  }
+}
+
+/// An execution gate (execution_gate.hpp) that lets nothing through until opened, and counts
+/// the turns it granted and got back.
+class ClosedGate final : public ExecutionGate {
+ public:
+  bool acquire(int /*worker*/, std::stop_token stop) override {
+    std::unique_lock lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    const bool granted = cv_.wait(lock, stop, [&] { return open_; });
+    --waiting_;
+    if (granted) ++held_;
+    return granted;
+  }
+  void release(int /*worker*/) noexcept override {
+    std::lock_guard lock(mu_);
+    --held_;
+    ++released_;
+  }
+  void open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait_for_waiter() {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 10s, [&] { return waiting_ > 0; });
+  }
+  std::pair<int, int> held_and_released() {
+    std::lock_guard lock(mu_);
+    return {held_, released_};
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  bool open_ = false;
+  int waiting_ = 0;
+  int held_ = 0;
+  int released_ = 0;
+};
+
+TEST(Engine, AnExecutionGateHoldsEachBatchUntilItsTurnAndGetsTheTurnBackAfterIt) {
+  auto gate = std::make_shared<ClosedGate>();
+  EngineOptions o;
+  o.execution_gate = gate;
+  auto engine = make_engine("builtin:identity", "cpu", o);
+  ASSERT_TRUE(engine);
+  RequestOptions ro;
+  ro.caller_run_max_compute = std::chrono::microseconds(1000);  // ignored with a gate
+  auto f = engine->submit(one(1), ro);
+  ASSERT_TRUE(gate->wait_for_waiter());
+  EXPECT_FALSE(f.wait_for(50ms));
+  gate->open();
+  auto out = get_within(f);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(first_value(*out), 1.0f);
+  EXPECT_EQ(gate->held_and_released(), std::make_pair(0, 1));
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(get_within(engine->submit(one(2), ro)).ok());
+  EXPECT_EQ(gate->held_and_released(), std::make_pair(0, 21));
+}
+
+TEST(Engine, ShutdownWakesAWorkerWaitingAtTheExecutionGateAndEndsItsRequests) {
+  for (ShutdownMode mode : {ShutdownMode::cancel, ShutdownMode::drain}) {
+    auto gate = std::make_shared<ClosedGate>();
+    EngineOptions o;
+    o.execution_gate = gate;
+    o.drain_timeout = 100ms;  // the drain falls back to cancel: the gate never opens
+    auto engine = make_engine("builtin:identity", "cpu", o);
+    ASSERT_TRUE(engine);
+    auto f = engine->submit(one(1));
+    auto queued = engine->submit(one(2));
+    ASSERT_TRUE(gate->wait_for_waiter());
+    const double ms = testing::must_return_within(10s, "shutdown with a worker at the gate",
+                                                  [&] { engine->shutdown(mode); });
+    EXPECT_LT(ms, 5000.0);
+    for (auto* fut : {&f, &queued}) {
+      auto r = get_within(*fut);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), StatusCode::aborted) << r.status();
+    }
+    EXPECT_EQ(gate->held_and_released(), std::make_pair(0, 0));
+    testing::expect_all_ended_once(engine->metrics(), "gate");
   }
 }
 
