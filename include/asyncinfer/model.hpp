@@ -174,6 +174,11 @@ struct BatchIO {
   /// max() when one of them has none. What a model's own requests (business logic scripting)
   /// inherit.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  /// Empty, or one status per request in batch order, set by the model when the batch
+  /// succeeds: a non-ok one fails that request alone, with that status as it is and without a
+  /// retry (Triton's error response: the python backend's InferenceResponse(error=...)); the
+  /// others complete. The failed request's rows of `outputs` are still there but not read.
+  std::vector<Status> request_errors;
 };
 
 /// A model bound to one device and stream (one per engine worker).

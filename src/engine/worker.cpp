@@ -528,6 +528,9 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
     return;
   }
   scheduler_.observe_batch(compute_us, batch->requests.size());  // for admission control
+  // The requests the model answered with an error of their own (BatchIO::request_errors).
+  const std::vector<Status>& errors = batch->io->request_errors;
+  const auto failed_alone = [&](std::size_t k) { return k < errors.size() && !errors[k].ok(); };
   const bool split = ctx_.sig.batched && batch->requests.size() > 1;
   std::int64_t offset = 0;
   std::vector<Outputs> split_outputs(batch->requests.size());
@@ -542,7 +545,7 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
     }
     offset += r->rows;
     // A sequence's state outputs stay with the sequence, for its next request.
-    if (ctx_.sequence_plan != nullptr) ctx_.sequence_plan->keep_state(*r, mine);
+    if (ctx_.sequence_plan != nullptr && !failed_alone(k)) ctx_.sequence_plan->keep_state(*r, mine);
   }
   // compute_output ends here, and with it each request's time (its success duration).
   const Clock::time_point split_done = Clock::now();
@@ -569,7 +572,7 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
   std::uint64_t queue_ns = 0;
   for (std::size_t k = 0; k < batch->requests.size(); ++k) {
     const Request& r = *batch->requests[k];
-    if (r.stage.load(std::memory_order_acquire) != Stage::running) continue;
+    if (r.stage.load(std::memory_order_acquire) != Stage::running || failed_alone(k)) continue;
     counted[k] = r.queue_ns + stream_wait_ns + 1;
     if (r.timeline != nullptr) [[unlikely]] {  // a traced request (RequestOptions::timeline)
       auto at = [](Clock::time_point t) -> std::int64_t {
@@ -610,6 +613,11 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
 
   for (std::size_t k = 0; k < batch->requests.size(); ++k) {
     const auto& r = batch->requests[k];
+    if (failed_alone(k)) {
+      (void)resolver_.try_resolve(r, detail::stage_for_error(errors[k].code()), errors[k],
+                                  split_done);
+      continue;
+    }
     if (!resolver_.try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
       ctx_.late_completions.fetch_add(1, std::memory_order_relaxed);
       // It ended (deadline, cancel) between the count and here: not a success after all.

@@ -1,8 +1,10 @@
 // Dynamic batching, priorities, ordered delivery and per-request failure isolation (issue 6).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -459,6 +461,129 @@ TEST(FailureIsolation, ExceptionInBatchAssemblyFailsOnlyItsRequest) {
   detail::set_assembly_hook(nullptr);
   auto calls = m->calls();
   EXPECT_EQ(calls[1].firsts, (std::vector<float>{5, 7}));
+}
+
+// A model that answers each request of a batch on its own, as Triton's python backend does: a
+// request whose first element is negative gets an error response of its own
+// (BatchIO::request_errors); an optional second input, where the batch has it, is added.
+class PerRequestModel final : public Model, public std::enable_shared_from_this<PerRequestModel> {
+ public:
+  PerRequestModel() {
+    sig_.batched = true;
+    sig_.batch_limit = 16;
+    sig_.inputs.push_back({"x", DType::f32, {-1, 1}});
+    sig_.inputs.push_back({"extra", DType::f32, {-1, 1}, /*optional=*/true});
+    sig_.outputs.push_back({"y", DType::f32, {-1, 1}});
+  }
+  const ModelSignature& signature() const noexcept override { return sig_; }
+  const std::string& name() const noexcept override { return name_; }
+  Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
+                                                         const InstanceOptions&) override {
+    return std::unique_ptr<ModelInstance>(std::make_unique<Instance>(shared_from_this()));
+  }
+  std::vector<std::size_t> batch_sizes() const {
+    std::lock_guard lock(mu_);
+    return batches_;
+  }
+
+ private:
+  class Instance final : public ModelInstance {
+   public:
+    explicit Instance(std::shared_ptr<PerRequestModel> m) : m_(std::move(m)) {}
+    Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
+      ASYNCINFER_ASSIGN_OR_RETURN(Tensor y, Tensor::empty(DType::f32, {io->batch_size, 1}));
+      io->outputs = {y};
+      Kernel k;
+      k.name = "per_request";
+      k.host_fn = [io, m = m_](std::stop_token) {
+        {
+          std::lock_guard lock(m->mu_);
+          m->batches_.push_back(io->request_rows.size());
+        }
+        const float* x = io->host_inputs[0].data_as<float>();
+        const float* extra =
+            io->host_inputs[1].defined() ? io->host_inputs[1].data_as<float>() : nullptr;
+        float* out = io->outputs[0].data_as<float>();
+        for (std::int64_t i = 0; i < io->batch_size; ++i) out[i] = x[i] + (extra ? extra[i] : 0);
+        std::int64_t row = 0;
+        for (std::size_t r = 0; r < io->request_rows.size(); ++r) {
+          if (x[row] < 0) {
+            io->request_errors.resize(io->request_rows.size());
+            io->request_errors[r] = invalid_argument_error("negative " + std::to_string(x[row]));
+          }
+          row += io->request_rows[r];
+        }
+        return Status();
+      };
+      return stream.enqueue(std::move(k));
+    }
+
+   private:
+    std::shared_ptr<PerRequestModel> m_;
+  };
+
+  ModelSignature sig_;
+  std::string name_ = "per_request";
+  mutable std::mutex mu_;
+  std::vector<std::size_t> batches_;
+};
+
+Inputs row(float x, std::optional<float> extra = std::nullopt) {
+  Inputs in{*Tensor::from_values<float>({1, 1}, {x}), Tensor()};
+  if (extra) in[1] = *Tensor::from_values<float>({1, 1}, {*extra});
+  return in;
+}
+
+std::unique_ptr<Engine> per_request_engine(const std::shared_ptr<PerRequestModel>& m) {
+  EngineOptions o = one_slot(16);
+  o.batching.max_queue_delay = 100ms;
+  auto e = Engine::create(m, *open_device("cpu"), std::move(o));
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+TEST(Batching, AnErrorResponseFailsItsRequestAloneInTheModelsWords) {
+  auto m = std::make_shared<PerRequestModel>();
+  auto e = per_request_engine(m);
+  std::vector<Future<Outputs>> fs;
+  for (float x : {1.f, -2.f, 3.f, -4.f}) fs.push_back(e->submit(row(x)));
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    auto r = get_within(fs[i]);
+    if (i % 2 == 0) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(first_value(*r), static_cast<float>(i + 1));
+    } else {
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
+      EXPECT_EQ(r.status().message(), "negative " + std::to_string(-static_cast<float>(i + 1)));
+    }
+  }
+  EXPECT_EQ(m->batch_sizes(), (std::vector<std::size_t>{4}));  // one batch, not run again
+  const EngineMetrics metrics = e->metrics();
+  EXPECT_EQ(metrics.completed, 2u);
+  EXPECT_EQ(metrics.failed, 2u);
+}
+
+TEST(Batching, RequestsWithAndWithoutAnOptionalInputBatchApart) {
+  auto m = std::make_shared<PerRequestModel>();
+  auto e = per_request_engine(m);
+  std::vector<Future<Outputs>> fs;
+  for (int i = 0; i < 6; ++i) {
+    fs.push_back(e->submit(i % 2 ? row(1, 10.f) : row(1)));
+  }
+  for (int i = 0; i < 6; ++i) {
+    auto r = get_within(fs[static_cast<std::size_t>(i)]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(first_value(*r), i % 2 ? 11.f : 1.f);
+  }
+  auto sizes = m->batch_sizes();
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<std::size_t>{3, 3}));
+  // A required input left out is still refused, naming it.
+  auto refused = e->submit(Inputs{Tensor(), *Tensor::from_values<float>({1, 1}, {1.f})});
+  auto r = get_within(refused);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("input 'x' is undefined"), std::string::npos) << r.status();
 }
 
 }  // namespace

@@ -606,6 +606,9 @@ class Stub:
                 cast = arr.astype(want)
                 if np.array_equal(cast, arr):
                     arr = cast
+            if want is not None and arr.size == 0 and arr.dtype != want:
+                # An empty array has no values to change (np.array([]) is FP64): the config's type.
+                arr = np.empty(arr.shape, dtype=want)
             if arr.dtype.kind in ("O", "S", "U"):
                 flat = self.utils.serialize_byte_tensor(arr)
                 payload = flat if flat is not None else np.zeros((0,), np.uint8)
@@ -628,8 +631,8 @@ class Stub:
         self.output_dtypes = {}
         for o in self.model_config.get("output", []):
             t = self.utils.triton_string_to_numpy(o.get("data_type", ""))
-            if t is not None and t is not _np.object_:
-                self.output_dtypes[o["name"]] = _np.dtype(t)
+            if t is not None:
+                self.output_dtypes[o["name"]] = _np.dtype(t)  # BYTES: object
         # Implicit state: the model writes each state's output as an ordinary output.
         for st in (self.model_config.get("sequence_batching") or {}).get("state", []):
             self.output_names.add(st.get("output_name", ""))

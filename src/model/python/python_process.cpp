@@ -895,6 +895,16 @@ Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, s
       }
       shape.push_back(v);
     }
+    if (!ok && js.is_array() && std::any_of(js.begin(), js.end(), [](const json& d) {
+          return d.is_number_integer() && d.get<std::int64_t>() == 0;
+        })) {
+      // An empty output (np.array([]) where the config says [1, -1]): no values to place, so it
+      // takes the config's rank with 0 for each variable dim, as Triton passes it on.
+      shape = want.shape;
+      for (std::int64_t& d : shape) d = std::max<std::int64_t>(d, 0);
+      if (sig.batched && !shape.empty()) shape[0] = rows;
+      ok = std::find(shape.begin(), shape.end(), 0) != shape.end();
+    }
     if (!ok) {
       Shape expected = want.shape;
       if (sig.batched && !expected.empty()) expected[0] = rows;
@@ -1236,13 +1246,13 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
         s = fail(StatusCode::internal, "model.py sent a response for request " + std::to_string(r) +
                                            " of " + std::to_string(requests));
       } else if (m.body.contains("error")) {
-        // An error response (Triton's way to fail one request). The engine ends a decoupled
-        // batch's requests together, so it becomes the batch's result: the requests of this
-        // batch fail with it once model.py is done. The model's send succeeds.
-        if (first_error.ok()) {
-          first_error = Status(code_of_triton_error(m.body.value("code", 1)),
-                               "python model '" + setup_->model_name +
-                                   "': " + m.body.value("error", std::string("?")));
+        // An error response (Triton's way to fail one request): that request fails with the
+        // model's words once model.py is done (BatchIO::request_errors); the others go on. The
+        // model's send succeeds.
+        if (io.request_errors.empty()) io.request_errors.resize(requests);
+        if (io.request_errors[r].ok()) {
+          io.request_errors[r] = Status(code_of_triton_error(m.body.value("code", 1)),
+                                        m.body.value("error", std::string("?")));
         }
       } else if (m.body.contains("outputs")) {
         s = map_output_arena(m);
@@ -1287,19 +1297,35 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
                       std::to_string(responses.is_array() ? responses.size() : 0) +
                       " responses for " + std::to_string(requests) + " requests");
     }
-    std::vector<std::vector<Tensor>> per_request;
-    per_request.reserve(requests);
+    std::vector<std::vector<Tensor>> per_request(requests);
+    const auto rows_of = [&](std::size_t j) {
+      return io.request_rows.empty() ? io.batch_size : io.request_rows[j];
+    };
+    std::optional<std::size_t> answered;  // a request with outputs: the fillers' model
     for (std::size_t j = 0; j < requests; ++j) {
       const json& resp = responses[j];
       if (resp.contains("error")) {
-        return Status(
-            code_of_triton_error(resp.value("code", 1)),
-            "python model '" + setup_->model_name + "': " + resp.value("error", std::string("?")));
+        // An error response fails that request alone, in the model's words (Triton's).
+        if (io.request_errors.empty()) io.request_errors.resize(requests);
+        io.request_errors[j] = Status(code_of_triton_error(resp.value("code", 1)),
+                                      resp.value("error", std::string("?")));
+        continue;
       }
-      const std::int64_t rows = io.request_rows.empty() ? io.batch_size : io.request_rows[j];
       const json specs = resp.value("outputs", json());
-      ASYNCINFER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, read_outputs(&specs, rows, j));
-      per_request.push_back(std::move(outs));
+      ASYNCINFER_ASSIGN_OR_RETURN(per_request[j], read_outputs(&specs, rows_of(j), j));
+      if (!answered) answered = j;
+    }
+    // A failed request's rows: zeros shaped as the answered requests' (or with 0 for each
+    // variable dim), so that the batch's outputs still join (they are not read).
+    for (std::size_t j = 0; j < requests; ++j) {
+      if (!per_request[j].empty() || io.request_errors.empty()) continue;
+      for (std::size_t k = 0; k < sig.outputs.size(); ++k) {
+        Shape shape = answered ? per_request[*answered][k].shape() : sig.outputs[k].shape;
+        for (std::int64_t& d : shape) d = std::max<std::int64_t>(d, 0);
+        if (sig.batched && !shape.empty()) shape[0] = rows_of(j);
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(sig.outputs[k].dtype, shape));
+        per_request[j].push_back(std::move(t));
+      }
     }
     io.outputs.clear();
     for (std::size_t k = 0; k < sig.outputs.size(); ++k) {
