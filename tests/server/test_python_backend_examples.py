@@ -20,6 +20,8 @@ import tempfile
 import time
 import urllib.request
 
+from netns import loopback_up, require, run_inside, skip
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY_URL = "https://github.com/triton-inference-server/python_backend"
 
@@ -37,11 +39,6 @@ MODELS = {
 CLIENTS = ["add_sub/client.py", "pytorch/client.py", "bls/sync_client.py", "bls/async_client.py",
            "bls_decoupled/sync_client.py", "bls_decoupled/async_client.py",
            "custom_metrics/client.py"]
-
-
-def skip(why):
-    print("SKIPPED: " + why)
-    sys.exit(77)
 
 
 def checkout(given, workdir):
@@ -66,7 +63,7 @@ def make_repository(examples, path):
 
 def inside(args):
     """In the network namespace: the server on Triton's ports, then each client."""
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    loopback_up()
     examples = os.path.join(args.python_backend, "examples")
     work = tempfile.mkdtemp(prefix="asyncinfer-pb-examples-")
     repo = os.path.join(work, "models")
@@ -126,19 +123,12 @@ def main():
     args = p.parse_args()
     if args.inside:
         return inside(args)
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        skip("needs unshare and ip (util-linux, iproute2) for a network namespace")
-    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
-        skip("cannot make a network namespace (unshare -n needs root)")
+    require()
     with tempfile.TemporaryDirectory(prefix="asyncinfer-pb-") as work:
         args.python_backend = checkout(args.python_backend, work)
-        cmd = ["unshare", "-n", sys.executable, os.path.abspath(__file__), "--inside",
-               "--cli", os.path.abspath(args.cli), "--python-backend", args.python_backend]
-        try:
-            return subprocess.run(cmd, timeout=900).returncode
-        except subprocess.TimeoutExpired:
-            print("FAIL: the examples did not end within 900 s")
-            return 1
+        return run_inside(__file__, ["--cli", os.path.abspath(args.cli),
+                                     "--python-backend", args.python_backend], 900,
+                          "the examples")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import tempfile
 import time
 import urllib.request
 
+from netns import loopback_up, require, run_inside, skip
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY_URL = "https://github.com/triton-inference-server/server"
 TAG = "v2.51.0"
@@ -177,11 +179,6 @@ SKIPPED = {
 }
 
 
-def skip(why):
-    print("SKIPPED: " + why)
-    sys.exit(77)
-
-
 def fetch_qa(given, work):
     """The qa folder of Triton's server repository at TAG where the checkout has it."""
     dest = os.path.join(work, "server")
@@ -294,7 +291,7 @@ def run_one(args, qa, suite, run, work):
 
 
 def inside(args):
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    loopback_up()
     work = tempfile.mkdtemp(prefix="asyncinfer-triton-qa-")
     failures = []
     total = 0
@@ -327,25 +324,17 @@ def main():
     args = p.parse_args()
     if args.inside:
         return inside(args)
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        skip("needs unshare and ip (util-linux, iproute2) for a network namespace")
-    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
-        skip("cannot make a network namespace (unshare -n needs root)")
+    require()
     with tempfile.TemporaryDirectory(prefix="asyncinfer-qa-") as work:
         qa = fetch_qa(args.server_repo, work)
         unknown = check_coverage(qa)
         if unknown:
             print("FAIL: qa cases neither run nor named in SKIPPED:\n  " + "\n  ".join(unknown))
             return 1
-        cmd = ["unshare", "-n", sys.executable, os.path.abspath(__file__), "--inside",
-               "--cli", os.path.abspath(args.cli), "--qa", qa]
+        inner = ["--cli", os.path.abspath(args.cli), "--qa", qa]
         for s in args.suite or []:
-            cmd += ["--suite", s]
-        try:
-            return subprocess.run(cmd, timeout=1500).returncode
-        except subprocess.TimeoutExpired:
-            print("FAIL: the qa tests did not end within 1500 s")
-            return 1
+            inner += ["--suite", s]
+        return run_inside(__file__, inner, 1500, "the qa tests")
 
 
 if __name__ == "__main__":
