@@ -104,8 +104,11 @@ Result<ServerLog::Settings> ServerLog::update(const Parameters& changes) {
   for (const auto& [name, value] : changes) {
     const std::string what = "log setting '" + name + "'";
     if (name == "log_file") {
+      // Triton's words first (qa/L0_logging matches them).
       return invalid_argument_error(
-          what + " cannot be changed through the logging API (the log goes to standard error)");
+          "log file location can not be updated through network "
+          "protocol (" +
+          what + ": the log goes to standard error)");
     }
     if (name == "log_info" || name == "log_warning" || name == "log_error") {
       ASYNCINFER_ASSIGN_OR_RETURN(bool on, parameter_bool(value, name));

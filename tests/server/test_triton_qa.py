@@ -159,6 +159,8 @@ SUITES = {
             args=["--trace-config", "triton,file=global_unittest.log",
                   "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"]),
     ],
+    # test.sh's log_models hold an ONNX model of the zoo; the settings cases need any model.
+    "L0_logging": [Run("logging_endpoint_test.py", models=simple)],
     "L0_http": [
         Run("http_test.py", models=identity_models),
         Run("generate_endpoint_test.py", models=copy_models("generate_models")),
