@@ -52,8 +52,8 @@
 #include <string>
 
 #include "frontend.hpp"
-#include "inference_server.hpp"
 #include "header_forward.hpp"
+#include "inference_server.hpp"
 #include "restricted_api.hpp"
 
 namespace asyncinfer::server {
