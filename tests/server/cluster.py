@@ -19,6 +19,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 import harness
+from harness import free_port
 
 DEPLOY = os.path.join(harness.ROOT, "deploy", "nginx")
 
@@ -34,14 +35,6 @@ parameters { key: "uri" value { string_value: "builtin:fixed_cost?base_us=%d&sha
 parameters { key: "device" value { string_value: "sim:compute_engines=2" } }
 parameters { key: "max_inflight_per_worker" value { string_value: "1" } }
 """
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sim_repository(cost_us=10_000):

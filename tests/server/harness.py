@@ -228,6 +228,14 @@ class Repository:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process that needs a number
+    before it starts; a server of ours takes --http-port 0 instead)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def raw_request(port, data, timeout=10, read=True):
     """Sends bytes on a new connection and returns everything read until the server closes
     (or `timeout`)."""

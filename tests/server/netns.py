@@ -28,6 +28,16 @@ def loopback_up():
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 
 
+def stop(server):
+    """Stops a server started inside the namespace: SIGTERM (its drain), then SIGKILL after 60 s."""
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def run_inside(script, args, timeout, what):
     """Runs `script` --inside `args` with this interpreter in a new network namespace; its exit
     status, or 1 (saying so) when it does not end within `timeout` seconds."""

@@ -181,7 +181,7 @@ class Manifests(harness.unittest.TestCase):
                 ng = cluster.Nginx(name, {"asyncinfer_http": [8000], "asyncinfer_grpc": [8001]}
                                    if name == "nginx.conf" else
                                    {"asyncinfer_grpc_l4": [8001]},
-                                   {8000: cluster.free_port(), 8001: cluster.free_port()})
+                                   {8000: harness.free_port(), 8001: harness.free_port()})
                 try:
                     r = subprocess.run(["nginx", "-t", "-p", ng.prefix + "/", "-e",
                                         os.path.join(ng.prefix, "error.log"), "-c", ng.conf],
@@ -206,8 +206,8 @@ class EntryCommand(harness.unittest.TestCase):
         else:
             shutil.copytree(os.path.join(EXAMPLE_REPOSITORY, "identity"),
                             os.path.join(repo, "identity"))
-        ports = {"--http-port": cluster.free_port(), "--grpc-port": cluster.free_port(),
-                 "--metrics-port": cluster.free_port()}
+        ports = {"--http-port": harness.free_port(), "--grpc-port": harness.free_port(),
+                 "--metrics-port": harness.free_port()}
         args = []
         for a in cmd:
             name = a.split("=", 1)[0]

@@ -10,24 +10,17 @@ Model Analyzer and perf_analyzer come from `scripts/setup.sh --peers` (.venv/mod
 import csv
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import unittest
 
 import harness
-from harness import ARGS, EXAMPLE_REPOSITORY
+from harness import ARGS, EXAMPLE_REPOSITORY, free_port
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 MODEL_ANALYZER = os.path.join(ROOT, ".venv", "model_analyzer", "bin", "model-analyzer")
 PERF_ANALYZER_VENV = os.path.join(ROOT, ".venv", "perf_analyzer", "bin", "perf_analyzer")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ModelAnalyzer(unittest.TestCase):

@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 
-from netns import loopback_up, require, run_inside, skip
+from netns import loopback_up, require, run_inside, skip, stop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY_URL = "https://github.com/triton-inference-server/python_backend"
@@ -100,12 +100,7 @@ def inside(args):
                 failures.append(client)
                 print(text[-3000:])
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
         log.seek(0)
         if failures:
             print("---- server log ----\n" + log.read()[-8000:])

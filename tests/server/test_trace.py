@@ -12,7 +12,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -23,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import harness
-from harness import builtin_config, wait_for
+from harness import builtin_config, free_port, wait_for
 from harness import Repository, Server
 
 X = np.arange(16, dtype=np.float32).reshape(1, 16)
@@ -174,14 +173,6 @@ class Receiver:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class TraceSettings(harness.unittest.TestCase):

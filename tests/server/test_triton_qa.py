@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.request
 
-from netns import loopback_up, require, run_inside, skip
+from netns import loopback_up, require, run_inside, skip, stop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY_URL = "https://github.com/triton-inference-server/server"
@@ -283,12 +283,7 @@ def run_one(args, qa, suite, run, work):
             print("---- server log ----\n" + log.read()[-6000:])
         return ok
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
         log.close()
 
 
