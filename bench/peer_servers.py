@@ -39,9 +39,10 @@ def wait_ready(http_port, models, timeout=120):
 
 
 @contextlib.contextmanager
-def serve(server, repo, models, cli, tritonserver=DEFAULT_TRITONSERVER):
+def serve(server, repo, models, cli, tritonserver=DEFAULT_TRITONSERVER, with_process=False):
     """Runs `server` ("asyncinfer" or "triton") on `repo` until the block ends; yields its
-    (http_port, grpc_port) once `models` are ready."""
+    (http_port, grpc_port), and its subprocess.Popen third when `with_process`, once `models` are
+    ready."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     if server == "asyncinfer":
         cmd = [cli, "serve", "--model-repository", repo, "--host", "127.0.0.1",
@@ -60,7 +61,7 @@ def serve(server, repo, models, cli, tritonserver=DEFAULT_TRITONSERVER):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         wait_ready(http, models)
-        yield http, grpc
+        yield (http, grpc, proc) if with_process else (http, grpc)
     finally:
         proc.terminate()
         try:

@@ -52,10 +52,14 @@ class DeviceBackendRegistry {
   Status add(DeviceBackend backend);
   /// A copy of the entries, in registration order (openers are called without the lock held).
   std::vector<DeviceBackend> snapshot() const;
+  /// How many of the first entries are this build's own (registered by instance()); what
+  /// applications add, and the backend modules that load later, come after them.
+  std::size_t builtin_count() const noexcept { return builtin_; }
 
  private:
   DeviceBackendRegistry() = default;
   BackendList<DeviceBackend, &DeviceBackend::name> backends_;
+  std::size_t builtin_ = 0;  // how many instance() registered before returning it
 };
 
 /// Registers every device backend this build has (src/backends.cpp: one call per backend, each

@@ -3,6 +3,7 @@
 #include <deque>
 #include <mutex>
 
+#include "backend_modules.hpp"
 #include "device/backend.hpp"
 #include "device/host_stream.hpp"
 
@@ -38,8 +39,9 @@ std::string_view to_string(CopyKind kind) noexcept {
 
 Result<Tensor> Device::empty(DType dtype, Shape shape, MemoryKind kind) {
   if (dtype == DType::bytes) {
-    return invalid_argument_error("Device::empty: a bytes tensor's size is not given by its shape " +
-                                  shape_to_string(shape) + "; use empty_like");
+    return invalid_argument_error(
+        "Device::empty: a bytes tensor's size is not given by its shape " + shape_to_string(shape) +
+        "; use empty_like");
   }
   ASYNCINFER_ASSIGN_OR_RETURN(std::size_t bytes, checked_byte_size(dtype, shape));
   ASYNCINFER_ASSIGN_OR_RETURN(auto storage, allocate(bytes, kind));
@@ -59,6 +61,7 @@ DeviceBackendRegistry& DeviceBackendRegistry::instance() {
   static DeviceBackendRegistry* const registry = [] {
     auto* r = new DeviceBackendRegistry();  // never destroyed: open_device may run at exit
     register_builtin_device_backends(*r);
+    r->builtin_ = r->snapshot().size();
     return r;
   }();
   return *registry;
@@ -108,11 +111,10 @@ Status check_copy(const Tensor& dst, const Tensor& src) {
 }  // namespace detail
 
 std::vector<std::string> device_backends() {
+  const auto& registry = detail::DeviceBackendRegistry::instance();
   std::vector<std::string> names;
-  for (const auto& b : detail::DeviceBackendRegistry::instance().snapshot()) {
-    names.push_back(b.name);
-  }
-  return names;
+  for (const auto& b : registry.snapshot()) names.push_back(b.name);
+  return detail::list_backends(std::move(names), registry.builtin_count(), /*device=*/true);
 }
 
 Status register_device_backend(std::string name, std::string usage, DeviceOpener open) {
@@ -124,8 +126,18 @@ Result<std::shared_ptr<Device>> open_device(std::string_view spec) {
   const std::size_t colon = spec.find(':');
   const std::string_view name = spec.substr(0, colon);
   const std::string_view args = colon == std::string_view::npos ? "" : spec.substr(colon + 1);
-  const std::vector<detail::DeviceBackend> backends =
+  std::vector<detail::DeviceBackend> backends =
       detail::DeviceBackendRegistry::instance().snapshot();
+  // The module that serves `name`, loaded the first time it is asked for (backend_modules.hpp).
+  if (const std::string_view module = detail::backend_module_for(name, /*device=*/true);
+      !module.empty() && std::none_of(backends.begin(), backends.end(),
+                                      [&](const auto& b) { return b.name == name; })) {
+    if (Status s = detail::load_backend_module(module); !s.ok()) {
+      return unavailable_error("device '" + std::string(spec) + "' needs " +
+                               std::string(s.message()));
+    }
+    backends = detail::DeviceBackendRegistry::instance().snapshot();
+  }
   std::string built;
   for (const auto& b : backends) {
     built += (built.empty() ? "" : ", ") + b.name;

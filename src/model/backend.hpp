@@ -57,10 +57,14 @@ class ModelBackendRegistry {
   Status add(ModelBackend backend);
   /// A copy of the entries, in registration order.
   std::vector<ModelBackend> snapshot() const;
+  /// How many of the first entries are this build's own (registered by instance()); what
+  /// applications add, and the backend modules that load later, come after them.
+  std::size_t builtin_count() const noexcept { return builtin_; }
 
  private:
   ModelBackendRegistry() = default;
   BackendList<ModelBackend, &ModelBackend::kind> backends_;
+  std::size_t builtin_ = 0;  // how many instance() registered before returning it
 };
 
 /// Registers every model backend this build has (src/backends.cpp: one call per backend, each

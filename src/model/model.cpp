@@ -1,6 +1,7 @@
 // Signatures, input validation, and the model backend registry that load_model dispatches through.
 #include <algorithm>
 
+#include "backend_modules.hpp"
 #include "core/params.hpp"
 #include "model/backend.hpp"
 
@@ -117,6 +118,7 @@ ModelBackendRegistry& ModelBackendRegistry::instance() {
   static ModelBackendRegistry* const registry = [] {
     auto* r = new ModelBackendRegistry();  // never destroyed: load_model may run at exit
     register_builtin_model_backends(*r);
+    r->builtin_ = r->snapshot().size();
     return r;
   }();
   return *registry;
@@ -154,18 +156,39 @@ ModelUri parse_model_uri(std::string_view uri) noexcept {
 
 }  // namespace detail
 
-std::vector<std::string> model_backends() {
-  std::vector<std::string> kinds;
-  for (const auto& b : detail::ModelBackendRegistry::instance().snapshot()) {
-    kinds.push_back(b.kind);
+namespace {
+
+// The backends registered, after loading the module that serves `kind` when one does and it is not
+// loaded yet (backend_modules.hpp). A module that does not load is the caller's error, in the
+// model's name.
+Result<std::vector<detail::ModelBackend>> backends_for(std::string_view uri,
+                                                       std::string_view kind) {
+  std::vector<detail::ModelBackend> backends = detail::ModelBackendRegistry::instance().snapshot();
+  const std::string_view module = detail::backend_module_for(kind, /*device=*/false);
+  if (module.empty()) return backends;
+  for (const auto& b : backends) {
+    if (b.kind == kind) return backends;
   }
-  return kinds;
+  if (Status s = detail::load_backend_module(module); !s.ok()) {
+    return unavailable_error("model '" + std::string(uri) + "' needs " + std::string(s.message()));
+  }
+  return detail::ModelBackendRegistry::instance().snapshot();
+}
+
+}  // namespace
+
+std::vector<std::string> model_backends() {
+  const auto& registry = detail::ModelBackendRegistry::instance();
+  std::vector<std::string> kinds;
+  for (const auto& b : registry.snapshot()) kinds.push_back(b.kind);
+  return detail::list_backends(std::move(kinds), registry.builtin_count(), /*device=*/false);
 }
 
 Result<std::string> complete_model_config(std::string_view uri, std::string_view config_json,
                                           const ModelOptions& options) {
   const detail::ModelUri parsed = detail::parse_model_uri(uri);
-  for (const auto& b : detail::ModelBackendRegistry::instance().snapshot()) {
+  ASYNCINFER_ASSIGN_OR_RETURN(auto backends, backends_for(uri, parsed.kind));
+  for (const auto& b : backends) {
     if (b.kind == parsed.kind && b.complete != nullptr) {
       return b.complete(uri, parsed.args, config_json, options);
     }
@@ -186,8 +209,8 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
                                   "' given, but only the openvino and python backends take "
                                   "backend parameters");
   }
-  const std::vector<detail::ModelBackend> backends =
-      detail::ModelBackendRegistry::instance().snapshot();
+  ASYNCINFER_ASSIGN_OR_RETURN(const std::vector<detail::ModelBackend> backends,
+                              backends_for(uri, parsed.kind));
   for (const auto& b : backends) {
     if (b.kind == parsed.kind) return b.load(uri, parsed.args, options);
   }
