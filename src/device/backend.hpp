@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "asyncinfer/device.hpp"
@@ -86,5 +87,27 @@ std::unique_ptr<HostStream> create_caller_run_stream(Device& device, const Strea
 CopyKind copy_kind(const Tensor& dst, const Tensor& src) noexcept;
 /// invalid_argument unless both are defined with equal byte sizes.
 Status check_copy(const Tensor& dst, const Tensor& src);
+
+/// The checks every backend's Event::elapsed_us_since makes before it reads a clock: `start` is an
+/// `E` too (the same backend), both events were created with timing, and both were recorded.
+/// Returns the two recorded points, start's first (`E::current()`: null when never recorded), or
+/// invalid_argument / failed_precondition saying which check failed.
+template <class E>
+auto recorded_points(const E& end, Event& start)
+    -> Result<std::pair<decltype(end.current()), decltype(end.current())>> {
+  const auto* s = dynamic_cast<const E*>(&start);
+  if (s == nullptr) {
+    return invalid_argument_error("elapsed_time_us: the two events belong to different backends");
+  }
+  if (!end.timing_enabled() || !s->timing_enabled()) {
+    return failed_precondition_error(
+        "elapsed_time_us: timing is disabled on an event (create it with EventOptions{.timing = "
+        "true})");
+  }
+  auto a = s->current();
+  auto b = end.current();
+  if (!a || !b) return failed_precondition_error("elapsed_time_us: an event was never recorded");
+  return std::pair{std::move(a), std::move(b)};
+}
 
 }  // namespace asyncinfer::detail

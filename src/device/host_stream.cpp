@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <exception>
 
+#include "device/backend.hpp"
+
 namespace asyncinfer::detail {
 
 Result<std::shared_ptr<Storage>> allocate_host_backed(std::size_t bytes, MemoryKind kind) {
@@ -130,18 +132,8 @@ Status HostEvent::synchronize_for(std::chrono::nanoseconds timeout) {
 }
 
 Result<double> HostEvent::elapsed_us_since(Event& start) {
-  auto* s = dynamic_cast<HostEvent*>(&start);
-  if (s == nullptr) {
-    return invalid_argument_error("elapsed_time_us: the two events belong to different backends");
-  }
-  if (!timing_ || !s->timing_) {
-    return failed_precondition_error(
-        "elapsed_time_us: timing is disabled on an event (create it with EventOptions{.timing = "
-        "true})");
-  }
-  auto a = s->current();
-  auto b = current();
-  if (!a || !b) return failed_precondition_error("elapsed_time_us: an event was never recorded");
+  ASYNCINFER_ASSIGN_OR_RETURN(const auto points, recorded_points(*this, start));
+  const auto& [a, b] = points;
   if (!a->done() || !b->done()) {
     return failed_precondition_error("elapsed_time_us: an event has not completed yet");
   }

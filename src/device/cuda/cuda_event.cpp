@@ -2,6 +2,7 @@
 // (cuda_event.hpp).
 #include "device/cuda/cuda_event.hpp"
 
+#include "device/backend.hpp"
 #include "device/cuda/cuda_device.hpp"
 
 namespace asyncinfer::detail::cuda {
@@ -123,18 +124,8 @@ Status CudaEvent::synchronize_for(nanoseconds timeout) {
 }
 
 Result<double> CudaEvent::elapsed_us_since(Event& start) {
-  auto* s = dynamic_cast<CudaEvent*>(&start);
-  if (s == nullptr) {
-    return invalid_argument_error("elapsed_time_us: the two events belong to different backends");
-  }
-  if (!timing_ || !s->timing_) {
-    return failed_precondition_error(
-        "elapsed_time_us: timing is disabled on an event (create it with EventOptions{.timing = "
-        "true})");
-  }
-  auto a = s->current();
-  auto b = current();
-  if (!a || !b) return failed_precondition_error("elapsed_time_us: an event was never recorded");
+  ASYNCINFER_ASSIGN_OR_RETURN(const auto points, recorded_points(*this, start));
+  const auto& [a, b] = points;
   if (a->ordinal() != b->ordinal()) {
     return failed_precondition_error(
         "elapsed_time_us: the events were recorded on different "
