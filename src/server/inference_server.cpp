@@ -1,20 +1,16 @@
 // InferenceServer (inference_server.hpp): the protocol-neutral core that the HTTP and gRPC
-// frontends share: health, lookups, the checks of a request, its submission, the response cache's
-// leaders and followers, metrics, and ensemble requests.
+// frontends share: health, lookups, the checks of a request, its submission, and metrics.
 //
-// One file of about 1100 lines, on purpose: it implements one class whose request path is one
-// chain of calls back into its private members. submit() goes to run(), through submit_cached()
-// when the response cache applies; a CacheFollower whose leader failed looks the key up again
-// and may lead a new flight through run(); an
-// EnsembleRun calls find(), run() and run_ensemble() for each step; run() retries on successor()
-// when the version it was given was retired meanwhile. Every path answers through
-// make_response(), in this file's anonymous namespace. Kept together, the rule that each request
-// is answered exactly once, whichever path it takes, can be checked in one file.
+// submit() checks a request and goes to run(), or to submit_cached() when the response cache
+// applies (cache_follower.cpp: the cache's leaders and followers); run() goes to run_ensemble()
+// for an ensemble (ensemble_run.cpp: EnsembleRun, which calls find() and run() for each step), and
+// retries on successor() when the version it was given was retired meanwhile. Every path answers
+// through make_response() (inference_response.hpp), so that each request is answered exactly once
+// whichever path it takes.
 //
 // Its sections, in order: helpers, the server's life (health, readiness, shutdown), lookups,
 // checking a request (inputs, outputs, parameters, shared memory), submission (submit,
-// successor, write_to_shared_memory, run), the response cache (CacheFollower, submit_cached),
-// metrics, ensembles (EnsembleRun, run_ensemble).
+// successor, write_to_shared_memory, run), metrics.
 #include "inference_server.hpp"
 
 #include "metrics/prometheus_text.hpp"
@@ -29,6 +25,7 @@
 
 #include "asyncinfer/detail/chrono.hpp"
 #include "classification.hpp"
+#include "inference_response.hpp"
 #include "model_config.hpp"
 #include "model_host.hpp"
 #include "server_log.hpp"
@@ -84,10 +81,6 @@ std::string dims_text(std::span<const std::int64_t> shape) {
   }
   return s + "]";
 }
-
-/// The response carrying `outs` (the outputs asked for, in the order asked; all when none were).
-InferResponse make_response(const ModelRef& ref, std::string id,
-                            const std::vector<std::size_t>& selected, const Outputs& outs);
 
 /// Replaces each output of `response` asked for with a class count (`classes`, by requested
 /// index) by its top classes (classification.hpp), labelled from `model`'s label_filename.
@@ -826,10 +819,6 @@ InferenceServer::Completion InferenceServer::write_to_shared_memory(
       };
 }
 
-namespace {
-
-/// The response to a request from the model's outputs: those `selected` (in the order asked),
-/// or all of them.
 InferResponse make_response(const ModelRef& ref, std::string id,
                             const std::vector<std::size_t>& selected, const Outputs& outs) {
   const ModelVersion& model = *ref;
@@ -856,8 +845,6 @@ std::uint64_t ns_between(Clock::time_point from, Clock::time_point to) {
 }
 
 std::uint64_t ns_since(Clock::time_point start) { return ns_between(start, Clock::now()); }
-
-}  // namespace
 
 Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
                                              const RequestOptions& options, std::string id,
@@ -910,235 +897,6 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
   return InflightRequest(std::move(future));
 }
 
-// ---- the response cache -------------------------------------------------------------------------
-
-/// A request waiting for an identical one in flight (ResponseCache's follower): answered with
-/// the leader's outputs, or, when the leader failed, looked up again (rejoin): a hit, a follower
-/// of the new flight, or that flight's leader, which runs on the engine and fills the cache.
-class InferenceServer::CacheFollower final
-    : public InflightRequest::Handle,
-      public std::enable_shared_from_this<InferenceServer::CacheFollower> {
- public:
-  CacheFollower(InferenceServer& server, ModelRef model, Inputs inputs, RequestOptions options,
-                std::string id, std::vector<std::size_t> selected, Completion done,
-                std::shared_ptr<const CacheKey> key, Clock::time_point start)
-      : server_(server),
-        model_(std::move(model)),
-        inputs_(std::move(inputs)),
-        options_(std::move(options)),
-        id_(std::move(id)),
-        selected_(std::move(selected)),
-        done_(std::move(done)),
-        key_(std::move(key)),
-        start_(start) {}
-
-  /// Not a follower after all (a hit, or the leader): hands the request back.
-  std::pair<Inputs, Completion> take_back() {
-    std::lock_guard lock(mu_);
-    ended_ = true;
-    return {std::move(inputs_), std::move(done_)};
-  }
-
-  /// Once it follows: its ticket, and what its lookup took (its cache_hit time if it hits).
-  void followed(std::uint64_t ticket, std::uint64_t lookup_ns) {
-    std::lock_guard lock(mu_);
-    ticket_ = ticket;
-    lookup_ns_ = lookup_ns;
-  }
-
-  /// The leader's result (called once, unless withdrawn first).
-  void on_leader(const Result<Outputs>& r) {
-    Completion done;
-    bool cancelled = false;
-    std::uint64_t lookup_ns = 0;
-    {
-      std::lock_guard lock(mu_);
-      if (ended_) return;
-      cancelled = cancelled_;
-      lookup_ns = lookup_ns_;
-      if (r.ok() || cancelled) {
-        ended_ = true;
-        done = std::move(done_);
-      }
-    }
-    CacheCounters& counters = model_->cache_counters;
-    if (done) {
-      if (cancelled) return done(cancelled_error("the request was cancelled"));
-      // A hit; its time is its lookup's (the wait for the leader is the leader's compute).
-      counters.hit(lookup_ns);
-      return done(make_response(model_, std::move(id_), selected_, *r));
-    }
-    // The leader failed: its failure (its deadline, its cancellation) is not this request's. It
-    // looks the key up again, within what is left of the model's default timeout from its own
-    // arrival (not a fresh one): the first of the failed leader's followers to do so leads a new
-    // flight and the others follow it, so that one computation answers them all rather than
-    // each computing alone, one after another (issue 45). A result cached meanwhile is a hit.
-    rejoin();
-  }
-
-  void cancel() override {
-    Completion done;
-    bool own = false;
-    {
-      std::lock_guard lock(mu_);
-      cancelled_ = true;
-      if (own_.valid()) {
-        own = true;
-      } else if (!ended_ && server_.cache_->withdraw(*key_, ticket_)) {
-        ended_ = true;
-        done = std::move(done_);
-      }
-    }
-    // Outside the lock: a cancel may run completions inline (an engine without a callback
-    // executor). own_ is set once, before `own` can be true, and never changed after.
-    if (own) own_.cancel();
-    if (done) done(cancelled_error("the request was cancelled"));
-  }
-
- private:
-  /// A second lookup after the leader failed: a hit answers, a follower waits for the new
-  /// leader (on_leader again), a leader (or a request alone) runs on the engine and fills the
-  /// cache for those who follow it.
-  void rejoin() {
-    const Clock::time_point t = Clock::now();
-    ResponseCache* cache = server_.cache_.get();
-    ResponseCache::Waiter waiter = [self = shared_from_this()](const Result<Outputs>& r) {
-      self->on_leader(r);
-    };
-    ResponseCache::Lookup found = cache->lookup(*key_, true, waiter);
-    std::uint64_t lookup_ns = 0;
-    {
-      std::lock_guard lock(mu_);
-      lookup_ns_ += ns_since(t);
-      lookup_ns = lookup_ns_;
-      if (found.role == ResponseCache::Role::follower) {
-        ticket_ = found.ticket;  // cancel() withdraws this one now
-        return;
-      }
-    }
-    CacheCounters& counters = model_->cache_counters;
-    auto shared = std::make_shared<Completion>();
-    {
-      std::lock_guard lock(mu_);
-      *shared = std::move(done_);
-    }
-    if (found.role == ResponseCache::Role::hit) {
-      {
-        std::lock_guard lock(mu_);
-        ended_ = true;
-      }
-      counters.hit(lookup_ns);
-      return (*shared)(make_response(model_, std::move(id_), selected_, found.outputs));
-    }
-    RequestOptions options = options_;
-    if (const auto& d = model_->engine->options().default_timeout; d && !options.deadline) {
-      options.deadline = start_ + *d;
-    }
-    const bool led = found.role == ResponseCache::Role::leader;
-    auto accepted = server_.run(
-        model_, std::move(inputs_), options, std::move(id_), std::move(selected_),
-        [shared](Result<InferResponse> out) { (*shared)(std::move(out)); },
-        server_.fill_cache(*model_, key_, led, lookup_ns));
-    if (!accepted.ok()) {
-      {
-        std::lock_guard lock(mu_);
-        ended_ = true;
-      }
-      return (*shared)(accepted.status());  // run() destroyed its completion uncalled
-    }
-    bool cancel_now = false;
-    {
-      std::lock_guard lock(mu_);
-      ended_ = true;
-      own_ = std::move(*accepted);  // set once, never changed after
-      cancel_now = cancelled_;
-    }
-    if (cancel_now) own_.cancel();
-  }
-
-  InferenceServer& server_;
-  const ModelRef model_;
-  Inputs inputs_;
-  RequestOptions options_;
-  std::string id_;
-  std::vector<std::size_t> selected_;
-  Completion done_;
-  const std::shared_ptr<const CacheKey> key_;
-  const Clock::time_point start_;
-  std::mutex mu_;
-  std::uint64_t ticket_ = 0;
-  std::uint64_t lookup_ns_ = 0;
-  bool ended_ = false;  ///< answered, handed back, or running on its own (own_)
-  bool cancelled_ = false;
-  InflightRequest own_;  ///< its own run after the leader failed
-};
-
-Result<InflightRequest> InferenceServer::submit_cached(const ModelRef& ref, Inputs inputs,
-                                                       const RequestOptions& options,
-                                                       std::string id,
-                                                       std::vector<std::size_t> selected,
-                                                       Completion done) {
-  const ModelVersion& model = *ref;
-  const Clock::time_point start = Clock::now();
-  for (const Tensor& t : inputs) {
-    if (!t.is_host_accessible()) {  // not hashable here: computed as without a cache
-      return run(ref, std::move(inputs), options, std::move(id), std::move(selected),
-                 std::move(done));
-    }
-  }
-  auto key = std::make_shared<const CacheKey>(
-      response_cache_key(model.model_name, model.version, inputs, model.generation));
-  // Only a request that asks nothing of its own waits for another: one with its own deadline
-  // (`timeout`, a gRPC deadline) must not wait on another's pace, nor one with a priority of its
-  // own behind a leader of another level. Either computes alone (and still hits).
-  const bool join = !options.timeout && !options.deadline && options.priority == 0;
-  // A follower must be complete before the cache can call it: made first, taken back if the
-  // request turns out to be a hit or a leader.
-  std::shared_ptr<CacheFollower> follower;
-  ResponseCache::Waiter waiter;
-  if (join) {
-    follower = std::make_shared<CacheFollower>(*this, ref, std::move(inputs), options, id, selected,
-                                               std::move(done), key, start);
-    waiter = [follower](const Result<Outputs>& r) { follower->on_leader(r); };
-  }
-  ResponseCache::Lookup found = cache_->lookup(*key, join, waiter);
-  const std::uint64_t lookup_ns = ns_since(start);
-  if (follower && found.role != ResponseCache::Role::follower) {
-    std::tie(inputs, done) = follower->take_back();
-  }
-  CacheCounters& counters = model.cache_counters;
-  switch (found.role) {
-    case ResponseCache::Role::hit: {
-      InferResponse response = make_response(ref, std::move(id), selected, found.outputs);
-      counters.hit(ns_since(start));
-      done(std::move(response));
-      return InflightRequest();
-    }
-    case ResponseCache::Role::follower:
-      follower->followed(found.ticket, lookup_ns);
-      return InflightRequest(std::move(follower));
-    case ResponseCache::Role::leader:
-    case ResponseCache::Role::alone:
-      break;
-  }
-  const bool led = found.role == ResponseCache::Role::leader;
-  return run(ref, std::move(inputs), options, std::move(id), std::move(selected), std::move(done),
-             fill_cache(model, std::move(key), led, lookup_ns));
-}
-
-InferenceServer::Finished InferenceServer::fill_cache(const ModelVersion& model,
-                                                      std::shared_ptr<const CacheKey> key, bool led,
-                                                      std::uint64_t lookup_ns) {
-  return [this, &counters = model.cache_counters, key = std::move(key), led,
-          lookup_ns](const Result<Outputs>& r) {
-    // Timed: the copy into the cache (Triton's cache_miss is lookup + insertion).
-    const Clock::time_point t = Clock::now();
-    std::vector<ResponseCache::Waiter> followers = cache_->finish(*key, led, r);
-    counters.miss(lookup_ns + ns_since(t));
-    for (ResponseCache::Waiter& w : followers) w(r);
-  };
-}
-
 // ---- metrics ------------------------------------------------------------------------------------
 
 ProtocolMetrics& InferenceServer::protocol_metrics(std::string_view protocol,
@@ -1179,238 +937,6 @@ std::string InferenceServer::metrics_text() const {
   }
   repository_->custom_metrics().collect(families);  // python models' pb_utils.MetricFamily
   return families.text();
-}
-
-// ---- ensembles ----------------------------------------------------------------------------------
-
-/// One request to an ensemble (ensemble.hpp): its tensors, the steps still waiting for theirs,
-/// and the step requests in flight. Shared by the step requests' completions, which run on their
-/// models' completion executors; every change is under `mu_`, and nothing is called under it.
-class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
-                                           public std::enable_shared_from_this<EnsembleRun> {
- public:
-  EnsembleRun(InferenceServer& server, ModelRef model, RequestOptions step_options, std::string id,
-              std::vector<std::size_t> selected, Completion done, int depth)
-      : server_(server),
-        model_(std::move(model)),
-        graph_(*model_->ensemble),
-        options_(std::move(step_options)),
-        id_(std::move(id)),
-        selected_(std::move(selected)),
-        done_(std::move(done)),
-        start_(Clock::now()),
-        depth_(depth),
-        tensors_(graph_.tensors.size()),
-        waiting_(graph_.steps.size()) {
-    std::lock_guard lock(server_.ensembles_mu_);
-    ++server_.live_ensembles_;
-  }
-
-  void start(Inputs inputs) {
-    std::vector<std::size_t> ready;
-    {
-      std::lock_guard lock(mu_);
-      for (std::size_t i = 0; i < inputs.size(); ++i)
-        tensors_[graph_.inputs[i]] = std::move(inputs[i]);
-      for (std::size_t j = 0; j < graph_.steps.size(); ++j) {
-        waiting_[j] = graph_.steps[j].waits_for;
-        if (waiting_[j] == 0) ready.push_back(j);
-      }
-    }
-    launch(ready);
-  }
-
-  void cancel() override { end(cancelled_error("the request was cancelled")); }
-
- private:
-  void launch(const std::vector<std::size_t>& ready) {
-    for (std::size_t j : ready) {
-      const EnsembleGraph::Step& step = graph_.steps[j];
-      Result<ModelRef> ref = server_.find(step.model, step.version);
-      if (!ref.ok()) return end(ref.status().with_context(step_context(j)));
-      // The step model as it is served now (it may have been reloaded since the ensemble
-      // loaded): its inputs and outputs are found by name, and must still be what the ensemble
-      // was checked against.
-      const ModelSignature& sig = (*ref)->signature;
-      Status fits = sig.decoupled
-                        ? failed_precondition_error("model '" + step.model + "' is now decoupled")
-                        : step_fits(step, sig);
-      if (!fits.ok()) return end(fits.with_context(step_context(j)));
-      if ((*ref)->ensemble && depth_ + 1 >= kMaxEnsembleNesting) {
-        return end(failed_precondition_error(
-            "ensembles nest more than " + std::to_string(kMaxEnsembleNesting) +
-            " deep (a cycle through ensembles reloaded since they loaded?)"));
-      }
-      Inputs inputs(sig.inputs.size());
-      {
-        std::lock_guard lock(mu_);
-        if (ended_) return;
-        for (std::size_t k = 0; k < step.inputs.size(); ++k) {
-          inputs[index_of(sig.inputs, step.input_names[k])] = tensors_[step.inputs[k]];  // shared
-        }
-      }
-      auto self = shared_from_this();
-      auto done = [self, j](Result<InferResponse> out) { self->step_done(j, std::move(out)); };
-      Result<InflightRequest> call =
-          (*ref)->ensemble
-              ? server_.run_ensemble(std::move(*ref), std::move(inputs), options_, id_, {},
-                                     std::move(done), depth_ + 1)
-              : server_.run(std::move(*ref), std::move(inputs), options_, id_, {}, std::move(done));
-      if (!call.ok()) return end(call.status().with_context(step_context(j)));
-      bool cancel_now = false;
-      {
-        std::lock_guard lock(mu_);
-        if (!first_step_) first_step_ = Clock::now();
-        cancel_now = ended_;
-        if (!ended_ && !finished_[j]) inflight_.emplace_back(j, std::move(*call));
-      }
-      if (cancel_now) call->cancel();
-    }
-  }
-
-  static std::size_t index_of(const std::vector<TensorSpec>& specs, const std::string& name) {
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (specs[i].name == name) return i;
-    }
-    return specs.size();
-  }
-
-  /// Whether `sig` still has the inputs and outputs the step was resolved with: every input
-  /// mapped (and no other), every mapped output, with the same dtypes.
-  static Status step_fits(const EnsembleGraph::Step& step, const ModelSignature& sig) {
-    auto stale = [&](const std::string& what) {
-      return failed_precondition_error("model '" + step.model + "' was reloaded with " + what +
-                                       " since the ensemble loaded (reload the ensemble)");
-    };
-    if (sig.inputs.size() != step.input_names.size()) return stale("other inputs");
-    for (std::size_t k = 0; k < step.input_names.size(); ++k) {
-      const std::size_t i = index_of(sig.inputs, step.input_names[k]);
-      if (i == sig.inputs.size()) return stale("no input '" + step.input_names[k] + "'");
-      if (sig.inputs[i].dtype != step.input_dtypes[k]) {
-        return stale("another dtype for input '" + step.input_names[k] + "'");
-      }
-    }
-    for (std::size_t k = 0; k < step.output_names.size(); ++k) {
-      const std::size_t i = index_of(sig.outputs, step.output_names[k]);
-      if (i == sig.outputs.size()) return stale("no output '" + step.output_names[k] + "'");
-      if (sig.outputs[i].dtype != step.output_dtypes[k]) {
-        return stale("another dtype for output '" + step.output_names[k] + "'");
-      }
-    }
-    return Status();
-  }
-
-  void step_done(std::size_t j, Result<InferResponse> out) {
-    if (!out.ok()) return end(out.status().with_context(step_context(j)));
-    std::vector<std::size_t> ready;
-    Outputs outputs;
-    bool last = false;
-    std::uint64_t queued = 0;  // the ensemble's own queue time (EnsembleCounters)
-    {
-      std::lock_guard lock(mu_);
-      if (ended_) return;
-      finished_[j] = true;
-      std::erase_if(inflight_, [j](const auto& p) { return p.first == j; });
-      const EnsembleGraph::Step& step = graph_.steps[j];
-      // By name: the outputs of the version that ran (step_fits checked they are all there).
-      for (InferOutput& o : out->outputs) {
-        for (std::size_t k = 0; k < step.output_names.size(); ++k) {
-          if (o.spec->name == step.output_names[k]) {
-            tensors_[step.outputs[k]] = std::move(o.tensor);
-          }
-        }
-      }
-      for (const auto& [consumer, count] : step.feeds) {
-        waiting_[consumer] -= count;
-        if (waiting_[consumer] == 0) ready.push_back(consumer);
-      }
-      if (++steps_done_ == graph_.steps.size()) {
-        last = true;
-        ended_ = true;
-        queued = first_step_ ? ns_between(start_, *first_step_) : 0;
-        outputs.reserve(graph_.outputs.size());
-        for (std::size_t t : graph_.outputs) outputs.push_back(tensors_[t]);
-      }
-    }
-    if (last) {
-      model_->ensemble_counters->record(true, ns_since(start_), rows_of(outputs), queued);
-      Completion done = std::move(done_);
-      done(make_response(model_, id_, selected_, outputs));
-      return ended();
-    }
-    launch(ready);
-  }
-
-  /// Ends the request with `s` (once): the steps in flight are cancelled, none is started.
-  void end(Status s) {
-    std::vector<std::pair<std::size_t, InflightRequest>> calls;
-    Completion done;
-    {
-      std::lock_guard lock(mu_);
-      if (ended_) return;
-      ended_ = true;
-      calls.swap(inflight_);
-      done = std::move(done_);
-    }
-    for (auto& [j, call] : calls) call.cancel();
-    model_->ensemble_counters->record(false, ns_since(start_), 0, 0);
-    // Triton's wording (ensemble_scheduler.cc): the step's error after "in ensemble 'E', ".
-    done(Status(s.code(), "in ensemble '" + model_->model_name + "', " + std::string(s.message())));
-    ended();
-  }
-
-  /// The request has been answered (once, by step_done or end): a draining shutdown need not
-  /// wait for it any more, whoever still holds this object.
-  void ended() {
-    std::lock_guard lock(server_.ensembles_mu_);
-    if (--server_.live_ensembles_ == 0) server_.ensembles_cv_.notify_all();
-  }
-
-  std::string step_context(std::size_t j) const { return graph_.steps[j].label; }
-  std::uint64_t rows_of(const Outputs& outputs) const {
-    if (!model_->signature.batched || outputs.empty() || outputs[0].rank() == 0) return 1;
-    return static_cast<std::uint64_t>(outputs[0].shape()[0]);
-  }
-
-  InferenceServer& server_;
-  const ModelRef model_;
-  const EnsembleGraph& graph_;  // owned by model_
-  const RequestOptions options_;
-  const std::string id_;
-  const std::vector<std::size_t> selected_;
-  Completion done_;
-  const Clock::time_point start_;
-  const int depth_;
-  std::mutex mu_;
-  std::vector<Tensor> tensors_;       // by tensor index; under mu_
-  std::vector<std::size_t> waiting_;  // per step: inputs not made yet; under mu_
-  std::vector<bool> finished_ = std::vector<bool>(graph_.steps.size(), false);  // under mu_
-  std::vector<std::pair<std::size_t, InflightRequest>> inflight_;               // under mu_
-  std::size_t steps_done_ = 0;                                                  // under mu_
-  bool ended_ = false;                                                          // under mu_
-  std::optional<Clock::time_point> first_step_;  // when the first step was handed over; under mu_
-};
-
-Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inputs,
-                                                      const RequestOptions& options, std::string id,
-                                                      std::vector<std::size_t> selected,
-                                                      Completion done, int depth) {
-  ASYNCINFER_RETURN_IF_ERROR(validate_inputs(model->signature, inputs)
-                                 .with_context("ensemble '" + model->model_name + "'"));
-  // One deadline for every step: the request's, however long the steps before took.
-  RequestOptions steps = options;
-  if (options.timeout && *options.timeout != std::chrono::microseconds::max()) {
-    const Clock::time_point by = detail::saturating_add(Clock::now(), *options.timeout);
-    steps.deadline = options.deadline ? std::min(*options.deadline, by) : by;
-  }
-  steps.timeout.reset();
-  steps.inline_callback = false;  // a step's completion submits the next steps
-  steps.caller_run_max_compute = std::chrono::microseconds(0);  // each on its engine's workers
-  steps.on_response = nullptr;
-  auto run = std::make_shared<EnsembleRun>(*this, std::move(model), std::move(steps), std::move(id),
-                                           std::move(selected), std::move(done), depth);
-  run->start(std::move(inputs));
-  return InflightRequest(std::shared_ptr<InflightRequest::Handle>(std::move(run)));
 }
 
 }  // namespace asyncinfer::server
