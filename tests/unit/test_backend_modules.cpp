@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/model.hpp"
@@ -65,6 +68,32 @@ TEST(BackendModules, NothingOptionalIsMappedUntilAModelNeedsIt) {
   EXPECT_TRUE(is_mapped("libtorch"));
 #endif
 }
+
+#if ASYNCINFER_TEST_HAVE_PYTHON_BACKEND
+// Threads that need the same module at once: one loads it, the others wait for it, and every one
+// then finds the backend registered (its own error for a missing file, never "unknown model").
+TEST(BackendModules, ThreadsThatNeedAModuleAtOnceAllFindIt) {
+  constexpr int kThreads = 8;
+  std::vector<std::string> answers(kThreads);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) {
+      }
+      const auto model = load_model("python:/nonexistent/" + std::to_string(i) + "/model.py");
+      answers[static_cast<std::size_t>(i)] =
+          model.ok() ? "loaded" : std::string(model.status().message());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(answers[static_cast<std::size_t>(i)],
+              "python model: no file /nonexistent/" + std::to_string(i) + "/model.py");
+  }
+}
+#endif
 
 TEST(BackendModules, AMissingModuleNamesItselfAndTheModel) {
   const std::filesystem::path empty = std::filesystem::temp_directory_path() /
