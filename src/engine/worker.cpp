@@ -177,13 +177,13 @@ void Worker::loop() {
         // pending (a recycle, a backoff, a breaker cool-down): nothing is left for this worker to
         // do.
         if (scheduler_.cancelling()) return;
-        if (gave_up_) {
+        if (life_ == WorkerLife::gave_up) {
           // Unhealthy for good: serves nothing and waits for shutdown.
           if (!scheduler_.accepting()) return;
           cv_.wait(lock);
           continue;
         }
-        if (recycle_) {
+        if (life_ == WorkerLife::recycling) {
           // Replacing an instance abandons the old one: only within the limit (header).
           if (abandoned_ > 0 && abandoned_ >= ctx_.opt.recovery.max_abandoned_instances) {
             cv_.wait(lock);  // the reaper notifies when an abandoned instance is destroyed

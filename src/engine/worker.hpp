@@ -55,6 +55,7 @@
 #include <utility>
 #include <vector>
 
+#include "asyncinfer/detail/transitions.hpp"
 #include "asyncinfer/device.hpp"
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/model.hpp"
@@ -63,6 +64,24 @@
 #include "engine/request.hpp"
 
 namespace asyncinfer::detail {
+
+/// A worker's life cycle as far as its stream and model instance go:
+///
+///   serving --(hang watchdog)--> recycling --(new stream + instance)--> serving
+///                                recycling --(max_recycle_attempts failed)--> gave_up
+///
+/// A failed attempt below the limit stays in recycling (the next one after a backoff); gave_up
+/// is the end (the worker serves nothing and waits for shutdown).
+enum class WorkerLife : std::uint8_t { serving, recycling, gave_up };
+
+inline constexpr Transitions<WorkerLife, 3> kWorkerLifeMoves{
+    "worker life cycle",
+    {"serving", "recycling", "gave_up"},
+    {
+        {WorkerLife::serving, WorkerLife::recycling},
+        {WorkerLife::recycling, WorkerLife::serving},
+        {WorkerLife::recycling, WorkerLife::gave_up},
+    }};
 
 class HostStream;
 
@@ -182,11 +201,10 @@ class Worker {
   std::uint64_t generation_ = 0;                 // under mu_
   int inflight_ = 0;                             // under mu_
   std::vector<std::shared_ptr<Batch>> running_;  // under mu_
-  bool recycle_ = false;                         // under mu_: a new stream + instance is needed
-  std::atomic<bool> recycle_wanted_{false};      // the same, readable without mu_ (next_batch)
+  WorkerLife life_ = WorkerLife::serving;        // under mu_ (kWorkerLifeMoves)
+  std::atomic<bool> recycle_wanted_{false};      // life_ == recycling, readable without mu_
   int recycle_failures_ = 0;                     // under mu_: failed attempts in a row
   Clock::time_point next_recycle_{};             // under mu_: backoff after a failed attempt
-  bool gave_up_ = false;                         // under mu_: unhealthy for good
   std::string last_error_;                       // under mu_: why the last attempt failed
   int abandoned_ = 0;                            // under mu_: replaced instances not yet destroyed
   CircuitBreaker breaker_;                       // under mu_ (but for its open_flag())

@@ -14,7 +14,8 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
     // A batch queued on the stream behind an older one that has not finished has not started:
     // its time runs from when the one ahead ends. Check again later instead of failing it.
     std::lock_guard lock(mu_);
-    bool behind = recycle_ || batch->generation != generation_;  // its stream is going away:
+    bool behind = life_ == WorkerLife::recycling ||
+                  batch->generation != generation_;  // its stream is going away:
     // it comes back through requeue_all when that stream is destroyed
     for (const auto& other : running_) {
       if (behind) break;
@@ -39,9 +40,11 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
   {
     std::lock_guard lock(mu_);
     if (batch->generation == generation_) {
-      taken_out = !recycle_ && !gave_up_;
-      recycle_ = true;
-      recycle_wanted_.store(true, std::memory_order_release);
+      taken_out = life_ == WorkerLife::serving;
+      if (taken_out) {
+        kWorkerLifeMoves.move(life_, WorkerLife::recycling);
+        recycle_wanted_.store(true, std::memory_order_release);
+      }
     }
   }
   if (taken_out) ctx_.health_changed();
@@ -91,7 +94,7 @@ void Worker::recycle() {
   {
     std::lock_guard lock(mu_);
     if (s.ok()) {
-      recycle_ = false;
+      kWorkerLifeMoves.move(life_, WorkerLife::serving);
       recycle_wanted_.store(false, std::memory_order_release);
       recycle_failures_ = 0;
       last_error_.clear();
@@ -99,7 +102,7 @@ void Worker::recycle() {
       failures = ++recycle_failures_;
       last_error_ = s.to_string();
       if (failures >= ctx_.opt.recovery.max_recycle_attempts) {
-        gave_up_ = true;
+        kWorkerLifeMoves.move(life_, WorkerLife::gave_up);
         gave_up = true;
         // Under mu_ with gave_up: whoever sees the worker unhealthy (health()) then sees it
         // gone from live_workers (metrics()) too.
@@ -146,19 +149,20 @@ void Worker::give_up(bool last_worker, const std::string& cause) {
 }
 
 std::pair<WorkerHealth, std::string> Worker::health_locked() const {
-  if (gave_up_) {
+  if (life_ == WorkerLife::gave_up) {
     return {WorkerHealth::unhealthy, "no model instance after " +
                                          std::to_string(recycle_failures_) +
                                          " attempts; last error: " + last_error_};
   }
   const int max_abandoned = ctx_.opt.recovery.max_abandoned_instances;
-  if ((recycle_ && abandoned_ > 0 && abandoned_ >= max_abandoned) || abandoned_ > max_abandoned) {
+  const bool recycling = life_ == WorkerLife::recycling;
+  if ((recycling && abandoned_ > 0 && abandoned_ >= max_abandoned) || abandoned_ > max_abandoned) {
     return {WorkerHealth::paused, "waiting for " + std::to_string(abandoned_) +
                                       " abandoned model instance(s) to finish their work "
                                       "(max_abandoned_instances " +
                                       std::to_string(max_abandoned) + ")"};
   }
-  if (recycle_) {
+  if (recycling) {
     return {WorkerHealth::recovering,
             last_error_.empty()
                 ? std::string("replacing its stream and model instance after a hang")
