@@ -6,6 +6,7 @@
 #include <string>
 
 #include "grpc_server_impl.hpp"
+#include "grpc_stream_state.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -74,7 +75,7 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     Actions a;
     {
       std::lock_guard lock(mu_);
-      stopping_ = true;
+      end_locked(StreamEnd::draining);
       a = next_locked();
     }
     run(a);
@@ -85,7 +86,7 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     {
       std::lock_guard lock(mu_);
       writing_ = false;
-      if (!ok) broken_ = true;
+      if (!ok) end_locked(StreamEnd::broken);
       a = next_locked();
     }
     run(a);
@@ -96,7 +97,7 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     Actions a;
     {
       std::lock_guard lock(mu_);
-      broken_ = true;
+      end_locked(StreamEnd::cancelled);
       a = next_locked();
     }
     run(a);
@@ -126,18 +127,25 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
     run(a);
   }
 
+  /// Moves the watch towards its end, unless it is already past `to` (a stop after the client
+  /// left, a cancel after Finish): the first reason to end is the one it ends with.
+  void end_locked(StreamEnd to) {
+    if (kStreamEndMoves.allows(end_, to)) kStreamEndMoves.move(end_, to);
+  }
+
   Actions next_locked() {
     Actions a;
-    if (finished_ || writing_) return a;
-    if (!broken_ && want_ != sent_) {
+    if (end_ == StreamEnd::finished || writing_) return a;
+    const bool gone = end_ == StreamEnd::broken || end_ == StreamEnd::cancelled;
+    if (!gone && want_ != sent_) {
       writing_ = true;
       sent_ = want_;
       out_.set_status(static_cast<HealthStatus>(want_));
       a.write = true;
-    } else if (broken_ || stopping_) {
-      finished_ = true;
-      a.finish = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled")
-                         : grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down");
+    } else if (end_ != StreamEnd::open) {
+      kStreamEndMoves.move(end_, StreamEnd::finished);
+      a.finish = gone ? grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled")
+                      : grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down");
     }
     return a;
   }
@@ -157,10 +165,8 @@ class HealthWatch final : public grpc::ServerWriteReactor<hpb::HealthCheckRespon
   hpb::HealthCheckResponse out_;  // being written while writing_
   int want_ = -1;
   int sent_ = -1;
-  bool writing_ = false;
-  bool stopping_ = false;
-  bool broken_ = false;
-  bool finished_ = false;
+  bool writing_ = false;             // a write is in progress (one at a time)
+  StreamEnd end_ = StreamEnd::open;  // kStreamEndMoves: draining is the server's stop
 };
 
 bool health_service_known(const std::string& service) {
