@@ -21,11 +21,12 @@
 // pipeline_types.cpp; what it shares with the engine (outcomes, counters, time helpers) is in
 // engine/lifecycle.hpp.
 //
-// Its sections, in order: the item and stage records (PItem, Stage); PipelineCore: set-up
-// (constructor, init, init_stage), submission, moving items between stages (push, pop, advance,
-// fail, done_with, take), the stage threads (account, guarded, host_loop, engine_loop,
-// device_loop, enqueue_model, on_device_done), ending and retiring, shutdown and metrics, its
-// state; then Pipeline, which checks its options and forwards to PipelineCore.
+// Its sections, in order: the item and stage records (PItem, Stage); PipelineCore's public face,
+// what Pipeline calls (constructor, init, submit, shutdown, metrics, drain_timeout); then, private,
+// a stage's set-up (init_stage), moving items between stages (push, pop, advance, fail, done_with,
+// take), the stage threads (account, guarded, host_loop, engine_loop, device_loop, enqueue_model,
+// on_device_done), ending and retiring, its state; then Pipeline, which checks its options and
+// forwards to PipelineCore.
 #include "asyncinfer/pipeline.hpp"
 
 #include <algorithm>
@@ -152,45 +153,6 @@ class PipelineCore {
     return Status();
   }
 
-  Status init_stage(Stage& st) {
-    const StageSpec& s = st.spec;
-    if (s.name.empty()) return invalid_argument_error("a stage needs a name");
-    switch (s.kind) {
-      case StageKind::host:
-        if (!s.host_fn) return invalid_argument_error("host stage without a function");
-        if (s.concurrency < 1 || s.concurrency > 256) {
-          return invalid_argument_error("concurrency must be in 1..256, got " +
-                                        std::to_string(s.concurrency));
-        }
-        return Status();
-      case StageKind::engine:
-        if (s.engine == nullptr) return invalid_argument_error("engine stage without an engine");
-        return Status();
-      case StageKind::device:
-        break;
-    }
-    if (!s.device) return invalid_argument_error("device stage without a device");
-    if (!s.device_fn && !s.model) {
-      return invalid_argument_error("device stage without a function or a model");
-    }
-    if (s.stream_depth < 1) return invalid_argument_error("stream_depth must be >= 1");
-    StreamOptions so;
-    so.host_func_executor = &dispatcher_;
-    so.name = "ai-pl-" + s.name;
-    ASYNCINFER_ASSIGN_OR_RETURN(st.stream, s.device->create_stream(so));
-    for (std::size_t i = 0; i < opt_.window; ++i) {
-      ASYNCINFER_ASSIGN_OR_RETURN(auto e, s.device->create_event(EventOptions{}));
-      st.events.push_back(std::move(e));
-    }
-    st.unified = s.device->info().unified_memory;
-    if (s.model) {
-      InstanceOptions io;
-      io.intra_op_threads = 1;
-      ASYNCINFER_ASSIGN_OR_RETURN(st.instance, s.model->create_instance(*s.device, *st.stream, io));
-    }
-    return Status();
-  }
-
   // ---- submission -------------------------------------------------------------------------
 
   Future<PipelineItem> submit(PipelineItem&& data, const ItemOptions& o) {
@@ -255,6 +217,174 @@ class PipelineCore {
     }
     push(*stages_[0], item);
     return f;
+  }
+
+  // ---- shutdown and metrics ---------------------------------------------------------------
+
+  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
+    std::unique_lock guard(shutdown_mu_, std::try_to_lock);
+    if (!guard.owns_lock()) {
+      // Another thread is shutting down: a cancel cuts its drain short (what is in flight ends
+      // now), then both wait for that shutdown to finish, as Engine::shutdown does.
+      if (mode == ShutdownMode::cancel) {
+        {
+          std::lock_guard lock(window_mu_);
+          cut_drain_ = true;
+        }
+        drain_cv_.notify_all();
+      }
+      guard.lock();
+    }
+    if (shut_) return;
+    {
+      std::lock_guard lock(window_mu_);
+      stopping_ = true;
+    }
+    window_cv_.notify_all();
+    bool drained = mode == ShutdownMode::drain;
+    if (drained) {
+      std::unique_lock lock(window_mu_);
+      drain_cv_.wait_until(lock, deadline_after(drain_timeout),
+                           [this] { return in_flight_ == 0 || cut_drain_; });
+      drained = in_flight_ == 0;
+    }
+    if (!drained) {
+      std::vector<ItemPtr> items;
+      {
+        std::lock_guard lock(window_mu_);
+        for (auto& [id, it] : active_) items.push_back(it);
+      }
+      for (auto& it : items) {
+        end(it, Outcome::shut_down, aborted_error("pipeline shut down before the item finished"));
+      }
+    }
+    stop_stages_.store(true);
+    for (auto& st : stages_) {
+      { std::lock_guard lock(st->mu); }  // a stage thread between its check and its wait sees it
+      st->cv.notify_all();
+    }
+    for (auto& st : stages_) {
+      for (auto& t : st->threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+    {
+      // Requests still inside engine stages: cancel them (they end at once) and wait for their
+      // callbacks, which use this pipeline.
+      std::unique_lock lock(engine_mu_);
+      for (auto& [id, call] : engine_calls_) call.cancel();
+      engine_cv_.wait(lock, [this] { return engine_pending_ == 0; });
+      engine_calls_.clear();
+    }
+    // An item a stage handed on while the stages stopped can sit in a queue no thread serves any
+    // more; every item has ended by now, so let them go.
+    for (auto& st : stages_) {
+      std::vector<ItemPtr> left;
+      {
+        std::lock_guard lock(st->mu);
+        for (auto& [key, item] : st->queue) {
+          item->queued_stage.store(-1);
+          left.push_back(std::move(item));
+        }
+        st->queue.clear();
+      }
+      for (auto& item : left) maybe_retire(item);
+    }
+    // Destroying the streams stops what still runs (where the backend can) and delivers their
+    // pending completion points to the dispatcher, which retires the items.
+    for (auto& st : stages_) {
+      st->stream.reset();
+      st->instance.reset();
+    }
+    dispatcher_.shutdown();
+    completion_.shutdown();
+    timer_.shutdown();
+    shut_ = true;
+  }
+
+  PipelineMetrics metrics() const {
+    PipelineMetrics m;
+    m.submitted = submitted_.load();
+    m.completed = outcomes_.completed.load();
+    m.failed = outcomes_.failed.load();
+    m.timed_out = outcomes_.timed_out.load();
+    m.cancelled = outcomes_.cancelled.load();
+    m.shut_down = outcomes_.shut_down.load();
+    {
+      std::lock_guard lock(window_mu_);
+      m.in_flight = in_flight_;
+      m.max_in_flight = max_in_flight_;
+      if (first_submit_) {
+        m.elapsed_s = elapsed_s_since(*first_submit_);
+      }
+    }
+    m.items_per_s = m.elapsed_s > 0 ? static_cast<double>(m.completed) / m.elapsed_s : 0;
+    for (const auto& st : stages_) {
+      StageMetrics s;
+      s.name = st->spec.name;
+      s.kind = st->spec.kind == StageKind::host     ? "host"
+               : st->spec.kind == StageKind::device ? "device"
+                                                    : "engine";
+      s.concurrency = st->spec.kind == StageKind::host ? st->spec.concurrency : 1;
+      s.items = st->items.load();
+      s.failures = st->failures.load();
+      s.busy_s = st->busy_s.load();
+      s.utilisation =
+          m.elapsed_s > 0 ? s.busy_s / (m.elapsed_s * static_cast<double>(s.concurrency)) : 0;
+      {
+        std::lock_guard lock(st->mu);
+        s.queued = static_cast<std::int64_t>(st->queue.size());
+      }
+      s.queue_us = st->queue_us.snapshot();
+      s.service_us = st->service_us.snapshot();
+      m.stages.push_back(std::move(s));
+    }
+    m.latency_us = latency_us_.snapshot();
+    return m;
+  }
+
+  /// PipelineOptions::drain_timeout, for Pipeline's destructor and shutdown().
+  std::chrono::milliseconds drain_timeout() const noexcept { return opt_.drain_timeout; }
+
+ private:
+  // ---- set-up of one stage ---------------------------------------------------------------------
+  Status init_stage(Stage& st) {
+    const StageSpec& s = st.spec;
+    if (s.name.empty()) return invalid_argument_error("a stage needs a name");
+    switch (s.kind) {
+      case StageKind::host:
+        if (!s.host_fn) return invalid_argument_error("host stage without a function");
+        if (s.concurrency < 1 || s.concurrency > 256) {
+          return invalid_argument_error("concurrency must be in 1..256, got " +
+                                        std::to_string(s.concurrency));
+        }
+        return Status();
+      case StageKind::engine:
+        if (s.engine == nullptr) return invalid_argument_error("engine stage without an engine");
+        return Status();
+      case StageKind::device:
+        break;
+    }
+    if (!s.device) return invalid_argument_error("device stage without a device");
+    if (!s.device_fn && !s.model) {
+      return invalid_argument_error("device stage without a function or a model");
+    }
+    if (s.stream_depth < 1) return invalid_argument_error("stream_depth must be >= 1");
+    StreamOptions so;
+    so.host_func_executor = &dispatcher_;
+    so.name = "ai-pl-" + s.name;
+    ASYNCINFER_ASSIGN_OR_RETURN(st.stream, s.device->create_stream(so));
+    for (std::size_t i = 0; i < opt_.window; ++i) {
+      ASYNCINFER_ASSIGN_OR_RETURN(auto e, s.device->create_event(EventOptions{}));
+      st.events.push_back(std::move(e));
+    }
+    st.unified = s.device->info().unified_memory;
+    if (s.model) {
+      InstanceOptions io;
+      io.intra_op_threads = 1;
+      ASYNCINFER_ASSIGN_OR_RETURN(st.instance, s.model->create_instance(*s.device, *st.stream, io));
+    }
+    return Status();
   }
 
   // ---- moving items between stages ---------------------------------------------------------
@@ -571,130 +701,6 @@ class PipelineCore {
     drain_cv_.notify_all();
   }
 
-  // ---- shutdown and metrics ---------------------------------------------------------------
-
-  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout) {
-    std::unique_lock guard(shutdown_mu_, std::try_to_lock);
-    if (!guard.owns_lock()) {
-      // Another thread is shutting down: a cancel cuts its drain short (what is in flight ends
-      // now), then both wait for that shutdown to finish, as Engine::shutdown does.
-      if (mode == ShutdownMode::cancel) {
-        {
-          std::lock_guard lock(window_mu_);
-          cut_drain_ = true;
-        }
-        drain_cv_.notify_all();
-      }
-      guard.lock();
-    }
-    if (shut_) return;
-    {
-      std::lock_guard lock(window_mu_);
-      stopping_ = true;
-    }
-    window_cv_.notify_all();
-    bool drained = mode == ShutdownMode::drain;
-    if (drained) {
-      std::unique_lock lock(window_mu_);
-      drain_cv_.wait_until(lock, deadline_after(drain_timeout),
-                           [this] { return in_flight_ == 0 || cut_drain_; });
-      drained = in_flight_ == 0;
-    }
-    if (!drained) {
-      std::vector<ItemPtr> items;
-      {
-        std::lock_guard lock(window_mu_);
-        for (auto& [id, it] : active_) items.push_back(it);
-      }
-      for (auto& it : items) {
-        end(it, Outcome::shut_down, aborted_error("pipeline shut down before the item finished"));
-      }
-    }
-    stop_stages_.store(true);
-    for (auto& st : stages_) {
-      { std::lock_guard lock(st->mu); }  // a stage thread between its check and its wait sees it
-      st->cv.notify_all();
-    }
-    for (auto& st : stages_) {
-      for (auto& t : st->threads) {
-        if (t.joinable()) t.join();
-      }
-    }
-    {
-      // Requests still inside engine stages: cancel them (they end at once) and wait for their
-      // callbacks, which use this pipeline.
-      std::unique_lock lock(engine_mu_);
-      for (auto& [id, call] : engine_calls_) call.cancel();
-      engine_cv_.wait(lock, [this] { return engine_pending_ == 0; });
-      engine_calls_.clear();
-    }
-    // An item a stage handed on while the stages stopped can sit in a queue no thread serves any
-    // more; every item has ended by now, so let them go.
-    for (auto& st : stages_) {
-      std::vector<ItemPtr> left;
-      {
-        std::lock_guard lock(st->mu);
-        for (auto& [key, item] : st->queue) {
-          item->queued_stage.store(-1);
-          left.push_back(std::move(item));
-        }
-        st->queue.clear();
-      }
-      for (auto& item : left) maybe_retire(item);
-    }
-    // Destroying the streams stops what still runs (where the backend can) and delivers their
-    // pending completion points to the dispatcher, which retires the items.
-    for (auto& st : stages_) {
-      st->stream.reset();
-      st->instance.reset();
-    }
-    dispatcher_.shutdown();
-    completion_.shutdown();
-    timer_.shutdown();
-    shut_ = true;
-  }
-
-  PipelineMetrics metrics() const {
-    PipelineMetrics m;
-    m.submitted = submitted_.load();
-    m.completed = outcomes_.completed.load();
-    m.failed = outcomes_.failed.load();
-    m.timed_out = outcomes_.timed_out.load();
-    m.cancelled = outcomes_.cancelled.load();
-    m.shut_down = outcomes_.shut_down.load();
-    {
-      std::lock_guard lock(window_mu_);
-      m.in_flight = in_flight_;
-      m.max_in_flight = max_in_flight_;
-      if (first_submit_) {
-        m.elapsed_s = elapsed_s_since(*first_submit_);
-      }
-    }
-    m.items_per_s = m.elapsed_s > 0 ? static_cast<double>(m.completed) / m.elapsed_s : 0;
-    for (const auto& st : stages_) {
-      StageMetrics s;
-      s.name = st->spec.name;
-      s.kind = st->spec.kind == StageKind::host     ? "host"
-               : st->spec.kind == StageKind::device ? "device"
-                                                    : "engine";
-      s.concurrency = st->spec.kind == StageKind::host ? st->spec.concurrency : 1;
-      s.items = st->items.load();
-      s.failures = st->failures.load();
-      s.busy_s = st->busy_s.load();
-      s.utilisation =
-          m.elapsed_s > 0 ? s.busy_s / (m.elapsed_s * static_cast<double>(s.concurrency)) : 0;
-      {
-        std::lock_guard lock(st->mu);
-        s.queued = static_cast<std::int64_t>(st->queue.size());
-      }
-      s.queue_us = st->queue_us.snapshot();
-      s.service_us = st->service_us.snapshot();
-      m.stages.push_back(std::move(s));
-    }
-    m.latency_us = latency_us_.snapshot();
-    return m;
-  }
-
   // ---- state ------------------------------------------------------------------------------------
 
   PipelineOptions opt_;
@@ -757,7 +763,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::vector<StageSpec> stages
 Pipeline::Pipeline(std::shared_ptr<PipelineCore> core) : core_(std::move(core)) {}
 
 Pipeline::~Pipeline() {
-  if (core_) core_->shutdown(ShutdownMode::drain, core_->opt_.drain_timeout);
+  if (core_) core_->shutdown(ShutdownMode::drain, core_->drain_timeout());
 }
 
 Future<PipelineItem> Pipeline::submit(PipelineItem item, const ItemOptions& options) {
@@ -775,7 +781,7 @@ std::vector<Result<PipelineItem>> Pipeline::run(std::vector<PipelineItem> items,
   return results;
 }
 
-void Pipeline::shutdown(ShutdownMode mode) { core_->shutdown(mode, core_->opt_.drain_timeout); }
+void Pipeline::shutdown(ShutdownMode mode) { core_->shutdown(mode, core_->drain_timeout()); }
 
 PipelineMetrics Pipeline::metrics() const { return core_->metrics(); }
 
