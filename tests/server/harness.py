@@ -77,9 +77,13 @@ class Server:
             while not self._started():
                 left = deadline - time.monotonic()
                 if left <= 0 or self.proc.poll() is not None:
-                    text = "\n".join(self.lines)
                     self._cond.release()
                     try:
+                        if self.proc.poll() is not None:
+                            # It exited: what it wrote first is read to the end (the reader
+                            # may not have caught up yet), so the error says why.
+                            self._reader.join(5)
+                        text = "\n".join(self.lines)
                         self.stop()
                     finally:
                         self._cond.acquire()
