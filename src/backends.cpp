@@ -22,6 +22,15 @@
 #include "backend_modules.hpp"
 #include "device/backend.hpp"
 #include "model/backend.hpp"
+#if defined(ASYNCINFER_HAVE_TORCH)
+#include "model/torch/torch_form.hpp"
+#endif
+#if defined(ASYNCINFER_HAVE_OPENVINO)
+#include "model/openvino/openvino_form.hpp"
+#endif
+#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
+#include "model/python/python_form.hpp"
+#endif
 
 namespace asyncinfer::detail {
 
@@ -55,6 +64,20 @@ void register_builtin_device_backends(DeviceBackendRegistry& registry) {
 }
 
 void register_builtin_model_backends(ModelBackendRegistry& registry) {
+  // How a repository names the file backends' models (repository_form.hpp): plain data, known
+  // before their modules load.
+  std::vector<RepositoryForm> forms;
+#if defined(ASYNCINFER_HAVE_TORCH)
+  for (RepositoryForm& f : torch_repository_forms()) forms.push_back(std::move(f));
+#endif
+#if defined(ASYNCINFER_HAVE_OPENVINO)
+  for (RepositoryForm& f : openvino_repository_forms()) forms.push_back(std::move(f));
+#endif
+#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
+  for (RepositoryForm& f : python_repository_forms()) forms.push_back(std::move(f));
+#endif
+  for (RepositoryForm& f : forms) (void)registry.add_form(std::move(f));
+
   register_builtin_model_backend(registry);  // builtin:identity, fixed_cost, faulty, stream
 #if !defined(ASYNCINFER_BACKEND_MODULES)
 #if defined(ASYNCINFER_HAVE_CUDA)

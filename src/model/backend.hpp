@@ -11,7 +11,8 @@
 //
 // A URI names its kind: "builtin:<name>[?<query>]" is kind "builtin:<name>"; "torch:<path>" and a
 // path ending in ".pt" are kind "torch"; "openvino:<path>" and a path ending in ".onnx" or ".xml"
-// are kind "openvino"; "python:<path>" and a path ending in "model.py" are kind "python".
+// are kind "openvino"; "python:<path>" and a path ending in "model.py" are kind "python"; and
+// "<kind>:<path>" is kind <kind> for any other backend registered under that name.
 // load_model looks the kind up in the registry and hands the loader the rest (the query, or the
 // path). Optional backends (torch; openvino; python; cuda's builtin:gemm) are their own CMake
 // targets and are registered only when built; load_model says how to build a known kind that is
@@ -25,6 +26,7 @@
 
 #include "asyncinfer/model.hpp"
 #include "core/backend_list.hpp"
+#include "model/repository_form.hpp"
 
 namespace asyncinfer::detail {
 
@@ -44,6 +46,8 @@ struct ModelBackend {
   std::string usage;  ///< URI forms for error messages: "torch:<file.pt> or a path ending in .pt"
   ModelLoader load = nullptr;
   ConfigCompleter complete = nullptr;  ///< null: the config is taken as it is
+  /// It reads ModelOptions::backend_parameters; load_model refuses a non-empty list otherwise.
+  bool takes_backend_parameters = false;
 };
 
 /// The model kinds load_model knows, registered on first use (register_builtin_model_backends).
@@ -57,6 +61,12 @@ class ModelBackendRegistry {
   Status add(ModelBackend backend);
   /// A copy of the entries, in registration order.
   std::vector<ModelBackend> snapshot() const;
+  /// Adds how a repository names one of the backends' models (repository_form.hpp):
+  /// invalid_argument for an empty name, kind or default_model_filename; already_exists when the
+  /// name is taken. The form's kind need not be loaded yet (a module's is not).
+  Status add_form(RepositoryForm form);
+  /// A copy of the forms, in registration order.
+  std::vector<RepositoryForm> forms() const;
   /// How many of the first entries are this build's own (registered by instance()); what
   /// applications add, and the backend modules that load later, come after them.
   std::size_t builtin_count() const noexcept { return builtin_; }
@@ -64,6 +74,7 @@ class ModelBackendRegistry {
  private:
   ModelBackendRegistry() = default;
   BackendList<ModelBackend, &ModelBackend::kind> backends_;
+  BackendList<RepositoryForm, &RepositoryForm::name> forms_;
   std::size_t builtin_ = 0;  // how many instance() registered before returning it
 };
 

@@ -134,6 +134,16 @@ Status ModelBackendRegistry::add(ModelBackend backend) {
 
 std::vector<ModelBackend> ModelBackendRegistry::snapshot() const { return backends_.snapshot(); }
 
+Status ModelBackendRegistry::add_form(RepositoryForm form) {
+  if (form.name.empty() || form.kind.empty() || form.default_model_filename.empty()) {
+    return invalid_argument_error("repository form '" + form.name +
+                                  "': needs a name, a model kind and a default model filename");
+  }
+  return forms_.add(std::move(form), "repository form");
+}
+
+std::vector<RepositoryForm> ModelBackendRegistry::forms() const { return forms_.snapshot(); }
+
 ModelUri parse_model_uri(std::string_view uri) noexcept {
   constexpr std::string_view kBuiltin = "builtin:";
   constexpr std::string_view kTorch = "torch:";
@@ -150,6 +160,17 @@ ModelUri parse_model_uri(std::string_view uri) noexcept {
   if (uri.size() > 3 && uri.ends_with(".pt")) return {"torch", uri};
   if ((uri.size() > 5 && uri.ends_with(".onnx")) || (uri.size() > 4 && uri.ends_with(".xml"))) {
     return {"openvino", uri};
+  }
+  // "<kind>:<path>" for any other kind a backend registered (a name of letters, digits and '_').
+  const std::size_t colon = uri.find(':');
+  if (colon != std::string_view::npos && colon > 0) {
+    const std::string_view kind = uri.substr(0, colon);
+    if (std::all_of(kind.begin(), kind.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_';
+        })) {
+      return {kind, uri.substr(colon + 1)};
+    }
   }
   return {};
 }
@@ -203,16 +224,33 @@ Result<std::shared_ptr<Model>> load_model(std::string_view uri, const ModelOptio
                                   std::to_string(*options.batch_limit) +
                                   " must be >= 1 (unset = the model's own)");
   }
-  if (!options.backend_parameters.empty() && parsed.kind != "openvino" && parsed.kind != "python") {
-    return invalid_argument_error("model '" + std::string(uri) + "': backend parameter '" +
-                                  options.backend_parameters.front().first +
-                                  "' given, but only the openvino and python backends take "
-                                  "backend parameters");
-  }
   ASYNCINFER_ASSIGN_OR_RETURN(const std::vector<detail::ModelBackend> backends,
                               backends_for(uri, parsed.kind));
   for (const auto& b : backends) {
-    if (b.kind == parsed.kind) return b.load(uri, parsed.args, options);
+    if (b.kind != parsed.kind) continue;
+    if (!options.backend_parameters.empty() && !b.takes_backend_parameters) {
+      // The backends that do, loaded or not (a module's form says so before it loads).
+      std::vector<std::string> takers;
+      auto add = [&](const std::string& kind) {
+        if (std::find(takers.begin(), takers.end(), kind) == takers.end()) takers.push_back(kind);
+      };
+      for (const auto& f : detail::ModelBackendRegistry::instance().forms()) {
+        if (f.takes_backend_parameters) add(f.kind);
+      }
+      for (const auto& t : backends) {
+        if (t.takes_backend_parameters) add(t.kind);
+      }
+      std::string list;
+      for (std::size_t i = 0; i < takers.size(); ++i) {
+        list += (i == 0 ? "" : i + 1 == takers.size() ? " and " : ", ") + takers[i];
+      }
+      return invalid_argument_error("model '" + std::string(uri) + "': backend parameter '" +
+                                    options.backend_parameters.front().first + "' given, but " +
+                                    (takers.empty() ? std::string("no backend of this build")
+                                                    : "only the " + list + " backends") +
+                                    " take backend parameters");
+    }
+    return b.load(uri, parsed.args, options);
   }
   // Known kinds whose optional backend was not built.
   if (parsed.kind == "builtin:gemm") {

@@ -673,7 +673,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   ASYNCINFER_ASSIGN_OR_RETURN(RequestOptions options, request_options(request.parameters));
   options.tag = request.id;
   options.context = std::move(request.context);
-  if (!options.context && (model.platform == "python" || model.ensemble) &&
+  if (!options.context && (model.takes_request_context || model.ensemble) &&
       (!request.id.empty() || !request.parameters.empty())) {
     options.context = python_request_context(request.id, request.parameters);
   }

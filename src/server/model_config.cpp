@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "model/backend.hpp"
 #include "model_config_internal.hpp"
 
 namespace asyncinfer::server {
@@ -85,6 +86,47 @@ class Collector : public google::protobuf::io::ErrorCollector {
   std::vector<std::string> warnings_;
 };
 
+// The file backends' names for messages: `backend: "pytorch" or platform: "pytorch_libtorch"
+// (<version>/model.pt); ...`, then the server's own two.
+std::string supported_forms(const std::vector<detail::RepositoryForm>& forms) {
+  std::string usage;
+  for (const detail::RepositoryForm& f : forms) {
+    usage += "backend: \"" + f.name + "\"";
+    for (const std::string& p : f.platforms) usage += " or platform: \"" + p + "\"";
+    usage += " (<version>/" + f.default_model_filename + "); ";
+  }
+  return usage + "backend: \"builtin\" or \"identity\"; platform: \"ensemble\"";
+}
+
+// The form (model/repository_form.hpp) that a config's backend or platform names, as Triton's
+// core maps a platform to its backend: the two must name the same one when both are given.
+Result<detail::RepositoryForm> repository_form(const std::string& model,
+                                               const std::string& platform,
+                                               const std::string& backend) {
+  const std::vector<detail::RepositoryForm> forms =
+      detail::ModelBackendRegistry::instance().forms();
+  const detail::RepositoryForm* by_backend = nullptr;
+  const detail::RepositoryForm* by_platform = nullptr;
+  for (const detail::RepositoryForm& f : forms) {
+    if (!backend.empty() && f.name == backend) by_backend = &f;
+    if (!platform.empty() &&
+        std::find(f.platforms.begin(), f.platforms.end(), platform) != f.platforms.end()) {
+      by_platform = &f;
+    }
+  }
+  if (!platform.empty() && !backend.empty() && by_backend != by_platform &&
+      (by_backend != nullptr || by_platform != nullptr)) {
+    return bad(model, "platform \"" + platform + "\" and backend \"" + backend + "\" disagree");
+  }
+  if (by_backend != nullptr) return *by_backend;
+  if (by_platform != nullptr) return *by_platform;
+  if (platform.empty() && backend.empty()) {
+    return bad(model, "neither platform nor backend is set (" + supported_forms(forms) + ")");
+  }
+  return bad(model, "platform \"" + platform + "\" / backend \"" + backend +
+                        "\" is not supported by this build (" + supported_forms(forms) + ")");
+}
+
 }  // namespace
 
 Result<inference::ModelConfig> parse_model_config(std::string_view text, std::string_view source,
@@ -149,49 +191,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
 
   const std::string& platform = c.platform();
   const std::string& backend = c.backend();
-  if (platform == "pytorch_libtorch" || backend == "pytorch") {
-    if (!platform.empty() && platform != "pytorch_libtorch") {
-      return bad(model, "platform \"" + platform + "\" and backend \"pytorch\" disagree");
-    }
-    if (!backend.empty() && backend != "pytorch") {
-      return bad(model, "platform \"pytorch_libtorch\" and backend \"" + backend + "\" disagree");
-    }
-    plan.backend = ModelPlan::Backend::torch;
-    plan.platform = "pytorch_libtorch";
-    if (!c.default_model_filename().empty()) plan.model_filename = c.default_model_filename();
-    if (!plan.builtin_uri.empty()) {
-      return bad(model,
-                 "parameters \"uri\" is for backend \"builtin\"; a pytorch_libtorch model "
-                 "is loaded from <version>/" +
-                     plan.model_filename);
-    }
-  } else if (backend == "openvino" || platform == "openvino" || platform == "onnxruntime_onnx" ||
-             backend == "onnxruntime") {
-    // Triton's OpenVINO backend (backend: "openvino", model.xml by default), and a repository
-    // written for ONNX Runtime (platform "onnxruntime_onnx" / backend "onnxruntime",
-    // model.onnx), which OpenVINO's ONNX front end reads: one backend serves both.
-    const bool onnxruntime = platform == "onnxruntime_onnx" || backend == "onnxruntime";
-    const bool openvino = platform == "openvino" || backend == "openvino";
-    if (onnxruntime && openvino) {
-      return bad(model, "platform \"" + platform + "\" and backend \"" + backend + "\" disagree");
-    }
-    plan.backend = ModelPlan::Backend::openvino;
-    plan.platform = "openvino";
-    plan.model_filename = onnxruntime ? "model.onnx" : "model.xml";
-    if (!c.default_model_filename().empty()) plan.model_filename = c.default_model_filename();
-    if (onnxruntime) {
-      warnings->push_back("model '" + model + "': platform \"" +
-                          (platform.empty() ? "onnxruntime_onnx" : platform) +
-                          "\" is served by the openvino backend (OpenVINO's ONNX front end; ONNX "
-                          "Runtime is not built in)");
-    }
-    if (!plan.builtin_uri.empty()) {
-      return bad(model,
-                 "parameters \"uri\" is for backend \"builtin\"; an openvino model is loaded "
-                 "from <version>/" +
-                     plan.model_filename);
-    }
-  } else if (platform == "ensemble") {
+  if (platform == "ensemble") {
     // Triton's ensembles: a graph of steps over other models, no model file of its own.
     if (!backend.empty()) {
       return bad(model, "platform \"ensemble\" takes no backend (got \"" + backend + "\")");
@@ -206,7 +206,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     if (!plan.builtin_uri.empty()) {
       return bad(model, "parameters \"uri\" is for backend \"builtin\", not an ensemble");
     }
-    plan.backend = ModelPlan::Backend::ensemble;
+    plan.kind = ModelPlan::Kind::ensemble;
     plan.platform = "ensemble";
     for (const inference::ModelEnsembling::Step& st : c.ensemble_scheduling().step()) {
       EnsembleStep step;
@@ -222,23 +222,10 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
       std::sort(step.output_map.begin(), step.output_map.end());
       plan.ensemble_steps.push_back(std::move(step));
     }
-  } else if (backend == "python") {
-    // Triton's Python backend: <version>/model.py, each instance in its own process.
-    if (!platform.empty()) {
-      return bad(model, "platform \"" + platform + "\" and backend \"python\" disagree");
-    }
-    plan.backend = ModelPlan::Backend::python;
-    plan.platform = "python";
-    plan.model_filename = "model.py";
-    if (!c.default_model_filename().empty()) plan.model_filename = c.default_model_filename();
-    if (!plan.builtin_uri.empty()) {
-      return bad(model,
-                 "parameters \"uri\" is for backend \"builtin\"; a python model is loaded "
-                 "from <version>/" +
-                     plan.model_filename);
-    }
-  } else if (backend == "builtin" || platform == "asyncinfer_builtin" || backend == "identity") {
-    plan.backend = ModelPlan::Backend::builtin;
+  } else if (((backend == "builtin" || backend == "identity") &&
+              (platform.empty() || platform == "asyncinfer_builtin")) ||
+             (platform == "asyncinfer_builtin" && backend.empty())) {
+    plan.kind = ModelPlan::Kind::builtin;
     plan.platform = "asyncinfer_builtin";
     // Triton's identity backend (its qa models' and tutorials'): input i comes back as output i.
     if (backend == "identity") {
@@ -258,17 +245,28 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
     if (!c.default_model_filename().empty()) {
       ignore(true, "default_model_filename", "a built-in model has no file");
     }
-  } else if (platform.empty() && backend.empty()) {
-    return bad(model,
-               "neither platform nor backend is set (platform: \"pytorch_libtorch\", "
-               "backend: \"openvino\", platform: \"onnxruntime_onnx\", backend: \"python\" "
-               "or backend: \"builtin\")");
   } else {
-    return bad(model, "platform \"" + platform + "\" / backend \"" + backend +
-                          "\" is not supported (platform: \"pytorch_libtorch\" or backend: "
-                          "\"pytorch\" for TorchScript; backend: \"openvino\" or platform: "
-                          "\"onnxruntime_onnx\" for OpenVINO IR and ONNX; backend: \"python\" "
-                          "for model.py; backend: \"builtin\")");
+    // A model file that a backend reads: the form its backend registered under the config's
+    // backend or platform name (model/repository_form.hpp), as Triton's core maps them.
+    ASYNCINFER_ASSIGN_OR_RETURN(plan.form, repository_form(model, platform, backend));
+    const detail::RepositoryForm& form = plan.form;
+    plan.kind = ModelPlan::Kind::file;
+    plan.platform = form.metadata_platform;
+    plan.model_filename = form.default_model_filename;
+    if (!c.default_model_filename().empty()) plan.model_filename = c.default_model_filename();
+    if (!form.note.empty()) {
+      warnings->push_back(
+          "model '" + model + "': platform \"" +
+          (platform.empty() ? form.platforms.empty() ? form.name : form.platforms[0] : platform) +
+          "\" " + form.note);
+    }
+    if (!plan.builtin_uri.empty()) {
+      const std::string& p = form.metadata_platform;
+      const bool vowel = !p.empty() && std::string_view("aeiou").find(p[0]) != std::string::npos;
+      return bad(model, std::string("parameters \"uri\" is for backend \"builtin\"; ") +
+                            (vowel ? "an " : "a ") + p + " model is loaded from <version>/" +
+                            plan.model_filename);
+    }
   }
   if (!c.default_model_filename().empty()) {
     ASYNCINFER_RETURN_IF_ERROR(check_file_name(
@@ -276,10 +274,10 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   }
   // openvino takes the other parameters as OpenVINO properties; python hands them to model.py
   // (args["model_config"]["parameters"]).
-  if (plan.backend != ModelPlan::Backend::openvino && plan.backend != ModelPlan::Backend::python) {
+  if (plan.kind != ModelPlan::Kind::file || !plan.form.takes_backend_parameters) {
     warn_backend_parameters(model, plan, warnings);
   }
-  if (plan.backend == ModelPlan::Backend::ensemble && c.instance_group_size() > 0) {
+  if (plan.kind == ModelPlan::Kind::ensemble && c.instance_group_size() > 0) {
     warnings->push_back("model '" + model +
                         "': instance_group is ignored on an ensemble (its steps' models have "
                         "their instances)");
@@ -289,18 +287,18 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   ASYNCINFER_RETURN_IF_ERROR(plan_tensors(c, model, plan, warnings));
   // A python model's may come from its model.py's auto_complete_config (the repository checks
   // them after it: model_repository.cpp).
-  if ((plan.backend == ModelPlan::Backend::torch || plan.backend == ModelPlan::Backend::ensemble) &&
-      (plan.inputs.empty() || plan.outputs.empty())) {
-    const char* kind = plan.backend == ModelPlan::Backend::torch ? "pytorch_libtorch" : "ensemble";
-    return bad(model, std::string("a ") + kind +
+  const bool needs_tensors = plan.kind == ModelPlan::Kind::ensemble ||
+                             (plan.kind == ModelPlan::Kind::file && plan.form.needs_config_tensors);
+  if (needs_tensors && (plan.inputs.empty() || plan.outputs.empty())) {
+    return bad(model, "a " + plan.platform +
                           " model needs input and output lists (name, data_type, dims)");
   }
-  if (plan.backend == ModelPlan::Backend::ensemble) {
+  if (plan.kind == ModelPlan::Kind::ensemble) {
     ASYNCINFER_RETURN_IF_ERROR(check_ensemble_graph(plan).status());
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));
   ASYNCINFER_RETURN_IF_ERROR(plan_sequences(c, model, plan));
-  if (plan.backend == ModelPlan::Backend::python) {
+  if (plan.kind == ModelPlan::Kind::file && plan.form.host_process_instances) {
     // Its instances are host processes, whatever instance_group's kind (as in Triton, where a
     // KIND_GPU python model's model.py picks its GPU itself).
     plan.device = "cpu";

@@ -30,6 +30,7 @@
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/model.hpp"
 #include "asyncinfer/status.hpp"
+#include "model/repository_form.hpp"
 
 namespace asyncinfer::server {
 
@@ -89,26 +90,30 @@ struct InstanceRateLimit {
 
 /// Everything needed to load and serve one model's versions.
 struct ModelPlan {
-  enum class Backend : std::uint8_t { torch, builtin, openvino, python, ensemble };
+  /// Where the model comes from: a file that a backend reads (`form` names the backend and how
+  /// the server hands it the model), a model built into the library (`builtin_uri`), or an
+  /// ensemble of other models (`ensemble_steps`).
+  enum class Kind : std::uint8_t { file, builtin, ensemble };
   std::string name;
-  Backend backend = Backend::builtin;
-  /// What model metadata reports as "platform": "pytorch_libtorch", "openvino" (also for a
-  /// config written for "onnxruntime_onnx", which the openvino backend serves), "python" or
-  /// "asyncinfer_builtin".
+  Kind kind = Kind::builtin;
+  /// file: the repository form its config's backend or platform named (model/repository_form.hpp:
+  /// the model kind, the default file, what the backend takes).
+  detail::RepositoryForm form;
+  /// What model metadata reports as "platform": the form's ("pytorch_libtorch", "openvino" also
+  /// for a config written for "onnxruntime_onnx", "python"), "asyncinfer_builtin" or "ensemble".
   std::string platform;
   /// builtin: the model URI ("builtin:identity?..."), from parameters { key: "uri" }.
   std::string builtin_uri;
   /// builtin: the model takes the listed inputs and outputs as its own (Triton's `backend:
   /// "identity"`), not the URI's.
   bool builtin_takes_config_tensors = false;
-  /// torch, openvino, python: the file inside each version folder (default_model_filename, else
-  /// "model.pt" for torch, "model.xml" for openvino as in Triton's OpenVINO backend,
-  /// "model.onnx" for a config written for onnxruntime_onnx, "model.py" for python).
-  std::string model_filename = "model.pt";
-  /// openvino: the config's parameters that are not asyncinfer's own, passed to OpenVINO by name
-  /// (NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT, ...; ModelOptions::backend_parameters).
-  /// python: passed to the backend (python_interpreter) and, with the whole config, to model.py.
-  /// Other backends: warned about and dropped.
+  /// file: the file inside each version folder (default_model_filename, else the form's
+  /// default_model_filename).
+  std::string model_filename;
+  /// The config's parameters that are not asyncinfer's own, for a form that takes them
+  /// (RepositoryForm::takes_backend_parameters; ModelOptions::backend_parameters): openvino passes
+  /// them to OpenVINO by name (NUM_STREAMS, PERFORMANCE_HINT, ...), python to the backend
+  /// (python_interpreter) and, with the whole config, to model.py. Others: warned about, dropped.
   BackendParameters backend_parameters;
   /// Device spec for open_device ("cpu", "cuda:1", "sim", "sim:..."); empty with device_auto.
   std::string device;

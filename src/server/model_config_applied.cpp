@@ -134,22 +134,22 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
     return internal_error("model '" + plan.name + "': the parsed config does not read back");
   }
   c.set_name(plan.name);
-  c.set_platform(plan.platform);
-  switch (plan.backend) {
-    case ModelPlan::Backend::torch:
-      c.set_backend("pytorch");
+  switch (plan.kind) {
+    case ModelPlan::Kind::file:
+      // The form's names (a python model has a backend and no platform, as in Triton).
+      if (plan.form.config_platform.empty()) {
+        c.clear_platform();
+      } else {
+        c.set_platform(plan.form.config_platform);
+      }
+      c.set_backend(plan.form.config_backend);
       break;
-    case ModelPlan::Backend::openvino:
-      c.set_backend("openvino");
-      break;
-    case ModelPlan::Backend::builtin:
+    case ModelPlan::Kind::builtin:
+      c.set_platform(plan.platform);
       c.set_backend("builtin");
       break;
-    case ModelPlan::Backend::python:
-      c.set_backend("python");
-      c.clear_platform();  // Triton's python models have a backend and no platform
-      break;
-    case ModelPlan::Backend::ensemble:
+    case ModelPlan::Kind::ensemble:
+      c.set_platform(plan.platform);
       c.clear_backend();  // platform "ensemble", no backend, no instances
       for (auto& step : *c.mutable_ensemble_scheduling()->mutable_step()) {
         if (step.model_version() == 0) step.set_model_version(-1);  // Triton's default
@@ -177,7 +177,7 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
   }
   // The device chosen: KIND_GPU on cuda:N, KIND_CPU on the host; the simulated accelerator
   // (parameters "device") is KIND_MODEL, Triton's kind for a device the model picks itself.
-  const bool ensemble = plan.backend == ModelPlan::Backend::ensemble;
+  const bool ensemble = plan.kind == ModelPlan::Kind::ensemble;
   if (ensemble) c.clear_instance_group();
   if (c.instance_group().empty() && !ensemble) {
     c.add_instance_group()->set_count(plan.engine.workers);
@@ -201,7 +201,7 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
       g.set_kind(inference::ModelInstanceGroup::KIND_MODEL);
     }
   }
-  if (plan.backend != ModelPlan::Backend::builtin && !ensemble) {
+  if (plan.kind == ModelPlan::Kind::file) {
     c.set_default_model_filename(plan.model_filename);
   }
   c.mutable_model_transaction_policy()->set_decoupled(plan.decoupled);  // printed either way

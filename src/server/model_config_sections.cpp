@@ -214,8 +214,8 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
     }
     if (in.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
     if (in.allow_ragged_batch()) return bad(model, field + ": allow_ragged_batch is not supported");
-    if (in.optional() && plan.backend != ModelPlan::Backend::python) {
-      // Only the python backend hands a model the inputs that came, as Triton's does.
+    if (in.optional() && !(plan.kind == ModelPlan::Kind::file && plan.form.takes_optional_inputs)) {
+      // Only a backend that hands a model the inputs that came (python's, as Triton's does).
       return bad(model, field +
                             ": optional inputs are served for python models only (this "
                             "backend needs every input)");
@@ -319,7 +319,8 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
         // Triton's kind for a device the model picks itself: here, its parameters "device" (what
         // GET .../config shows for a model on the simulated device, so that a config read back
         // loads again). A python model's process picks its own device: its engine runs on cpu.
-        if (plan.device.empty() && plan.backend == ModelPlan::Backend::python) {
+        if (plan.device.empty() && plan.kind == ModelPlan::Kind::file &&
+            plan.form.host_process_instances) {
           d = "cpu";
           break;
         }
@@ -356,10 +357,10 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
   }
   // Every worker's entry, in order, once any group has a rate_limiter (the others need nothing).
   if (limited) plan.rate_limits = std::move(group_needs);
-  // No instance_group on an openvino model: as many workers as OpenVINO's throughput hint has
-  // streams (0 = the model's preference, Model::preferred_instances).
-  const bool model_decides =
-      c.instance_group().empty() && plan.backend == ModelPlan::Backend::openvino;
+  // No instance_group on a model whose backend picks its own count (openvino: as many workers as
+  // OpenVINO's throughput hint has streams; 0 = the model's preference, preferred_instances).
+  const bool model_decides = c.instance_group().empty() && plan.kind == ModelPlan::Kind::file &&
+                             plan.form.own_instance_count;
   plan.engine.workers = model_decides ? 0 : std::max(workers, 1);
   if (plan.device.empty()) {  // parameters "device" wins over instance_group's kind
     plan.device = device;
@@ -510,7 +511,7 @@ Status plan_sequences(const inference::ModelConfig& c, std::string_view model, M
   using SB = inference::ModelSequenceBatching;
   const SB& q = c.sequence_batching();
   const bool batched = c.max_batch_size() > 0;
-  if (plan.backend == ModelPlan::Backend::ensemble) {
+  if (plan.kind == ModelPlan::Kind::ensemble) {
     return bad(model, "sequence_batching on an ensemble: put it on the stateful step's model");
   }
   if (plan.decoupled)

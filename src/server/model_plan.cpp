@@ -67,7 +67,7 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
                "max_batch_size " + std::to_string(plan.max_batch_size) + " says the model " +
                    (batched ? "has" : "has no") + " batch dim, but the loaded model " +
                    (sig.batched ? "has one" : "has none") +
-                   (plan.backend == ModelPlan::Backend::builtin
+                   (plan.kind == ModelPlan::Kind::builtin
                         ? " (a built-in model's URI sets it with max_batch=; 0 = no batch dim)"
                         : ""));
   }

@@ -20,6 +20,7 @@
 #include "model_repository.hpp"
 
 #include "engine/resource_pool.hpp"
+#include "model/backend.hpp"
 #include "model/model_host.hpp"
 #include "model_host.hpp"
 
@@ -544,7 +545,7 @@ std::size_t order_for_loading(const fs::path& root, std::vector<std::string>& na
     std::vector<std::string> ignored;
     auto plan = text.ok() ? plan_model_config(*text, "config.pbtxt", name, &ignored)
                           : Result<ModelPlan>(text.status());
-    if (!plan.ok() || plan->backend != ModelPlan::Backend::ensemble) {
+    if (!plan.ok() || plan->kind != ModelPlan::Kind::ensemble) {
       plain.push_back(name);
       continue;
     }
@@ -915,18 +916,29 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
 
 namespace {
 
-// Whether a version folder of `dir` holds model.py (a python model without a config).
-bool has_model_py(const fs::path& dir) {
-  std::error_code ec;
-  for (const std::int64_t v : version_folders(dir)) {
-    if (fs::exists(dir / std::to_string(v) / "model.py", ec)) return true;
-  }
-  return false;
+// The forms whose backends complete a config (RepositoryForm::completes_config: python's).
+std::vector<detail::RepositoryForm> completing_forms() {
+  std::vector<detail::RepositoryForm> forms = detail::ModelBackendRegistry::instance().forms();
+  std::erase_if(forms, [](const detail::RepositoryForm& f) { return !f.completes_config; });
+  return forms;
 }
 
-// Triton's auto-complete for a python model (RepositoryOptions::auto_complete_config): the
-// model.py of its newest version folder completes the config (complete_model_config), which is
-// planned again; the plan as it was when model.py adds nothing.
+// The completing form whose default file a version folder of `dir` holds (a model without a
+// config: model.py is a python model, Triton's rule); null when none.
+std::optional<detail::RepositoryForm> form_of_files(const fs::path& dir) {
+  std::error_code ec;
+  for (const detail::RepositoryForm& f : completing_forms()) {
+    for (const std::int64_t v : version_folders(dir)) {
+      if (fs::exists(dir / std::to_string(v) / f.default_model_filename, ec)) return f;
+    }
+  }
+  return std::nullopt;
+}
+
+// Triton's auto-complete (RepositoryOptions::auto_complete_config) for a model whose backend
+// completes configs: the model file of its newest version folder completes the config
+// (complete_model_config; python: model.py's auto_complete_config), which is planned again; the
+// plan as it was when the file adds nothing.
 Result<ModelPlan> auto_complete(ModelPlan plan, const fs::path& dir, const std::string& name) {
   std::error_code ec;
   fs::path file;
@@ -939,8 +951,9 @@ Result<ModelPlan> auto_complete(ModelPlan plan, const fs::path& dir, const std::
   ASYNCINFER_ASSIGN_OR_RETURN(std::string given, given_model_config_json(plan));
   ModelOptions mo;
   mo.backend_parameters = plan.backend_parameters;
-  ASYNCINFER_ASSIGN_OR_RETURN(std::string completed,
-                              complete_model_config("python:" + file.string(), given, mo));
+  ASYNCINFER_ASSIGN_OR_RETURN(
+      std::string completed,
+      complete_model_config(plan.form.kind + ":" + file.string(), given, mo));
   if (completed == given) return plan;
   std::vector<std::string> ignored;  // the given config's warnings were logged already
   return plan_model_config_json(completed, "the config auto_complete_config returned", name,
@@ -1003,16 +1016,22 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
       }
     }
   } else if (auto t = read_file(config_path); !t.ok()) {
-    if (options_.auto_complete_config && has_model_py(dir)) {
+    if (auto form = options_.auto_complete_config ? form_of_files(dir) : std::nullopt) {
       // Triton's rule: a folder without a config whose version holds model.py is a python
       // model, completed by its auto_complete_config (below).
-      plan = plan_model_config("backend: \"python\"", "(no config.pbtxt: a python model)", name,
+      plan = plan_model_config("backend: \"" + form->name + "\"",
+                               "(no config.pbtxt: a " + form->metadata_platform + " model)", name,
                                &warnings);
     } else {
+      std::string files;
+      for (const detail::RepositoryForm& f : completing_forms()) {
+        files += (files.empty() ? "<version>/" : " or <version>/") + f.default_model_filename;
+      }
       plan = not_found_error("no config.pbtxt in " + dir.string() +
-                             (options_.auto_complete_config
-                                  ? " (and no <version>/model.py to complete one from)"
-                                  : " (auto-complete is off: --disable-auto-complete-config)"));
+                             (!options_.auto_complete_config
+                                  ? " (auto-complete is off: --disable-auto-complete-config)"
+                              : files.empty() ? ""
+                                              : " (and no " + files + " to complete one from)"));
     }
   } else {
     text = std::move(*t);
@@ -1021,13 +1040,13 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
       log("model '" + name + "': configuration " + config_path.string() + " (--model-config-name)");
     }
   }
-  if (plan.ok() && plan->backend == ModelPlan::Backend::python) {
+  if (plan.ok() && plan->kind == ModelPlan::Kind::file && plan->form.completes_config) {
     if (options_.auto_complete_config) plan = auto_complete(std::move(*plan), dir, name);
     if (plan.ok() && (plan->inputs.empty() || plan->outputs.empty())) {
-      plan = invalid_argument_error(
-          "model '" + name +
-          "': a python model needs input and output lists (name, data_type, dims), in its "
-          "config or added by its model.py's auto_complete_config");
+      plan = invalid_argument_error("model '" + name + "': a " + plan->platform +
+                                    " model needs input and output lists (name, data_type, "
+                                    "dims), in its config or added by its " +
+                                    plan->model_filename + "'s auto_complete_config");
     }
   }
   for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);
@@ -1110,6 +1129,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   mv->version = v;
   mv->version_text = std::to_string(v);
   mv->platform = plan->platform;
+  mv->takes_request_context = plan->kind == ModelPlan::Kind::file && plan->form.takes_model_config;
   mv->max_batch_size = plan->max_batch_size;
   const fs::path vdir = dir / mv->version_text;
   const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
@@ -1124,7 +1144,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       ASYNCINFER_ASSIGN_OR_RETURN(mv->class_labels[output],
                                   read_class_labels((dir / file).string()));
     }
-    if (plan->backend == ModelPlan::Backend::ensemble) return load_ensemble(*mv, *plan);
+    if (plan->kind == ModelPlan::Kind::ensemble) return load_ensemble(*mv, *plan);
     if (options_.max_instances != 0 &&
         static_cast<std::size_t>(plan->engine.workers) > options_.max_instances) {
       return resource_exhausted_error(
@@ -1133,7 +1153,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
           " a model may have on this machine (--max-model-instances)");
     }
     Result<std::shared_ptr<Model>> model = internal_error("unset");
-    if (plan->backend == ModelPlan::Backend::builtin) {
+    if (plan->kind == ModelPlan::Kind::builtin) {
       ModelOptions mo;
       if (plan->builtin_takes_config_tensors) {
         mo.inputs = plan->inputs;
@@ -1153,8 +1173,13 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       mo.outputs.insert(mo.outputs.end(), plan->sequence_outputs.begin(),
                         plan->sequence_outputs.end());
       mo.batch_limit = plan->batch_limit();
-      if (plan->backend == ModelPlan::Backend::python) {
-        // model.py gets the configuration as /config shows it (args["model_config"]).
+      // What the model's backend takes from the server (its RepositoryForm).
+      const detail::RepositoryForm& form = plan->form;
+      // Triton's rule: max_batch_size > 0 says dim 0 is the batch dim, whatever the file.
+      if (form.batched_from_config) mo.batched = plan->max_batch_size > 0;
+      if (form.takes_backend_parameters) mo.backend_parameters = plan->backend_parameters;
+      if (form.takes_model_config) {
+        // The configuration as /config shows it (python: model.py's args["model_config"]).
         ModelSignature sig;
         sig.inputs = mo.inputs;
         sig.outputs = mo.outputs;
@@ -1165,18 +1190,9 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         mo.batched = sig.batched;
         mo.decoupled = plan->decoupled;
         mo.model_config_json = std::move(shown.json);
-        mo.backend_parameters = plan->backend_parameters;
         mo.host = host_link_;
-        model = asyncinfer::load_model("python:" + file.string(), mo);
-      } else if (plan->backend == ModelPlan::Backend::openvino) {
-        // Triton's rule: max_batch_size > 0 says dim 0 is the batch dim, whatever the file.
-        mo.batched = plan->max_batch_size > 0;
-        mo.backend_parameters = plan->backend_parameters;
-        model = asyncinfer::load_model("openvino:" + file.string(), mo);
-      } else {
-        // "torch:" whatever default_model_filename's extension (model.pth loads too).
-        model = asyncinfer::load_model("torch:" + file.string(), mo);
       }
+      model = asyncinfer::load_model(form.kind + ":" + file.string(), mo);
     }
     if (!model.ok()) return model.status();
     ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));

@@ -171,8 +171,11 @@ struct ModelVersion {
   std::string version_text;  ///< "1"
   ModelState state = ModelState::unavailable;
   std::string reason;    ///< why it is unavailable
-  std::string platform;  ///< "pytorch_libtorch" or "asyncinfer_builtin"
-  std::string device;    ///< as opened: "cpu", "sim", "cuda:0"
+  std::string platform;  ///< "pytorch_libtorch", "python", "asyncinfer_builtin", "ensemble", ...
+  /// Its backend gets each request's id and parameters with the request (Engine request context):
+  /// a backend that takes the model's config (RepositoryForm::takes_model_config, python's).
+  bool takes_request_context = false;
+  std::string device;  ///< as opened: "cpu", "sim", "cuda:0"
   /// The loaded model's signature (full shapes; -1 = variable dim, the batch dim first when
   /// batched). Meaningful only when ready.
   ModelSignature signature;

@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "http/oip_json.hpp"
 #include "inference_server.hpp"
 #include "limits.hpp"
+#include "model/backend.hpp"
 #include "model_config.hpp"
 #include "response_cache.hpp"
 #include "server_log.hpp"
@@ -57,7 +59,7 @@ Result<ModelPlan> plan(const std::string& text, std::vector<std::string>* warnin
 TEST(ServerConfig, BuiltinModelPlan) {
   auto p = plan(kIdentity);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->backend, ModelPlan::Backend::builtin);
+  EXPECT_EQ(p->kind, ModelPlan::Kind::builtin);
   EXPECT_EQ(p->platform, "asyncinfer_builtin");
   EXPECT_EQ(p->builtin_uri, "builtin:identity?shape=16&max_batch=8");
   EXPECT_TRUE(p->device_auto);  // no instance_group: KIND_AUTO
@@ -545,7 +547,7 @@ TEST(ServerConfig, EnsembleGraphErrorsNameTheStepAndTheTensor) {
   auto good =
       plan(ensemble(step("pre", "x", "A", "y", "T") + ", " + step("net", "x", "T", "y", "Z")));
   ASSERT_TRUE(good.ok()) << good.status();
-  EXPECT_EQ(good->backend, ModelPlan::Backend::ensemble);
+  EXPECT_EQ(good->kind, ModelPlan::Kind::ensemble);
   EXPECT_EQ(good->platform, "ensemble");
   ASSERT_EQ(good->ensemble_steps.size(), 2U);
   EXPECT_EQ(good->ensemble_steps[1].input_map[0], (std::pair<std::string, std::string>("x", "T")));
@@ -641,7 +643,8 @@ TEST(ServerConfig, BackendsAndNames) {
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ -1 ] } ])");
   ASSERT_TRUE(torch.ok()) << torch.status();
-  EXPECT_EQ(torch->backend, ModelPlan::Backend::torch);
+  EXPECT_EQ(torch->kind, ModelPlan::Kind::file);
+  EXPECT_EQ(torch->form.kind, "torch");
   EXPECT_EQ(torch->model_filename, "model.pt");
   EXPECT_EQ(torch->outputs[0].shape, (Shape{-1, -1}));
   auto no_io = plan(R"(name: "m" platform: "pytorch_libtorch")");
@@ -661,6 +664,164 @@ output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])");
   // TYPE_STRING is BYTES (the TorchScript backend refuses it when the model loads).
   ASSERT_TRUE(strings.ok()) << strings.status().to_string();
   EXPECT_EQ(strings->inputs[0].dtype, DType::bytes);
+}
+
+// ---- a backend of the test's own ----------------------------------------------------------------
+
+/// The test's backend "test_scale": its model file holds one number, k; output = k * input, FP32
+/// of any shape. Registered with its repository form like any backend (src/backends.cpp does the
+/// same for torch, openvino and python), then served by the server without a line of it knowing.
+class ScaleModel final : public Model, public std::enable_shared_from_this<ScaleModel> {
+ public:
+  ScaleModel(float k, const ModelOptions& o) : k_(k) {
+    sig_.inputs = o.inputs;
+    sig_.outputs = o.outputs;
+    sig_.batched = o.batched.value_or(true);
+    sig_.batch_limit = o.batch_limit;
+  }
+  const ModelSignature& signature() const noexcept override { return sig_; }
+  const std::string& name() const noexcept override { return name_; }
+  Result<std::unique_ptr<ModelInstance>> create_instance(Device&, Stream&,
+                                                         const InstanceOptions&) override {
+    return std::unique_ptr<ModelInstance>(std::make_unique<Instance>(k_));
+  }
+
+ private:
+  class Instance final : public ModelInstance {
+   public:
+    explicit Instance(float k) : k_(k) {}
+    Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
+      auto out = Tensor::empty(DType::f32, io->host_inputs.at(0).shape());
+      if (!out.ok()) return out.status();
+      io->outputs = {*out};
+      Kernel kernel;
+      kernel.name = "scale";
+      kernel.host_fn = [io, k = k_](std::stop_token) {
+        const Tensor& in = io->host_inputs.at(0);
+        for (std::size_t i = 0; i < in.numel(); ++i) {
+          io->outputs[0].data_as<float>()[i] = k * in.data_as<float>()[i];
+        }
+        return Status();
+      };
+      return stream.enqueue(std::move(kernel));
+    }
+
+   private:
+    float k_;
+  };
+
+  float k_;
+  ModelSignature sig_;
+  std::string name_ = "test_scale";
+};
+
+// What the backend's loader was handed, by model file (the parameters the server passes on); the
+// repository loads its models at once.
+std::mutex g_scale_mu;
+std::map<std::string, BackendParameters> g_scale_parameters;
+
+void register_scale_backend() {
+  static const bool registered = [] {
+    auto& registry = detail::ModelBackendRegistry::instance();
+    detail::ModelBackend backend;
+    backend.kind = "test_scale";
+    backend.usage = "test_scale:<file holding k>";
+    backend.takes_backend_parameters = true;
+    backend.load = [](std::string_view, std::string_view file,
+                      const ModelOptions& o) -> Result<std::shared_ptr<Model>> {
+      float k = 0;
+      if (!(std::ifstream(std::string(file)) >> k)) {
+        return invalid_argument_error("test_scale: no number in " + std::string(file));
+      }
+      {
+        std::lock_guard lock(g_scale_mu);
+        g_scale_parameters[std::string(file)] = o.backend_parameters;
+      }
+      return std::shared_ptr<Model>(std::make_shared<ScaleModel>(k, o));
+    };
+    EXPECT_TRUE(registry.add(backend).ok());
+    detail::RepositoryForm form;
+    form.name = "test_scale";
+    form.platforms = {"test_scale_text"};
+    form.kind = "test_scale";
+    form.default_model_filename = "model.txt";
+    form.metadata_platform = "test_scale_text";
+    form.config_backend = "test_scale";
+    form.needs_config_tensors = true;
+    form.takes_backend_parameters = true;
+    form.batched_from_config = true;
+    EXPECT_TRUE(registry.add_form(form).ok());
+    return true;
+  }();
+  (void)registered;
+}
+
+TEST(ServerBackends, ABackendRegisteredWithItsFormIsServedFromARepository) {
+  register_scale_backend();
+  namespace fs = std::filesystem;
+  const fs::path root =
+      fs::temp_directory_path() / ("asyncinfer-test-scale-" + std::to_string(getpid()));
+  fs::create_directories(root / "scale" / "1");
+  std::ofstream(root / "scale" / "config.pbtxt") << R"(backend: "test_scale" max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+parameters { key: "unit" value { string_value: "metres" } })";
+  std::ofstream(root / "scale" / "1" / "model.txt") << "2.5\n";
+  // By its platform too; and without its tensors, which this form needs.
+  fs::create_directories(root / "by_platform" / "1");
+  std::ofstream(root / "by_platform" / "config.pbtxt") << R"(platform: "test_scale_text"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ])";
+  std::ofstream(root / "by_platform" / "1" / "model.txt") << "-1\n";
+  fs::create_directories(root / "no_tensors" / "1");
+  std::ofstream(root / "no_tensors" / "config.pbtxt") << R"(backend: "test_scale")";
+  std::ofstream(root / "no_tensors" / "1" / "model.txt") << "1\n";
+
+  auto repo = ModelRepository::load(root, [](const std::string&) {});
+  ASSERT_TRUE(repo.ok()) << repo.status();
+  InferenceServer server(std::move(*repo), ServerOptions{});
+  auto model = server.find("scale", "");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->platform, "test_scale_text");
+  {
+    std::lock_guard lock(g_scale_mu);
+    const BackendParameters& given =
+        g_scale_parameters[(root / "scale" / "1" / "model.txt").string()];
+    ASSERT_EQ(given.size(), 1u);
+    EXPECT_EQ(given[0].first, "unit");
+    EXPECT_EQ(given[0].second, "metres");
+  }
+  InferRequest request;
+  request.inputs.push_back(
+      {"INPUT0", *Tensor::from_values<float>({1, 4}, std::vector<float>{1, 2, 3, 4})});
+  auto p = std::make_shared<std::promise<Result<InferResponse>>>();
+  auto f = p->get_future();
+  ASSERT_TRUE(server
+                  .submit(*model, std::move(request),
+                          [p](Result<InferResponse> r) { p->set_value(std::move(r)); })
+                  .ok());
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  Result<InferResponse> r = f.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->outputs.size(), 1u);
+  EXPECT_EQ(r->outputs[0].spec->name, "OUTPUT0");
+  const Tensor& out = r->outputs[0].tensor;
+  ASSERT_EQ(out.numel(), 4u);
+  EXPECT_EQ((std::vector<float>(out.data_as<float>(), out.data_as<float>() + 4)),
+            (std::vector<float>{2.5f, 5.0f, 7.5f, 10.0f}));
+
+  auto unbatched = server.find("by_platform", "");
+  ASSERT_TRUE(unbatched.ok()) << unbatched.status();
+  EXPECT_FALSE(
+      (*unbatched)->signature.batched);  // max_batch_size 0: Triton's rule, from the config
+  auto missing = server.find("no_tensors", "");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("a test_scale_text model needs input and output lists"),
+            std::string_view::npos)
+      << missing.status();
+  server.shutdown(ShutdownMode::drain, std::chrono::milliseconds(5000));
+  std::error_code ec;
+  fs::remove_all(root, ec);
 }
 
 TEST(ServerConfig, VersionPolicies) {

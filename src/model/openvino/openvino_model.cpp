@@ -866,8 +866,8 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
 }
 
 void register_openvino_model_backend(ModelBackendRegistry& registry) {
-  (void)registry.add(
-      {"openvino", "openvino:<file> or a path ending in .onnx or .xml", &load_openvino_model});
+  (void)registry.add({"openvino", "openvino:<file> or a path ending in .onnx or .xml",
+                      &load_openvino_model, nullptr, /*takes_backend_parameters=*/true});
 }
 
 }  // namespace asyncinfer::detail

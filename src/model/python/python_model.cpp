@@ -336,7 +336,8 @@ Result<std::string> complete_python_config(std::string_view uri, std::string_vie
 
 void register_python_model_backend(ModelBackendRegistry& registry) {
   (void)registry.add({"python", "python:<model.py> or a path ending in model.py",
-                      &load_python_model, &complete_python_config});
+                      &load_python_model, &complete_python_config,
+                      /*takes_backend_parameters=*/true});
 }
 
 }  // namespace asyncinfer::detail
