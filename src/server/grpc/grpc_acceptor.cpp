@@ -23,6 +23,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "asyncinfer/detail/transitions.hpp"
+
 namespace asyncinfer::server {
 namespace {
 
@@ -35,6 +37,23 @@ constexpr std::uint64_t kWakeId = 1;
 constexpr std::size_t kFdsPerConnection = 2;
 
 std::string errno_text(int e) { return std::strerror(e); }
+
+/// The accept loop's life cycle (GrpcAcceptor::Impl::life, under its mu):
+///
+///   accepting --stop_accepting--> closing --the loop closed the socket--> closed
+///   accepting | closing | closed --stop--> stopped (the loop ends)
+enum class AcceptorLife : std::uint8_t { accepting, closing, closed, stopped };
+
+inline constexpr detail::Transitions<AcceptorLife, 4> kAcceptorLifeMoves{
+    "gRPC acceptor",
+    {"accepting", "closing", "closed", "stopped"},
+    {
+        {AcceptorLife::accepting, AcceptorLife::closing},
+        {AcceptorLife::closing, AcceptorLife::closed},
+        {AcceptorLife::accepting, AcceptorLife::stopped},
+        {AcceptorLife::closing, AcceptorLife::stopped},
+        {AcceptorLife::closed, AcceptorLife::stopped},
+    }};
 
 }  // namespace
 
@@ -73,9 +92,7 @@ struct GrpcAcceptor::Impl {
   std::unordered_map<std::uint64_t, Connection> connections;
   std::unordered_map<std::string, std::uint64_t> by_peer;
   std::uint64_t next_id = 2;
-  bool stop_requested = false;
-  bool close_listener_requested = false;
-  bool listener_closed = false;
+  AcceptorLife life = AcceptorLife::accepting;  // kAcceptorLifeMoves
 
   // The loop's own.
   Refusing refusing = Refusing::none;
@@ -128,8 +145,8 @@ struct GrpcAcceptor::Impl {
     bool close_listener = false;
     {
       std::lock_guard lock(mu);
-      if (stop_requested) return false;
-      close_listener = close_listener_requested && !listener_closed;
+      if (life == AcceptorLife::stopped) return false;
+      close_listener = life == AcceptorLife::closing;
     }
     if (close_listener) {
       close_listening_socket();
@@ -148,7 +165,8 @@ struct GrpcAcceptor::Impl {
     }
     {
       std::lock_guard lock(mu);
-      listener_closed = true;
+      // Unless stop() came meanwhile: the loop ends at its next wake.
+      if (life == AcceptorLife::closing) kAcceptorLifeMoves.move(life, AcceptorLife::closed);
     }
     cv.notify_all();
   }
@@ -433,9 +451,11 @@ void GrpcAcceptor::stop_accepting() {
   Impl& im = *impl_;
   if (!im.thread.joinable()) return;
   std::unique_lock lock(im.mu);
-  im.close_listener_requested = true;
+  if (im.life == AcceptorLife::accepting) kAcceptorLifeMoves.move(im.life, AcceptorLife::closing);
   im.wake();
-  im.cv.wait_for(lock, std::chrono::seconds(1), [&] { return im.listener_closed; });
+  im.cv.wait_for(lock, std::chrono::seconds(1), [&] {
+    return im.life == AcceptorLife::closed || im.life == AcceptorLife::stopped;
+  });
 }
 
 void GrpcAcceptor::stop() {
@@ -447,7 +467,7 @@ void GrpcAcceptor::stop() {
   if (im.thread.joinable()) {
     {
       std::lock_guard lock(im.mu);
-      im.stop_requested = true;
+      if (im.life != AcceptorLife::stopped) kAcceptorLifeMoves.move(im.life, AcceptorLife::stopped);
     }
     im.wake();
     im.thread.join();
