@@ -414,6 +414,38 @@ std::string sidecar_with(const fs::path& dir, const nlohmann::json& inputs,
   return file.string();
 }
 
+// The sidecar's max_batch_size has Triton's meaning, as a config.pbtxt's and a builtin URI's:
+// N = batched with a batch limit of N, 0 = no batch dim (it meant "no limit" before issue 46).
+TEST(TorchLoad, SidecarMaxBatchSizeHasTritonsMeaning) {
+  require_digits();
+  const fs::path dir = temp_dir();
+  const nlohmann::json input = {{{"name", "input"}, {"dtype", "f32"}, {"shape", {-1, 1, 32, 32}}}};
+  const nlohmann::json output = {{{"name", "logits"}, {"dtype", "f32"}, {"shape", {-1, 10}}}};
+  auto load_with = [&](nlohmann::json j) {
+    j["inputs"] = input;
+    j["outputs"] = output;
+    write_file(dir / "sig.json", j.dump(2));
+    ModelOptions o;
+    o.signature_path = (dir / "sig.json").string();
+    return load_model(kDigits, o);
+  };
+  auto limited = load_with({{"max_batch_size", 16}});
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_TRUE((*limited)->signature().batched);
+  EXPECT_EQ((*limited)->signature().batch_limit, std::optional<std::int64_t>(16));
+  auto unbatched = load_with({{"max_batch_size", 0}});
+  ASSERT_TRUE(unbatched.ok()) << unbatched.status();
+  EXPECT_FALSE((*unbatched)->signature().batched);
+  auto unlimited = load_with(nlohmann::json::object());
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status();
+  EXPECT_TRUE((*unlimited)->signature().batched);
+  EXPECT_FALSE((*unlimited)->signature().batch_limit.has_value());
+  auto contradicting = load_with({{"max_batch_size", 0}, {"batched", true}});
+  EXPECT_EQ(contradicting.status().code(), StatusCode::invalid_argument);
+  EXPECT_TRUE(contains(contradicting.status().message(), "no batch dim")) << contradicting.status();
+  fs::remove_all(dir);
+}
+
 TEST(TorchLoad, SidecarContradictingTheModelIsRejected) {
   require_digits();
   const fs::path dir = temp_dir();

@@ -17,8 +17,9 @@
 //   {"inputs":  [{"name": "input",  "dtype": "f32", "shape": [-1, 1, 32, 32]}],
 //    "outputs": [{"name": "logits", "dtype": "f32", "shape": [-1, 10]}],
 //    "batched": true,            // default true: dim 0 of every input and output is -1
-//    "max_batch_size": 64}       // ModelSignature::batch_limit; default 0 = no limit (the
-//                                // file's spelling); a set ModelOptions::batch_limit wins
+//    "max_batch_size": 64}       // Triton's meaning, as in a config.pbtxt and a builtin URI:
+//                                // N > 0 = batched, ModelSignature::batch_limit N; 0 = not
+//                                // batched. Absent: no limit. A set ModelOptions::batch_limit wins
 // dtype accepts every name parse_dtype() does ("f32", "float32", "int64", ...).
 // With command-line specs the model is batched when every input and output has dim 0 = -1
 // (what parse_tensor_spec(..., batched = true) produces), and an unset batch_limit means no limit.
@@ -319,12 +320,25 @@ Result<ModelSignature> read_sidecar(const std::string& file) {
     sig.batched = j["batched"].get<bool>();
   }
   if (j.contains("max_batch_size")) {
+    // Triton's meaning everywhere (docs/design.md, "Batch sizes"): 0 = no batch dim.
     const nlohmann::json& v = j["max_batch_size"];
     if (!v.is_number_integer() || v.get<std::int64_t>() < 0) {
       return invalid_argument_error(source +
-                                    ": \"max_batch_size\" must be an integer >= 0 (0 = no limit)");
+                                    ": \"max_batch_size\" must be an integer >= 0 (Triton's "
+                                    "meaning: N = batched, at most N rows; 0 = not batched)");
     }
-    if (v.get<std::int64_t>() > 0) sig.batch_limit = v.get<std::int64_t>();
+    const std::int64_t n = v.get<std::int64_t>();
+    if (n == 0 && j.contains("batched") && sig.batched) {
+      return invalid_argument_error(source +
+                                    ": \"max_batch_size\" 0 says the model has no batch dim "
+                                    "(Triton's meaning), but \"batched\" is true");
+    }
+    if (n > 0 && !sig.batched) {
+      return invalid_argument_error(source + ": \"max_batch_size\" " + std::to_string(n) +
+                                    " says dim 0 is the batch dim, but \"batched\" is false");
+    }
+    if (n == 0) sig.batched = false;
+    if (n > 0) sig.batch_limit = n;
   }
   ASYNCINFER_RETURN_IF_ERROR(check_signature(sig, source));
   return sig;
