@@ -22,15 +22,9 @@
 #include "backend_modules.hpp"
 #include "device/backend.hpp"
 #include "model/backend.hpp"
-#if defined(ASYNCINFER_HAVE_TORCH)
-#include "model/torch/torch_form.hpp"
-#endif
-#if defined(ASYNCINFER_HAVE_OPENVINO)
 #include "model/openvino/openvino_form.hpp"
-#endif
-#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
 #include "model/python/python_form.hpp"
-#endif
+#include "model/torch/torch_form.hpp"
 
 namespace asyncinfer::detail {
 
@@ -65,17 +59,13 @@ void register_builtin_device_backends(DeviceBackendRegistry& registry) {
 
 void register_builtin_model_backends(ModelBackendRegistry& registry) {
   // How a repository names the file backends' models (repository_form.hpp): plain data, known
-  // before their modules load.
+  // before their modules load, and whether or not this build has the backend, so that a
+  // repository plans the same everywhere and a model of a backend not built fails at its load,
+  // saying how to build it (load_model).
   std::vector<RepositoryForm> forms;
-#if defined(ASYNCINFER_HAVE_TORCH)
   for (RepositoryForm& f : torch_repository_forms()) forms.push_back(std::move(f));
-#endif
-#if defined(ASYNCINFER_HAVE_OPENVINO)
   for (RepositoryForm& f : openvino_repository_forms()) forms.push_back(std::move(f));
-#endif
-#if defined(ASYNCINFER_HAVE_PYTHON_BACKEND)
   for (RepositoryForm& f : python_repository_forms()) forms.push_back(std::move(f));
-#endif
   for (RepositoryForm& f : forms) (void)registry.add_form(std::move(f));
 
   register_builtin_model_backend(registry);  // builtin:identity, fixed_cost, faulty, stream
