@@ -13,7 +13,8 @@ The repository holds Python models only: Triton's own python_backend examples ad
 bls/sync_model.py with their config.pbtxt (a checkout: --python-backend, or
 TRITON_PYTHON_BACKEND_DIR; never copied into this project). PSS (from /proc/<pid>/smaps_rollup)
 splits each shared page between the processes that map it, so the tree's sum counts every page
-once; RSS would count the interpreter's shared pages once per process.
+once; RSS would count the interpreter's shared pages once per process. psutil (Debian's
+python3-psutil) reads the servers', as bench/compare_servers.py does.
 
   bench/memory_footprint.py --cli build/release/apps/asyncinfer/asyncinfer \\
       --python-package build/release/python --python-backend <python_backend checkout>
@@ -26,51 +27,31 @@ import sys
 import tempfile
 import time
 
+import psutil
+
 import peer_servers
 
 MODELS = {"add_sub": ("add_sub/model.py", "add_sub/config.pbtxt"),
           "bls_sync": ("bls/sync_model.py", "bls/sync_config.pbtxt")}
 
 
-def pss_kib(pid):
-    """PSS of one process in KiB; 0 when it is gone."""
+def pss_mib(process):
+    """PSS of one psutil.Process in MiB; 0 when it is gone."""
     try:
-        with open("/proc/%d/smaps_rollup" % pid) as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def descendants(pid):
-    """Every process below `pid` (children, their children, ...)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
+        return process.memory_full_info().pss / 2**20
+    except psutil.NoSuchProcess:
+        return 0.0
 
 
 def server_pss(server, repo, cli, tritonserver, settle_s):
+    """(the server's PSS, its and its processes' PSS, how many processes it started), in MiB."""
     with peer_servers.serve(server, repo, list(MODELS), cli, tritonserver,
                             with_process=True) as (_, __, proc):
         time.sleep(settle_s)  # let the model processes finish importing
-        alone = pss_kib(proc.pid)
-        tree = alone + sum(pss_kib(p) for p in descendants(proc.pid))
-        return alone, tree, len(descendants(proc.pid))
+        root = psutil.Process(proc.pid)
+        children = root.children(recursive=True)
+        alone = pss_mib(root)
+        return alone, alone + sum(pss_mib(c) for c in children), len(children)
 
 
 def main():
@@ -91,6 +72,7 @@ def main():
     print("cli --help          peak RSS %6.1f MiB" % (int(out.stderr.split()[-1]) / 1024))
 
     if args.python_package:
+        # Read from /proc in the child itself: importing psutil there would count its pages too.
         code = ("import asyncinfer, sys\n"
                 "print(open('/proc/self/smaps_rollup').read().split('Pss:')[1].split()[0])\n"
                 "print(','.join(sorted(m for m in ('torch', 'openvino') if m in sys.modules)))")
@@ -114,7 +96,7 @@ def main():
         for server in args.servers.split(","):
             alone, tree, n = server_pss(server, repo, args.cli, args.tritonserver, args.settle_s)
             print("serve %-12s  PSS server %6.1f MiB, with its %d processes %6.1f MiB"
-                  % (server, alone / 1024, n, tree / 1024))
+                  % (server, alone, n, tree))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
