@@ -274,7 +274,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   }
   // openvino takes the other parameters as OpenVINO properties; python hands them to model.py
   // (args["model_config"]["parameters"]).
-  if (plan.kind != ModelPlan::Kind::file || !plan.form.takes_backend_parameters) {
+  if (!plan.form.takes_backend_parameters) {
     warn_backend_parameters(model, plan, warnings);
   }
   if (plan.kind == ModelPlan::Kind::ensemble && c.instance_group_size() > 0) {
@@ -287,8 +287,8 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   ASYNCINFER_RETURN_IF_ERROR(plan_tensors(c, model, plan, warnings));
   // A python model's may come from its model.py's auto_complete_config (the repository checks
   // them after it: model_repository.cpp).
-  const bool needs_tensors = plan.kind == ModelPlan::Kind::ensemble ||
-                             (plan.kind == ModelPlan::Kind::file && plan.form.needs_config_tensors);
+  const bool needs_tensors =
+      plan.kind == ModelPlan::Kind::ensemble || plan.form.needs_config_tensors;
   if (needs_tensors && (plan.inputs.empty() || plan.outputs.empty())) {
     return bad(model, "a " + plan.platform +
                           " model needs input and output lists (name, data_type, dims)");
@@ -298,7 +298,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));
   ASYNCINFER_RETURN_IF_ERROR(plan_sequences(c, model, plan));
-  if (plan.kind == ModelPlan::Kind::file && plan.form.host_process_instances) {
+  if (plan.form.host_process_instances) {
     // Its instances are host processes, whatever instance_group's kind (as in Triton, where a
     // KIND_GPU python model's model.py picks its GPU itself).
     plan.device = "cpu";

@@ -97,7 +97,8 @@ struct ModelPlan {
   std::string name;
   Kind kind = Kind::builtin;
   /// file: the repository form its config's backend or platform named (model/repository_form.hpp:
-  /// the model kind, the default file, what the backend takes).
+  /// the model kind, the default file, what the backend takes). builtin and ensemble: the default
+  /// form, every flag false, so a check of a flag needs no check of the kind.
   detail::RepositoryForm form;
   /// What model metadata reports as "platform": the form's ("pytorch_libtorch", "openvino" also
   /// for a config written for "onnxruntime_onnx", "python"), "asyncinfer_builtin" or "ensemble".

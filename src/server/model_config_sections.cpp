@@ -214,7 +214,7 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
     }
     if (in.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
     if (in.allow_ragged_batch()) return bad(model, field + ": allow_ragged_batch is not supported");
-    if (in.optional() && !(plan.kind == ModelPlan::Kind::file && plan.form.takes_optional_inputs)) {
+    if (in.optional() && !plan.form.takes_optional_inputs) {
       // Only a backend that hands a model the inputs that came (python's, as Triton's does).
       return bad(model, field +
                             ": optional inputs are served for python models only (this "
@@ -319,8 +319,7 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
         // Triton's kind for a device the model picks itself: here, its parameters "device" (what
         // GET .../config shows for a model on the simulated device, so that a config read back
         // loads again). A python model's process picks its own device: its engine runs on cpu.
-        if (plan.device.empty() && plan.kind == ModelPlan::Kind::file &&
-            plan.form.host_process_instances) {
+        if (plan.device.empty() && plan.form.host_process_instances) {
           d = "cpu";
           break;
         }
@@ -359,8 +358,7 @@ Status plan_instances(const inference::ModelConfig& c, std::string_view model, M
   if (limited) plan.rate_limits = std::move(group_needs);
   // No instance_group on a model whose backend picks its own count (openvino: as many workers as
   // OpenVINO's throughput hint has streams; 0 = the model's preference, preferred_instances).
-  const bool model_decides = c.instance_group().empty() && plan.kind == ModelPlan::Kind::file &&
-                             plan.form.own_instance_count;
+  const bool model_decides = c.instance_group().empty() && plan.form.own_instance_count;
   plan.engine.workers = model_decides ? 0 : std::max(workers, 1);
   if (plan.device.empty()) {  // parameters "device" wins over instance_group's kind
     plan.device = device;

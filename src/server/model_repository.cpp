@@ -1040,7 +1040,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
       log("model '" + name + "': configuration " + config_path.string() + " (--model-config-name)");
     }
   }
-  if (plan.ok() && plan->kind == ModelPlan::Kind::file && plan->form.completes_config) {
+  if (plan.ok() && plan->form.completes_config) {
     if (options_.auto_complete_config) plan = auto_complete(std::move(*plan), dir, name);
     if (plan.ok() && (plan->inputs.empty() || plan->outputs.empty())) {
       plan = invalid_argument_error("model '" + name + "': a " + plan->platform +
@@ -1129,7 +1129,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   mv->version = v;
   mv->version_text = std::to_string(v);
   mv->platform = plan->platform;
-  mv->takes_request_context = plan->kind == ModelPlan::Kind::file && plan->form.takes_model_config;
+  mv->takes_request_context = plan->form.takes_model_config;
   mv->max_batch_size = plan->max_batch_size;
   const fs::path vdir = dir / mv->version_text;
   const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
