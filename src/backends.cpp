@@ -11,7 +11,7 @@
 //
 // The optional backends are either folded into libasyncinfer and registered here with the built-in
 // ones, or (ASYNCINFER_BACKEND_MODULES) their own modules, which the registries load the first time
-// one of the kinds in kModuleKinds is asked for (backend_modules.hpp).
+// one of the kinds in backend_module_kinds() is asked for (backend_modules.hpp).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -62,11 +62,10 @@ void register_builtin_model_backends(ModelBackendRegistry& registry) {
   // before their modules load, and whether or not this build has the backend, so that a
   // repository plans the same everywhere and a model of a backend not built fails at its load,
   // saying how to build it (load_model).
-  std::vector<RepositoryForm> forms;
-  for (RepositoryForm& f : torch_repository_forms()) forms.push_back(std::move(f));
-  for (RepositoryForm& f : openvino_repository_forms()) forms.push_back(std::move(f));
-  for (RepositoryForm& f : python_repository_forms()) forms.push_back(std::move(f));
-  for (RepositoryForm& f : forms) (void)registry.add_form(std::move(f));
+  for (auto forms :
+       {torch_repository_forms(), openvino_repository_forms(), python_repository_forms()}) {
+    for (RepositoryForm& f : forms) (void)registry.add_form(std::move(f));
+  }
 
   register_builtin_model_backend(registry);  // builtin:identity, fixed_cost, faulty, stream
 #if !defined(ASYNCINFER_BACKEND_MODULES)
