@@ -15,7 +15,9 @@ example clients"); each of them passes against Triton 2.51 on Triton's own qa re
 """
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from harness import Server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "triton_models")
+ENSEMBLE_EXAMPLE = os.path.join(harness.ROOT, "examples", "model_repository_ensemble")
 # Which model.py each model folder of triton_models/ gets.
 SOURCES = {"simple": "add_sub.py", "simple_int8": "add_sub.py", "simple_string": "add_sub.py",
            "simple_identity": "identity.py", "repeat_int32": "repeat.py",
@@ -54,6 +57,31 @@ RUNS = ([(s, "http", []) for s in HTTP] + [(s, "grpc", []) for s in GRPC] +
          ("reuse_infer_objects_client", "grpc", ["-i", "grpc"])] +
         [(s, p, extra) for s, p in SEQUENCE for extra in ([], ["-d"])])
 
+# The image classification examples (the classification extension: class_count on the requested
+# output, the labels of the output's label_filename), on the digits classifier of
+# models/make_digits.py: digits_image takes gray pixels as image_client.py sends them with
+# "-s NONE", digits_png an encoded image as ensemble_image_client.py sends it (triton_models/).
+# Each classifies IMAGES test images, and its top class for each must be the image's label.
+CLASSIFY = [("image_client", "http", ["-m", "digits_image", "-s", "NONE", "-c", "3"]),
+            ("image_client", "http", ["-m", "digits_image", "-s", "NONE", "-c", "3", "-a",
+                                      "-b", "4"]),
+            ("image_client", "grpc", ["-i", "grpc", "-m", "digits_image", "-s", "NONE", "-c",
+                                      "3", "-b", "8"]),
+            ("image_client", "grpc", ["-i", "grpc", "-m", "digits_image", "-s", "NONE", "-c",
+                                      "3", "-a"]),
+            ("image_client", "grpc", ["-i", "grpc", "-m", "digits_image", "-s", "NONE", "-c",
+                                      "3", "--streaming", "-b", "2"]),
+            ("grpc_image_client", "grpc", ["-m", "digits_image", "-s", "NONE", "-c", "3"]),
+            ("grpc_image_client", "grpc", ["-m", "digits_image", "-s", "NONE", "-c", "3",
+                                           "-b", "4", "-a"]),
+            ("grpc_image_client", "grpc", ["-m", "digits_image", "-s", "NONE", "-c", "3",
+                                           "--streaming"]),
+            ("ensemble_image_client", "http", ["-m", "digits_png", "-c", "3"]),
+            ("ensemble_image_client", "grpc", ["-i", "grpc", "-m", "digits_png", "-c", "3"])]
+# The first test images of models/make_digits.py's split (the network gets 98.7 % of the split
+# right, and 7 of these 8).
+IMAGES = 8
+
 # The examples not run, each with why. Keep docs/serving.md's list the same.
 NOT_RUN = {
     "simple_http_health_metadata": "checks that the server's name is \"triton\"",
@@ -65,10 +93,8 @@ NOT_RUN = {
                                  "'simple' with a config override that Triton auto-completes",
     "simple_http_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
     "simple_grpc_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
-    "image_client": "the classification extension and an image model (issue 47)",
-    "grpc_image_client": "the classification extension and an image model (issue 47)",
-    "grpc_client": "densenet_onnx and the classification extension (issue 47)",
-    "ensemble_image_client": "an image pre-processing ensemble and classification (issue 47)",
+    "grpc_client": "densenet_onnx, a 32 MB ONNX network of Triton's model zoo that is not "
+                   "downloaded here (the classification extension runs in the image clients)",
     "memory_growth_test": "connects to localhost:8000/8001 only (tests use free ports)",
 }
 
@@ -85,7 +111,94 @@ def make_repository():
         os.makedirs(os.path.join(path, model, "1"))
         shutil.copy(os.path.join(MODELS, model, "config.pbtxt"), os.path.join(path, model))
         shutil.copy(os.path.join(MODELS, source), os.path.join(path, model, "1", "model.py"))
+    if harness.ARGS.digits:
+        add_digits_models(path, harness.ARGS.digits)
     return path
+
+
+def add_digits_models(path, model):
+    """The image classifiers of CLASSIFY (triton_models/README.md): the digits network, its
+    labels (the sidecar's), the normalising and PNG-decoding steps and the two ensembles."""
+    with open(model + ".json") as f:
+        labels = json.load(f)["labels"]
+    folders = {"digits": MODELS, "digits_normalise": MODELS, "digits_image": MODELS,
+               "digits_png": MODELS, "preprocess": ENSEMBLE_EXAMPLE}
+    for name, source in folders.items():
+        os.makedirs(os.path.join(path, name, "1"))
+        shutil.copy(os.path.join(source, name, "config.pbtxt"), os.path.join(path, name))
+        if name in ("digits", "digits_image", "digits_png"):
+            with open(os.path.join(path, name, "labels.txt"), "w") as f:
+                f.write("".join(label + "\n" for label in labels))
+    shutil.copy(model, os.path.join(path, "digits", "1", "model.pt"))
+    shutil.copy(os.path.join(MODELS, "normalise.py"),
+                os.path.join(path, "digits_normalise", "1", "model.py"))
+    shutil.copy(os.path.join(ENSEMBLE_EXAMPLE, "preprocess", "1", "model.py"),
+                os.path.join(path, "preprocess", "1", "model.py"))
+    for name in ("digits_normalise", "preprocess"):
+        shutil.copy(model + ".json", os.path.join(path, name, "1", "digits.pt.json"))
+
+
+def test_images(model, into):
+    """Copies the first IMAGES test images into `into`: {file name: (label, the top class that
+    `asyncinfer run` gives it on the same model file)}."""
+    images = os.path.join(os.path.dirname(model), "test")
+    with open(os.path.join(images, "labels.csv")) as f:
+        rows = [line.strip().split(",") for line in f.readlines()[1:] if line.strip()]
+    labels = dict(sorted(rows)[:IMAGES])
+    for name in labels:
+        shutil.copy(os.path.join(images, name), into)
+    predictions = os.path.join(into + "-run.csv")
+    run = subprocess.run([harness.ARGS.cli, "run", "--model", model, "--images", into,
+                          "--top-k", "1", "--output", predictions, "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    if run.returncode != 0:
+        raise RuntimeError("asyncinfer run failed: " + run.stderr)
+    with open(predictions) as f:
+        top = {os.path.basename(r[0]): r[2] for r in
+               (line.strip().split(",") for line in f.readlines()[1:]) if r[0]}
+    os.remove(predictions)
+    return {name: (label, top[name]) for name, label in labels.items()}
+
+
+CLASS_LINE = re.compile(r"^ +(-?[0-9.e+-]+) \((\d+)\) = (.*)$")
+
+
+def top_classes(script, text, files, batch):
+    """Each image's top class as `script` prints it: {file name: label}."""
+    top = {}
+    lines = text.splitlines()
+    if script == "image_client":
+        # "Request <id>, batch size <b>" then, per image of the batch, its classes; request k
+        # holds the images from (k - 1) * b on, in file name order, round the folder.
+        for i, line in enumerate(lines):
+            m = re.match(r"^Request (\d+), batch size (\d+)$", line)
+            if not m:
+                continue
+            first = (int(m.group(1)) - 1) * batch
+            classes = [CLASS_LINE.match(x) for x in lines[i + 1:]]
+            heads = []
+            for c in classes:
+                if not c:
+                    break
+                heads.append(c)
+            per_image = len(heads) // batch
+            for j in range(batch):
+                top.setdefault(files[(first + j) % len(files)], []).append(
+                    heads[j * per_image].group(3))
+        return top
+    # grpc_image_client.py: "Image '<path>':"; ensemble_image_client.py: '"<path>":' and the
+    # output's name; then the classes, best first.
+    current = None
+    for line in lines:
+        m = re.match(r"^Image '(.*)':$", line) or re.match(r'^"(.*)":$', line)
+        if m:
+            current = os.path.basename(m.group(1))
+            continue
+        c = CLASS_LINE.match(line)
+        if c and current is not None:
+            top.setdefault(current, []).append(c.group(3))
+            current = None
+    return top
 
 
 class TritonExamples(unittest.TestCase):
@@ -96,8 +209,13 @@ class TritonExamples(unittest.TestCase):
         cls.addClassCleanup(shutil.rmtree, cls.repository, True)
         cls.server = Server(cls.repository).start()
         cls.addClassCleanup(cls.server.stop)
+        if harness.ARGS.digits:
+            cls.images = tempfile.mkdtemp(prefix="asyncinfer-triton-images-")
+            cls.addClassCleanup(shutil.rmtree, cls.images, True)
+            cls.expected = test_images(harness.ARGS.digits, cls.images)
 
     def run_example(self, script, protocol, extra):
+        """Runs `script` and checks its exit and PASS line; returns what it printed."""
         path = os.path.join(self.dir, script + ".py")
         self.assertTrue(os.path.isfile(path), path + " is not in the checkout")
         port = self.server.http_port if protocol == "http" else self.server.grpc_port
@@ -116,11 +234,28 @@ class TritonExamples(unittest.TestCase):
             passes = [line for line in out.stdout.splitlines() if "PASS" in line]
             self.assertEqual(len(passes), 1, "%s: PASS lines %r:\n%s" % (script, passes,
                                                                           text[-4000:]))
+        return out.stdout
+
+    def classify(self, script, protocol, extra):
+        """Runs an image classification example on the test images: every image's top class,
+        each time the script sends it, is the one `asyncinfer run` gives it on the same model
+        file, and the label for all but one (0000.png is a 5 that the network takes for a 9)."""
+        if not harness.ARGS.digits:
+            self.skipTest("needs the digits model (--digits; the TorchDigitsModel fixture)")
+        batch = int(extra[extra.index("-b") + 1]) if "-b" in extra else 1
+        printed = self.run_example(script, protocol, extra + [self.images])
+        top = top_classes(script, printed, sorted(self.expected), batch)
+        self.assertEqual(sorted(top), sorted(self.expected), printed[-4000:])
+        for name, (_, predicted) in self.expected.items():
+            self.assertEqual(set(top[name]), {predicted}, "%s: %s\n%s" % (script, name,
+                                                                          printed[-4000:]))
+        right = [name for name, (label, _) in self.expected.items() if top[name] == [label]]
+        self.assertEqual(len(right), IMAGES - 1, right)
 
     def test_every_example_is_run_or_named(self):
         """A new example in the checkout is either run here or named in NOT_RUN."""
         scripts = {f[:-3] for f in os.listdir(self.dir) if f.endswith(".py")}
-        known = {s for s, _, _ in RUNS} | set(NOT_RUN)
+        known = {s for s, _, _ in RUNS + CLASSIFY} | set(NOT_RUN)
         self.assertEqual(sorted(scripts - known), [])
 
 
@@ -132,6 +267,16 @@ def add_runs():
             self.run_example(script, protocol, extra)
         run.__doc__ = "%s.py %s, unchanged" % (script, " ".join(extra))
         setattr(TritonExamples, name, run)
+    for script, protocol, extra in CLASSIFY:
+        flags = [a.strip("-") for a in extra if a.startswith("-") and a not in ("-m", "-s", "-c")]
+        name = "test_classify_" + script + "_" + protocol + "".join("_" + f for f in flags
+                                                                    if f != "i")
+
+        def classify(self, script=script, protocol=protocol, extra=extra):
+            self.classify(script, protocol, extra)
+        classify.__doc__ = "%s.py %s, unchanged: each image's top class" % (script,
+                                                                           " ".join(extra))
+        setattr(TritonExamples, name, classify)
 
 
 ARGS = argparse.Namespace(triton_client=None)
