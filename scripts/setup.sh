@@ -29,7 +29,7 @@ packages=(
   python3-pytest python3-pytest-asyncio
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-yaml libre2-dev
   libnginx-mod-stream python3-h2 zlib1g-dev python3-onnx python3-torchvision python3-psutil
-  python3-pil
+  python3-pil libssl-dev
 )
 
 # pinned_venv NAME REQUIREMENTS [--system-site-packages]: .venv/NAME, made from Debian's

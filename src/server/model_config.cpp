@@ -127,6 +127,26 @@ Result<detail::RepositoryForm> repository_form(const std::string& model,
                         "\" is not supported by this build (" + supported_forms(forms) + ")");
 }
 
+// Triton's AutoCompleteBackendFields for a config that names neither platform nor backend: the
+// backend of the form whose default model file the config's default_model_filename names, or else
+// the first whose default file the first version folder holds (model.py: python).
+void complete_backend_fields(inference::ModelConfig& config,
+                             const std::vector<std::string>& version_files) {
+  if (!config.platform().empty() || !config.backend().empty()) return;
+  const std::vector<detail::RepositoryForm> forms =
+      detail::ModelBackendRegistry::instance().forms();
+  for (const detail::RepositoryForm& f : forms) {
+    const bool named = config.default_model_filename() == f.default_model_filename;
+    const bool there = config.default_model_filename().empty() &&
+                       std::find(version_files.begin(), version_files.end(),
+                                 f.default_model_filename) != version_files.end();
+    if (named || there) {
+      config.set_backend(f.name);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 Result<inference::ModelConfig> parse_model_config(std::string_view text, std::string_view source,
@@ -330,7 +350,8 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
 
 Result<ModelPlan> plan_model_config_json(std::string_view json, std::string_view source,
                                          std::string_view dir_name,
-                                         std::vector<std::string>* warnings) {
+                                         std::vector<std::string>* warnings,
+                                         const std::vector<std::string>& version_files) {
   inference::ModelConfig config;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;  // Triton rejects unknown fields in the override too
@@ -340,15 +361,18 @@ Result<ModelPlan> plan_model_config_json(std::string_view json, std::string_view
     return invalid_argument_error(std::string(source) +
                                   ": not a ModelConfig in JSON: " + std::string(status.message()));
   }
+  complete_backend_fields(config, version_files);
   ASYNCINFER_ASSIGN_OR_RETURN(ModelPlan plan, plan_model(config, dir_name, warnings));
   plan.config_binary = config.SerializeAsString();
   return plan;
 }
 
 Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
-                                    std::string_view dir_name, std::vector<std::string>* warnings) {
+                                    std::string_view dir_name, std::vector<std::string>* warnings,
+                                    const std::vector<std::string>& version_files) {
   ASYNCINFER_ASSIGN_OR_RETURN(inference::ModelConfig config,
                               parse_model_config(text, source, warnings));
+  complete_backend_fields(config, version_files);
   ASYNCINFER_ASSIGN_OR_RETURN(ModelPlan plan, plan_model(config, dir_name, warnings));
   plan.config_binary = config.SerializeAsString();
   return plan;

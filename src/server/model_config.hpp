@@ -181,14 +181,22 @@ Result<std::vector<std::size_t>> check_ensemble_graph(const ModelPlan& plan);
 /// to `warnings`. The protobuf types stay inside model_config.cpp and model_config_sections.cpp
 /// (see the CMake file: under ThreadSanitizer, protobuf's map fields change layout, so those files
 /// are built like libprotobuf).
+///
+/// `version_files`: the names in the model's first version folder (by name, as Triton lists
+/// them), for a config that names neither platform nor backend: as Triton's core completes the
+/// backend fields (AutoCompleteBackendFields, whether or not auto-complete is on), its backend is
+/// the first registered form whose default model file is there, or whose default file the
+/// config's default_model_filename names. Empty: no completion (the config must name one).
 Result<ModelPlan> plan_model_config(std::string_view text, std::string_view source,
-                                    std::string_view dir_name, std::vector<std::string>* warnings);
+                                    std::string_view dir_name, std::vector<std::string>* warnings,
+                                    const std::vector<std::string>& version_files = {});
 /// plan_model_config for a ModelConfig in protobuf's JSON form (Triton's `config` parameter of a
 /// model load, which replaces the config.pbtxt): unknown fields are refused; invalid_argument
 /// starting with `source` otherwise, as plan_model_config's.
 Result<ModelPlan> plan_model_config_json(std::string_view json, std::string_view source,
                                          std::string_view dir_name,
-                                         std::vector<std::string>* warnings);
+                                         std::vector<std::string>* warnings,
+                                         const std::vector<std::string>& version_files = {});
 
 /// The configuration a loaded version runs with, as Triton's model-configuration extension shows
 /// it: `json` is the protobuf JSON mapping of model_config.proto's ModelConfig with the proto

@@ -25,7 +25,9 @@
 #include "model_host.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -440,6 +442,22 @@ std::vector<std::int64_t> version_folders(const fs::path& dir) {
   return out;
 }
 
+/// The names in the first subfolder of `dir` by name, where Triton's core looks for a model file
+/// to complete a config's backend fields (plan_model_config's `version_files`); empty without one.
+std::vector<std::string> first_version_files(const fs::path& dir) {
+  std::error_code ec;
+  std::optional<fs::path> first;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory(ec) && (!first || e.path().filename() < first->filename())) first = e.path();
+  }
+  std::vector<std::string> names;
+  if (!first) return names;
+  for (const fs::directory_entry& e : fs::directory_iterator(*first, ec)) {
+    names.push_back(e.path().filename().string());
+  }
+  return names;
+}
+
 /// Every file under `dir`: relative path, size and modification time, sorted. What poll mode
 /// compares to see that a version changed (Triton's poll compares modification times too).
 std::string folder_fingerprint(const fs::path& dir) {
@@ -571,6 +589,53 @@ std::size_t order_for_loading(const fs::path& root, std::vector<std::string>& na
 }
 
 }  // namespace
+
+// ---- a load's model files -----------------------------------------------------------------------
+
+Result<std::shared_ptr<const OverrideFolder>> OverrideFolder::make(
+    const std::string& model, const std::vector<std::pair<std::string, std::string>>& files) {
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) return internal_error("no folder for temporary files: " + ec.message());
+  std::string pattern = (tmp / "asyncinfer-override-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return internal_error("cannot make a folder in " + tmp.string() + ": " + std::strerror(errno));
+  }
+  std::shared_ptr<OverrideFolder> folder(new OverrideFolder());
+  folder->root_ = pattern;  // removed by the destructor from here on, whatever fails below
+  folder->model_dir_ = folder->root_ / model;
+  if (!fs::create_directory(folder->model_dir_, ec)) {
+    return internal_error("cannot make " + folder->model_dir_.string() + ": " + ec.message());
+  }
+  for (const auto& [path, contents] : files) {
+    const std::string what = "file parameter 'file:" + path + "'";
+    const fs::path rel = fs::path(path).lexically_normal();
+    // As Triton's: the file stays inside the model's folder, whatever its path says.
+    if (path.empty() || rel.is_absolute() || rel.empty() || *rel.begin() == ".." || rel == "." ||
+        !rel.has_filename()) {
+      return invalid_argument_error(what +
+                                    ": the path must name a file inside the model's "
+                                    "folder (e.g. \"file:1/model.py\")");
+    }
+    const fs::path target = folder->model_dir_ / rel;
+    fs::create_directories(target.parent_path(), ec);
+    if (ec || !fs::is_directory(target.parent_path())) {
+      return internal_error(what + ": cannot make its folder" +
+                            (ec ? ": " + ec.message() : " (a file of the load has its name)"));
+    }
+    std::ofstream out(target, std::ios::binary | std::ios::trunc);
+    if (!out) return internal_error(what + ": cannot write it: " + std::strerror(errno));
+    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    out.close();
+    if (!out) return internal_error(what + ": cannot write it: " + std::strerror(errno));
+  }
+  return std::shared_ptr<const OverrideFolder>(std::move(folder));
+}
+
+OverrideFolder::~OverrideFolder() {
+  std::error_code ec;
+  if (!root_.empty()) fs::remove_all(root_, ec);
+}
 
 // ---- the control thread -------------------------------------------------------------------------
 
@@ -881,7 +946,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
     }
     std::vector<ModelRef> replaced;
     Status status;
-    if (auto m = repo->build(name, nullptr, std::nullopt, 0, &replaced, &status)) {
+    if (auto m = repo->build(name, nullptr, LoadParameters{}, 0, &replaced, &status)) {
       repo->publish(std::move(m));
     }
   };
@@ -964,10 +1029,28 @@ Result<ModelPlan> auto_complete(ModelPlan plan, const fs::path& dir, const std::
 
 std::shared_ptr<const ServedModel> ModelRepository::build(
     const std::string& name, const std::shared_ptr<const ServedModel>& old,
-    const std::optional<std::string>& config_json, std::uint64_t epoch,
-    std::vector<ModelRef>* replaced, Status* status) {
+    const LoadParameters& params, std::uint64_t epoch, std::vector<ModelRef>* replaced,
+    Status* status) {
   const Log& log = log_;
-  const fs::path dir = root_ / name;
+  const std::optional<std::string>& config_json = params.config;
+  // Files in the load make the model's folder (Triton's model file override).
+  std::shared_ptr<const OverrideFolder> override_folder;
+  if (!params.files.empty()) {
+    auto made = config_json ? OverrideFolder::make(name, params.files)
+                            : invalid_argument_error(
+                                  "a load with files needs the 'config' "
+                                  "parameter too (Triton's model file "
+                                  "override)");
+    if (!made.ok()) {
+      // Triton's code and words (its simple_grpc_model_control.py matches on them), then why.
+      *status = internal_error("failed to poll from model repository: " +
+                               std::string(made.status().message()));
+      log("model '" + name + "': " + std::string(status->message()));
+      return nullptr;
+    }
+    override_folder = std::move(*made);
+  }
+  const fs::path dir = override_folder ? override_folder->model_dir() : root_ / name;
   auto served = std::make_shared<ServedModel>();
   served->name = name;
   std::error_code ec;
@@ -1008,7 +1091,8 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   std::string text;
   if (config_json) {
     text = "json:" + *config_json;
-    plan = plan_model_config_json(*config_json, "the load's config parameter", name, &warnings);
+    plan = plan_model_config_json(*config_json, "the load's config parameter", name, &warnings,
+                                  first_version_files(dir));
     if (plan.ok()) {
       if (Status s = check_override_host_paths(*plan, dir, name, options_.model_config_name);
           !s.ok()) {
@@ -1035,7 +1119,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
   } else {
     text = std::move(*t);
-    plan = plan_model_config(text, config_path.string(), name, &warnings);
+    plan = plan_model_config(text, config_path.string(), name, &warnings, first_version_files(dir));
     if (config_path.filename() != "config.pbtxt") {
       log("model '" + name + "': configuration " + config_path.string() + " (--model-config-name)");
     }
@@ -1086,7 +1170,8 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     const std::string fp = folder_fingerprint(dir / vtext);
     ModelRef prev = old ? old->find_version(v) : nullptr;
     const bool prev_serving = prev && prev->serving();
-    if (prev_serving && !config_json && old->config_text == text && prev->fingerprint == fp) {
+    if (prev_serving && !config_json && !override_folder && old->config_text == text &&
+        prev->fingerprint == fp) {
       served->versions.push_back(prev);  // unchanged: it goes on serving as it is
       continue;
     }
@@ -1096,6 +1181,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
     std::shared_ptr<ModelVersion> mv = make_version();
     mv->fingerprint = fp;
+    mv->override_folder = override_folder;
     const StatusCode code = load_version(*mv, *plan, dir, v, epoch);
     if (!mv->ready() && first_failure == StatusCode::ok) first_failure = code;
     if (!mv->ready() && prev_serving) {
@@ -1385,7 +1471,7 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
 
 // ---- model control ------------------------------------------------------------------------------
 
-void ModelRepository::reload(const std::string& name, const std::optional<std::string>& config_json,
+void ModelRepository::reload(const std::string& name, const LoadParameters& params,
                              std::uint64_t epoch, const Done& done) {
   if (stopping_.load()) {
     if (done) done(unavailable_error("the server is shutting down"));
@@ -1394,8 +1480,7 @@ void ModelRepository::reload(const std::string& name, const std::optional<std::s
   std::shared_ptr<const ServedModel> old = current(name);
   std::vector<ModelRef> replaced;
   Status status;
-  std::shared_ptr<const ServedModel> next =
-      build(name, old, config_json, epoch, &replaced, &status);
+  std::shared_ptr<const ServedModel> next = build(name, old, params, epoch, &replaced, &status);
   if (!next) {
     if (done) done(status);
     return;
@@ -1520,8 +1605,7 @@ Status refused_outside_explicit(ModelControlMode mode) {
 
 }  // namespace
 
-void ModelRepository::load_model(std::string name, std::optional<std::string> config_json,
-                                 Done done) {
+void ModelRepository::load_model(std::string name, LoadParameters params, Done done) {
   if (options_.control_mode != ModelControlMode::explicit_mode) {
     return done(refused_outside_explicit(options_.control_mode));
   }
@@ -1534,12 +1618,11 @@ void ModelRepository::load_model(std::string name, std::optional<std::string> co
     done(Status(s.code(), "failed to load '" + name + "': " + std::string(s.message())));
   };
   std::string key = name;
-  control_->post(std::move(key),
-                 [this, name = std::move(name), config_json = std::move(config_json), epoch,
-                  done = std::move(answer)](bool run) {
-                   if (!run) return done(unavailable_error("the server is shutting down"));
-                   reload(name, config_json, epoch, done);
-                 });
+  control_->post(std::move(key), [this, name = std::move(name), params = std::move(params), epoch,
+                                  done = std::move(answer)](bool run) {
+    if (!run) return done(unavailable_error("the server is shutting down"));
+    reload(name, params, epoch, done);
+  });
 }
 
 void ModelRepository::unload_model(std::string name, Done done) {
@@ -1574,12 +1657,12 @@ void ModelRepository::poll() {
     if (!m || !m->requested ||
         m->fingerprint != model_fingerprint(root_ / name, options_.model_config_name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
-      reload(name, std::nullopt, epoch_of(name), nullptr);
+      reload(name, LoadParameters{}, epoch_of(name), nullptr);
       changed = true;
     } else if (changed && m->platform == "ensemble" && !m->all_ready()) {
       // An ensemble that failed to load, perhaps for want of a step model that this scan loaded.
       log_("poll: ensemble '" + name + "' is not ready and models changed: loading it again");
-      reload(name, std::nullopt, epoch_of(name), nullptr);
+      reload(name, LoadParameters{}, epoch_of(name), nullptr);
     }
   }
   auto snap = snapshot();

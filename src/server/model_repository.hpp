@@ -47,6 +47,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "asyncinfer/device.hpp"
@@ -165,6 +166,37 @@ struct RetiredFlag {
 };
 
 /// One served version of a model.
+/// A model folder made for one load from the files its request carried (Triton's model file
+/// override), in a temporary folder of its own; removed with the last version loaded from it.
+class OverrideFolder {
+ public:
+  /// Writes `files` (path in the model's folder, e.g. "1/model.py" → contents) into a new
+  /// temporary folder `<tmp>/asyncinfer-override-XXXXXX/<model>`. invalid_argument for a path
+  /// that is empty, absolute, leaves the model's folder, or lies under a name given as a file;
+  /// internal when the file system refuses one (a name longer than NAME_MAX), naming the path.
+  static Result<std::shared_ptr<const OverrideFolder>> make(
+      const std::string& model, const std::vector<std::pair<std::string, std::string>>& files);
+  ~OverrideFolder();
+  OverrideFolder(const OverrideFolder&) = delete;
+  OverrideFolder& operator=(const OverrideFolder&) = delete;
+  /// The model's folder (its name is the model's).
+  const std::filesystem::path& model_dir() const noexcept { return model_dir_; }
+
+ private:
+  OverrideFolder() = default;
+  std::filesystem::path root_;  ///< the temporary folder, removed with everything under it
+  std::filesystem::path model_dir_;
+};
+
+/// What a load request gives beside the model's name, as Triton's load parameters: `config`, a
+/// ModelConfig in JSON that replaces the config.pbtxt, and `files` (its `file:<path>` parameters:
+/// path in the model's folder → contents), which then make the model's whole folder for this load
+/// (they need `config`).
+struct LoadParameters {
+  std::optional<std::string> config;
+  std::vector<std::pair<std::string, std::string>> files;
+};
+
 struct ModelVersion {
   std::string model_name;
   std::int64_t version = 0;
@@ -176,6 +208,8 @@ struct ModelVersion {
   /// a backend that takes the model's config (RepositoryForm::takes_model_config, python's).
   bool takes_request_context = false;
   std::string device;  ///< as opened: "cpu", "sim", "cuda:0"
+  /// The folder it was loaded from when its load carried files: kept while it lives.
+  std::shared_ptr<const OverrideFolder> override_folder;
   /// The loaded model's signature (full shapes; -1 = variable dim, the batch dim first when
   /// batched). Meaningful only when ready.
   ModelSignature signature;
@@ -306,14 +340,20 @@ class ModelRepository {
   std::shared_ptr<const RepositorySnapshot> snapshot() const;
 
   /// Triton's RepositoryModelLoad: loads model `name`, or reloads it (a changed config or new
-  /// versions load beside the serving ones; traffic moves once they are ready). `config_json`
-  /// (Triton's `config` parameter: a ModelConfig in JSON) replaces its config.pbtxt. Returns at
-  /// once; `done` gets ok once the model serves, or the error: unavailable outside explicit
-  /// mode, when shutting down or when an unload came after it, invalid_argument for a name that
-  /// is not a folder name (check_model_name), internal for a model with no folder (Triton's codes),
-  /// invalid_argument for a bad config, the load's error otherwise (the versions serving before,
-  /// if any, go on serving).
-  void load_model(std::string name, std::optional<std::string> config_json, Done done);
+  /// versions load beside the serving ones; traffic moves once they are ready). `params.config`
+  /// (Triton's `config` parameter: a ModelConfig in JSON) replaces its config.pbtxt;
+  /// `params.files` replace its folder (OverrideFolder; a later load without files loads from
+  /// the repository again). Returns at once; `done` gets ok once the model serves, or the
+  /// error: unavailable outside explicit mode, when shutting down or when an unload came after
+  /// it, invalid_argument for a name that is not a folder name (check_model_name), internal for a
+  /// model with no folder and for files that cannot make one ("failed to poll from model
+  /// repository", Triton's code and words, then why), invalid_argument for a bad config, the
+  /// load's error otherwise (the versions serving before, if any, go on serving).
+  void load_model(std::string name, LoadParameters params, Done done);
+  /// load_model with `config_json` alone (no files).
+  void load_model(std::string name, std::optional<std::string> config_json, Done done) {
+    load_model(std::move(name), LoadParameters{std::move(config_json), {}}, std::move(done));
+  }
   /// Triton's RepositoryModelUnload: new requests for `name` fail with not_found at once (also
   /// while a load of it runs: that load is then dropped); the ones in flight finish (within
   /// drain_timeout). `done` gets ok as soon as no new request can
@@ -347,15 +387,14 @@ class ModelRepository {
   class Control;
   ModelRepository() = default;
 
-  /// Builds the next ServedModel of `name` from its folder (or `config_json`), loading what
+  /// Builds the next ServedModel of `name` from its folder (or `params`), loading what
   /// changed beside what serves in `old` (may be null). The versions it replaces go to
   /// `replaced`. Null (with the error in `status`) for a model that has no folder and was not
   /// served before. On the control thread.
   std::shared_ptr<const ServedModel> build(const std::string& name,
                                            const std::shared_ptr<const ServedModel>& old,
-                                           const std::optional<std::string>& config_json,
-                                           std::uint64_t epoch, std::vector<ModelRef>* replaced,
-                                           Status* status);
+                                           const LoadParameters& params, std::uint64_t epoch,
+                                           std::vector<ModelRef>* replaced, Status* status);
   /// Loads version `v` of the model in `dir` into `version` (its engine, warm-up and applied
   /// config: ready, or unavailable with the reason) and logs the outcome.
   /// `epoch`: as reload()'s; an unload since then cancels the warm-up.
@@ -363,8 +402,8 @@ class ModelRepository {
                           const std::filesystem::path& dir, std::int64_t v, std::uint64_t epoch);
   /// Loads (or reloads) `name` and publishes it; drains the versions it replaced.
   /// `epoch`: the model's unload count when the load was asked for; an unload since then wins.
-  void reload(const std::string& name, const std::optional<std::string>& config_json,
-              std::uint64_t epoch, const Done& done);
+  void reload(const std::string& name, const LoadParameters& params, std::uint64_t epoch,
+              const Done& done);
   /// Takes `name` out of service at once (any thread), publishes it UNLOADING, answers, then
   /// drains it off the control thread and publishes it unloaded.
   void unload(const std::string& name, const Done& done);

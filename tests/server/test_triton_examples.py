@@ -78,6 +78,14 @@ CLASSIFY = [("image_client", "http", ["-m", "digits_image", "-s", "NONE", "-c", 
                                            "--streaming"]),
             ("ensemble_image_client", "http", ["-m", "digits_png", "-c", "3"]),
             ("ensemble_image_client", "grpc", ["-i", "grpc", "-m", "digits_png", "-c", "3"])]
+# The model control examples, each on a server of its own in explicit mode, whose repository has
+# as many models as the script counts (Triton's qa gives them one of 7 and one of 8): they load
+# "simple", then again with an override config of max_batch_size alone (the config's backend then
+# comes from the model file, its tensors from add_sub.py's auto_complete_config), unload it, and
+# the gRPC one loads with a model file whose name is too long for the file system.
+MODEL_CONTROL = [("simple_http_model_control", "http", 7),
+                 ("simple_grpc_model_control", "grpc", 8)]
+
 # The first test images of models/make_digits.py's split (the network gets 98.7 % of the split
 # right, and 7 of these 8).
 IMAGES = 8
@@ -86,11 +94,6 @@ IMAGES = 8
 NOT_RUN = {
     "simple_http_health_metadata": "checks that the server's name is \"triton\"",
     "simple_grpc_health_metadata": "checks that the server's name is \"triton\"",
-    "simple_http_model_control": "counts the 7 models of Triton's qa repository and loads "
-                                 "'simple' with a config override that Triton auto-completes "
-                                 "from its TensorFlow graph (auto-complete: issue 47)",
-    "simple_grpc_model_control": "counts the 8 models of Triton's qa repository and loads "
-                                 "'simple' with a config override that Triton auto-completes",
     "simple_http_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
     "simple_grpc_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
     "grpc_client": "densenet_onnx, a 32 MB ONNX network of Triton's model zoo that is not "
@@ -105,13 +108,14 @@ def examples_dir():
     return d if root and os.path.isdir(d) else None
 
 
-def make_repository():
+def make_repository(count=None):
+    """The models of SOURCES (the first `count` of them), and the digits models with --digits."""
     path = tempfile.mkdtemp(prefix="asyncinfer-triton-examples-")
-    for model, source in SOURCES.items():
+    for model, source in list(SOURCES.items())[:count]:
         os.makedirs(os.path.join(path, model, "1"))
         shutil.copy(os.path.join(MODELS, model, "config.pbtxt"), os.path.join(path, model))
         shutil.copy(os.path.join(MODELS, source), os.path.join(path, model, "1", "model.py"))
-    if harness.ARGS.digits:
+    if harness.ARGS.digits and count is None:
         add_digits_models(path, harness.ARGS.digits)
     return path
 
@@ -214,11 +218,13 @@ class TritonExamples(unittest.TestCase):
             cls.addClassCleanup(shutil.rmtree, cls.images, True)
             cls.expected = test_images(harness.ARGS.digits, cls.images)
 
-    def run_example(self, script, protocol, extra):
-        """Runs `script` and checks its exit and PASS line; returns what it printed."""
+    def run_example(self, script, protocol, extra, server=None):
+        """Runs `script` against `server` (the class's by default) and checks its exit and PASS
+        line; returns what it printed."""
         path = os.path.join(self.dir, script + ".py")
         self.assertTrue(os.path.isfile(path), path + " is not in the checkout")
-        port = self.server.http_port if protocol == "http" else self.server.grpc_port
+        server = server or self.server
+        port = server.http_port if protocol == "http" else server.grpc_port
         try:
             out = subprocess.run([sys.executable, path, "-v", "-u", "127.0.0.1:%d" % port]
                                  + extra, capture_output=True, text=True, timeout=120,
@@ -252,10 +258,18 @@ class TritonExamples(unittest.TestCase):
         right = [name for name, (label, _) in self.expected.items() if top[name] == [label]]
         self.assertEqual(len(right), IMAGES - 1, right)
 
+    def model_control(self, script, protocol, models):
+        """Runs a model control example on a server of its own, in explicit mode."""
+        repository = make_repository(models)
+        self.addCleanup(shutil.rmtree, repository, True)
+        with Server(repository, "--model-control-mode", "explicit") as server:
+            self.run_example(script, protocol, [], server)
+            self.assertIsNone(server.proc.poll(), server.log())
+
     def test_every_example_is_run_or_named(self):
         """A new example in the checkout is either run here or named in NOT_RUN."""
         scripts = {f[:-3] for f in os.listdir(self.dir) if f.endswith(".py")}
-        known = {s for s, _, _ in RUNS + CLASSIFY} | set(NOT_RUN)
+        known = ({s for s, _, _ in RUNS + CLASSIFY + MODEL_CONTROL} | set(NOT_RUN))
         self.assertEqual(sorted(scripts - known), [])
 
 
@@ -267,6 +281,11 @@ def add_runs():
             self.run_example(script, protocol, extra)
         run.__doc__ = "%s.py %s, unchanged" % (script, " ".join(extra))
         setattr(TritonExamples, name, run)
+    for script, protocol, models in MODEL_CONTROL:
+        def control(self, script=script, protocol=protocol, models=models):
+            self.model_control(script, protocol, models)
+        control.__doc__ = "%s.py, unchanged, on %d models in explicit mode" % (script, models)
+        setattr(TritonExamples, "test_" + script, control)
     for script, protocol, extra in CLASSIFY:
         flags = [a.strip("-") for a in extra if a.startswith("-") and a not in ("-m", "-s", "-c")]
         name = "test_classify_" + script + "_" + protocol + "".join("_" + f for f in flags

@@ -18,6 +18,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -805,9 +806,14 @@ class RepositoryControl(harness.unittest.TestCase):
         with self.assertRaises(InferenceServerException) as e:
             self.grpc.load_model("nope")
         self.assertEqual(e.exception.status(), "StatusCode.INTERNAL")
+        # A model file in the load makes the model's folder: "{}" names no backend, model.pt
+        # makes it a pytorch model, which needs its tensors listed.
         with self.assertRaises(InferenceServerException) as e:
             self.http.load_model("spare", files={"file:1/model.pt": b"x"}, config="{}")
-        self.assertEqual(e.exception.status(), "501")
+        self.assertEqual(e.exception.status(), "400")
+        self.assertIn("needs input and output lists", e.exception.message())
+        self.http.load_model("spare")  # back to its folder: the failed load left it unready
+        self.http.unload_model("spare")
         status, _, body = raw_post(self.server.http_port, "/v2/repository/models/spare/load",
                                    b'{"parameters": {"config": 7}}', {})
         self.assertEqual(status, 400)
@@ -930,6 +936,110 @@ class RepositoryControl(harness.unittest.TestCase):
             f.write(identity_config())
         self.http.load_model("identity")
         self.assertNotIn("3", index_of(self.http, "identity"))
+
+
+# A python model sent as files in a load request (ModelFileOverride).
+SCALE_PY = b"""import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (
+            pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * %d).astype(np.float32))])
+            for r in requests]
+"""
+SCALE_CONFIG = json.dumps({
+    "backend": "python", "max_batch_size": 8,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]})
+
+
+class ModelFileOverride(harness.unittest.TestCase):
+    """Triton's model file override: a load's `file:<path>` parameters (base64 over HTTP, bytes
+    over gRPC) with its `config` make the model's folder, in a temporary folder of its own that
+    goes with the last version loaded from it; files that cannot make a folder fail the load with
+    Triton's INTERNAL "failed to poll from model repository" and the server goes on."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="asyncinfer-override-test-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
+        cls.repo = Repository()
+        cls.repo.add("identity", identity_config())
+        before = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = cls.tmp  # where the server makes the override folders
+        try:
+            cls.server = Server(cls.repo.path, "--model-control-mode", "explicit").start()
+        finally:
+            if before is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = before
+        cls.addClassCleanup(cls.server.stop)
+        cls.http = httpclient.InferenceServerClient("127.0.0.1:%d" % cls.server.http_port)
+        cls.grpc = grpcclient.InferenceServerClient(cls.server.grpc_target)
+
+    def folders(self):
+        return sorted(f for f in os.listdir(self.tmp) if f.startswith("asyncinfer-override-"))
+
+    def scale(self, client):
+        """What "uploaded" makes of X's first row, through `client`."""
+        lib = httpclient if client is self.http else grpcclient
+        i = lib.InferInput("INPUT0", [1, 16], "FP32")
+        i.set_data_from_numpy(X[:1, :])
+        return client.infer("uploaded", [i]).as_numpy("OUTPUT0")
+
+    def test_a_model_sent_as_files_serves_until_it_is_replaced_or_unloaded(self):
+        self.http.load_model("uploaded", config=SCALE_CONFIG,
+                             files={"file:1/model.py": SCALE_PY % 2})
+        self.addCleanup(self.http.unload_model, "uploaded")
+        np.testing.assert_array_equal(self.scale(self.http), X[:1, :] * 2)
+        self.assertEqual(len(self.folders()), 1)
+        first = self.folders()[0]
+        with open(os.path.join(self.tmp, first, "uploaded", "1", "model.py"), "rb") as f:
+            self.assertEqual(f.read(), SCALE_PY % 2)
+        self.assertEqual(self.http.get_model_config("uploaded")["backend"], "python")
+        # Loaded again over gRPC with other files: they serve, and the first folder goes once
+        # the version loaded from it has drained.
+        self.grpc.load_model("uploaded", config=SCALE_CONFIG,
+                             files={"file:1/model.py": SCALE_PY % 3})
+        np.testing.assert_array_equal(self.scale(self.grpc), X[:1, :] * 3)
+        wait_for(lambda: first not in self.folders() and len(self.folders()) == 1,
+                 what="the first load's folder to go")
+        self.http.unload_model("uploaded")
+        wait_for(lambda: self.folders() == [], what="the override folder to go with the model")
+        self.assertFalse(self.http.is_model_ready("uploaded"))
+
+    def test_files_that_cannot_make_a_folder_fail_the_load_alone(self):
+        cases = [({"file:1/model.py": SCALE_PY % 2}, None, "needs the 'config' parameter"),
+                 ({"file:../escaped.py": b"x"}, SCALE_CONFIG, "inside the model's folder"),
+                 ({"file:/etc/escaped.py": b"x"}, SCALE_CONFIG, "inside the model's folder"),
+                 ({"file:1/" + "A" * 300: b"x"}, SCALE_CONFIG, "File name too long"),
+                 # Whichever comes first (a gRPC map has no order), the other cannot be.
+                 ({"file:1": b"x", "file:1/model.py": b"y"}, SCALE_CONFIG,
+                  "(file:1/model.py': cannot make its folder|file:1': cannot write it)")]
+        for files, config, why in cases:
+            for client, code in ((self.http, "500"), (self.grpc, "StatusCode.INTERNAL")):
+                with self.assertRaises(InferenceServerException, msg=str(files)) as e:
+                    client.load_model("uploaded", config=config, files=files)
+                self.assertEqual(e.exception.status(), code, e.exception.message())
+                self.assertIn("failed to load 'uploaded': failed to poll from model repository",
+                              e.exception.message())
+                self.assertRegex(e.exception.message(), why)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "escaped.py")))
+        self.assertEqual(self.folders(), [])  # what a failed load made is gone
+        # Not base64 over HTTP: 400, naming the parameter.
+        status, _, body = raw_post(self.server.http_port, "/v2/repository/models/uploaded/load",
+                                   json.dumps({"parameters": {"config": SCALE_CONFIG,
+                                                              "file:1/model.py": "not base64!"}})
+                                   .encode(), {})
+        self.assertEqual(status, 400)
+        self.assertIn(b"'file:1/model.py' must be a string holding the file's contents in base64",
+                      body)
+        self.assertTrue(self.http.is_server_ready())
+        self.http.load_model("identity")
+        self.assertTrue(self.grpc.is_model_ready("identity"))
 
 
 class PollMode(harness.unittest.TestCase):

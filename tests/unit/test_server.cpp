@@ -666,6 +666,47 @@ output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])");
   EXPECT_EQ(strings->inputs[0].dtype, DType::bytes);
 }
 
+TEST(ServerConfig, ANamelessBackendIsTheOneWhoseModelFileTheVersionFolderHolds) {
+  // Triton's AutoCompleteBackendFields: a config (or a load's override) with neither platform nor
+  // backend gets the backend whose default model file is in the first version folder.
+  const std::string io = R"(max_batch_size: 4
+input [ { name: "a" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "b" data_type: TYPE_FP32 dims: [ 2 ] } ])";
+  std::vector<std::string> w;
+  const std::vector<std::pair<std::string, std::string>> files = {{"model.py", "python"},
+                                                                  {"model.pt", "pytorch"},
+                                                                  {"model.onnx", "onnxruntime"},
+                                                                  {"model.xml", "openvino"}};
+  for (const auto& [file, backend] : files) {
+    auto p = plan_model_config(io, "m/config.pbtxt", "m", &w, {"README.md", file});
+    ASSERT_TRUE(p.ok()) << file << ": " << p.status();
+    EXPECT_EQ(p->kind, ModelPlan::Kind::file);
+    EXPECT_EQ(p->form.name, backend) << file;
+    EXPECT_EQ(p->model_filename, file);
+    auto json = plan_model_config_json(R"({"max_batch_size": 4, "input": [{"name": "a",
+        "data_type": "TYPE_FP32", "dims": [2]}], "output": [{"name": "b", "data_type":
+        "TYPE_FP32", "dims": [2]}]})",
+                                       "the load's config parameter", "m", &w, {file});
+    ASSERT_TRUE(json.ok()) << file << ": " << json.status();
+    EXPECT_EQ(json->form.name, backend) << file;
+  }
+  // default_model_filename names the backend's file even where the folder does not hold it.
+  auto named = plan_model_config(io + "\ndefault_model_filename: \"model.pt\"", "m/config.pbtxt",
+                                 "m", &w, {"model.py"});
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->form.name, "pytorch");
+  // A named backend is kept; a folder with no model file leaves the error as it was.
+  auto given =
+      plan_model_config(io + "\nbackend: \"python\"", "m/config.pbtxt", "m", &w, {"model.onnx"});
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->form.name, "python");
+  auto none = plan_model_config(io, "m/config.pbtxt", "m", &w, {"README.md"});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("neither platform nor backend is set"),
+            std::string_view::npos)
+      << none.status();
+}
+
 // ---- a backend of the test's own ----------------------------------------------------------------
 
 /// The test's backend "test_scale": its model file holds one number, k; output = k * input, FP32

@@ -312,11 +312,11 @@ class GrpcServer::Impl::Service final : public ServiceBase {
                                                 pb::RepositoryModelLoadResponse*) override {
     if (grpc::Status s = impl_.restricted(ctx, ApiCategory::model_repository); !s.ok())
       return done(ctx, s);
-    std::optional<std::string> config;
-    if (grpc::Status s = load_request_config(*in, &config); !s.ok()) return done(ctx, s);
+    LoadParameters params;
+    if (grpc::Status s = load_request_parameters(*in, &params); !s.ok()) return done(ctx, s);
     // Answered from the repository's control thread once the model serves (or failed).
     auto* r = new CountedUnary(impl_, ctx);
-    impl_.core.repository().load_model(model_name_of(*in), std::move(config),
+    impl_.core.repository().load_model(model_name_of(*in), std::move(params),
                                        [this, r](const Status& s) { finish(r, s); });
     return r;
   }

@@ -542,25 +542,27 @@ grpc::Status check_repository_call(const std::string& repository, const std::str
 
 }  // namespace
 
-grpc::Status load_request_config(const inference::RepositoryModelLoadRequest& request,
-                                 std::optional<std::string>* config) {
+grpc::Status load_request_parameters(const inference::RepositoryModelLoadRequest& request,
+                                     LoadParameters* params) {
   if (grpc::Status s = check_repository_call(request.repository_name(), request.model_name());
       !s.ok()) {
     return s;
   }
   for (const auto& [key, value] : request.parameters()) {
     if (key.rfind("file:", 0) == 0) {
-      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          "parameter '" + key +
-                              "': asyncinfer does not take model files in a load request; put "
-                              "them in the repository's folder");
+      if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBytesParam) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "parameter '" + key + "' must be a bytes_param (the file's contents)");
+      }
+      params->files.emplace_back(key.substr(5), value.bytes_param());
+      continue;
     }
     if (key == "config") {
       if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             "parameter 'config' must be a string_param (a ModelConfig in JSON)");
       }
-      *config = value.string_param();
+      params->config = value.string_param();
     }
   }
   return grpc::Status::OK;

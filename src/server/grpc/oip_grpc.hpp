@@ -81,14 +81,14 @@ void model_statistics(const std::vector<ModelRef>& versions,
 void repository_index(const ModelRepository& repository, bool ready_only,
                       inference::RepositoryIndexResponse* out);
 
-/// Checks a RepositoryModelLoad and reads its `config` parameter (string), if any, into
-/// `config`: UNIMPLEMENTED for a repository_name (one repository is served) or a `file:`
-/// parameter (model files are not taken over the wire), as Triton's; INVALID_ARGUMENT for an
-/// empty model name or a `config` that is not a string. Here because the message has a map field
-/// (see grpc/CMakeLists.txt on sanitizer builds).
-grpc::Status load_request_config(const inference::RepositoryModelLoadRequest& request,
-                                 std::optional<std::string>* config);
-/// A RepositoryModelUnload's checks, as load_request_config's (`unload_dependents`, a bool, is
+/// Checks a RepositoryModelLoad and reads its parameters into `params`: `config` (a string) and
+/// the model files of its `file:<path>` parameters (bytes). UNIMPLEMENTED for a repository_name
+/// (one repository is served); INVALID_ARGUMENT for an empty model name, a `config` that is not
+/// a string or a file that is not bytes. Here because the message has a map field (see
+/// grpc/CMakeLists.txt on sanitizer builds).
+grpc::Status load_request_parameters(const inference::RepositoryModelLoadRequest& request,
+                                     LoadParameters* params);
+/// A RepositoryModelUnload's checks, as load_request_parameters' (`unload_dependents`, a bool, is
 /// accepted: no model here depends on another).
 grpc::Status check_unload_request(const inference::RepositoryModelUnloadRequest& request);
 /// The requests' model_name (read here for the same reason).

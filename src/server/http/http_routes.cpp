@@ -477,7 +477,6 @@ void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bo
 void Session::handle_repository(const std::string& model, bool load) {
   auto call = parse_repository_call(request_.body(), impl_.opt.max_json_depth, load);
   if (!call.ok()) return respond_status(call.status());
-  if (!call->unsupported.empty()) return respond_error(501, call->unsupported);
   // Answered once the repository's control thread is done (a load: when the model serves);
   // meanwhile the socket is watched, so that a client that goes away is noticed.
   set_phase(Phase::handling);
@@ -487,7 +486,8 @@ void Session::handle_repository(const std::string& model, bool load) {
     net::post(self->executor(), [self, s] { self->on_repository_done(s); });
   };
   if (load) {
-    impl_.core.repository().load_model(model, std::move(call->config), std::move(answer));
+    impl_.core.repository().load_model(
+        model, LoadParameters{std::move(call->config), std::move(call->files)}, std::move(answer));
   } else {
     impl_.core.repository().unload_model(model, std::move(answer));
   }

@@ -4,7 +4,10 @@
 // oip_json_encode.cpp.
 #include "oip_json.hpp"
 
+#include <openssl/evp.h>
+
 #include <map>
+#include <optional>
 
 #include <string>
 
@@ -234,6 +237,25 @@ std::string shared_memory_status_json(const std::vector<SharedMemoryRef>& region
   return list.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+namespace {
+
+// RFC 4648 base64 with padding, by OpenSSL's EVP_DecodeBlock; nullopt for anything else.
+std::optional<std::string> decode_base64(const std::string& text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  std::string out(text.size() / 4 * 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(text.data()),
+                                static_cast<int>(text.size()));
+  if (n < 0) return std::nullopt;
+  // EVP_DecodeBlock counts the padding's bytes (zeros) too.
+  std::size_t pad = 0;
+  for (auto c = text.rbegin(); c != text.rend() && *c == '=' && pad < 2; ++c) ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
+}
+
+}  // namespace
+
 Result<RepositoryCall> parse_repository_call(std::string_view body, int max_depth, bool load) {
   RepositoryCall call;
   if (body.empty()) return call;
@@ -245,10 +267,14 @@ Result<RepositoryCall> parse_repository_call(std::string_view body, int max_dept
   for (auto it = params->begin(); it != params->end(); ++it) {
     const std::string& key = it.key();
     if (load && key.rfind("file:", 0) == 0) {
-      call.unsupported = "parameter '" + key +
-                         "': asyncinfer does not take model files in a load request; put them "
-                         "in the repository's folder";
-      return call;
+      std::optional<std::string> contents;
+      if (it->is_string()) contents = decode_base64(it->get_ref<const std::string&>());
+      if (!contents) {
+        return invalid_argument_error("parameter '" + key +
+                                      "' must be a string holding the file's contents in base64");
+      }
+      call.files.emplace_back(key.substr(5), std::move(*contents));
+      continue;
     }
     if (load && key == "config") {
       // Triton's HTTP form: the ModelConfig's JSON text, as a string.

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "inference_server.hpp"
@@ -86,13 +87,15 @@ Result<TraceSettingUpdate> parse_trace_settings_request(std::string_view body, i
 
 /// The body of POST /v2/repository/models/{m}/load or /unload (Triton's): empty, or
 /// {"parameters": {...}}. A load's `config` (a string: a ModelConfig in JSON) replaces the
-/// config.pbtxt; an unload's `unload_dependents` (bool) is accepted (no model here depends on
-/// another); other parameters are ignored. invalid_argument for bad JSON or a value of the wrong
-/// type.
+/// config.pbtxt, and its `file:<path>` parameters (strings: the file's contents in base64,
+/// RFC 4648 with padding, as Triton's HTTP clients send them) are model files (LoadParameters);
+/// an unload's `unload_dependents` (bool) is accepted (no model here depends on another); other
+/// parameters are ignored. invalid_argument for bad JSON or a value of the wrong type or
+/// encoding, naming the parameter.
 struct RepositoryCall {
   std::optional<std::string> config;
-  /// Set for what Triton has and asyncinfer does not (`file:` parameters): answered 501.
-  std::string unsupported;
+  /// `file:` parameters of a load: path in the model's folder → the decoded contents.
+  std::vector<std::pair<std::string, std::string>> files;
 };
 Result<RepositoryCall> parse_repository_call(std::string_view body, int max_depth, bool load);
 

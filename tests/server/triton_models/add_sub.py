@@ -7,7 +7,30 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+# Each model's dtype, for auto_complete_config.
+DTYPES = {"simple": "TYPE_INT32", "simple_int8": "TYPE_INT8", "simple_string": "TYPE_STRING"}
+
+
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """Triton's auto-complete: a config without the tensors (the override of a load that gives
+        only max_batch_size, as Triton's simple_*_model_control.py sends it, replaces the whole
+        config.pbtxt) gets the model's inputs and outputs, [16] each in its model's dtype."""
+        config = auto_complete_model_config.as_dict()
+        dtype = DTYPES.get(config["name"], "TYPE_INT32")
+        inputs = {t["name"] for t in config["input"]}
+        outputs = {t["name"] for t in config["output"]}
+        for name in ("INPUT0", "INPUT1"):
+            if name not in inputs:
+                auto_complete_model_config.add_input(
+                    {"name": name, "data_type": dtype, "dims": [16]})
+        for name in ("OUTPUT0", "OUTPUT1"):
+            if name not in outputs:
+                auto_complete_model_config.add_output(
+                    {"name": name, "data_type": dtype, "dims": [16]})
+        return auto_complete_model_config
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.strings = config["input"][0]["data_type"] == "TYPE_STRING"
