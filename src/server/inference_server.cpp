@@ -826,14 +826,21 @@ InferResponse make_response(const ModelRef& ref, std::string id,
   response.model = ref;
   response.id = std::move(id);
   if (outs.empty()) return response;  // a decoupled model's final flag alone: no outputs
+  // The model's reshaped outputs in the config's dims (Triton's reshape).
+  Outputs reshaped;
+  if (!model.output_reshapes.empty()) {
+    reshaped = outs;
+    apply_reshapes(model.output_reshapes, model.signature.outputs, /*to_model=*/false, reshaped);
+  }
+  const Outputs& out = model.output_reshapes.empty() ? outs : reshaped;
   if (selected.empty()) {
-    for (std::size_t i = 0; i < outs.size(); ++i) {
-      response.outputs.push_back({&model.signature.outputs[i], outs[i], -1});
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      response.outputs.push_back({&model.signature.outputs[i], out[i], -1});
     }
   } else {
     for (std::size_t k = 0; k < selected.size(); ++k) {
       response.outputs.push_back(
-          {&model.signature.outputs[selected[k]], outs[selected[k]], static_cast<int>(k)});
+          {&model.signature.outputs[selected[k]], out[selected[k]], static_cast<int>(k)});
     }
   }
   return response;
@@ -866,6 +873,8 @@ Result<InflightRequest> InferenceServer::run(ModelRef model, Inputs inputs,
   // survives a refusal by a version retired between the check and the submit.
   Inputs again;
   if (repository_->options().control_mode != ModelControlMode::none) again = inputs;
+  // The config's reshapes: the model gets its own shapes (views, no copy).
+  apply_reshapes(model->input_reshapes, model->signature.inputs, /*to_model=*/true, inputs);
   // A refusal comes back here; an accepted request that has already ended (it may have run, and
   // a decoupled one may have sent responses) is answered through its future as any other.
   Result<Future<Outputs>> accepted = model->engine->try_submit(std::move(inputs), options);

@@ -314,6 +314,11 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
                           " model needs input and output lists (name, data_type, dims)");
   }
   if (plan.kind == ModelPlan::Kind::ensemble) {
+    if (!plan.input_reshapes.empty() || !plan.output_reshapes.empty()) {
+      return bad(model,
+                 "reshape on an ensemble's inputs or outputs is not supported (give it "
+                 "to the step model whose tensor it is)");
+    }
     ASYNCINFER_RETURN_IF_ERROR(check_ensemble_graph(plan).status());
   }
   ASYNCINFER_RETURN_IF_ERROR(plan_instances(c, model, plan, warnings));

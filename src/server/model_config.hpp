@@ -144,6 +144,15 @@ struct ModelPlan {
   /// output name → its label_filename (a file in the model's folder, one label per line): the
   /// labels of the classification extension (classification.hpp).
   std::map<std::string, std::string> label_files;
+  /// Triton's `reshape` of an input or output: by index of `inputs` / `outputs` (whose shapes
+  /// are the config's `dims`, what clients send and get), the full shape the model itself takes
+  /// or gives (reshape { shape }, the batch dim first when batched); nullopt where the config
+  /// gives none. Empty when no tensor has one.
+  std::vector<std::optional<Shape>> input_reshapes;
+  std::vector<std::optional<Shape>> output_reshapes;
+  /// `inputs` / `outputs` as the model sees them: each reshape's shape in place of its dims.
+  std::vector<TensorSpec> model_inputs() const;
+  std::vector<TensorSpec> model_outputs() const;
   EngineOptions engine;
   /// instance_group rate_limiter: one entry per engine worker, in the groups' order (a group of
   /// count N gives N), each with its group's resources and priority; empty when no group has a
@@ -220,8 +229,24 @@ Result<AppliedConfig> applied_model_config(const ModelPlan& plan, const ModelSig
 /// fails.
 Result<std::string> given_model_config_json(const ModelPlan& plan);
 
-/// Checks a loaded model's signature against the plan's inputs/outputs and max_batch_size
-/// (names, dtypes, dims). invalid_argument names the first difference.
+/// Triton's reshape at run time: the shape `to` takes for a tensor of shape `actual`, which fits
+/// `from` (its -1 dims any size). Each -1 of `to` takes the size that the -1 of `from` at the same
+/// rank among -1s has in `actual` (the config's check makes the parts between them the same
+/// size: Triton's rule). `from` and `to` are full shapes, the batch dim (-1) first when batched.
+Shape resolve_reshape(const Shape& from, const Shape& to, const Shape& actual);
+
+/// Triton's reshape of a request's tensors: tensor i of `tensors` (undefined ones skipped) viewed
+/// (no copy) in shape reshapes[i] where it has one, resolve_reshape'd from shapes[i]'s, or the
+/// other way round when `to_model` is false (`shapes` are the clients' then, the model's outputs
+/// go back to them). A view that cannot be made (another element count) keeps the tensor.
+/// `shapes`: the client-side full shapes, by index as `reshapes`.
+void apply_reshapes(const std::vector<std::optional<Shape>>& reshapes,
+                    const std::vector<TensorSpec>& shapes, bool to_model,
+                    std::vector<Tensor>& tensors);
+
+/// Checks a loaded model's signature against the plan's inputs/outputs (as the model sees them:
+/// model_inputs(), model_outputs()) and max_batch_size (names, dtypes, dims). invalid_argument
+/// names the first difference.
 Status check_signature(const ModelPlan& plan, const ModelSignature& signature);
 
 /// OIP datatype names ("FP32", "INT64", "BOOL", "BYTES", ...) for a DType, and back. Unknown

@@ -201,17 +201,64 @@ void warn_backend_parameters(std::string_view model, ModelPlan& plan,
   plan.backend_parameters.clear();
 }
 
+namespace {
+
+// Triton's reshape of an input or output (its core's checks and words): the full shape the model
+// takes or gives, or nullopt without one. Zeros are refused; dims and reshape hold as many
+// elements, or, with variable (-1) dims, as many -1s with parts of the same size between them;
+// an empty reshape (a scalar a row) needs dims of one element and a batched model.
+template <class Tensor>
+Result<std::optional<Shape>> plan_reshape(std::string_view model, const std::string& field,
+                                          const Tensor& t, std::int64_t max_batch_size) {
+  if (!t.has_reshape()) return std::optional<Shape>();
+  const auto& shape = t.reshape().shape();
+  if (shape.empty() && max_batch_size == 0) {
+    return bad(model, field +
+                          ": cannot have empty reshape for non-batching model as scalar tensors "
+                          "are not supported");
+  }
+  for (const std::int64_t d : shape) {
+    if (d < 1 && d != -1) {
+      return bad(model, field +
+                            ": reshape dimensions must be integer >= 1, or -1 to indicate a "
+                            "variable-size dimension");
+    }
+  }
+  // The element counts of the parts between -1 dims (one part when none is -1).
+  auto parts = [](const auto& dims) {
+    std::vector<std::int64_t> out{1};
+    for (const std::int64_t d : dims) {
+      if (d == -1) {
+        out.push_back(1);
+      } else {
+        out.back() *= d;
+      }
+    }
+    return out;
+  };
+  const std::vector<std::int64_t> from = parts(t.dims());
+  const std::vector<std::int64_t> to = parts(shape);
+  const bool scalar = shape.empty() && from.size() == 1 && from[0] == 1;
+  if (!scalar && from.size() != to.size()) {
+    return bad(model, field +
+                          ": has different number of variable-size dimensions for dims and "
+                          "reshape");
+  }
+  if (!scalar && from != to) return bad(model, field + ": has different size for dims and reshape");
+  Shape full;
+  if (max_batch_size > 0) full.push_back(-1);
+  full.insert(full.end(), shape.begin(), shape.end());
+  return std::optional<Shape>(std::move(full));
+}
+
+}  // namespace
+
 Status plan_tensors(const inference::ModelConfig& c, std::string_view model, ModelPlan& plan,
                     std::vector<std::string>* warnings) {
   const bool batched = c.max_batch_size() > 0;
   std::set<std::string> names;
   for (const inference::ModelInput& in : c.input()) {
     const std::string field = "input '" + in.name() + "'";
-    if (in.has_reshape()) {
-      return bad(model, field +
-                            ": reshape is not supported (asyncinfer passes tensors to the "
-                            "model as the request gives them)");
-    }
     if (in.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
     if (in.allow_ragged_batch()) return bad(model, field + ": allow_ragged_batch is not supported");
     if (in.optional() && !plan.form.takes_optional_inputs) {
@@ -228,12 +275,14 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
                                                              in.data_type(), in.dims(), batched));
     if (!names.insert(spec.name).second) return bad(model, "input '" + spec.name + "' twice");
     spec.optional = in.optional();
+    ASYNCINFER_ASSIGN_OR_RETURN(std::optional<Shape> reshape,
+                                plan_reshape(model, field, in, c.max_batch_size()));
+    plan.input_reshapes.push_back(std::move(reshape));
     plan.inputs.push_back(std::move(spec));
   }
   names.clear();
   for (const inference::ModelOutput& out : c.output()) {
     const std::string field = "output '" + out.name() + "'";
-    if (out.has_reshape()) return bad(model, field + ": reshape is not supported");
     if (out.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
     ASYNCINFER_ASSIGN_OR_RETURN(TensorSpec spec, tensor_spec(model, "output", out.name(),
                                                              out.data_type(), out.dims(), batched));
@@ -244,7 +293,17 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
                                                  out.label_filename(), "the model's folder"));
       plan.label_files[spec.name] = out.label_filename();
     }
+    ASYNCINFER_ASSIGN_OR_RETURN(std::optional<Shape> reshape,
+                                plan_reshape(model, field, out, c.max_batch_size()));
+    plan.output_reshapes.push_back(std::move(reshape));
     plan.outputs.push_back(std::move(spec));
+  }
+  const auto none = [](const std::optional<Shape>& r) { return !r; };
+  if (std::all_of(plan.input_reshapes.begin(), plan.input_reshapes.end(), none)) {
+    plan.input_reshapes.clear();
+  }
+  if (std::all_of(plan.output_reshapes.begin(), plan.output_reshapes.end(), none)) {
+    plan.output_reshapes.clear();
   }
   return Status();
 }

@@ -101,18 +101,58 @@ Status check_signature(const ModelPlan& plan, const ModelSignature& sig) {
     }
     return Status();
   };
-  if (plan.sequence_inputs.empty() && plan.sequence_outputs.empty()) {
-    ASYNCINFER_RETURN_IF_ERROR(compare("input", plan.inputs, sig.inputs));
-    return compare("output", plan.outputs, sig.outputs);
-  }
   // With sequence batching the model also has the inputs its controls and states fill and the
   // outputs its states keep, after the listed ones.
-  std::vector<TensorSpec> inputs = plan.inputs;
+  std::vector<TensorSpec> inputs = plan.model_inputs();
   inputs.insert(inputs.end(), plan.sequence_inputs.begin(), plan.sequence_inputs.end());
-  std::vector<TensorSpec> outputs = plan.outputs;
+  std::vector<TensorSpec> outputs = plan.model_outputs();
   outputs.insert(outputs.end(), plan.sequence_outputs.begin(), plan.sequence_outputs.end());
   ASYNCINFER_RETURN_IF_ERROR(compare("input", inputs, sig.inputs));
   return compare("output", outputs, sig.outputs);
+}
+
+namespace {
+
+std::vector<TensorSpec> reshaped(std::vector<TensorSpec> specs,
+                                 const std::vector<std::optional<Shape>>& reshapes) {
+  for (std::size_t i = 0; i < reshapes.size() && i < specs.size(); ++i) {
+    if (reshapes[i]) specs[i].shape = *reshapes[i];
+  }
+  return specs;
+}
+
+}  // namespace
+
+std::vector<TensorSpec> ModelPlan::model_inputs() const { return reshaped(inputs, input_reshapes); }
+
+std::vector<TensorSpec> ModelPlan::model_outputs() const {
+  return reshaped(outputs, output_reshapes);
+}
+
+Shape resolve_reshape(const Shape& from, const Shape& to, const Shape& actual) {
+  std::vector<std::int64_t> variable;  // the sizes at from's -1 dims, in order
+  for (std::size_t i = 0; i < from.size() && i < actual.size(); ++i) {
+    if (from[i] < 0) variable.push_back(actual[i]);
+  }
+  Shape out = to;
+  std::size_t k = 0;
+  for (std::int64_t& d : out) {
+    if (d < 0 && k < variable.size()) d = variable[k++];
+  }
+  return out;
+}
+
+void apply_reshapes(const std::vector<std::optional<Shape>>& reshapes,
+                    const std::vector<TensorSpec>& shapes, bool to_model,
+                    std::vector<Tensor>& tensors) {
+  for (std::size_t i = 0; i < reshapes.size() && i < shapes.size() && i < tensors.size(); ++i) {
+    if (!reshapes[i] || !tensors[i].defined()) continue;
+    const Shape& from = to_model ? shapes[i].shape : *reshapes[i];
+    const Shape& to = to_model ? *reshapes[i] : shapes[i].shape;
+    if (auto view = tensors[i].reshape(resolve_reshape(from, to, tensors[i].shape())); view.ok()) {
+      tensors[i] = std::move(*view);
+    }
+  }
 }
 
 std::string EnsembleStep::label(std::size_t index) const {

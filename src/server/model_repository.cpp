@@ -208,6 +208,8 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
         ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, warmup_tensor(*it, std::move(shape), dir, rng));
         inputs.push_back(std::move(t));
       }
+      // Given in the config's dims, as requests are: reshaped for the model as theirs are.
+      apply_reshapes(plan.input_reshapes, sig.inputs, /*to_model=*/true, inputs);
       const auto start = std::chrono::steady_clock::now();
       RequestOptions ro;  // a decoupled model's responses are dropped, its final kept
       if (sig.decoupled) ro.on_response = [](const Outputs&, std::stop_token) { return Status(); };
@@ -1242,8 +1244,8 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     if (plan->kind == ModelPlan::Kind::builtin) {
       ModelOptions mo;
       if (plan->builtin_takes_config_tensors) {
-        mo.inputs = plan->inputs;
-        mo.outputs = plan->outputs;
+        mo.inputs = plan->model_inputs();
+        mo.outputs = plan->model_outputs();
         mo.batched = plan->max_batch_size > 0;
         mo.batch_limit = plan->batch_limit();
       }
@@ -1252,10 +1254,11 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       const fs::path file = vdir / plan->model_filename;
       if (!fs::exists(file, ec)) return not_found_error("no model file " + file.string());
       ModelOptions mo;
-      // The model's own tensors, then those sequence batching fills and keeps.
-      mo.inputs = plan->inputs;
+      // The model's own tensors (as it sees them: reshaped), then those sequence batching fills
+      // and keeps.
+      mo.inputs = plan->model_inputs();
       mo.inputs.insert(mo.inputs.end(), plan->sequence_inputs.begin(), plan->sequence_inputs.end());
-      mo.outputs = plan->outputs;
+      mo.outputs = plan->model_outputs();
       mo.outputs.insert(mo.outputs.end(), plan->sequence_outputs.begin(),
                         plan->sequence_outputs.end());
       mo.batch_limit = plan->batch_limit();
@@ -1283,6 +1286,15 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
     if (!model.ok()) return model.status();
     ASYNCINFER_RETURN_IF_ERROR(check_signature(*plan, (*model)->signature()));
     mv->signature = (*model)->signature();
+    // Clients send and get a reshaped tensor in its config's dims (Triton's reshape).
+    mv->input_reshapes = plan->input_reshapes;
+    mv->output_reshapes = plan->output_reshapes;
+    for (std::size_t i = 0; i < plan->input_reshapes.size(); ++i) {
+      if (plan->input_reshapes[i]) mv->signature.inputs[i].shape = plan->inputs[i].shape;
+    }
+    for (std::size_t i = 0; i < plan->output_reshapes.size(); ++i) {
+      if (plan->output_reshapes[i]) mv->signature.outputs[i].shape = plan->outputs[i].shape;
+    }
     std::optional<SequenceBatchingOptions> sequences = plan->engine.sequence_batching;
     if (sequences) {
       // Clients send and receive the model's tensors without those sequence batching fills and

@@ -208,6 +208,11 @@ struct ModelVersion {
   /// a backend that takes the model's config (RepositoryForm::takes_model_config, python's).
   bool takes_request_context = false;
   std::string device;  ///< as opened: "cpu", "sim", "cuda:0"
+  /// Its config's reshapes (ModelPlan::input_reshapes, output_reshapes): `signature` has the
+  /// shapes clients send and get, these the model's; the server views each request's tensors in
+  /// the model's shapes and the model's outputs in the clients' (apply_reshapes). Empty: none.
+  std::vector<std::optional<Shape>> input_reshapes;
+  std::vector<std::optional<Shape>> output_reshapes;
   /// The folder it was loaded from when its load carried files: kept while it lives.
   std::shared_ptr<const OverrideFolder> override_folder;
   /// The loaded model's signature (full shapes; -1 = variable dim, the batch dim first when

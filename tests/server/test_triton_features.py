@@ -10,7 +10,8 @@ here with Triton's client so that CI catches a regression without the qa checkou
 - header forwarding (--http-header-forward-pattern, --grpc-header-forward-pattern): RE2,
   case-insensitive unless the pattern says (?-i), and a bad pattern refused at start;
 - Triton's `backend: "identity"`, and a python model with no config.pbtxt completed from its
-  model.py (refused with --disable-auto-complete-config)."""
+  model.py (refused with --disable-auto-complete-config);
+- `reshape`: the model takes and gives its shapes, clients send and get the config's dims."""
 
 import json
 import os
@@ -140,6 +141,53 @@ class TritonPythonModel:
 '''
 
 
+# reshape: clients send and get [4] a row; the model takes [2, 2] and gives [2, 2] back, plus
+# what it was given (its input's shape and the identity backend, variable dims).
+RESHAPE_CONFIG = '''
+name: "reshape"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 2, 2 ] } } ]
+output [
+  { name: "Y", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 2, 2 ] } },
+  { name: "SEEN", data_type: TYPE_INT64, dims: [ 2 ] }
+]
+'''
+
+RESHAPE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            seen = np.tile(np.array(x.shape[1:], np.int64), (x.shape[0], 1))
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", (x.transpose(0, 2, 1) * 10).astype(np.float32)),
+                pb_utils.Tensor("SEEN", seen)]))
+        return out
+'''
+
+# The identity backend with variable dims on both sides: [-1, 6] rows as [-1, 2, 3] (the -1
+# taken from the request), and a scalar a row ([1] as []).
+RESHAPE_IDENTITY_CONFIG = '''
+name: "reshape_identity"
+backend: "identity"
+max_batch_size: 8
+input [
+  { name: "INPUT0", data_type: TYPE_INT32, dims: [ -1, 6 ], reshape: { shape: [ -1, 2, 3 ] } },
+  { name: "INPUT1", data_type: TYPE_INT32, dims: [ 1 ], reshape: { shape: [ ] } }
+]
+output [
+  { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ -1, 6 ], reshape: { shape: [ -1, 2, 3 ] } },
+  { name: "OUTPUT1", data_type: TYPE_INT32, dims: [ 1 ], reshape: { shape: [ ] } }
+]
+'''
+
+
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -156,6 +204,9 @@ def make_repository():
     repo.add("ensemble", ENSEMBLE_CONFIG)
     repo.add("strings", STRINGS_CONFIG)
     write(os.path.join(repo.path, "strings", "1", "model.py"), STRINGS)
+    repo.add("reshape", RESHAPE_CONFIG)
+    write(os.path.join(repo.path, "reshape", "1", "model.py"), RESHAPE)
+    repo.add("reshape_identity", RESHAPE_IDENTITY_CONFIG)
     return repo
 
 
@@ -262,6 +313,36 @@ class Inputs(harness.unittest.TestCase):
         x = np.array([3.5], dtype=np.float32)
         r = self.http.infer("identity", [f32(httpclient, "INPUT0", x)])
         self.assertEqual(r.as_numpy("OUTPUT0").tolist(), [3.5])
+
+    def test_reshape_gives_the_model_its_shapes_and_clients_theirs(self):
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        for client, conn in ((httpclient, self.http), (grpcclient, self.grpc)):
+            r = conn.infer("reshape", [f32(client, "X", x)])
+            # The model saw [3, 2, 2], transposed each row as 2x2, and it comes back as [3, 4].
+            self.assertEqual(r.as_numpy("SEEN").tolist(), [[2, 2]] * 3)
+            want = (x.reshape(3, 2, 2).transpose(0, 2, 1) * 10).reshape(3, 4)
+            self.assertEqual(r.as_numpy("Y").tolist(), want.tolist())
+        meta = self.http.get_model_metadata("reshape")
+        self.assertEqual(meta["inputs"][0]["shape"], [-1, 4])
+        self.assertEqual(meta["outputs"][0]["shape"], [-1, 4])
+        config = self.http.get_model_config("reshape")
+        self.assertEqual(config["input"][0]["reshape"], {"shape": [2, 2]})
+        self.assertEqual(config["output"][0]["reshape"], {"shape": [2, 2]})
+        # A request in the model's shape is refused in the clients' terms.
+        with self.assertRaises(InferenceServerException) as e:
+            self.http.infer("reshape", [f32(httpclient, "X", x.reshape(3, 2, 2))])
+        self.assertIn("'X'", str(e.exception))
+        # Variable dims: the -1 comes from the request; [1] goes to the model as a scalar.
+        a = np.arange(24, dtype=np.int32).reshape(2, 2, 6)
+        b = np.array([[7], [8]], dtype=np.int32)
+        for client, conn in ((httpclient, self.http), (grpcclient, self.grpc)):
+            ins = [client.InferInput("INPUT0", [2, 2, 6], "INT32"),
+                   client.InferInput("INPUT1", [2, 1], "INT32")]
+            ins[0].set_data_from_numpy(a)
+            ins[1].set_data_from_numpy(b)
+            r = conn.infer("reshape_identity", ins)
+            self.assertEqual(r.as_numpy("OUTPUT0").tolist(), a.tolist())
+            self.assertEqual(r.as_numpy("OUTPUT1").tolist(), b.tolist())
 
     def test_a_python_model_without_a_config_is_completed_from_model_py(self):
         config = self.http.get_model_config("parameter")

@@ -495,11 +495,17 @@ TEST(ServerConfig, BehaviourChangingFieldsAreErrors) {
   ASSERT_TRUE(model_kind.ok()) << model_kind.status();
   EXPECT_EQ(model_kind->device, "sim");
   EXPECT_EQ(model_kind->engine.workers, 2);
-  auto reshape = plan(R"(name: "m" backend: "builtin"
+  // reshape is served (ReshapesAreCheckedWithTritonsRules), but not on an ensemble's tensors.
+  auto reshape = plan(R"(name: "m" platform: "ensemble" max_batch_size: 4
 input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
-parameters { key: "uri" value { string_value: "builtin:identity" } })");
+output [ { name: "b" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "s" model_version: -1
+  input_map { key: "x" value: "a" } output_map { key: "y" value: "b" } } ] })");
   ASSERT_FALSE(reshape.ok());
-  EXPECT_NE(reshape.status().message().find("reshape is not supported"), std::string_view::npos);
+  EXPECT_NE(reshape.status().message().find("reshape on an ensemble's inputs or outputs is not "
+                                            "supported"),
+            std::string_view::npos)
+      << reshape.status();
 }
 
 TEST(ServerConfig, DecoupledMustAgreeWithTheModel) {
@@ -705,6 +711,48 @@ output [ { name: "b" data_type: TYPE_FP32 dims: [ 2 ] } ])";
   EXPECT_NE(none.status().message().find("neither platform nor backend is set"),
             std::string_view::npos)
       << none.status();
+}
+
+TEST(ServerConfig, ReshapesAreCheckedWithTritonsRules) {
+  auto with = [](const std::string& dims, const std::string& reshape, int max_batch = 8) {
+    return plan("name: \"m\" backend: \"identity\" max_batch_size: " + std::to_string(max_batch) +
+                "\ninput [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: " + dims +
+                " reshape: { shape: " + reshape +
+                " } } ]\noutput [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: " + dims + " } ]");
+  };
+  auto ok = with("[ 4 ]", "[ 2, 2 ]");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->inputs[0].shape, (Shape{-1, 4}));  // what clients send
+  ASSERT_EQ(ok->input_reshapes.size(), 1u);
+  EXPECT_EQ(ok->input_reshapes[0], (Shape{-1, 2, 2}));  // what the model takes
+  EXPECT_EQ(ok->model_inputs()[0].shape, (Shape{-1, 2, 2}));
+  EXPECT_TRUE(ok->output_reshapes.empty());
+  auto variable = with("[ 2, 4, -1, 6 ]", "[ 8, -1, 1, 6 ]");  // Triton's own example
+  ASSERT_TRUE(variable.ok()) << variable.status();
+  auto scalar = with("[ 1 ]", "[ ]");
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  EXPECT_EQ(scalar->input_reshapes[0], (Shape{-1}));
+  const std::vector<std::tuple<std::string, std::string, int, std::string>> bad = {
+      {"[ 4 ]", "[ 3 ]", 8, "input 'INPUT0': has different size for dims and reshape"},
+      {"[ 4 ]", "[ 0, 4 ]", 8, "reshape dimensions must be integer >= 1, or -1"},
+      {"[ -1, 4 ]", "[ 4 ]", 8,
+       "has different number of variable-size dimensions for dims and "
+       "reshape"},
+      {"[ 2, -1 ]", "[ -1, 2 ]", 8, "has different size for dims and reshape"},
+      {"[ 1 ]", "[ ]", 0,
+       "cannot have empty reshape for non-batching model as scalar tensors "
+       "are not supported"}};
+  for (const auto& [dims, reshape, max_batch, words] : bad) {
+    auto p = with(dims, reshape, max_batch);
+    ASSERT_FALSE(p.ok()) << dims << " -> " << reshape;
+    EXPECT_NE(p.status().message().find(words), std::string_view::npos) << p.status();
+  }
+  // At run time a -1 of the reshape takes the size of the request's -1 at the same rank.
+  EXPECT_EQ(resolve_reshape({-1, 2, 4, -1, 6}, {-1, 8, -1, 1, 6}, {3, 2, 4, 5, 6}),
+            (Shape{3, 8, 5, 1, 6}));
+  EXPECT_EQ(resolve_reshape({-1, 8, -1, 1, 6}, {-1, 2, 4, -1, 6}, {3, 8, 5, 1, 6}),
+            (Shape{3, 2, 4, 5, 6}));
+  EXPECT_EQ(resolve_reshape({-1, 1}, {-1}, {7, 1}), (Shape{7}));
 }
 
 // ---- a backend of the test's own ----------------------------------------------------------------
