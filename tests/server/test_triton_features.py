@@ -11,7 +11,8 @@ here with Triton's client so that CI catches a regression without the qa checkou
   case-insensitive unless the pattern says (?-i), and a bad pattern refused at start;
 - Triton's `backend: "identity"`, and a python model with no config.pbtxt completed from its
   model.py (refused with --disable-auto-complete-config);
-- `reshape`: the model takes and gives its shapes, clients send and get the config's dims."""
+- `reshape`: the model takes and gives its shapes, clients send and get the config's dims;
+- BF16 tensors of a python model, through DLPack (torch), and as_numpy() refusing them."""
 
 import json
 import os
@@ -20,6 +21,7 @@ import subprocess
 import textwrap
 
 import grpc
+import ml_dtypes
 import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
@@ -188,6 +190,52 @@ output [
 '''
 
 
+# BF16 in a python model: numpy has no type for it, so the model goes through DLPack (torch here),
+# as Triton's qa identity_bf16 does; the same DLPack road for an FP32 tensor, through numpy.
+BF16_CONFIG = '''
+name: "bf16"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "X", data_type: TYPE_BF16, dims: [ -1 ] },
+  { name: "F", data_type: TYPE_FP32, dims: [ 2 ] }
+]
+output [
+  { name: "DOUBLED", data_type: TYPE_BF16, dims: [ -1 ] },
+  { name: "F_OUT", data_type: TYPE_FP32, dims: [ 2 ] },
+  { name: "AS_NUMPY", data_type: TYPE_STRING, dims: [ 1 ] }
+]
+'''
+
+BF16 = '''
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X")
+            try:
+                x.as_numpy()
+                refused = b"as_numpy gave an array"
+            except pb_utils.TritonModelException as e:
+                refused = str(e).encode()
+            doubled = torch.utils.dlpack.from_dlpack(x.to_dlpack()) * 2
+            assert doubled.dtype == torch.bfloat16
+            f = pb_utils.get_input_tensor_by_name(r, "F")
+            f_out = pb_utils.Tensor.from_dlpack("F", f.to_dlpack()).as_numpy() + 1
+            rows = doubled.shape[0]
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor.from_dlpack("DOUBLED", torch.utils.dlpack.to_dlpack(doubled)),
+                pb_utils.Tensor.from_dlpack("F_OUT", torch.from_numpy(f_out.copy())),
+                pb_utils.Tensor("AS_NUMPY", np.array([[refused]] * rows, dtype=np.object_))]))
+        return out
+'''
+
+
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -207,6 +255,8 @@ def make_repository():
     repo.add("reshape", RESHAPE_CONFIG)
     write(os.path.join(repo.path, "reshape", "1", "model.py"), RESHAPE)
     repo.add("reshape_identity", RESHAPE_IDENTITY_CONFIG)
+    repo.add("bf16", BF16_CONFIG)
+    write(os.path.join(repo.path, "bf16", "1", "model.py"), BF16)
     return repo
 
 
@@ -343,6 +393,25 @@ class Inputs(harness.unittest.TestCase):
             r = conn.infer("reshape_identity", ins)
             self.assertEqual(r.as_numpy("OUTPUT0").tolist(), a.tolist())
             self.assertEqual(r.as_numpy("OUTPUT1").tolist(), b.tolist())
+
+    def test_bf16_reaches_a_python_model_through_dlpack(self):
+        x = np.array([[1, 1.5, -2], [0.25, 3, 100]], dtype=ml_dtypes.bfloat16)
+        f = np.array([[1, 2], [3, 4]], dtype=np.float32)
+        for client, conn in ((httpclient, self.http), (grpcclient, self.grpc)):
+            ins = [client.InferInput("X", list(x.shape), "BF16"),
+                   client.InferInput("F", list(f.shape), "FP32")]
+            ins[0].set_data_from_numpy(x)
+            ins[1].set_data_from_numpy(f)
+            r = conn.infer("bf16", ins)
+            out = r.as_numpy("DOUBLED")
+            self.assertEqual(out.dtype, ml_dtypes.bfloat16)
+            self.assertEqual(out.astype(np.float32).tolist(),
+                             [[2, 3, -4], [0.5, 6, 200]])
+            self.assertEqual(r.as_numpy("F_OUT").tolist(), [[2, 3], [4, 5]])
+            # as_numpy() refuses BF16 in Triton's words (its qa identity_bf16 checks them).
+            self.assertIn(b"tensor dtype is bf16 and cannot be converted to numpy",
+                          r.as_numpy("AS_NUMPY")[0][0].lower())
+        self.assertEqual(self.http.get_model_metadata("bf16")["inputs"][0]["datatype"], "BF16")
 
     def test_a_python_model_without_a_config_is_completed_from_model_py(self):
         config = self.http.get_model_config("parameter")

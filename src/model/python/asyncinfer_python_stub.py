@@ -257,6 +257,9 @@ CHANNEL = Channel()
 def _tensor_payload(utils, t):
     """(datatype, shape, uint8 array) of a pb_utils.Tensor, for the wire."""
     np = _np
+    if getattr(t, "_bf16", False):  # BF16's bits, as uint16 (pb_utils.Tensor._of_bf16)
+        return "BF16", [int(d) for d in t._data.shape], np.ascontiguousarray(
+            t._data).reshape(-1).view(np.uint8)
     arr = t.as_numpy()
     if arr.dtype.kind in ("O", "S", "U"):
         flat = utils.serialize_byte_tensor(arr)
@@ -327,6 +330,10 @@ def _unpack_response(utils, msg, payload, fds):
             raw = buf[spec["offset"]:spec["offset"] + spec["size"]]
             arr = utils.deserialize_bytes_tensor(raw) if raw else np.array([], np.object_)
             arr = arr.reshape(shape)
+        elif spec["datatype"] == "BF16":  # no numpy type: its bits as uint16, for DLPack
+            outputs.append(utils.Tensor._of_bf16(spec["name"], np.ndarray(
+                shape, np.uint16, buffer=buf, offset=spec["offset"])))
+            continue
         else:
             arr = np.ndarray(shape, _NUMPY_OF[spec["datatype"]], buffer=buf,
                              offset=spec["offset"])
@@ -584,6 +591,9 @@ class Stub:
             raw = self.input[spec["offset"]:spec["offset"] + spec["size"]]
             arr = self.utils.deserialize_bytes_tensor(raw) if raw else np.array([], np.object_)
             arr = arr.reshape(shape)
+        elif spec["datatype"] == "BF16":  # no numpy type: its bits as uint16, for DLPack
+            arr = np.ndarray(shape, np.uint16, buffer=self.input, offset=spec["offset"])
+            return self.utils.Tensor._of_bf16(name, arr)
         else:
             arr = np.ndarray(shape, _NUMPY_OF[spec["datatype"]], buffer=self.input,
                              offset=spec["offset"])
@@ -596,6 +606,10 @@ class Stub:
         for t in response.output_tensors():
             if t.name() not in self.output_names:
                 continue  # not in the config: dropped, as Triton does
+            if getattr(t, "_bf16", False):  # BF16's bits, as uint16 (pb_utils.Tensor._of_bf16)
+                out.append((t.name(), "BF16", [int(d) for d in t._data.shape],
+                            np.ascontiguousarray(t._data)))
+                continue
             arr = t.as_numpy()
             want = self.output_dtypes.get(t.name())
             if (want is not None and arr.dtype != want and arr.dtype.kind in "iu"

@@ -304,10 +304,6 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   sig.decoupled = options.decoupled;
   for (const auto* list : {&sig.inputs, &sig.outputs}) {
     for (const TensorSpec& s : *list) {
-      if (s.dtype == DType::bf16) {
-        return invalid_argument_error("python model " + file.string() + ": tensor '" + s.name +
-                                      "' is BF16, which numpy has no type for");
-      }
       if (sig.batched && (s.shape.empty() || s.shape[0] != -1)) {
         return invalid_argument_error("python model " + file.string() + ": tensor '" + s.name +
                                       "' needs a dynamic batch dim 0 (the model is batched)");

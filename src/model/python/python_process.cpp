@@ -72,10 +72,11 @@ std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 
 // The protocol's datatype names, as the stub reads them (parse_dtype reads them back).
 constexpr std::pair<std::string_view, DType> kDatatypes[] = {
-    {"FP32", DType::f32},   {"FP16", DType::f16},  {"FP64", DType::f64},   {"INT8", DType::i8},
-    {"UINT8", DType::u8},   {"INT16", DType::i16}, {"UINT16", DType::u16}, {"INT32", DType::i32},
-    {"UINT32", DType::u32}, {"INT64", DType::i64}, {"UINT64", DType::u64}, {"BOOL", DType::boolean},
-    {"BYTES", DType::bytes}};
+    {"FP32", DType::f32},   {"FP16", DType::f16},   {"FP64", DType::f64},
+    {"INT8", DType::i8},    {"UINT8", DType::u8},   {"INT16", DType::i16},
+    {"UINT16", DType::u16}, {"INT32", DType::i32},  {"UINT32", DType::u32},
+    {"INT64", DType::i64},  {"UINT64", DType::u64}, {"BOOL", DType::boolean},
+    {"BF16", DType::bf16},  {"BYTES", DType::bytes}};
 
 std::string_view datatype_name(DType d) {
   for (const auto& [name, dtype] : kDatatypes) {

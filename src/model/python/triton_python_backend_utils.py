@@ -14,10 +14,12 @@ get_input_config_by_name, get_output_config_by_name, triton_string_to_numpy,
 triton_to_numpy_type, numpy_to_triton_type, serialize_byte_tensor, deserialize_bytes_tensor,
 Logger (into the server's log), the TRITONSERVER_* flags, business logic scripting
 (InferenceRequest.exec and async_exec, decoupled or not), is_model_ready, load_model,
-unload_model, and custom metrics (MetricFamily, Metric). ModelConfig (auto_complete_config). Not covered: DLPack and GPU
-tensors, load_model's files.
+unload_model, and custom metrics (MetricFamily, Metric). ModelConfig (auto_complete_config).
+Tensor.to_dlpack and from_dlpack for host memory, which carry BF16 (numpy has no type for it).
+Not covered: GPU tensors, load_model's files.
 """
 
+import ctypes
 import json
 import struct
 import sys
@@ -141,10 +143,57 @@ class TritonModelException(Exception):
         return str(self)
 
 
+# DLPack (github.com/dmlc/dlpack, include/dlpack/dlpack.h): the structs a "dltensor" capsule
+# points at, as far as they are read or changed here.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_CPU = 1  # kDLCPU
+_DL_UINT = 1  # kDLUInt
+_DL_BFLOAT = 4  # kDLBfloat
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _dl_tensor(capsule):
+    """The DLTensor at the head of an unconsumed "dltensor" capsule's DLManagedTensor."""
+    try:
+        return _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    except (ValueError, TypeError) as e:
+        raise TritonModelException("not a DLPack capsule (an unconsumed \"dltensor\"): %s" % e)
+
+
+class _Capsule:
+    """A capsule handed to numpy.from_dlpack, which takes an object with __dlpack__."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, *_args, **_kwargs):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (_DL_CPU, 0)
+
+
 class Tensor:
     """One named tensor. Inputs are views of the shared memory the server wrote them to: valid
     while the request is being executed (copy what you keep longer). BYTES tensors are numpy
-    object arrays of bytes."""
+    object arrays of bytes. BF16 tensors have no numpy type: as_numpy() refuses them, as Triton's
+    does; to_dlpack() and from_dlpack() carry them (and any other CPU tensor) to and from
+    frameworks (torch.utils.dlpack, numpy.from_dlpack)."""
 
     def __init__(self, name, data, *_unused):
         if not isinstance(name, str):
@@ -154,11 +203,23 @@ class Tensor:
                 "Tensor '%s': data must be a numpy array, got %s" % (name, type(data).__name__))
         self._name = name
         self._data = data
+        self._bf16 = False  # _data holds BF16's bits as uint16
+
+    @classmethod
+    def _of_bf16(cls, name, bits):
+        """A BF16 tensor over `bits`, a uint16 array of its bit patterns."""
+        t = cls(name, bits)
+        t._bf16 = True
+        return t
 
     def name(self):
         return self._name
 
     def as_numpy(self):
+        if self._bf16:
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to numpy; use to_dlpack and "
+                "from_dlpack (tensor '%s')" % self._name)
         return self._data
 
     def is_cpu(self):
@@ -168,17 +229,43 @@ class Tensor:
         return list(self._data.shape)
 
     def triton_dtype(self):
+        if self._bf16:
+            return 14  # model_config.proto's TYPE_BF16
         return numpy_to_triton_type(self._data.dtype)
 
     def to_dlpack(self):
-        raise TritonModelException("DLPack is not supported by asyncinfer's python backend")
+        """A DLPack capsule over this tensor's memory (no copy; valid while the tensor is, as an
+        input's memory is while its request executes). BYTES cannot be given (Triton's rule)."""
+        if self._data.dtype.kind in ("O", "S", "U"):
+            raise TritonModelException("Tensor '%s': a BYTES tensor has no DLPack form"
+                                       % self._name)
+        capsule = self._data.__dlpack__()
+        if self._bf16:
+            _dl_tensor(capsule).dtype.code = _DL_BFLOAT  # numpy exports the bits as uint16
+        return capsule
 
     @staticmethod
     def from_dlpack(name, capsule):
-        raise TritonModelException("DLPack is not supported by asyncinfer's python backend")
+        """A Tensor named `name` over a DLPack capsule's memory (or an object's __dlpack__()),
+        e.g. torch.utils.dlpack.to_dlpack(t); no copy. Host memory only; BF16 is kept as BF16."""
+        if not isinstance(name, str):
+            raise TritonModelException("Tensor name must be a str, got %r" % (name,))
+        if hasattr(capsule, "__dlpack__"):
+            capsule = capsule.__dlpack__()
+        dl = _dl_tensor(capsule)
+        if dl.device.device_type != _DL_CPU:
+            raise TritonModelException(
+                "Tensor '%s': DLPack device type %d; asyncinfer's python backend takes host "
+                "(CPU) memory only" % (name, dl.device.device_type))
+        bf16 = dl.dtype.code == _DL_BFLOAT and dl.dtype.bits == 16 and dl.dtype.lanes == 1
+        if bf16:
+            dl.dtype.code = _DL_UINT  # numpy takes the bits as uint16
+        arr = np.from_dlpack(_Capsule(capsule))
+        return Tensor._of_bf16(name, arr) if bf16 else Tensor(name, arr)
 
     def __repr__(self):
-        return "Tensor(%r, %s%s)" % (self._name, self._data.dtype, list(self._data.shape))
+        dtype = "bf16" if self._bf16 else self._data.dtype
+        return "Tensor(%r, %s%s)" % (self._name, dtype, list(self._data.shape))
 
 
 class InferenceResponse:
