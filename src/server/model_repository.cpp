@@ -1131,8 +1131,12 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     if (plan.ok() && (plan->inputs.empty() || plan->outputs.empty())) {
       plan = invalid_argument_error("model '" + name + "': a " + plan->platform +
                                     " model needs input and output lists (name, data_type, "
-                                    "dims), in its config or added by its " +
-                                    plan->model_filename + "'s auto_complete_config");
+                                    "dims), in its config or completed from its " +
+                                    plan->model_filename +
+                                    (options_.auto_complete_config
+                                         ? " (model.py: by its auto_complete_config)"
+                                         : " (auto-complete is off: "
+                                           "--disable-auto-complete-config)"));
     }
   }
   for (const std::string& w : warnings) log("model '" + name + "': warning: " + w);

@@ -113,6 +113,8 @@ class OpenVinoModels(harness.unittest.TestCase):
         cls.repo.add("static", STATIC, files={"1/model.onnx": model("static2.onnx")})
         cls.repo.add("passthru", PASSTHRU, files={"1/model.onnx": model("passthru.onnx")})
         cls.repo.add("half", HALF, files={"1/model.onnx": model("half.onnx")})
+        # No config.pbtxt at all: model.onnx says it all (Triton's auto-complete).
+        cls.repo.add("add_bare", None, files={"1/model.onnx": model("add.onnx")})
         serve(cls, cls.repo.path, repo=cls.repo, concurrency=8)
 
     def check_add(self, result, x, y):
@@ -137,6 +139,24 @@ class OpenVinoModels(harness.unittest.TestCase):
         md = self.grpc.get_model_metadata("add_openvino")
         self.assertEqual(md.platform, "openvino")
         self.assertEqual([list(i.shape) for i in md.inputs], [[-1, 4], [-1, 4]])
+
+    def test_a_folder_with_model_onnx_alone_is_completed_as_triton_does(self):
+        # As Triton's ONNX Runtime backend: every dim 0 dynamic, so max_batch_size 4 (Triton's
+        # default-max-batch-size) and dynamic batching; the tensors from the file.
+        # (model.onnx is served by the openvino backend, which the config then names.)
+        c = self.http.get_model_config("add_bare")
+        self.assertEqual((c["backend"], c["platform"]), ("openvino", "openvino"))
+        self.assertEqual(c["default_model_filename"], "model.onnx")
+        self.assertEqual(c["max_batch_size"], 4)
+        self.assertIn("dynamic_batching", c)
+        self.assertEqual([(i["name"], i["data_type"], [int(d) for d in i["dims"]])
+                          for i in c["input"]],
+                         [("x", "TYPE_FP32", [4]), ("y", "TYPE_FP32", [4])])
+        self.assertEqual([o["name"] for o in c["output"]], ["sum", "prod"])
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        self.check_add(self.grpc.infer("add_bare", inputs(grpcclient, x, x)), x, x)
+        # A config that gives max_batch_size 8 and no batcher gets dynamic batching too.
+        self.assertIn("dynamic_batching", self.http.get_model_config("passthru"))
 
     def test_openvino_ir_with_num_streams(self):
         x = np.ones((2, 4), dtype=np.float32)

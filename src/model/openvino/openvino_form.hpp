@@ -24,6 +24,8 @@ inline std::vector<RepositoryForm> openvino_repository_forms() {
   ov.takes_backend_parameters = true;
   ov.own_instance_count = true;  // as many workers as OpenVINO's throughput hint has streams
   ov.batched_from_config = true;
+  // A config without inputs or outputs is completed from the file (Triton's auto-complete).
+  ov.completes_config = true;
   RepositoryForm onnx = ov;
   onnx.name = "onnxruntime";
   onnx.platforms = {"onnxruntime_onnx"};

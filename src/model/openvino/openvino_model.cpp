@@ -63,10 +63,12 @@
 #include <string_view>
 #include <system_error>
 
+#include <nlohmann/json.hpp>
 #include <openvino/openvino.hpp>
 #include <openvino/runtime/exception.hpp>
 
 #include "model/backend.hpp"
+#include "model/config_types.hpp"
 
 namespace asyncinfer::detail {
 namespace {
@@ -865,9 +867,84 @@ Result<std::shared_ptr<Model>> load_openvino_model(std::string_view /*uri*/,
   return std::shared_ptr<Model>(std::make_shared<OpenVinoModel>(std::move(def)));
 }
 
+// ---- auto-complete ------------------------------------------------------------------------------
+
+/// Triton's auto-complete for an ONNX or OpenVINO IR model, as its ONNX Runtime backend does it
+/// (onnxruntime_backend, ModelState::AutoCompleteConfig): a config that lists both inputs and
+/// outputs is kept as it is; otherwise the model file says them. The model can batch when every
+/// input and output has a dynamic dim 0: then a max_batch_size of 0 becomes 4 (Triton's
+/// default-max-batch-size) and one above 1 gets dynamic_batching {} unless the config has a
+/// batcher. The missing list gets every port: name, data_type, dims after the batch dim when
+/// max_batch_size > 0 (none left: dims [1], with reshape { shape: [] } when batched). Blocks
+/// while OpenVINO reads the file.
+Result<std::string> complete_openvino_config(std::string_view uri, std::string_view path,
+                                             std::string_view config_json,
+                                             const ModelOptions& /*options*/) {
+  nlohmann::json config = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) {
+    return invalid_argument_error("the config to complete is not a JSON object");
+  }
+  auto listed = [&](const char* key) {
+    auto it = config.find(key);
+    return it != config.end() && it->is_array() && !it->empty();
+  };
+  const bool has_inputs = listed("input");
+  const bool has_outputs = listed("output");
+  if (has_inputs && has_outputs) return std::string(config_json);
+  const std::string what = "model '" + std::string(uri) + "'";
+  ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<ov::Core> core, shared_core());
+  std::shared_ptr<ov::Model> model;
+  try {
+    model = core->read_model(std::string(path));
+  } catch (...) {
+    return status_from_current_exception(what + ": OpenVINO cannot read it",
+                                         StatusCode::invalid_argument);
+  }
+  ASYNCINFER_ASSIGN_OR_RETURN(Ports ports, read_ports(model, what));
+  bool can_batch = true;
+  for (const auto* list : {&ports.inputs, &ports.outputs}) {
+    for (const TensorSpec& s : *list) can_batch = can_batch && !s.shape.empty() && s.shape[0] < 0;
+  }
+  std::int64_t max_batch_size = config.value("max_batch_size", std::int64_t{0});
+  if (can_batch) {
+    if (max_batch_size == 0) {
+      max_batch_size = 4;  // Triton's --backend-config default-max-batch-size
+      config["max_batch_size"] = max_batch_size;
+    }
+    if (max_batch_size > 1 && !config.contains("dynamic_batching") &&
+        !config.contains("sequence_batching")) {
+      config["dynamic_batching"] = nlohmann::json::object();
+    }
+  }
+  // A model that cannot batch as it is, with a max_batch_size: Triton's ONNX Runtime backend
+  // refuses it; the openvino backend makes its dim 0 dynamic at load (OpenVINO's reshape), as it
+  // does for a config that lists the tensors, so the dims start after dim 0 here too.
+  auto entries = [&](const std::vector<TensorSpec>& specs) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const TensorSpec& s : specs) {
+      nlohmann::json dims = nlohmann::json::array();
+      for (std::size_t d = max_batch_size > 0 ? 1 : 0; d < s.shape.size(); ++d) {
+        dims.push_back(s.shape[d]);
+      }
+      nlohmann::json entry = {{"name", s.name}, {"data_type", config_type(s.dtype)}};
+      if (dims.empty()) {
+        dims.push_back(1);
+        if (max_batch_size > 0) entry["reshape"] = {{"shape", nlohmann::json::array()}};
+      }
+      entry["dims"] = std::move(dims);
+      out.push_back(std::move(entry));
+    }
+    return out;
+  };
+  if (!has_inputs) config["input"] = entries(ports.inputs);
+  if (!has_outputs) config["output"] = entries(ports.outputs);
+  return config.dump();
+}
+
 void register_openvino_model_backend(ModelBackendRegistry& registry) {
   (void)registry.add({"openvino", "openvino:<file> or a path ending in .onnx or .xml",
-                      &load_openvino_model, nullptr, /*takes_backend_parameters=*/true});
+                      &load_openvino_model, &complete_openvino_config,
+                      /*takes_backend_parameters=*/true});
 }
 
 }  // namespace asyncinfer::detail

@@ -18,6 +18,7 @@
 
 #include "asyncinfer/log.hpp"
 #include "model/backend.hpp"
+#include "model/config_types.hpp"
 #include "model/model_host.hpp"
 #include "model/python/python_process.hpp"
 
@@ -30,41 +31,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr std::string_view kDefaultInterpreter = "/usr/bin/python3";
-
-// model_config.proto's TYPE_* name of a dtype (args["model_config"] built without the server).
-std::string config_type(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "TYPE_FP32";
-    case DType::f16:
-      return "TYPE_FP16";
-    case DType::bf16:
-      return "TYPE_BF16";
-    case DType::f64:
-      return "TYPE_FP64";
-    case DType::i8:
-      return "TYPE_INT8";
-    case DType::u8:
-      return "TYPE_UINT8";
-    case DType::i16:
-      return "TYPE_INT16";
-    case DType::u16:
-      return "TYPE_UINT16";
-    case DType::i32:
-      return "TYPE_INT32";
-    case DType::u32:
-      return "TYPE_UINT32";
-    case DType::i64:
-      return "TYPE_INT64";
-    case DType::u64:
-      return "TYPE_UINT64";
-    case DType::boolean:
-      return "TYPE_BOOL";
-    case DType::bytes:
-      return "TYPE_STRING";
-  }
-  return "TYPE_INVALID";
-}
 
 // The config as Triton's model-configuration JSON, for a model loaded without a config.pbtxt.
 std::string minimal_config(const std::string& name, const ModelSignature& sig) {
