@@ -16,6 +16,18 @@ using detail::Request;
 using detail::saturating_add;
 using detail::Stage;
 
+namespace {
+/// A sequence engine's plan (EngineOptions::sequence_batching, checked by Engine::create before);
+/// unset otherwise.
+std::optional<detail::SequencePlan> make_sequence_plan(const EngineOptions& opt,
+                                                       const ModelSignature& sig) {
+  if (!opt.sequence_batching) return std::nullopt;
+  Result<detail::SequencePlan> plan = detail::SequencePlan::make(*opt.sequence_batching, sig);
+  if (!plan.ok()) return std::nullopt;
+  return std::move(*plan);
+}
+}  // namespace
+
 EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                        EngineOptions options, std::int64_t max_rows)
     : model_(std::move(model)),
@@ -23,6 +35,7 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       opt_(std::move(options)),
       sig_(model_->signature()),
       max_rows_(max_rows),
+      sequence_plan_(make_sequence_plan(opt_, sig_)),
       // The device says whether it can run a stream on the caller's thread; the engine decides
       // whether to: not with a hang watchdog, which must find the worker free to replace a hung
       // stream (worker.hpp).
@@ -39,15 +52,8 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       reaper_(reaper_threads(opt_), "ai-reaper"),
       scheduler_(opt_, sig_.batched),
       resolver_(opt_, scheduler_, timer_, completion_),
-      ctx_(*model_, *device_, opt_, sig_, max_rows_, inline_path_, dispatcher_, timer_, reaper_,
-           scheduler_, resolver_) {
-  if (opt_.sequence_batching) {
-    // Checked by Engine::create before.
-    Result<detail::SequencePlan> plan = detail::SequencePlan::make(*opt_.sequence_batching, sig_);
-    if (plan.ok()) sequence_plan_ = std::move(*plan);
-    ctx_.sequence_plan = sequence_plan_ ? &*sequence_plan_ : nullptr;
-  }
-}
+      ctx_(*model_, *device_, opt_, sig_, sequence_plan_ ? &*sequence_plan_ : nullptr, max_rows_,
+           inline_path_, dispatcher_, timer_, reaper_, scheduler_, resolver_) {}
 
 EngineCore::~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
@@ -65,7 +71,7 @@ Status EngineCore::start() {
     ASYNCINFER_RETURN_IF_ERROR(w->open());
     workers_.push_back(std::move(w));
   }
-  ctx_.live_workers.store(opt_.workers, std::memory_order_relaxed);
+  ctx_.counters.live_workers.store(opt_.workers, std::memory_order_relaxed);
   // The completion threads spin before sleeping under the workers' rule (Worker::loop): while
   // at most one request per worker is undelivered.
   completion_.spin_before_sleep(opt_.spin_wait, [this] {
@@ -200,7 +206,7 @@ Status EngineCore::accept(const std::shared_ptr<Request>& r) {
       [&] {
         // Under the scheduler's mutex, before the request is queued.
         resolver_.admit(r);
-        submitted_.fetch_add(1, std::memory_order_relaxed);
+        ctx_.counters.submitted.fetch_add(1, std::memory_order_relaxed);
       },
       r->caller_run_max.count() > 0 ? &lent : nullptr);
   if (refusal) return reject(refusal->reason, std::move(refusal->status));
@@ -235,9 +241,7 @@ void EngineCore::run_lent(const detail::Lent& lent, std::chrono::microseconds bo
 }
 
 Status EngineCore::reject(const char* reason, Status s) {
-  rejected_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard lock(reasons_mu_);
-  rejections_by_reason_[reason]++;
+  ctx_.counters.count_rejection(reason);
   return s;
 }
 
