@@ -42,9 +42,9 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       inline_path_(device_->capabilities().caller_run_streams && opt_.watchdog.count() == 0),
       // Where a caller may run a request alone and at once, as a worker would
       // (RequestOptions::caller_run_max_compute); Scheduler::accept decides the rest.
-      caller_runs_(inline_path_ && !sig_.decoupled && opt_.batching.max_queue_delay.count() == 0 &&
-                   !opt_.sequence_batching && !opt_.execution_gate &&
-                   model_->supports_caller_runs()),
+      caller_run_(
+          detail::CallerRun::applies(inline_path_, sig_, opt_, model_->supports_caller_runs()),
+          model_->name()),
       started_(Clock::now()),
       completion_(static_cast<std::size_t>(opt_.completion_threads), "ai-callback"),
       dispatcher_(1, "ai-dispatch"),
@@ -127,9 +127,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
     r->response_stop = std::stop_source();
   }
   r->deadline = effective_deadline(o, now);
-  if (caller_runs_ && !caller_runs_tripped_.load(std::memory_order_relaxed)) {
-    r->caller_run_max = o.caller_run_max_compute;
-  }
+  r->caller_run_max = caller_run_.bound(o);
   r->rows = sig_.batched ? detail::request_rows(inputs) : 1;
   // Guarantee 6: the caller may overwrite its buffers once submit returns. A tensor still
   // referenced elsewhere is copied; one moved in is used as it is.
@@ -210,34 +208,14 @@ Status EngineCore::accept(const std::shared_ptr<Request>& r) {
       },
       r->caller_run_max.count() > 0 ? &lent : nullptr);
   if (refusal) return reject(refusal->reason, std::move(refusal->status));
-  if (lent.batch) run_lent(lent, r->caller_run_max);
+  if (lent.batch) {
+    // A worker asleep on an empty queue, lent to this thread: its batch runs here, no wake-up.
+    caller_run_.run(
+        r->caller_run_max,
+        [&] { workers_[static_cast<std::size_t>(lent.worker)]->run_lent(lent.batch); },
+        [&] { scheduler_.give_back(lent.worker); });
+  }
   return Status();
-}
-
-void EngineCore::run_lent(const detail::Lent& lent, std::chrono::microseconds bound) {
-  // A worker asleep on an empty queue, lent to this thread: its batch runs here, no wake-up.
-  const Clock::time_point start = Clock::now();
-  {
-    struct GiveBack {
-      detail::Scheduler& scheduler;
-      int worker;
-      ~GiveBack() { scheduler.give_back(worker); }
-    } give_back{scheduler_, lent.worker};
-    workers_[static_cast<std::size_t>(lent.worker)]->run_lent(lent.batch);
-  }
-  // The model's recent average let it run here, but this batch took far longer (a cost that
-  // follows the inputs' values after all, or a host that stalled it): no caller runs any more
-  // for this engine, since the caller's thread may serve others (an HTTP I/O thread).
-  const Clock::duration took = Clock::now() - start;
-  const Clock::duration trip =
-      std::max<Clock::duration>(16 * bound, std::chrono::milliseconds(kCallerRunTripMs));
-  if (took > trip && !caller_runs_tripped_.exchange(true)) {
-    asyncinfer::log(LogLevel::warning,
-                    "engine: model '" + model_->name() + "': a request run by its caller took " +
-                        detail::ms_text(took) + " against a recent average within " +
-                        std::to_string(bound.count()) +
-                        " us; its callers no longer run requests (caller_run_max_compute)");
-  }
 }
 
 Status EngineCore::reject(const char* reason, Status s) {

@@ -40,6 +40,9 @@
 //   worker_recovery.cpp   the hang watchdog, recycling, giving up, feeding the circuit breaker;
 //   circuit_breaker.hpp   a worker's circuit breaker (an owned class, checked life cycle);
 //   batcher.hpp           which requests form the next batch, and when (a pure function);
+//   caller_run.hpp        the caller-run fast path: a request run by its submitting thread on a
+//                         sleeping worker (WorkerLending, the Scheduler's side; CallerRun, the
+//                         engine's);
 //   retry_scheduler.hpp   whether and when a failed request runs again, and the requests
 //                         waiting out their backoff (the Scheduler's);
 //   admission.hpp         refusing a request that would miss its deadline in the queue;
@@ -75,6 +78,7 @@
 
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/log.hpp"
+#include "engine/caller_run.hpp"
 #include "engine/engine_context.hpp"
 #include "engine/lifecycle.hpp"
 #include "engine/request.hpp"
@@ -156,13 +160,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// prepare()'s checks of RequestOptions::sequence: set exactly on a sequence engine, with a
   /// non-zero ID, one row, and an integer ID where the CORRID control is an integer.
   Status check_sequence(const Inputs& inputs, const RequestOptions& o) const;
-  /// accept()'s caller run: runs the lent worker's batch here, gives the worker back, and stops
-  /// caller runs for good when the batch took far longer than `bound` allowed
-  /// (caller_runs_tripped_).
-  void run_lent(const detail::Lent& lent, std::chrono::microseconds bound);
-  /// A caller run that took longer than 16 × its bound and than this trips caller_runs_tripped_
-  /// (a stalled VM takes a few milliseconds; a mispredicted model, its whole cost).
-  static constexpr int kCallerRunTripMs = 10;
 
   /// Counts a refusal under `reason` (EngineMetrics::rejections_by_reason); returns `s`.
   Status reject(const char* reason, Status s);
@@ -193,11 +190,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // The inline path (worker.hpp): a device with DeviceCapabilities::caller_run_streams (cpu) and
   // no hang watchdog.
   bool inline_path_;
-  // RequestOptions::caller_run_max_compute applies: the inline path, no max_queue_delay, not
-  // decoupled, and the model supports it (Model::supports_caller_runs). Tripped for good by a
-  // caller run that took far longer than its bound (run_lent).
-  bool caller_runs_;
-  std::atomic<bool> caller_runs_tripped_{false};
+  // The caller-run fast path's engine side (caller_run.hpp): which requests may run on their
+  // callers (RequestOptions::caller_run_max_compute), and running one there.
+  detail::CallerRun caller_run_;
   Clock::time_point started_;
 
   // Executors. Destroyed in reverse order; shutdown() stops them in the right order first.
