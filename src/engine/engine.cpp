@@ -16,6 +16,18 @@ using detail::Request;
 using detail::saturating_add;
 using detail::Stage;
 
+namespace {
+/// A sequence engine's plan (EngineOptions::sequence_batching, checked by Engine::create before);
+/// unset otherwise.
+std::optional<detail::SequencePlan> make_sequence_plan(const EngineOptions& opt,
+                                                       const ModelSignature& sig) {
+  if (!opt.sequence_batching) return std::nullopt;
+  Result<detail::SequencePlan> plan = detail::SequencePlan::make(*opt.sequence_batching, sig);
+  if (!plan.ok()) return std::nullopt;
+  return std::move(*plan);
+}
+}  // namespace
+
 EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
                        EngineOptions options, std::int64_t max_rows)
     : model_(std::move(model)),
@@ -23,15 +35,16 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       opt_(std::move(options)),
       sig_(model_->signature()),
       max_rows_(max_rows),
+      sequence_plan_(make_sequence_plan(opt_, sig_)),
       // The device says whether it can run a stream on the caller's thread; the engine decides
       // whether to: not with a hang watchdog, which must find the worker free to replace a hung
       // stream (worker.hpp).
       inline_path_(device_->capabilities().caller_run_streams && opt_.watchdog.count() == 0),
       // Where a caller may run a request alone and at once, as a worker would
       // (RequestOptions::caller_run_max_compute); Scheduler::accept decides the rest.
-      caller_runs_(inline_path_ && !sig_.decoupled && opt_.batching.max_queue_delay.count() == 0 &&
-                   !opt_.sequence_batching && !opt_.execution_gate &&
-                   model_->supports_caller_runs()),
+      caller_run_(
+          detail::CallerRun::applies(inline_path_, sig_, opt_, model_->supports_caller_runs()),
+          model_->name()),
       started_(Clock::now()),
       completion_(static_cast<std::size_t>(opt_.completion_threads), "ai-callback"),
       dispatcher_(1, "ai-dispatch"),
@@ -39,15 +52,8 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       reaper_(reaper_threads(opt_), "ai-reaper"),
       scheduler_(opt_, sig_.batched),
       resolver_(opt_, scheduler_, timer_, completion_),
-      ctx_(*model_, *device_, opt_, sig_, max_rows_, inline_path_, dispatcher_, timer_, reaper_,
-           scheduler_, resolver_) {
-  if (opt_.sequence_batching) {
-    // Checked by Engine::create before.
-    Result<detail::SequencePlan> plan = detail::SequencePlan::make(*opt_.sequence_batching, sig_);
-    if (plan.ok()) sequence_plan_ = std::move(*plan);
-    ctx_.sequence_plan = sequence_plan_ ? &*sequence_plan_ : nullptr;
-  }
-}
+      ctx_(*model_, *device_, opt_, sig_, sequence_plan_ ? &*sequence_plan_ : nullptr, max_rows_,
+           inline_path_, dispatcher_, timer_, reaper_, scheduler_, resolver_) {}
 
 EngineCore::~EngineCore() { shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); }
 
@@ -65,7 +71,7 @@ Status EngineCore::start() {
     ASYNCINFER_RETURN_IF_ERROR(w->open());
     workers_.push_back(std::move(w));
   }
-  ctx_.live_workers.store(opt_.workers, std::memory_order_relaxed);
+  ctx_.counters.live_workers.store(opt_.workers, std::memory_order_relaxed);
   // The completion threads spin before sleeping under the workers' rule (Worker::loop): while
   // at most one request per worker is undelivered.
   completion_.spin_before_sleep(opt_.spin_wait, [this] {
@@ -121,9 +127,7 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
     r->response_stop = std::stop_source();
   }
   r->deadline = effective_deadline(o, now);
-  if (caller_runs_ && !caller_runs_tripped_.load(std::memory_order_relaxed)) {
-    r->caller_run_max = o.caller_run_max_compute;
-  }
+  r->caller_run_max = caller_run_.bound(o);
   r->rows = sig_.batched ? detail::request_rows(inputs) : 1;
   // Guarantee 6: the caller may overwrite its buffers once submit returns. A tensor still
   // referenced elsewhere is copied; one moved in is used as it is.
@@ -200,44 +204,22 @@ Status EngineCore::accept(const std::shared_ptr<Request>& r) {
       [&] {
         // Under the scheduler's mutex, before the request is queued.
         resolver_.admit(r);
-        submitted_.fetch_add(1, std::memory_order_relaxed);
+        ctx_.counters.submitted.fetch_add(1, std::memory_order_relaxed);
       },
       r->caller_run_max.count() > 0 ? &lent : nullptr);
   if (refusal) return reject(refusal->reason, std::move(refusal->status));
-  if (lent.batch) run_lent(lent, r->caller_run_max);
+  if (lent.batch) {
+    // A worker asleep on an empty queue, lent to this thread: its batch runs here, no wake-up.
+    caller_run_.run(
+        r->caller_run_max,
+        [&] { workers_[static_cast<std::size_t>(lent.worker)]->run_lent(lent.batch); },
+        [&] { scheduler_.give_back(lent.worker); });
+  }
   return Status();
 }
 
-void EngineCore::run_lent(const detail::Lent& lent, std::chrono::microseconds bound) {
-  // A worker asleep on an empty queue, lent to this thread: its batch runs here, no wake-up.
-  const Clock::time_point start = Clock::now();
-  {
-    struct GiveBack {
-      detail::Scheduler& scheduler;
-      int worker;
-      ~GiveBack() { scheduler.give_back(worker); }
-    } give_back{scheduler_, lent.worker};
-    workers_[static_cast<std::size_t>(lent.worker)]->run_lent(lent.batch);
-  }
-  // The model's recent average let it run here, but this batch took far longer (a cost that
-  // follows the inputs' values after all, or a host that stalled it): no caller runs any more
-  // for this engine, since the caller's thread may serve others (an HTTP I/O thread).
-  const Clock::duration took = Clock::now() - start;
-  const Clock::duration trip =
-      std::max<Clock::duration>(16 * bound, std::chrono::milliseconds(kCallerRunTripMs));
-  if (took > trip && !caller_runs_tripped_.exchange(true)) {
-    asyncinfer::log(LogLevel::warning,
-                    "engine: model '" + model_->name() + "': a request run by its caller took " +
-                        detail::ms_text(took) + " against a recent average within " +
-                        std::to_string(bound.count()) +
-                        " us; its callers no longer run requests (caller_run_max_compute)");
-  }
-}
-
 Status EngineCore::reject(const char* reason, Status s) {
-  rejected_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard lock(reasons_mu_);
-  rejections_by_reason_[reason]++;
+  ctx_.counters.count_rejection(reason);
   return s;
 }
 

@@ -181,7 +181,7 @@ EngineOptions Engine::resolve_options(const Model& model, const Device& device,
 Engine::Engine(std::shared_ptr<EngineCore> core) : core_(std::move(core)) {}
 
 Engine::~Engine() {
-  if (core_) core_->shutdown(ShutdownMode::drain, core_->opt_.drain_timeout);
+  if (core_) core_->shutdown(ShutdownMode::drain, core_->options().drain_timeout);
 }
 
 Result<Outputs> Engine::infer(Inputs inputs, const RequestOptions& options) {
@@ -215,21 +215,21 @@ Status Engine::cancel(std::string_view id) { return core_->cancel(id); }
 Status Engine::release(std::string_view id) { return core_->release(id); }
 
 void Engine::shutdown(ShutdownMode mode, std::optional<std::chrono::milliseconds> drain_timeout) {
-  core_->shutdown(mode, drain_timeout.value_or(core_->opt_.drain_timeout));
+  core_->shutdown(mode, drain_timeout.value_or(core_->options().drain_timeout));
 }
 
 EngineMetrics Engine::metrics() const { return core_->metrics(); }
 
 EngineHealth Engine::health() const { return core_->health(); }
 
-const ModelSignature& Engine::signature() const noexcept { return core_->sig_; }
+const ModelSignature& Engine::signature() const noexcept { return core_->signature(); }
 
 const ModelSignature& Engine::request_signature() const noexcept {
-  return core_->sequence_plan_ ? core_->sequence_plan_->request_signature : core_->sig_;
+  return core_->request_signature();
 }
 
-const EngineOptions& Engine::options() const noexcept { return core_->opt_; }
+const EngineOptions& Engine::options() const noexcept { return core_->options(); }
 
-Device& Engine::device() const noexcept { return *core_->device_; }
+Device& Engine::device() const noexcept { return core_->device(); }
 
 }  // namespace asyncinfer

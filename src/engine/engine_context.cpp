@@ -1,19 +1,20 @@
-// EngineContext (engine_context.hpp): its construction, the health-change hook and the end of
-// everything waiting when the last worker gave up. The ends of a failed batch are in
-// batch_failure.cpp and retry_scheduler.cpp; the check of a model's outputs in worker.cpp.
+// EngineContext (engine_context.hpp): its construction and the health-change hook. The ends of
+// a failed batch are BatchFailure's (batch_failure.cpp); the counters' metrics are filled in
+// engine_metrics.cpp; the check of a model's outputs is in worker.cpp.
 #include "engine/engine_context.hpp"
 
 namespace asyncinfer::detail {
 
 EngineContext::EngineContext(Model& the_model, Device& the_device, const EngineOptions& options,
-                             const ModelSignature& signature, std::int64_t batch_rows,
-                             bool run_inline, Executor& dispatcher, DeadlineTimer& deadline_timer,
-                             ThreadPool& reaper_pool, Scheduler& the_scheduler,
-                             Resolver& the_resolver)
+                             const ModelSignature& signature, const SequencePlan* plan,
+                             std::int64_t batch_rows, bool run_inline, Executor& dispatcher,
+                             DeadlineTimer& deadline_timer, ThreadPool& reaper_pool,
+                             Scheduler& the_scheduler, Resolver& the_resolver)
     : model(the_model),
       device(the_device),
       opt(options),
       sig(signature),
+      sequence_plan(plan),
       max_rows(batch_rows),
       unified(the_device.info().unified_memory),
       inline_path(run_inline),
@@ -27,14 +28,8 @@ EngineContext::EngineContext(Model& the_model, Device& the_device, const EngineO
       timer(deadline_timer),
       reaper(reaper_pool),
       scheduler(the_scheduler),
-      resolver(the_resolver) {}
-
-void EngineContext::no_worker_left(const std::string& cause) {
-  const Status st = unavailable_error("no worker of the engine can serve requests: " + cause);
-  // Later submits are refused with `st` (blocked ones too); what waits ends with it.
-  for (auto& r : scheduler.no_workers(st)) end_unservable(r, st, "");
-  scheduler.wake_all();
-}
+      resolver(the_resolver),
+      failures(options, plan, the_scheduler, the_resolver, deadline_timer, counters) {}
 
 void EngineContext::health_changed() noexcept {
   if (!opt.on_health_change) return;

@@ -25,26 +25,39 @@
 //                         circuit breaker and recovery (an owned class; it sees the Scheduler,
 //                         the Resolver and the EngineContext, never EngineCore);
 //   engine_context.hpp    the EngineContext: what the workers share with each other and with
-//                         EngineCore — configuration, executors, engine-wide counters and
-//                         statistics, and the engine-wide ends of a batch (engine_context.cpp);
+//                         EngineCore — configuration and executors by reference, the counters
+//                         and the failure paths (engine_context.cpp: the health-change hook);
+//   engine_counters.hpp   the EngineCounters: engine-wide counters, histograms and statistics,
+//                         filling EngineMetrics (its add_to() is in engine_metrics.cpp);
+//   batch_failure.hpp     the BatchFailure: a failed batch split, requeued, retried or ended;
+//                         late failures; the end of what waits when the last worker gave up
+//                         (batch_failure.cpp);
 //   engine.cpp            start, submit and shutdown — what EngineCore owns;
 //   engine_api.cpp        Engine's public methods, Engine::create and its option checks;
-//   engine_metrics.cpp    metrics() and health();
-//   worker.cpp            the worker loop, launch, batch assembly, the completion point;
+//   engine_metrics.cpp    metrics() and health(), and EngineCounters' metrics;
+//   worker.cpp            the worker loop, launch, batch assembly, the completion point, the
+//                         check of a model's outputs (EngineContext::check_outputs);
 //   worker_recovery.cpp   the hang watchdog, recycling, giving up, feeding the circuit breaker;
-//   batch_failure.cpp     a failed batch: split, requeue, retry or end; late failures (the
-//                         EngineContext's);
 //   circuit_breaker.hpp   a worker's circuit breaker (an owned class, checked life cycle);
 //   batcher.hpp           which requests form the next batch, and when (a pure function);
-//   retry_scheduler.hpp   whether and when a failed request runs again (and, in its .cpp, the
-//                         EngineContext's retry_or_fail);
+//   caller_run.hpp        the caller-run fast path: a request run by its submitting thread on a
+//                         sleeping worker (WorkerLending, the Scheduler's side; CallerRun, the
+//                         engine's);
+//   retry_scheduler.hpp   whether and when a failed request runs again, and the requests
+//                         waiting out their backoff (the Scheduler's);
 //   admission.hpp         refusing a request that would miss its deadline in the queue;
 //   request.hpp           a request's record and its life cycle (transition());
 //   request_queue.hpp, retry.hpp  the queue, the retry budget.
 //
 // EngineCore composes them: it owns the executors, the Scheduler, the Resolver, the
 // EngineContext and the Workers (in that order, so each is destroyed before what it refers to),
-// starts the workers and shuts everything down in order (shutdown()).
+// starts the workers and shuts everything down in order (shutdown()). Its state is private:
+// Engine (engine_api.cpp) reaches it through the submit forms, shutdown(), metrics(), health()
+// and the read-only accessors (options(), signature(), request_signature(), device()).
+//
+// Thread safety: every public method may be called from any thread at once; shutdown()
+// serialises itself (shutdown_mu_) and blocks until the workers and executors have stopped
+// (a drain waits up to its timeout). The configuration is fixed at construction.
 //
 // Engine life cycle (EngineState, scheduler.hpp): running → draining → cancelling → stopped, or
 // running → cancelling → stopped; the Scheduler holds it and is the one place it changes.
@@ -57,7 +70,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,6 +78,7 @@
 
 #include "asyncinfer/engine.hpp"
 #include "asyncinfer/log.hpp"
+#include "engine/caller_run.hpp"
 #include "engine/engine_context.hpp"
 #include "engine/lifecycle.hpp"
 #include "engine/request.hpp"
@@ -78,6 +91,53 @@ namespace asyncinfer {
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
+  EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device, EngineOptions options,
+             std::int64_t max_rows);
+  ~EngineCore();
+
+  // ---- fixed at construction (read-only; any thread) ------------------------------------------
+
+  const EngineOptions& options() const noexcept { return opt_; }
+  const ModelSignature& signature() const noexcept { return sig_; }
+  /// What a request brings: a sequence engine's (SequencePlan::request_signature), else the
+  /// model's signature.
+  const ModelSignature& request_signature() const noexcept {
+    return sequence_plan_ ? sequence_plan_->request_signature : sig_;
+  }
+  Device& device() const noexcept { return *device_; }
+
+  // ---- submission (engine.cpp) ----------------------------------------------------------------
+
+  /// Opens and starts the workers (Engine::create; once, before any submit).
+  Status start();
+
+  /// The three submit forms of engine.hpp: prepare (validate, copy shared inputs), then accept.
+  /// They block only where EngineOptions::submit_timeout lets a full queue make them wait, and
+  /// where a caller run (RequestOptions::caller_run_max_compute) runs the request here.
+  Future<Outputs> submit_future(Inputs&& inputs, const RequestOptions& o);
+  /// As submit_future, with a refusal returned as the error rather than as a ready future.
+  Result<Future<Outputs>> try_submit_future(Inputs&& inputs, const RequestOptions& o);
+  Status submit_callback(Inputs&& inputs, Engine::Callback&& cb, const RequestOptions& o);
+  Status submit_id(std::string&& id, Inputs&& inputs, const RequestOptions& o);
+
+  // The id form's results (the Resolver's result store).
+  Result<Outputs> result(std::string_view id, std::chrono::nanoseconds timeout);
+  RequestState status(std::string_view id);
+  Status cancel(std::string_view id);
+  Status release(std::string_view id);
+
+  // ---- engine life cycle and shutdown (engine.cpp) --------------------------------------------
+
+  /// Drains (up to `drain_timeout`) or cancels, then stops the workers and the executors; blocks
+  /// until they have stopped. A second call waits for the first (a cancel escalates its drain).
+  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
+
+  // ---- metrics (engine_metrics.cpp) -----------------------------------------------------------
+
+  EngineMetrics metrics() const;
+  EngineHealth health() const;
+
+ private:
   using Request = detail::Request;
   using Batch = detail::Batch;
   using Worker = detail::Worker;
@@ -85,15 +145,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   using Pending = detail::Pending;
   using EngineState = detail::EngineState;
 
-  EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device, EngineOptions options,
-             std::int64_t max_rows);
-  ~EngineCore();
   /// One reaper thread per abandoned instance the workers may hold at once (see the header).
   static std::size_t reaper_threads(const EngineOptions& o);
 
-  // ---- submission (engine.cpp) ----------------------------------------------------------------
-
-  Status start();
   Result<std::shared_ptr<Request>> prepare(Inputs&& inputs, const RequestOptions& o);
   Clock::time_point effective_deadline(const RequestOptions& o, Clock::time_point now) const;
 
@@ -106,37 +160,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// prepare()'s checks of RequestOptions::sequence: set exactly on a sequence engine, with a
   /// non-zero ID, one row, and an integer ID where the CORRID control is an integer.
   Status check_sequence(const Inputs& inputs, const RequestOptions& o) const;
-  /// accept()'s caller run: runs the lent worker's batch here, gives the worker back, and stops
-  /// caller runs for good when the batch took far longer than `bound` allowed
-  /// (caller_runs_tripped_).
-  void run_lent(const detail::Lent& lent, std::chrono::microseconds bound);
-  /// A caller run that took longer than 16 × its bound and than this trips caller_runs_tripped_
-  /// (a stalled VM takes a few milliseconds; a mispredicted model, its whole cost).
-  static constexpr int kCallerRunTripMs = 10;
 
   /// Counts a refusal under `reason` (EngineMetrics::rejections_by_reason); returns `s`.
   Status reject(const char* reason, Status s);
 
-  /// The three submit forms of engine.hpp: prepare (validate, copy shared inputs), then accept.
-  Future<Outputs> submit_future(Inputs&& inputs, const RequestOptions& o);
-  /// As submit_future, with a refusal returned as the error rather than as a ready future.
-  Result<Future<Outputs>> try_submit_future(Inputs&& inputs, const RequestOptions& o);
-
-  Status submit_callback(Inputs&& inputs, Engine::Callback&& cb, const RequestOptions& o);
-  Status submit_id(std::string&& id, Inputs&& inputs, const RequestOptions& o);
-  Result<Outputs> result(std::string_view id, std::chrono::nanoseconds timeout);
-  RequestState status(std::string_view id);
-  Status cancel(std::string_view id);
-  Status release(std::string_view id);
-
-  // ---- engine life cycle and shutdown (engine.cpp) --------------------------------------------
-
   EngineState state() const noexcept { return scheduler_.state(); }
   bool accepting() const noexcept { return scheduler_.accepting(); }
-  /// Cancelling or stopped: the workers leave, nothing is retried or requeued.
-  bool cancelling() const noexcept { return scheduler_.cancelling(); }
-
-  void shutdown(ShutdownMode mode, std::chrono::milliseconds drain_timeout);
 
   /// Switches a shutdown in progress to cancel: the queued and running requests end now.
   void escalate_to_cancel();
@@ -144,10 +173,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void wake_everyone();
   void cancel_all();
 
-  // ---- metrics (engine_metrics.cpp) -----------------------------------------------------------
-
-  EngineMetrics metrics() const;
-  EngineHealth health() const;
   std::string context(const std::string& what, const std::string& tag) const {
     return detail::with_tag(what, tag);
   }
@@ -165,11 +190,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // The inline path (worker.hpp): a device with DeviceCapabilities::caller_run_streams (cpu) and
   // no hang watchdog.
   bool inline_path_;
-  // RequestOptions::caller_run_max_compute applies: the inline path, no max_queue_delay, not
-  // decoupled, and the model supports it (Model::supports_caller_runs). Tripped for good by a
-  // caller run that took far longer than its bound (run_lent).
-  bool caller_runs_;
-  std::atomic<bool> caller_runs_tripped_{false};
+  // The caller-run fast path's engine side (caller_run.hpp): which requests may run on their
+  // callers (RequestOptions::caller_run_max_compute), and running one there.
+  detail::CallerRun caller_run_;
   Clock::time_point started_;
 
   // Executors. Destroyed in reverse order; shutdown() stops them in the right order first.
@@ -180,16 +203,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   detail::Scheduler scheduler_;
   detail::Resolver resolver_;  // after the executors and the scheduler it uses
-  detail::EngineContext ctx_;  // what the workers share: after everything it refers to
+  // What the workers share, with the engine-wide counters (submitted and rejected too) and the
+  // failure paths: after everything it refers to.
+  detail::EngineContext ctx_;
   std::vector<std::unique_ptr<Worker>> workers_;  // destroyed first: they refer to all the above
 
-  // Hot counters live on their own cache lines: they are bumped from several threads at once.
-  alignas(64) std::atomic<std::uint64_t> submitted_{0};
-  std::atomic<std::uint64_t> rejected_{0};
-  mutable std::mutex reasons_mu_;
-  std::map<std::string, std::uint64_t> rejections_by_reason_;  // under reasons_mu_
-
-  std::mutex shutdown_mu_;
+  std::mutex shutdown_mu_;  // held by the shutdown() in progress
 };
 
 }  // namespace asyncinfer

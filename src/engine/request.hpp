@@ -153,9 +153,8 @@ struct Request {
   /// worker that dispatches it, read when it completes in that batch.
   std::uint64_t queue_ns = 0;
   Clock::time_point deadline = Clock::time_point::max();
-  /// RequestOptions::caller_run_max_compute where the engine allows caller runs at all (the
-  /// inline path, no max_queue_delay, not decoupled, the model supports them, not tripped:
-  /// EngineCore::caller_runs_); 0 otherwise. Set by prepare(), read by accept().
+  /// RequestOptions::caller_run_max_compute where the engine allows caller runs at all
+  /// (CallerRun::bound, caller_run.hpp); 0 otherwise. Set by prepare(), read by accept().
   std::chrono::microseconds caller_run_max{0};
 
   std::atomic<Stage> stage{Stage::submitting};

@@ -1,7 +1,5 @@
 #include "engine/retry_scheduler.hpp"
 
-#include "engine/engine_context.hpp"
-
 namespace asyncinfer {
 namespace detail {
 
@@ -56,41 +54,6 @@ std::vector<std::shared_ptr<Request>> RetryScheduler::all() const {
   out.reserve(waiting_.size());
   for (const auto& [ptr, ref] : waiting_) out.push_back(ref);
   return out;
-}
-
-void EngineContext::retry_or_fail(const std::shared_ptr<Request>& r, const Status& st) {
-  {
-    std::lock_guard tl(r->timer_mu);
-    r->last_error = st;
-  }
-  if (r->on_response) return fail_partial(r, st);  // decoupled: runs once
-  const int tries = r->attempts.load(std::memory_order_relaxed);
-  const detail::RetryDecision d =
-      scheduler.decide_retry(tries, st.code(), r->deadline, Clock::now());
-  if (d.denied_by_budget) retries_denied.fetch_add(1, std::memory_order_relaxed);
-  if (d.retry) {
-    if (!scheduler.park_for_retry(r)) {
-      late_failure(1, st, *r);  // ended meanwhile (deadline, cancel)
-      return;
-    }
-    retries.fetch_add(1, std::memory_order_relaxed);
-    TimerId id = timer.add(d.at, [this, r] { requeue_after_backoff(r); });
-    std::lock_guard tl(r->timer_mu);
-    r->retry_timer = id;
-    return;
-  }
-  Status final = detail::RetryScheduler::final_status(st, tries, d.why_not, r->tag);
-  const Status copy = final;
-  if (!resolver.try_resolve(r, detail::stage_for_error(final.code()), std::move(final))) {
-    late_failure(1, copy, *r);  // ended meanwhile (deadline, cancel)
-  }
-}
-
-void EngineContext::requeue_after_backoff(const std::shared_ptr<Request>& r) {
-  const detail::BackoffEnd end = scheduler.requeue_after_backoff(r);
-  if (end.unservable) {
-    end_unservable(r, end.unavailable, "engine shut down while the request waited to retry");
-  }
 }
 
 }  // namespace detail

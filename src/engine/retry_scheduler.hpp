@@ -10,8 +10,8 @@
 // The waiting set holds a reference to each request in `retry_wait` (the deadline timer holds
 // none), so it stays alive until its backoff timer requeues it or something ends it. The set is
 // not thread-safe: the Scheduler (scheduler.hpp) owns it and guards it with the queue mutex
-// (request.hpp's queue rule). The engine's side (EngineContext::retry_or_fail,
-// requeue_after_backoff) is in retry_scheduler.cpp.
+// (request.hpp's queue rule). The engine's side (BatchFailure::retry_or_fail,
+// requeue_after_backoff) is in batch_failure.cpp.
 #pragma once
 
 #include <chrono>

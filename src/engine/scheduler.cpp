@@ -32,7 +32,7 @@ Scheduler::Scheduler(const EngineOptions& o, bool batched)
       queue_(o.priority_levels),
       retry_(o.retry),
       admission_(o.admission_control, o.workers),
-      parked_(static_cast<std::size_t>(std::max(o.workers, 0))) {
+      lending_(static_cast<std::size_t>(std::max(o.workers, 0))) {
   if (o.sequence_batching) {
     sequences_.emplace(*o.sequence_batching, o.workers, o.batching.max_batch_size.value_or(1));
   }
@@ -170,7 +170,7 @@ void Scheduler::enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_
   retry_.on_request(now);
   queue_.push_back(r);
   count_push();
-  const bool any_lent = lent_count_ > 0;
+  const bool any_lent = lending_.any_lent();
   lock.unlock();
   notify_one_worker(any_lent);
 }
@@ -189,44 +189,35 @@ void Scheduler::enqueue_sequence(const std::shared_ptr<Request>& r, Clock::time_
 bool Scheduler::lend(const std::shared_ptr<Request>& r, Clock::time_point now, Lent& out,
                      const std::unique_lock<std::mutex>& lock) {
   if (!queue_.empty() || no_workers_) return false;
-  const double compute = batch_compute_us_.load(std::memory_order_relaxed);
-  if (compute <= 0 || compute > static_cast<double>(r->caller_run_max.count())) return false;
-  for (std::size_t w = 0; w < parked_.size(); ++w) {
-    Parked& p = parked_[w];
-    if (p.asleep == nullptr || p.lent) continue;
-    const Taker& t = *p.asleep;
-    if (must_stop(t) || r->rows > t.max_rows) continue;
-    r->enqueued = now;
-    r->waiting_since = now;
-    retry_.on_request(now);
-    transition(*r, Stage::submitting, Stage::queued, lock);
-    auto batch = std::make_shared<Batch>();
-    batch->worker = t.worker;
-    r->batch = batch;  // before the transition: whoever sees `running` sees the batch
-    transition(*r, Stage::queued, Stage::running, lock);
-    batch->requests.push_back(r);
-    batch->rows = r->rows;
-    batch->live.store(1, std::memory_order_relaxed);
-    ++inflight_batches_;
-    p.lent = true;
-    ++lent_count_;
-    out.batch = std::move(batch);
-    out.worker = t.worker;
-    return true;
-  }
-  return false;
+  const Taker* t = lending_.lend(r->caller_run_max, [&](const Taker& taker) {
+    return !must_stop(taker) && r->rows <= taker.max_rows;
+  });
+  if (t == nullptr) return false;
+  r->enqueued = now;
+  r->waiting_since = now;
+  retry_.on_request(now);
+  transition(*r, Stage::submitting, Stage::queued, lock);
+  auto batch = std::make_shared<Batch>();
+  batch->worker = t->worker;
+  r->batch = batch;  // before the transition: whoever sees `running` sees the batch
+  transition(*r, Stage::queued, Stage::running, lock);
+  batch->requests.push_back(r);
+  batch->rows = r->rows;
+  batch->live.store(1, std::memory_order_relaxed);
+  ++inflight_batches_;
+  out.batch = std::move(batch);
+  out.worker = t->worker;
+  return true;
 }
 
 void Scheduler::give_back(int worker) {
   bool wake = false;
   {
     std::lock_guard lock(mu_);
-    Parked& p = parked_[static_cast<std::size_t>(worker)];
-    p.lent = false;
-    --lent_count_;
+    const Taker* asleep = lending_.give_back(worker);
     // Still asleep in next_batch, where it may have swallowed a notification meant for it
     // meanwhile: wake it (and the others) when anything asks for a worker.
-    wake = queued_locked() > 0 || !accepting() || p.asleep == nullptr || must_stop(*p.asleep);
+    wake = queued_locked() > 0 || !accepting() || asleep == nullptr || must_stop(*asleep);
     // Under the lock: once it is released, a shutdown may join the worker and return, and the
     // engine may be gone.
     if (wake) work_cv_.notify_all();
@@ -290,10 +281,7 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
   config.preferred_batch_sizes = preferred_batch_sizes_;
   config.priority_aging = priority_aging_;
   std::unique_lock lock = lock_spinning(mu_);
-  if (static_cast<std::size_t>(taker.worker) >= parked_.size()) {
-    parked_.resize(static_cast<std::size_t>(taker.worker) + 1);
-  }
-  Parked& me = parked_[static_cast<std::size_t>(taker.worker)];
+  WorkerLending::Seat& me = lending_.seat(taker.worker);
   bool spun = false;
   for (;;) {
     if (me.lent) {
@@ -457,7 +445,7 @@ BackoffEnd Scheduler::requeue_after_backoff(const std::shared_ptr<Request>& r) {
   r->waiting_since = r->enqueued;
   queue_.push_back(ref);  // retries do not count against queue_capacity
   count_push();
-  const bool any_lent = lent_count_ > 0;
+  const bool any_lent = lending_.any_lent();
   lock.unlock();
   notify_one_worker(any_lent);
   out.requeued = true;

@@ -25,12 +25,16 @@
 // (never by polling; next_batch() first spins up to the taker's SpinWait budget when it passes
 // one, spin_wait.hpp); the rest only take the mutex, after a short spin on the hot paths
 // (accept(), next_batch(): lock_spinning).
+//
+// The caller-run fast path (caller_run.hpp) enters here in three places only: accept() may lend
+// a sleeping worker to the submitting thread instead of queueing (lend()), give_back() ends
+// that, and next_batch() keeps a lent worker in its wait. Which worker may be lent, and the
+// compute-time bound, are WorkerLending's (caller_run.hpp).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,6 +45,7 @@
 #include "core/spin_wait.hpp"
 #include "engine/admission.hpp"
 #include "engine/batcher.hpp"
+#include "engine/caller_run.hpp"
 #include "engine/request.hpp"
 #include "engine/request_queue.hpp"
 #include "engine/retry_scheduler.hpp"
@@ -85,16 +90,6 @@ struct Taker {
   /// Non-null: the worker's own SpinWait, used once before it sleeps on an empty queue
   /// (spin_wait.hpp; the worker passes it only while few requests are in flight).
   SpinWait* spin = nullptr;
-};
-
-/// A worker lent to the thread that submits a request (RequestOptions::caller_run_max_compute):
-/// accept() found it asleep on an empty queue and took the request out of the queue's way as a
-/// batch of one for it. The submitting thread runs the batch as the worker would
-/// (Worker::run_lent), then gives the worker back (Scheduler::give_back). Until then the worker
-/// stays in its wait, whatever wakes it.
-struct Lent {
-  std::shared_ptr<Batch> batch;
-  int worker = -1;
 };
 
 /// What withdraw() did with a request.
@@ -167,11 +162,10 @@ class Scheduler {
   /// anyone can see the request queued — then the request enters the queue and a worker wakes.
   /// Blocks only with QueueFullPolicy::block and a full queue.
   ///
-  /// With `lent` and a request that may run on its caller (Request::caller_run_max, under that
-  /// bound of the model's recent compute time per batch): when nothing is queued and a worker
-  /// waits for work asleep (not spinning) with none of its flags set, the request goes
-  /// queued → running as that worker's next batch, the worker is lent (see Lent), and `*lent`
-  /// says which; no worker wakes. Otherwise `*lent` is left empty and the request is queued.
+  /// With `lent` and a request that may run on its caller (Request::caller_run_max): when
+  /// nothing is queued and WorkerLending lends a sleeping worker, the request goes
+  /// queued → running as that worker's batch of one and `*lent` says which (caller_run.hpp); no
+  /// worker wakes. Otherwise `*lent` is left empty and the request is queued.
   template <class OnAccepted>
   std::optional<Refusal> accept(const std::shared_ptr<Request>& r, OnAccepted&& on_accepted,
                                 Lent* lent = nullptr) {
@@ -195,7 +189,7 @@ class Scheduler {
     return std::nullopt;
   }
 
-  /// The caller that accept() lent `worker` to has run its batch (Worker::run_lent): the worker
+  /// The caller that accept() lent `worker` to has run its batch (caller_run.hpp): the worker
   /// serves the queue again, and is woken when something waits for it.
   void give_back(int worker);
 
@@ -224,11 +218,7 @@ class Scheduler {
   /// A batch of `requests` computed in `compute_us` (admission control's service time).
   void observe_batch(double compute_us, std::size_t requests) noexcept {
     admission_.observe(compute_us, requests);
-    // The moving average per batch that a caller run is bounded by (accept()). One writer at a
-    // time is not guaranteed: a lost update among racing batches only delays the average.
-    const double was = batch_compute_us_.load(std::memory_order_relaxed);
-    batch_compute_us_.store(was == 0 ? compute_us : was + (compute_us - was) / 8,
-                            std::memory_order_relaxed);
+    lending_.observe(compute_us);  // what bounds a caller run
   }
 
   /// Puts running requests back at the front of their levels (in their order), without counting
@@ -279,11 +269,13 @@ class Scheduler {
   std::size_t queued_locked() const noexcept {
     return queue_.size() + (sequences_ ? static_cast<std::size_t>(sequences_->queued()) : 0);
   }
-  /// accept()'s caller run, under the lock: true when `r` became a lent worker's batch.
+  /// accept()'s caller run, under the lock: true when `r` became a lent worker's batch
+  /// (WorkerLending::lend picks the worker).
   bool lend(const std::shared_ptr<Request>& r, Clock::time_point now, Lent& out,
             const std::unique_lock<std::mutex>& lock);
   /// Wakes one worker waiting for work: all of them while one is lent (`any_lent`, read under
-  /// the lock), since a lent worker that took the notification would keep it.
+  /// the lock: WorkerLending::any_lent), since a lent worker that took the notification would
+  /// keep it.
   void notify_one_worker(bool any_lent) {
     if (any_lent) {
       work_cv_.notify_all();
@@ -326,16 +318,7 @@ class Scheduler {
   std::atomic<std::uint64_t> pushed_{0};  // requests put in queue_; written under mu_, read by
                                           // a spinning worker without it
   std::optional<Status> no_workers_;      // under mu_: every worker gave up
-  /// Per worker, under mu_: `asleep` is the Taker of a worker waiting in next_batch on an empty
-  /// queue (null while it is awake, spinning or elsewhere); `lent` while a caller runs a batch
-  /// for it (accept(), give_back()): it then waits whatever wakes it, and `asleep` stays set.
-  struct Parked {
-    const Taker* asleep = nullptr;
-    bool lent = false;
-  };
-  std::deque<Parked> parked_;  // one per worker index seen (a deque: growing keeps references)
-  int lent_count_ = 0;         // under mu_: workers lent now
-  std::atomic<double> batch_compute_us_{0};  // observe_batch(): compute time per batch, EWMA 1/8
+  WorkerLending lending_;  // under mu_ (its observe() aside): the caller-run fast path's seats
 };
 
 }  // namespace asyncinfer::detail

@@ -149,10 +149,10 @@ Status Worker::make_stream_and_instance(std::stop_token stop) {
   try {
     instance = ctx_.model.create_instance(ctx_.device, **stream, io);
   } catch (const std::exception& e) {
-    ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
+    ctx_.counters.model_exceptions.fetch_add(1, std::memory_order_relaxed);
     instance = internal_error(std::string("model threw in create_instance: ") + e.what());
   } catch (...) {
-    ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
+    ctx_.counters.model_exceptions.fetch_add(1, std::memory_order_relaxed);
     instance = internal_error("model threw an unknown exception in create_instance");
   }
   if (!instance.ok()) {
@@ -254,10 +254,10 @@ void Worker::launch(const std::shared_ptr<Batch>& batch) {
   batch->dispatched = now;
   for (const auto& r : batch->requests) {
     ++r->attempts;
-    ctx_.queue_us.observe(detail::us_between(r->enqueued, now));
+    ctx_.counters.queue_us.observe(detail::us_between(r->enqueued, now));
     r->queue_ns += detail::ns_between(r->waiting_since, now);
   }
-  ctx_.attempts.fetch_add(batch->requests.size(), std::memory_order_relaxed);
+  ctx_.counters.attempts.fetch_add(batch->requests.size(), std::memory_order_relaxed);
   auto io = std::make_shared<BatchIO>();
   batch->io = io;
   io->stop = batch->stop.get_token();
@@ -270,19 +270,19 @@ void Worker::launch(const std::shared_ptr<Batch>& batch) {
   if (s.ok()) {
     if (ctx_.sig.decoupled)
       io->responses = std::make_shared<BatchResponseSender>(ctx_, batch->requests);
-    ctx_.batches.fetch_add(1, std::memory_order_relaxed);
+    ctx_.counters.batches.fetch_add(1, std::memory_order_relaxed);
     batches_.fetch_add(1, std::memory_order_relaxed);
-    ctx_.batch_size.observe(static_cast<double>(batch->rows));
+    ctx_.counters.batch_size.observe(static_cast<double>(batch->rows));
     // On the stream from here until its completion point runs (or it never gets one).
     batch->on_stream.store(true, std::memory_order_relaxed);
     stream_batches_.fetch_add(1, std::memory_order_relaxed);
     try {
       s = instance_->enqueue(*stream_, io);
     } catch (const std::exception& e) {
-      ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
+      ctx_.counters.model_exceptions.fetch_add(1, std::memory_order_relaxed);
       s = internal_error(std::string("model threw during enqueue: ") + e.what());
     } catch (...) {
-      ctx_.model_exceptions.fetch_add(1, std::memory_order_relaxed);
+      ctx_.counters.model_exceptions.fetch_add(1, std::memory_order_relaxed);
       s = internal_error("model threw an unknown exception during enqueue");
     }
     if (!s.ok()) s = s.with_context("model '" + ctx_.model.name() + "'");
@@ -335,11 +335,11 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
         hook(r->inputs);
         kept.push_back(r);
       } catch (const std::exception& e) {
-        ctx_.fail_alone(
+        ctx_.failures.fail_alone(
             r, internal_error(detail::with_tag("batch assembly failed for this request", r->tag) +
                               ": " + e.what()));
       } catch (...) {
-        ctx_.fail_alone(
+        ctx_.failures.fail_alone(
             r, internal_error(detail::with_tag("batch assembly failed for this request", r->tag)));
       }
     }
@@ -357,7 +357,7 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
     for (auto& r : batch.requests) {
       Result<Inputs> full = ctx_.sequence_plan->model_inputs(*r);
       if (!full.ok()) {
-        ctx_.fail_alone(r, full.status());
+        ctx_.failures.fail_alone(r, full.status());
         continue;
       }
       r->inputs = std::move(*full);
@@ -458,7 +458,7 @@ void Worker::end_without_running(const std::shared_ptr<Batch>& batch, Status s) 
     breaker_failure(s.code());
   }
   release_slot(*batch);
-  if (!s.ok()) ctx_.batch_failed(batch, s);
+  if (!s.ok()) ctx_.failures.batch_failed(batch, s);
   scheduler_.batch_finished(*batch);
 }
 
@@ -468,7 +468,7 @@ void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   off_stream(*batch);
   if (batch->done.exchange(true)) {
     // The watchdog ended it first: its requests have ended; what it brings is late.
-    ctx_.late_outcome(*batch, st);
+    ctx_.failures.late_outcome(*batch, st);
     return;
   }
   TimerId wd;
@@ -479,7 +479,7 @@ void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   ctx_.timer.cancel(wd);
   const Clock::time_point now = Clock::now();
   const double compute = detail::us_between(batch->compute_start, now);
-  ctx_.compute_us.observe(compute);
+  ctx_.counters.compute_us.observe(compute);
   // The breaker is updated before the slot is freed, so a worker that just failed its probe
   // cannot take another request in between.
   if (st.ok()) {
@@ -496,9 +496,10 @@ void Worker::on_batch_done(const std::shared_ptr<Batch>& batch, Status st) {
   if (st.ok()) {
     complete(batch, compute, now, previous);
   } else if (stale && st.code() == StatusCode::aborted) {
-    ctx_.requeue_all(batch);  // its stream was replaced under it: run it again on the new one
+    // Its stream was replaced under it: run it again on the new one.
+    ctx_.failures.requeue_all(batch);
   } else {
-    ctx_.batch_failed(batch, st);
+    ctx_.failures.batch_failed(batch, st);
   }
   scheduler_.batch_finished(*batch);
 }
@@ -524,7 +525,7 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
   Status check =
       ctx_.sig.decoupled && outs.empty() ? Status() : ctx_.check_outputs(outs, batch->rows);
   if (!check.ok()) {
-    ctx_.batch_failed(batch, check);
+    ctx_.failures.batch_failed(batch, check);
     return;
   }
   scheduler_.observe_batch(compute_us, batch->requests.size());  // for admission control
@@ -560,12 +561,12 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
   const std::uint64_t stream_wait_ns = ns(batch->inputs_ready, infer_start);
   const std::uint64_t infer_ns = ns(infer_start, now);
   const std::uint64_t output_ns = ns(now, split_done);
-  ctx_.execution_count.fetch_add(1, std::memory_order_relaxed);
-  ctx_.batch_stats.add(ctx_.sig.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
-  ctx_.last_inference_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count(),
-                               std::memory_order_relaxed);
+  ctx_.counters.execution_count.fetch_add(1, std::memory_order_relaxed);
+  ctx_.counters.batch_stats.add(ctx_.sig.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
+  ctx_.counters.last_inference_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count(),
+                                        std::memory_order_relaxed);
   std::vector<std::uint64_t> counted(batch->requests.size(), 0);  // queue ns, +1 when counted
   std::uint64_t n = 0;
   std::uint64_t rows = 0;
@@ -599,12 +600,12 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
         a.fetch_sub(v, std::memory_order_relaxed);
       }
     };
-    apply(ctx_.inference_count, request_rows);
-    apply(ctx_.stat_queue.count, requests);
-    apply(ctx_.stat_queue.ns, queued);
-    for (auto [c, each] :
-         {std::pair{&ctx_.stat_input, input_ns}, std::pair{&ctx_.stat_infer, infer_ns},
-          std::pair{&ctx_.stat_output, output_ns}}) {
+    apply(ctx_.counters.inference_count, request_rows);
+    apply(ctx_.counters.stat_queue.count, requests);
+    apply(ctx_.counters.stat_queue.ns, queued);
+    for (auto [c, each] : {std::pair{&ctx_.counters.stat_input, input_ns},
+                           std::pair{&ctx_.counters.stat_infer, infer_ns},
+                           std::pair{&ctx_.counters.stat_output, output_ns}}) {
       apply(c->count, requests);
       apply(c->ns, requests * each);
     }
@@ -619,7 +620,7 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
       continue;
     }
     if (!resolver_.try_resolve(r, Stage::completed, std::move(split_outputs[k]), split_done)) {
-      ctx_.late_completions.fetch_add(1, std::memory_order_relaxed);
+      ctx_.counters.late_completions.fetch_add(1, std::memory_order_relaxed);
       // It ended (deadline, cancel) between the count and here: not a success after all.
       if (counted[k] != 0) {
         charge(1, static_cast<std::uint64_t>(ctx_.sig.batched ? r->rows : 1), counted[k] - 1,

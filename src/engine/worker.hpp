@@ -170,7 +170,7 @@ class Worker {
   /// Replaces a hung stream and model instance (worker thread only). The old ones are destroyed
   /// by a reaper thread, so a kernel that ignores its stop token cannot block this worker; until
   /// that destruction returns they count as abandoned (the loop bounds them). Batches still
-  /// queued on the old stream come back through EngineContext::requeue_all. A failed attempt is
+  /// queued on the old stream come back through BatchFailure::requeue_all. A failed attempt is
   /// retried after a backoff; after RecoveryOptions::max_recycle_attempts in a row the worker
   /// gives up (give_up).
   void recycle();

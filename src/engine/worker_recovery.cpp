@@ -35,7 +35,7 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
   // Its work is abandoned with its instance: its turn at the execution gate goes back now, so
   // that the worker's next batch (and other models) are not held up by a hung instance.
   if (ctx_.opt.execution_gate != nullptr) leave_gate(*batch);
-  ctx_.watchdog_fired.fetch_add(1, std::memory_order_relaxed);
+  ctx_.counters.watchdog_fired.fetch_add(1, std::memory_order_relaxed);
   bool taken_out = false;  // healthy (or paused) until now, recovering from now
   {
     std::lock_guard lock(mu_);
@@ -106,7 +106,7 @@ void Worker::recycle() {
         gave_up = true;
         // Under mu_ with gave_up: whoever sees the worker unhealthy (health()) then sees it
         // gone from live_workers (metrics()) too.
-        last_worker = ctx_.live_workers.fetch_sub(1, std::memory_order_acq_rel) == 1;
+        last_worker = ctx_.counters.live_workers.fetch_sub(1, std::memory_order_acq_rel) == 1;
       } else {
         wait = recycle_backoff(failures);
         next_recycle_ = deadline_after(wait);
@@ -145,7 +145,7 @@ std::chrono::milliseconds Worker::recycle_backoff(int failures) const {
 void Worker::give_up(bool last_worker, const std::string& cause) {
   log(LogLevel::error, "engine: " + cause);
   cv_.notify_all();
-  if (last_worker) ctx_.no_worker_left(cause);
+  if (last_worker) ctx_.failures.no_worker_left(cause);
 }
 
 std::pair<WorkerHealth, std::string> Worker::health_locked() const {

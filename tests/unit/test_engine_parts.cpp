@@ -1,14 +1,16 @@
 // The engine's parts tested alone, without an engine or a thread: the request queue, the id
-// result store, the retry budget and scheduler, ordered delivery, admission control and the
-// request life cycle's transition table (src/engine/*.hpp).
+// result store, the retry budget and scheduler, ordered delivery, admission control, the
+// engine-wide counters and the request life cycle's transition table (src/engine/*.hpp).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/ordered_delivery.hpp"
 #include "engine/admission.hpp"
+#include "engine/engine_counters.hpp"
 #include "engine/request.hpp"
 #include "engine/request_queue.hpp"
 #include "engine/result_store.hpp"
@@ -277,6 +279,89 @@ TEST(AdmissionControl, RefusesWhenThePredictedWaitExceedsTheTimeLeft) {
   AdmissionControl off(false, 1);
   off.observe(1e9, 1);
   EXPECT_FALSE(off.check(100, t0, t0 + 1us));
+}
+
+// ---- EngineCounters -----------------------------------------------------------------------------
+
+TEST(EngineCounters, AddToFillsTheCountersGaugesHistogramsAndStatistics) {
+  EngineCounters c;
+  c.submitted.fetch_add(5);
+  c.count_rejection("queue_full");
+  c.count_rejection("queue_full");
+  c.count_rejection("bad_request");
+  c.live_workers.store(2);
+  c.attempts.fetch_add(6);
+  c.batches.fetch_add(4);
+  c.retries.fetch_add(3);
+  c.retries_denied.fetch_add(1);
+  c.split_batches.fetch_add(1);
+  c.late_completions.fetch_add(2);
+  c.count_late_failures(2, StatusCode::internal);
+  c.count_late_failures(1, StatusCode::unavailable);
+  c.count_late_failures(1, StatusCode::internal);
+  c.model_exceptions.fetch_add(1);
+  c.watchdog_fired.fetch_add(1);
+  c.queue_us.observe(10);
+  c.compute_us.observe(20);
+  c.compute_us.observe(30);
+  c.batch_size.observe(3);
+  c.stat_queue.add(3, 3000);
+  c.stat_input.add(1, 100);
+  c.stat_infer.add(1, 200);
+  c.stat_output.add(1, 300);
+  c.inference_count.fetch_add(3);
+  c.execution_count.fetch_add(1);
+  c.last_inference_ms.store(1234);
+  c.batch_stats.add(3, 100, 200, 300);
+
+  EngineMetrics m;
+  m.model = "kept";  // what is not the counters' is left as it was
+  m.completed = 7;
+  c.add_to(m);
+  EXPECT_EQ(m.model, "kept");
+  EXPECT_EQ(m.completed, 7u);
+  EXPECT_EQ(m.submitted, 5u);
+  EXPECT_EQ(m.rejected, 3u);
+  EXPECT_EQ(m.rejections_by_reason,
+            (std::map<std::string, std::uint64_t>{{"bad_request", 1}, {"queue_full", 2}}));
+  EXPECT_EQ(m.live_workers, 2);
+  EXPECT_EQ(m.attempts, 6u);
+  EXPECT_EQ(m.batches, 4u);
+  EXPECT_EQ(m.retries, 3u);
+  EXPECT_EQ(m.retries_denied_by_budget, 1u);
+  EXPECT_EQ(m.split_batches, 1u);
+  EXPECT_EQ(m.late_completions, 2u);
+  EXPECT_EQ(m.late_failures, 4u);
+  EXPECT_EQ(m.late_failures_by_reason,
+            (std::map<std::string, std::uint64_t>{{"internal", 3}, {"unavailable", 1}}));
+  EXPECT_EQ(m.model_exceptions, 1u);
+  EXPECT_EQ(m.watchdog_fired, 1u);
+  EXPECT_EQ(m.queue_us.count, 1u);
+  EXPECT_EQ(m.compute_us.count, 2u);
+  EXPECT_DOUBLE_EQ(m.compute_us.sum, 50.0);
+  EXPECT_EQ(m.batch_size.count, 1u);
+  EXPECT_EQ(m.stats.inference_count, 3u);
+  EXPECT_EQ(m.stats.execution_count, 1u);
+  EXPECT_EQ(m.stats.last_inference_ms, 1234);
+  EXPECT_EQ(m.stats.queue.count, 3u);
+  EXPECT_EQ(m.stats.queue.ns, 3000u);
+  EXPECT_EQ(m.stats.compute_input.ns, 100u);
+  EXPECT_EQ(m.stats.compute_infer.ns, 200u);
+  EXPECT_EQ(m.stats.compute_output.ns, 300u);
+  ASSERT_EQ(m.stats.batch_stats.size(), 1u);
+  EXPECT_EQ(m.stats.batch_stats[0].batch_size, 3);
+  EXPECT_EQ(m.stats.batch_stats[0].compute_infer.ns, 200u);
+}
+
+TEST(EngineCounters, AFreshSetFillsZeros) {
+  EngineCounters c;
+  EngineMetrics m;
+  c.add_to(m);
+  EXPECT_EQ(m.submitted, 0u);
+  EXPECT_TRUE(m.rejections_by_reason.empty());
+  EXPECT_TRUE(m.late_failures_by_reason.empty());
+  EXPECT_EQ(m.queue_us.count, 0u);
+  EXPECT_TRUE(m.stats.batch_stats.empty());
 }
 
 // ---- Request life cycle -----------------------------------------------------------------------

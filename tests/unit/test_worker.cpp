@@ -48,7 +48,7 @@ struct Fixture {
         sig(model->signature()),
         scheduler(opt, sig.batched),
         resolver(opt, scheduler, timer, completion),
-        ctx(*model, *device, opt, sig, /*batch_rows=*/8,
+        ctx(*model, *device, opt, sig, /*plan=*/nullptr, /*batch_rows=*/8,
             device->capabilities().caller_run_streams && opt.watchdog.count() == 0, dispatcher,
             timer, reaper, scheduler, resolver),
         worker(0, /*intra_op_threads=*/1, ctx) {}
@@ -72,7 +72,7 @@ struct Fixture {
   /// Opens the worker (its first stream and instance) and starts its thread.
   void start() {
     ASSERT_TRUE(worker.open().ok());
-    ctx.live_workers.store(1);
+    ctx.counters.live_workers.store(1);
     worker.start();
   }
 
@@ -130,8 +130,8 @@ TEST(Worker, LaunchedBatchResolvesItsRequests) {
   const WorkerMetrics m = fx.worker.metrics();
   EXPECT_EQ(m.index, 0);
   EXPECT_GE(m.batches, 1u);
-  EXPECT_EQ(m.batches, fx.ctx.batches.load());
-  EXPECT_EQ(fx.ctx.attempts.load(), 5u);
+  EXPECT_EQ(m.batches, fx.ctx.counters.batches.load());
+  EXPECT_EQ(fx.ctx.counters.attempts.load(), 5u);
   EXPECT_EQ(m.failed_batches, 0u);
   EXPECT_EQ(m.health, "healthy");
   EXPECT_EQ(m.breaker, "closed");
@@ -184,7 +184,7 @@ TEST(Worker, WatchdogRecyclesTheStreamAndInstance) {
   Result<Outputs> out = get_within(*hung);
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::deadline_exceeded) << out.status().to_string();
-  EXPECT_EQ(fx.ctx.watchdog_fired.load(), 1u);
+  EXPECT_EQ(fx.ctx.counters.watchdog_fired.load(), 1u);
   ASSERT_TRUE(eventually([&] { return fx.worker.metrics().recycles == 1; }));
 
   auto next = fx.submit(2);
@@ -216,7 +216,7 @@ TEST(Worker, LastWorkerGivingUpMakesTheEngineUnavailable) {
   ASSERT_TRUE(hung.has_value());
   EXPECT_EQ(get_within(*hung).status().code(), StatusCode::deadline_exceeded);
   ASSERT_TRUE(eventually([&] { return fx.worker.health().first == WorkerHealth::unhealthy; }));
-  EXPECT_EQ(fx.ctx.live_workers.load(), 0);
+  EXPECT_EQ(fx.ctx.counters.live_workers.load(), 0);
   const WorkerMetrics m = fx.worker.metrics();
   EXPECT_EQ(m.health, "unhealthy");
   EXPECT_NE(m.health_reason.find("device lost"), std::string::npos) << m.health_reason;
