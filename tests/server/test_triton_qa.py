@@ -40,12 +40,16 @@ ZOO = "needs a model of Triton's qa model zoo (made by its gen_qa_model_reposito
 class Run:
     """One server configuration and one unittest invocation."""
 
-    def __init__(self, test, args=(), env=None, cases=None, models=None):
+    def __init__(self, test, args=(), env=None, cases=None, models=None, triton_dir=None):
         self.test = test                  # the qa file
         self.args = list(args)            # asyncinfer serve flags beyond the repository
         self.env = dict(env or {})
         self.cases = cases or []          # unittest names (Class or Class.test); [] = all
         self.models = models              # a function(qa_dir, repo) that adds models
+        # The repository's path under a stand-in for Triton's install folder, which the server
+        # (and so its models) gets as TRITON_DIR, as in Triton's container: e.g.
+        # "qa/L0_backend_python/models", where init_args expects its folder.
+        self.triton_dir = triton_dir
 
 
 def pt_identity(qa, repo):
@@ -120,6 +124,57 @@ def both(*fns):
     return add
 
 
+def backend_python_models(qa, repo):
+    """qa/L0_backend_python/test.sh's models for python_test.py: qa/python_models' files, and the
+    identity_fp32 copies its sed lines make (another dtype, a batcher, a default_model_filename)."""
+    src = os.path.join(os.path.dirname(qa), "python_models")
+
+    def take(name, as_name=None):
+        d = os.path.join(repo, as_name or name)
+        os.makedirs(os.path.join(d, "1"))
+        shutil.copy(os.path.join(src, name, "model.py"), os.path.join(d, "1", "model.py"))
+        shutil.copy(os.path.join(src, name, "config.pbtxt"), d)
+        return d
+
+    def edit(d, fn):
+        path = os.path.join(d, "config.pbtxt")
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(fn(text))
+
+    def named(name, dtype=None, batch=None, extra=""):
+        d = take("identity_fp32", name)
+
+        def fn(text):
+            lines = []
+            for line in text.splitlines():
+                if line.startswith("name:"):
+                    line = 'name: "%s"' % name
+                elif line.startswith("max_batch_size:") and batch is not None:
+                    line = batch
+                lines.append(line.replace("TYPE_FP32", dtype) if dtype else line)
+            return "\n".join(lines) + "\n" + extra
+        edit(d, fn)
+        return d
+
+    for name in ("identity_fp32", "identity_bf16", "pytorch_fp32_fp32", "delayed_model",
+                 "init_args", "optional", "non_contiguous", "string", "string_fixed",
+                 "dlpack_identity"):
+        take(name)
+    named("identity_uint8", "TYPE_UINT8", "max_batch_size: 8",
+          "dynamic_batching { preferred_batch_size: [8], max_queue_delay_microseconds: "
+          "12000000 }\n")
+    named("identity_uint8_nobatch", "TYPE_UINT8", "")
+    named("identity_uint32", "TYPE_UINT32")
+    named("identity_bool", "TYPE_BOOL")
+    d = named("default_model_name", extra='default_model_filename: "mymodel.py"\n')
+    os.rename(os.path.join(d, "1", "model.py"), os.path.join(d, "1", "mymodel.py"))
+    edit(os.path.join(repo, "pytorch_fp32_fp32"),
+         lambda t: "\n".join('name: "pytorch_fp32_fp32"' if line.startswith("name:") else line
+                             for line in t.splitlines()) + "\n")
+
+
 # With headers to forward, the HTTP cases are left out: one header value the test sends ends in a
 # space, which an HTTP parser drops (RFC 9110 5.5: a field value has no trailing whitespace;
 # Boost.Beast drops it, Triton's libevhtp keeps it): test_http_parameter,
@@ -164,11 +219,39 @@ SUITES = {
     "L0_http": [
         Run("http_test.py", models=identity_models),
         Run("generate_endpoint_test.py", models=copy_models("generate_models")),
+        Run("http_restricted_api_test.py", cases=["RestrictedAPITest"], models=simple,
+            args=["--http-restricted-api=model-repository:admin-key=admin-value",
+                  "--http-restricted-api=inference,metadata:infer-key=infer-value"]),
+    ],
+    # TEST_JETSON=1: shm_util's leak probe reads Triton's python-backend shared-memory regions
+    # through a module of Triton's build (triton_shm_monitor); asyncinfer makes no such regions.
+    "L0_backend_python": [
+        Run("python_test.py", models=backend_python_models, env={"TEST_JETSON": "1"},
+            triton_dir="qa/L0_backend_python/models"),
+    ],
+    "L0_grpc": [
+        Run("python_unit_test.py", cases=["RestrictedProtocolTest"], models=simple,
+            args=["--grpc-restricted-protocol=model-repository:admin-key=admin-value",
+                  "--grpc-restricted-protocol=inference,health:infer-key=infer-value"]),
     ],
 }
 
 # "<suite>/<file>::<Class>.<case>" -> why it is not run
 SKIPPED = {
+    "L0_backend_python/python_test.py::PythonTest.test_growth_error":
+        "it grows Triton's python-backend shared-memory pool until it fails with Triton's words "
+        "(\"Failed to increase the shared memory pool size\"); asyncinfer has no such pool (a "
+        "request's tensors go in a memfd of their own), and a 1 GiB request is refused by the "
+        "body limit (413, --max-body-bytes) before any model sees it",
+    "L0_backend_python/python_test.py::PythonTest.test_bf16":
+        "at v2.51.0 it sends BF16 as np.float32, which the pinned tritonclient (2.73) refuses in "
+        "the client before anything is sent; the same qa identity_bf16 model and round trip, "
+        "with ml_dtypes.bfloat16, pass in server.triton_features",
+    "L0_backend_python/python_test.py::PythonTest.test_init_args":
+        "its model answers a request of 2 rows of a batched model with an output of shape [1]; "
+        "asyncinfer checks a python model's outputs against its config (dim 0 = the request's "
+        "rows) and fails the request, where Triton passes the tensor through; the init args "
+        "themselves (the 7 keys, model_repository under TRITON_DIR) are right: the model loads",
     "L0_input_validation/input_validation_test.py::InputShapeTest.test_input_string_shape_validation":
         ZOO + " (graphdef_object_int32_int32, TensorFlow); the BYTES element-count words it "
         "checks are tested by test_conformance.py",
@@ -184,7 +267,7 @@ SKIPPED = {
 def fetch_qa(given, work):
     """The qa folder of Triton's server repository at TAG where the checkout has it."""
     dest = os.path.join(work, "server")
-    paths = ["qa/common"] + ["qa/" + s for s in SUITES]
+    paths = ["qa/common", "qa/python_models"] + ["qa/" + s for s in SUITES]
     if given:
         tag = subprocess.run(["git", "-C", given, "rev-parse", "-q", "--verify", TAG + "^{commit}"],
                              capture_output=True, text=True)
@@ -252,12 +335,19 @@ def wait_ready(server, log, seconds=180):
 
 
 def run_one(args, qa, suite, run, work):
-    repo = tempfile.mkdtemp(prefix="models-", dir=work)
+    server_env = dict(os.environ)
+    if run.triton_dir:
+        root = tempfile.mkdtemp(prefix="tritonserver-", dir=work)
+        repo = os.path.join(root, run.triton_dir)
+        os.makedirs(repo)
+        server_env["TRITON_DIR"] = root
+    else:
+        repo = tempfile.mkdtemp(prefix="models-", dir=work)
     if run.models:
         run.models(os.path.join(qa, suite), repo)
     log = open(os.path.join(work, "server.log"), "w+")
     cmd = [args.cli, "serve", "--model-repository", repo, "--host", "127.0.0.1"] + run.args
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env)
     try:
         if not wait_ready(server, log):
             print("FAIL: the server did not become ready: %s" % " ".join(cmd))
