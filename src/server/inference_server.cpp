@@ -721,11 +721,25 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     std::shared_ptr<Trace> trace = std::move(request.trace);
     trace->set_model(target->model_name, target->version, request.id);
     trace->record_now("REQUEST_START");
+    if (trace->traces_tensors()) {  // Triton's TENSORS level: the inputs queued and run
+      for (const char* activity : {"TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_INPUT"}) {
+        for (std::size_t i = 0; i < inputs.size() && i < sig.inputs.size(); ++i) {
+          trace->record_tensor(activity, sig.inputs[i].name, inputs[i]);
+        }
+      }
+    }
     options.timeline = trace->timeline();
     done = [trace, done = std::move(done)](Result<InferResponse> r) mutable {
       trace->record_timeline();
       trace->record_now("REQUEST_END");
-      if (r.ok()) r->trace = trace;
+      if (r.ok()) {
+        if (trace->traces_tensors()) {
+          for (const InferOutput& o : r->outputs) {
+            trace->record_tensor("TENSOR_BACKEND_OUTPUT", o.spec->name, o.tensor);
+          }
+        }
+        r->trace = trace;
+      }
       done(std::move(r));
     };
   }

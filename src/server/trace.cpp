@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
+#include "model_config.hpp"
 #include "otlp_exporter.hpp"
 
 namespace asyncinfer::server {
@@ -547,19 +549,125 @@ void Trace::record_timeline() {
   }
 }
 
+bool Trace::traces_tensors() const noexcept {
+  // level and mode are fixed for a setting's life.
+  return (setting_->values.level & kTraceTensors) != 0 &&
+         setting_->values.mode == TraceMode::triton;
+}
+
+namespace {
+
+// A tensor's elements as Triton's TENSORS level writes them (its tracer.cc): comma-separated,
+// numbers as an ostream prints them (6 significant digits for floats), BOOL as 0/1, BYTES each
+// in escaped quotes, FP16 and BF16 not at all. Unlike Triton's, INT8 and UINT8 are numbers
+// (Triton streams them as characters) and BYTES are JSON-escaped, so the file stays JSON.
+template <class T>
+void append_numbers(std::ostringstream& out, const Tensor& t) {
+  const auto* v = static_cast<const T*>(t.data());  // T has the size of the dtype's elements
+  for (std::size_t e = 0; e < t.numel(); ++e) {
+    if (e != 0) out << ",";
+    if constexpr (sizeof(T) == 1) {
+      out << static_cast<int>(v[e]);
+    } else {
+      out << v[e];
+    }
+  }
+}
+
+std::string tensor_text(const Tensor& t) {
+  if (!t.defined() || !t.is_host_accessible()) return "";
+  std::ostringstream out;
+  switch (t.dtype()) {
+    case DType::boolean:
+      append_numbers<std::uint8_t>(out, t);
+      break;
+    case DType::u8:
+      append_numbers<std::uint8_t>(out, t);
+      break;
+    case DType::i8:
+      append_numbers<std::int8_t>(out, t);
+      break;
+    case DType::u16:
+      append_numbers<std::uint16_t>(out, t);
+      break;
+    case DType::i16:
+      append_numbers<std::int16_t>(out, t);
+      break;
+    case DType::u32:
+      append_numbers<std::uint32_t>(out, t);
+      break;
+    case DType::i32:
+      append_numbers<std::int32_t>(out, t);
+      break;
+    case DType::u64:
+      append_numbers<std::uint64_t>(out, t);
+      break;
+    case DType::i64:
+      append_numbers<std::int64_t>(out, t);
+      break;
+    case DType::f32:
+      append_numbers<float>(out, t);
+      break;
+    case DType::f64:
+      append_numbers<double>(out, t);
+      break;
+    case DType::f16:
+    case DType::bf16:
+      break;
+    case DType::bytes: {
+      auto strings = t.string_elements();
+      if (!strings.ok()) return "";
+      bool first = true;
+      for (std::string_view s : *strings) {
+        if (!first) out << ",";
+        first = false;
+        out << "\"" << s << "\"";
+      }
+      break;
+    }
+  }
+  return out.str();
+}
+
+}  // namespace
+
+void Trace::record_tensor(std::string_view activity, std::string_view name, const Tensor& tensor) {
+  if (!traces_tensors()) return;
+  std::string shape;
+  for (std::size_t i = 0; i < tensor.shape().size(); ++i) {
+    shape += (i == 0 ? "" : ",") + std::to_string(tensor.shape()[i]);
+  }
+  const nlohmann::json record = {{"id", id_},
+                                 {"activity", activity},
+                                 {"tensor",
+                                  {{"name", name},
+                                   {"data", tensor_text(tensor)},
+                                   {"shape", shape},
+                                   {"dtype", std::string(oip_datatype(tensor.dtype()))}}}};
+  std::string text = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::lock_guard lock(mu_);
+  tensors_.push_back(std::move(text));
+}
+
 Trace::~Trace() {
   std::vector<std::pair<std::string, std::int64_t>> events;
+  std::vector<std::string> tensors;
   {
     std::lock_guard lock(mu_);
     events = std::move(events_);
+    tensors = std::move(tensors_);
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (events.empty()) return;
+  if (events.empty() && tensors.empty()) return;
   const TraceMode mode = setting_->values.mode;  // fixed for a setting's life
   if (mode == TraceMode::triton) {
-    if ((setting_->values.level & kTraceTimestamps) == 0) return;
     std::string out;
+    for (std::string& t : tensors) out += (out.empty() ? "" : ",") + t;
+    if ((setting_->values.level & kTraceTimestamps) == 0) {
+      if (!out.empty()) setting_->write(out);
+      return;
+    }
     const std::string id = std::to_string(id_);
     for (const auto& [name, ns] : events) {
       if (!out.empty()) out += ",";

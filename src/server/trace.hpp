@@ -184,6 +184,13 @@ class Trace {
   const std::shared_ptr<RequestTimeline>& timeline() const noexcept { return timeline_; }
   /// Takes the engine's phases from the timeline (QUEUE_START .. COMPUTE_END, those reached).
   void record_timeline();
+  /// Whether its setting's level has TENSORS in triton mode (Triton writes tensors only there).
+  bool traces_tensors() const noexcept;
+  /// Records tensor `name` for `activity` (TENSOR_QUEUE_INPUT, TENSOR_BACKEND_INPUT,
+  /// TENSOR_BACKEND_OUTPUT) as Triton's TENSORS level writes it: its elements as text ("data":
+  /// "1,2,3"; BYTES quoted; FP16 and BF16 empty, as Triton's), "shape" and "dtype". A tensor not
+  /// in host memory has empty data. Does nothing unless traces_tensors(). Thread-safe.
+  void record_tensor(std::string_view activity, std::string_view name, const Tensor& tensor);
   std::uint64_t id() const noexcept { return id_; }
 
  private:
@@ -200,6 +207,7 @@ class Trace {
   std::int64_t version_ = -1;
   std::string request_id_;
   std::vector<std::pair<std::string, std::int64_t>> events_;  // under mu_, in record order
+  std::vector<std::string> tensors_;  // under mu_: record_tensor's JSON records, in order
 };
 
 class TraceManager {

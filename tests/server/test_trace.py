@@ -356,6 +356,26 @@ class TritonMode(harness.unittest.TestCase):
             self.assertEqual(names, frontend[0] + engine + frontend[1])
         self.assertEqual(seen, {"HTTP", "GRPC"})
 
+    def test_tensors_level_writes_the_tensors_as_triton_does(self):
+        # Triton's TENSORS level (its tracer.cc's records): each input queued and run, each
+        # output, as text; with TIMESTAMPS too, the timestamps as before.
+        s = self.serve("level=TENSORS", "rate=1")
+        h = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+        http_infer(h)
+        h.close()
+        s.stop()
+        records = self.records(self.file)
+        tensors = [r for r in records if "activity" in r]
+        self.assertEqual([r["activity"] for r in tensors],
+                         ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_INPUT", "TENSOR_BACKEND_OUTPUT"])
+        data = ",".join("%g" % v for v in X.reshape(-1))
+        for r, name in zip(tensors, ["input0", "input0", "output0"]):
+            self.assertEqual(r["tensor"], {"name": name, "data": data, "shape": "1,16",
+                                           "dtype": "FP32"})
+        ids = {r["id"] for r in records}
+        self.assertEqual(len(ids), 1)  # one request, one trace
+        self.assertIn("REQUEST_START", [t["name"] for r in records for t in r.get("timestamps", [])])
+
     def test_rate_count_and_log_frequency(self):
         s = self.serve("rate=2", "count=3", "triton,log-frequency=2")
         h = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
