@@ -11,6 +11,7 @@ collector that is down (requests still succeed).
 import http.server
 import json
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -355,6 +356,32 @@ class TritonMode(harness.unittest.TestCase):
                 (["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], ["GRPC_SEND_START", "GRPC_SEND_END"])
             self.assertEqual(names, frontend[0] + engine + frontend[1])
         self.assertEqual(seen, {"HTTP", "GRPC"})
+
+    def test_each_request_of_a_grpc_stream_is_a_trace(self):
+        s = self.serve("rate=1")
+        g = grpcclient.InferenceServerClient(s.grpc_target)
+        results = queue.Queue()
+        g.start_stream(callback=lambda result, error: results.put((result, error)))
+        for _ in range(3):
+            i = grpcclient.InferInput("input0", [1, 16], "FP32")
+            i.set_data_from_numpy(X)
+            g.async_stream_infer("simple", [i])
+        for _ in range(3):
+            result, error = results.get(timeout=10)
+            self.assertIsNone(error)
+            np.testing.assert_array_equal(result.as_numpy("output0"), X)
+        g.stop_stream()
+        g.close()
+        s.stop()
+        traces = self.traces(self.records(self.file))
+        self.assertEqual(len(traces), 3)
+        for model, stamps in traces.values():
+            self.assertEqual(model["model_name"], "simple")
+            self.assertEqual([n for n, _ in stamps],
+                             ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START",
+                              "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                              "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END",
+                              "GRPC_SEND_START", "GRPC_SEND_END"])
 
     def test_tensors_level_writes_the_tensors_as_triton_does(self):
         # Triton's TENSORS level (its tracer.cc's records): each input queued and run, each

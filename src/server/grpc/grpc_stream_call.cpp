@@ -25,6 +25,7 @@
 #include "grpc_server_impl.hpp"
 #include "grpc_stream_state.hpp"
 #include "oip_grpc.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -248,6 +249,19 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     ModelRef mv = message.model;
     message.request.deadline = deadline_;
     impl_.forward_headers(ctx_, message.request.parameters);
+    if (impl_.core.tracer().active()) [[unlikely]] {  // Triton's trace extension (trace.hpp)
+      std::optional<TraceParent> parent;
+      const auto& md = ctx_->client_metadata();
+      if (auto it = md.find("traceparent"); it != md.end()) {
+        parent = parse_traceparent(std::string_view(it->second.data(), it->second.size()));
+      }
+      // Each request of the stream is a trace of its own, as Triton's stream handler makes one.
+      if (auto trace = impl_.core.tracer().sample(mv->model_name, parent)) {
+        trace->record("GRPC_WAITREAD_START", trace_ns(start));
+        trace->record_now("GRPC_WAITREAD_END");
+        message.request.trace = std::move(trace);
+      }
+    }
     // The request's tensors count against the server's memory budget while it runs.
     MemoryBudget::Lease lease = impl_.core.memory().lease();
     if (const std::size_t bytes = input_bytes(message.request); !lease.reserve(bytes)) {
@@ -343,6 +357,11 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     Status status = r.ok() ? Status() : r.status();
     // A decoupled model's final flag without a response is written only when asked for.
     const bool write = !r.ok() || !final_flag || *final_flag || !r->outputs.empty();
+    // A traced request's send: from its encoding until its answer is queued on the stream
+    // (the stream's writes are not told apart per request).
+    std::shared_ptr<Trace> trace = r.ok() ? std::move(r->trace) : nullptr;
+    if (trace) [[unlikely]]
+      trace->record_now("GRPC_SEND_START");
     if (r.ok() && write) {
       out = encode_infer_response(*r, true, final_flag ? std::optional<bool>(true) : std::nullopt);
       status = check_response_size(out, impl_.opt.max_message_bytes);
@@ -365,6 +384,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       if (!cut_off_locked() && (write || !status.ok())) push_locked(std::move(out));
       a = next_locked();
     }
+    if (trace) [[unlikely]]
+      trace->record_now("GRPC_SEND_END");
     run(a);
   }
 
