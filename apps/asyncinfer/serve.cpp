@@ -40,7 +40,6 @@ namespace asyncinfer::cli {
 namespace {
 
 struct ServeOptions {
-  std::string repository;
   bool disable_auto_complete_config = false;  ///< Triton's --disable-auto-complete-config
   std::string host = "127.0.0.1";
   int http_port = 8000;
@@ -239,18 +238,16 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   refuse_unless("--grpc-use-ssl-mutual", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
   refuse_unless("--allow-sagemaker", {"false", "0"}, "no SageMaker endpoint here");
   refuse_unless("--allow-vertex-ai", {"false", "0"}, "no Vertex AI endpoint here");
-  refuse_unless("--model-namespacing", {"false", "0"}, "one repository, one name space");
+  refuse_unless("--model-namespacing", {"false", "0"},
+                "the repositories share one name space (a name two of them hold is not served)");
 }
 
 /// Applies Triton's flags to `o` (after parsing); invalid_argument naming the flag when they
 /// cannot be honoured. `warn` gets one line per flag accepted and ignored.
 Status apply_triton_flags(ServeOptions& o, const std::function<void(const std::string&)>& warn) {
-  if (o.repositories.size() != 1) {
-    return invalid_argument_error(
-        std::to_string(o.repositories.size()) +
-        " model repositories given (--model-repository / --model-store): asyncinfer serves one");
+  if (o.repositories.empty()) {
+    return invalid_argument_error("no model repository given (--model-repository DIR)");
   }
-  o.repository = o.repositories[0];
   if (o.allow_http && !*o.allow_http) {
     return invalid_argument_error(
         "--allow-http=false is not supported: asyncinfer always serves "
@@ -460,7 +457,9 @@ int run_serve(const ServeOptions& given) {
       start_signal.store(s);
       start_stop.request_stop();
     });
-    return ModelRepository::load(o.repository, log_line, ro);
+    return ModelRepository::load(
+        std::vector<std::filesystem::path>(o.repositories.begin(), o.repositories.end()), log_line,
+        ro);
   }();  // the watch has ended: a signal from now on waits for run_until_signalled
   if (const int s = start_signal.load(); s != 0) {
     log_line(std::string("received ") + StartupSignalWatch::name(s) +
@@ -601,7 +600,8 @@ Command add_serve_command(CLI::App& parent) {
       "Serve a model repository over the Open Inference Protocol (KServe v2) on HTTP and gRPC");
   app->add_option("--model-repository,--model-store", o->repositories,
                   "Triton-layout repository: DIR/<model>/config.pbtxt, DIR/<model>/<version>/ "
-                  "(--model-store: Triton's other name; one repository)")
+                  "(--model-store: Triton's other name; repeat it for more repositories, one "
+                  "name space)")
       ->required();
   app->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   app->add_option("--http-port", o->http_port, "HTTP port (0 = a free port, logged)")

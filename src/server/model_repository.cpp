@@ -554,14 +554,19 @@ bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
 
 /// Returns how many of `names`, now in order, are plain models (those first; they do not depend
 /// on each other).
-std::size_t order_for_loading(const fs::path& root, std::vector<std::string>& names,
-                              const std::string& config_name) {
+std::size_t order_for_loading(const std::map<std::string, fs::path>& folders,
+                              std::vector<std::string>& names, const std::string& config_name) {
   // Ensembles after the models they run, and after the ensembles they run (Triton loads an
   // ensemble's steps first): plain models in their order, then ensembles depth first.
   std::map<std::string, std::vector<std::string>> ensembles;  // name -> its steps' models
   std::vector<std::string> plain;
   for (const std::string& name : names) {
-    auto text = read_file(model_config_file(root / name, config_name));
+    auto folder = folders.find(name);
+    if (folder == folders.end()) {  // not one folder (two repositories hold it): no config
+      plain.push_back(name);
+      continue;
+    }
+    auto text = read_file(model_config_file(folder->second, config_name));
     std::vector<std::string> ignored;
     auto plan = text.ok() ? plan_model_config(*text, "config.pbtxt", name, &ignored)
                           : Result<ModelPlan>(text.status());
@@ -896,29 +901,80 @@ Result<std::shared_ptr<Device>> ModelRepository::open_device_once(const std::str
 
 Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& root, const Log& log,
                                                                RepositoryOptions options) {
+  return load(std::vector<fs::path>{root}, log, std::move(options));
+}
+
+std::map<std::string, std::vector<fs::path>> ModelRepository::list_models() const {
+  std::map<std::string, std::vector<fs::path>> found;
+  for (const fs::path& root : roots_) {
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+      if (e.is_directory() && e.path().filename().string()[0] != '.') {
+        found[e.path().filename().string()].push_back(e.path());
+      }
+    }
+    if (ec) log_("cannot list model repository '" + root.string() + "': " + ec.message());
+  }
+  return found;
+}
+
+Result<fs::path> ModelRepository::folder_of(const std::string& name) const {
+  std::vector<fs::path> found;
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
-    return not_found_error("model repository '" + root.string() + "' is not a folder");
+  for (const fs::path& root : roots_) {
+    if (fs::is_directory(root / name, ec)) found.push_back(root / name);
+  }
+  if (found.size() == 1) return found[0];
+  if (found.empty()) {
+    std::string where;
+    for (const fs::path& root : roots_) {
+      where += (where.empty() ? "" : ", ") + (root / name).string();
+    }
+    return not_found_error("the repository has no folder " + where);
+  }
+  std::string where;
+  for (const fs::path& f : found) where += (where.empty() ? "" : ", ") + f.string();
+  // Triton's reason (MODEL_READY_REASON_DUPLICATE), then where.
+  return unavailable_error("model appears in two or more repositories (" + where + ")");
+}
+
+Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const std::vector<fs::path>& roots,
+                                                               const Log& log,
+                                                               RepositoryOptions options) {
+  std::error_code ec;
+  if (roots.empty()) return invalid_argument_error("no model repository given");
+  for (const fs::path& root : roots) {
+    if (!fs::is_directory(root, ec)) {
+      return not_found_error("model repository '" + root.string() + "' is not a folder");
+    }
   }
   std::unique_ptr<ModelRepository> repo(new ModelRepository());
   repo->host_link_ = std::make_shared<detail::ModelHostLink>();
   repo->custom_metrics_ = std::make_shared<CustomMetrics>();
   repo->host_link_->bind_metrics(repo->custom_metrics_);
-  repo->root_ = root;
+  repo->roots_ = roots;
   repo->options_ = std::move(options);
   repo->log_ = log;
   repo->snapshot_ = std::make_shared<RepositorySnapshot>();
   repo->control_ = std::make_shared<Control>();
-  std::vector<std::string> names;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    if (e.is_directory() && e.path().filename().string()[0] != '.') {
-      names.push_back(e.path().filename().string());
+  for (const fs::path& root : roots) {
+    fs::directory_iterator listing(root, ec);
+    if (ec) {
+      return not_found_error("cannot list model repository '" + root.string() +
+                             "': " + ec.message());
     }
   }
-  if (ec)
-    return not_found_error("cannot list model repository '" + root.string() + "': " + ec.message());
-  std::sort(names.begin(), names.end());
-  if (names.empty()) log("model repository '" + root.string() + "' holds no model folders");
+  std::vector<std::string> names;
+  std::map<std::string, fs::path> folders;  // the names one repository holds
+  for (auto& [name, found] : repo->list_models()) {
+    names.push_back(name);
+    if (found.size() == 1) folders.emplace(name, found[0]);
+  }
+  if (names.empty()) {
+    for (const fs::path& root : roots) {
+      log("model repository '" + root.string() + "' holds no model folders");
+    }
+  }
 
   const RepositoryOptions& o = repo->options_;
   const bool all =
@@ -926,11 +982,11 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const fs::path& r
       std::find(o.load_models.begin(), o.load_models.end(), "*") != o.load_models.end();
   for (const std::string& n : o.load_models) {
     if (n != "*" && !std::binary_search(names.begin(), names.end(), n)) {
-      return not_found_error("--load-model '" + n + "': the repository has no folder " +
-                             (root / n).string());
+      return not_found_error("--load-model '" + n +
+                             "': " + std::string(repo->folder_of(n).status().message()));
     }
   }
-  const std::size_t plain = order_for_loading(root, names, o.model_config_name);
+  const std::size_t plain = order_for_loading(folders, names, o.model_config_name);
   // A signal during start-up (RepositoryOptions::start_stop) cuts the loads short.
   std::stop_callback on_start_stop(repo->options_.start_stop,
                                    [r = repo.get()] { r->cancel_loads(); });
@@ -1052,7 +1108,27 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     }
     override_folder = std::move(*made);
   }
-  const fs::path dir = override_folder ? override_folder->model_dir() : root_ / name;
+  // The model's folder: the files of this load, else its folder in the repositories.
+  fs::path dir;
+  if (override_folder) {
+    dir = override_folder->model_dir();
+  } else if (auto folder = folder_of(name); folder.ok()) {
+    dir = *folder;
+  } else if (folder.status().code() == StatusCode::unavailable) {
+    // Two repositories hold it: Triton loads neither (its log says "not unique across all model
+    // repositories"), and the index shows why.
+    log("model '" + name + "': not loaded: not unique across all model repositories: " +
+        std::string(folder.status().message()));
+    auto dup = std::make_shared<ServedModel>();
+    dup->name = name;
+    dup->requested = false;
+    dup->reason = "model appears in two or more repositories";
+    if (old) replaced->insert(replaced->end(), old->versions.begin(), old->versions.end());
+    *status = folder.status();
+    return dup;
+  } else {
+    dir = roots_.front() / name;  // not_found below names it
+  }
   auto served = std::make_shared<ServedModel>();
   served->name = name;
   std::error_code ec;
@@ -1532,11 +1608,11 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
     const ServedModel* old = snapshot_->find(name);
     if (old == nullptr) {
       std::error_code ec;
-      Status s =
-          fs::is_directory(root_ / name, ec)
-              ? Status()
-              : not_found_error("unknown model '" + name + "': the repository has no folder " +
-                                (root_ / name).string());
+      auto folder = folder_of(name);
+      Status s = folder.ok() || folder.status().code() != StatusCode::not_found
+                     ? Status()
+                     : not_found_error("unknown model '" + name +
+                                       "': " + std::string(folder.status().message()));
       if (done) done(s);
       return;
     }
@@ -1653,25 +1729,28 @@ void ModelRepository::unload_model(std::string name, Done done) {
 void ModelRepository::poll() {
   if (stopping_.load()) return;
   std::vector<std::string> names;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) {
-    if (e.is_directory() && e.path().filename().string()[0] != '.') {
-      names.push_back(e.path().filename().string());
-    }
+  std::map<std::string, fs::path> folders;  // the names one repository holds
+  for (auto& [name, found] : list_models()) {
+    names.push_back(name);
+    if (found.size() == 1) folders.emplace(name, found[0]);
   }
-  if (ec) {
-    log_("poll: cannot list model repository '" + root_.string() + "': " + ec.message());
-    return;
-  }
-  std::sort(names.begin(), names.end());
   std::vector<std::string> in_order = names;
-  order_for_loading(root_, in_order, options_.model_config_name);
+  order_for_loading(folders, in_order, options_.model_config_name);
   bool changed = false;
   for (const std::string& name : in_order) {
     std::shared_ptr<const ServedModel> m = current(name);
+    auto folder = folders.find(name);
+    if (folder == folders.end()) {  // two repositories hold it: Triton unloads it
+      if (!m || m->requested || m->reason != "model appears in two or more repositories") {
+        log_("poll: model '" + name + "' is in two or more repositories: it is not served");
+        reload(name, LoadParameters{}, epoch_of(name), nullptr);
+        changed = true;
+      }
+      continue;
+    }
     // (Not requested: unloaded when its folder went; back now.)
     if (!m || !m->requested ||
-        m->fingerprint != model_fingerprint(root_ / name, options_.model_config_name)) {
+        m->fingerprint != model_fingerprint(folder->second, options_.model_config_name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
       reload(name, LoadParameters{}, epoch_of(name), nullptr);
       changed = true;

@@ -334,12 +334,20 @@ class ModelRepository {
   static Result<std::unique_ptr<ModelRepository>> load(const std::filesystem::path& root,
                                                        const Log& log,
                                                        RepositoryOptions options = {});
+  /// load() over several repositories (Triton's repeated --model-repository), one name space: a
+  /// model is the folder of that name in whichever repository holds it; a name that two or more
+  /// hold is not loaded and shows UNAVAILABLE, "model appears in two or more repositories"
+  /// (Triton's reason), the rest serve. not_found when one of `roots` is not a folder.
+  static Result<std::unique_ptr<ModelRepository>> load(
+      const std::vector<std::filesystem::path>& roots, const Log& log,
+      RepositoryOptions options = {});
   /// Stops the control threads (a call still queued gets unavailable) and every engine.
   ~ModelRepository();
   ModelRepository(const ModelRepository&) = delete;
   ModelRepository& operator=(const ModelRepository&) = delete;
 
-  const std::filesystem::path& root() const noexcept { return root_; }
+  /// The repositories, as given.
+  const std::vector<std::filesystem::path>& roots() const noexcept { return roots_; }
   const RepositoryOptions& options() const noexcept { return options_; }
   /// The served set now. Keep the pointer while using what it holds.
   std::shared_ptr<const RepositorySnapshot> snapshot() const;
@@ -437,7 +445,15 @@ class ModelRepository {
   /// A new version, destroyed on the control thread when its last reference goes.
   std::shared_ptr<ModelVersion> make_version();
 
-  std::filesystem::path root_;
+  /// The folder of model `name`: the one of that name in whichever repository holds it.
+  /// not_found (naming the folder, or every repository's) without one; unavailable, with
+  /// Triton's reason, when two or more repositories hold one.
+  Result<std::filesystem::path> folder_of(const std::string& name) const;
+  /// The model folders of every repository: name → the folders of that name (two or more: the
+  /// name is not unique). Logs and skips a repository that cannot be listed.
+  std::map<std::string, std::vector<std::filesystem::path>> list_models() const;
+
+  std::vector<std::filesystem::path> roots_;
   RepositoryOptions options_;
   Log log_;
   mutable std::mutex snapshot_mu_;

@@ -295,6 +295,52 @@ class CustomConfigurations(harness.unittest.TestCase):
             repo.cleanup()
 
 
+class SeveralRepositories(harness.unittest.TestCase):
+    def test_the_models_of_every_repository_serve_and_a_name_two_hold_does_not(self):
+        """Triton's repeated --model-repository, without namespacing: one name space over the
+        repositories; a name that two of them hold is not served (UNAVAILABLE with Triton's
+        reason), the rest are, and the server is ready."""
+        a, b = Repository(), Repository()
+        self.addCleanup(a.cleanup)
+        self.addCleanup(b.cleanup)
+        a.add("first", identity_config("first"))
+        a.add("twice", identity_config("twice"))
+        b.add("second", identity_config("second"))
+        b.add("twice", identity_config("twice"))
+        with Server(a.path, "--model-repository", b.path, "--model-control-mode", "poll",
+                    "--repository-poll-secs", "1") as server:
+            for m in ("first", "second"):
+                self.assertEqual(requests.get(server.url + "/v2/models/%s/ready" % m,
+                                              timeout=10).status_code, 200, m)
+            self.assertEqual(requests.get(server.url + "/v2/health/ready",
+                                          timeout=10).status_code, 200)
+            index = {m["name"]: m for m in requests.post(
+                server.url + "/v2/repository/index", json={}, timeout=10).json()}
+            self.assertEqual(index["twice"]["state"], "UNAVAILABLE")
+            self.assertEqual(index["twice"]["reason"], "model appears in two or more repositories")
+            self.assertNotEqual(requests.get(server.url + "/v2/models/twice/ready",
+                                             timeout=10).status_code, 200)
+            server.wait_line(r"model 'twice': not loaded: not unique across all model "
+                             r"repositories: model appears in two or more repositories")
+            # Once one repository lets go of it, the next scan serves it.
+            shutil.rmtree(os.path.join(b.path, "twice"))
+            deadline = time.monotonic() + 30
+            while requests.get(server.url + "/v2/models/twice/ready", timeout=10).status_code != 200:
+                self.assertLess(time.monotonic(), deadline, "twice was not served")
+                time.sleep(0.2)
+
+    def test_a_missing_repository_is_refused_at_start(self):
+        a = Repository()
+        self.addCleanup(a.cleanup)
+        a.add("first", identity_config("first"))
+        out = subprocess.run([ARGS.cli, "serve", "--model-repository", a.path,
+                              "--model-repository", a.path + "-missing", "--http-port", "0",
+                              "--grpc-port", "-1", "--metrics-port", "-1"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("model repository '%s-missing' is not a folder" % a.path, out.stderr)
+
+
 class Digits(harness.unittest.TestCase):
     def test_digits_over_http_matches_libtorch(self):
         digits = ARGS.digits or os.environ.get("ASYNCINFER_DIGITS")
