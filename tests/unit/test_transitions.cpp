@@ -1,7 +1,7 @@
 // The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
-// tables of the engine's life cycle, an HTTP session's phase and generate_stream state, and a
-// gRPC ModelStreamInfer call's read side and end. Legal moves are accepted; an illegal one
-// aborts with a message naming both states.
+// tables of the engine's life cycle, an HTTP session's phase and generate_stream state, a gRPC
+// ModelStreamInfer call's read side and end, and the gRPC frontend's life. Legal moves are
+// accepted; an illegal one aborts with a message naming both states.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -11,6 +11,7 @@
 
 #include "asyncinfer/detail/transitions.hpp"
 #include "engine/scheduler.hpp"
+#include "server/grpc/grpc_server_state.hpp"
 #include "server/grpc/grpc_stream_state.hpp"
 #include "server/http/http_session_state.hpp"
 
@@ -186,6 +187,35 @@ TEST(StreamCallMovesDeathTest, IllegalChangesAbort) {
         server::kStreamReadMoves.move(r, server::StreamRead::stopped);
       },
       "gRPC stream read side idle -> stopped: not in the table");
+}
+
+// ---- the gRPC frontend ------------------------------------------------------------------------
+
+TEST(GrpcServerLifeMoves, DrainThenStopOrStopAtOnce) {
+  using L = server::ServerLife;
+  const auto& t = server::kServerLifeMoves;
+  L l = L::serving;
+  // stop_accepting, Shutdown returns while the server drains, then stop.
+  for (L to : {L::draining, L::drained, L::stopped}) t.move(l, to);
+  EXPECT_EQ(l, L::stopped);
+  l = L::serving;
+  // stop without a drain: Shutdown returns while stop waits for it.
+  for (L to : {L::stopping, L::stopped}) t.move(l, to);
+  EXPECT_TRUE(t.allows(L::draining, L::stopping));  // stop before the calls have ended
+  EXPECT_FALSE(t.allows(L::serving, L::drained));   // Shutdown starts with a drain or a stop
+  EXPECT_FALSE(t.allows(L::drained, L::stopping));  // nothing is left to wait for
+  for (int b = 0; b < 5; ++b) EXPECT_FALSE(t.allows(L::stopped, static_cast<L>(b))) << b;
+  EXPECT_EQ(allowed(t).size(), 6u);
+}
+
+TEST(GrpcServerLifeMovesDeathTest, IllegalChangesAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto l = server::ServerLife::stopped;
+        server::kServerLifeMoves.move(l, server::ServerLife::draining);
+      },
+      "gRPC server stopped -> draining: not in the table");
 }
 
 }  // namespace
