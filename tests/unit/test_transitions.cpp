@@ -1,7 +1,7 @@
 // The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
-// tables of the engine's life cycle, an HTTP session's phase and generate_stream state, a gRPC
-// ModelStreamInfer call's read side and end, and the gRPC frontend's life. Legal moves are
-// accepted; an illegal one aborts with a message naming both states.
+// tables of the engine's life cycle, an HTTP session's phase, generate_stream state and close
+// reason, a gRPC ModelStreamInfer call's read side and end, and the gRPC frontend's life. Legal
+// moves are accepted; an illegal one aborts with a message naming both states.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -129,6 +129,20 @@ TEST(SseMoves, AStreamAndTheNext) {
   EXPECT_EQ(allowed(t).size(), 6u);
 }
 
+TEST(CloseReasonMoves, AStrongerReasonReplacesAWeakerOne) {
+  using C = server::CloseReason;
+  const auto& t = server::kCloseReasonMoves;
+  C c = C::none;
+  // A drain, a deadline that passes during it, the client gone while the 408 is written.
+  for (C to : {C::draining, C::timed_out, C::client_gone}) t.move(c, to);
+  EXPECT_EQ(c, C::client_gone);
+  EXPECT_TRUE(t.allows(C::timed_out, C::none));  // a new deadline
+  EXPECT_FALSE(t.allows(C::draining, C::none));  // a drain is not undone
+  EXPECT_FALSE(t.allows(C::timed_out, C::draining));
+  for (int b = 0; b < 4; ++b) EXPECT_FALSE(t.allows(C::client_gone, static_cast<C>(b))) << b;
+  EXPECT_EQ(allowed(t).size(), 7u);
+}
+
 TEST(SessionMovesDeathTest, IllegalChangesAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
@@ -143,6 +157,12 @@ TEST(SessionMovesDeathTest, IllegalChangesAbort) {
         server::kSseMoves.move(s, server::SseState::last);
       },
       "generate_stream state none -> last: not in the table");
+  EXPECT_DEATH(
+      {
+        auto c = server::CloseReason::client_gone;
+        server::kCloseReasonMoves.move(c, server::CloseReason::none);
+      },
+      "HTTP session close reason client_gone -> none: not in the table");
 }
 
 // ---- the gRPC stream call ---------------------------------------------------------------------
