@@ -1,14 +1,17 @@
 // The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
 // tables of the engine's life cycle, an HTTP session's phase, generate_stream state and close
 // reason, a gRPC ModelStreamInfer call's read side and end, and the gRPC frontend's life. Legal
-// moves are accepted; an illegal one aborts with a message naming both states.
+// moves are accepted; an illegal one aborts with a message naming both states. Also an enum's
+// names in one table (asyncinfer/detail/enum_names.hpp).
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <utility>
 
+#include "asyncinfer/detail/enum_names.hpp"
 #include "asyncinfer/detail/transitions.hpp"
 #include "engine/scheduler.hpp"
 #include "server/grpc/grpc_server_state.hpp"
@@ -236,6 +239,21 @@ TEST(GrpcServerLifeMovesDeathTest, IllegalChangesAbort) {
         server::kServerLifeMoves.move(l, server::ServerLife::draining);
       },
       "gRPC server stopped -> draining: not in the table");
+}
+
+// ---- an enum's names --------------------------------------------------------------------------
+
+enum class Color : std::uint8_t { red, green };
+constexpr detail::EnumNames<Color, 2> kColorNames{{"red", "green"}, "no color"};
+
+TEST(EnumNames, NameAndParseUseOneTable) {
+  static_assert(kColorNames.name(Color::green) == "green");
+  EXPECT_EQ(kColorNames.name(Color::red), "red");
+  EXPECT_EQ(kColorNames.name(static_cast<Color>(7)), "no color");
+  EXPECT_EQ(kColorNames.parse("green"), Color::green);
+  EXPECT_EQ(kColorNames.parse("Green"), std::nullopt);  // case-sensitive
+  EXPECT_EQ(kColorNames.parse(""), std::nullopt);
+  EXPECT_EQ(kColorNames.size(), 2u);
 }
 
 }  // namespace
