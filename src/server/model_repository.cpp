@@ -1172,7 +1172,6 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         sig.decoupled = plan->decoupled;
         ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig shown, applied_model_config(*plan, sig, "cpu"));
         mo.batched = sig.batched;
-        mo.decoupled = plan->decoupled;
         mo.model_config_json = std::move(shown.json);
         mo.host = host_link_;
       }
