@@ -24,7 +24,8 @@ digits = os.path.join(models, "digits.pt")
 
 def have_digits():
     try:
-        return os.path.exists(digits) and asyncinfer.load_model(digits, warmup_runs=0) is not None
+        return os.path.exists(digits) and asyncinfer.load_model(
+            digits, backend_parameters={"warmup_runs": 0}) is not None
     except asyncinfer.Unavailable:  # built without the torch backend
         return False
 

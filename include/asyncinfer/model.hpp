@@ -247,41 +247,39 @@ using BackendParameters = std::vector<std::pair<std::string, std::string>>;
 
 /// Options used by load_model (backends ignore what does not apply to them).
 struct ModelOptions {
-  /// TorchScript: sidecar signature JSON; empty = "<model path>.json" when present.
-  std::string signature_path;
-  /// TorchScript: the signature given on the command line instead of a sidecar file.
+  /// The model's inputs and outputs, for a backend that cannot read them from its file
+  /// (TorchScript's command-line specs, a python model's config): empty = the backend's own
+  /// (its file, or a signature file named by its backend parameters). Backends that read the
+  /// signature from the model itself ignore them.
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   /// The model's batch limit (ModelSignature::batch_limit), >= 1; nullopt = the model's own
-  /// (TorchScript: the signature file's; the other backends: none). Set, it replaces the
-  /// signature file's. The python backend takes a set value as "batched" unless `batched` says
-  /// otherwise; openvino and python ignore it on an unbatched model. load_model refuses a value
-  /// below 1 (invalid_argument).
+  /// (TorchScript: its signature file's; the other backends: none). Set, it replaces the
+  /// model's own. A backend may take a set value as "batched" unless `batched` says otherwise
+  /// (python), and ignores it on an unbatched model. load_model refuses a value below 1
+  /// (invalid_argument).
   std::optional<std::int64_t> batch_limit;
-  /// openvino: whether dim 0 is the batch dim (Triton's max_batch_size > 0); unset = batched when
-  /// the model's dim 0 is dynamic on every input and output. true on a model with a static dim 0
-  /// reshapes it to dynamic. The other backends ignore it.
+  /// Whether dim 0 is the batch dim (Triton's max_batch_size > 0); unset = the backend decides
+  /// from the model (openvino: batched when dim 0 is dynamic on every input and output; python:
+  /// when batch_limit is set). openvino reshapes a static dim 0 to dynamic when true. Backends
+  /// whose signature says it ignore it.
   std::optional<bool> batched;
-  /// Unused: the engine passes EngineOptions::intra_op_threads to each instance
-  /// (InstanceOptions::intra_op_threads). Kept for source compatibility.
-  int intra_op_threads = 0;
-  /// TorchScript: forward passes run at instance creation (excluded from measurements).
-  int warmup_runs = 2;
-  /// python: the model sends its responses through a response sender (Triton's
-  /// model_transaction_policy { decoupled: true }); ModelSignature::decoupled. The other backends
-  /// ignore it (a built-in model's kind says whether it is decoupled).
-  bool decoupled = false;
-  /// python: the model's configuration as Triton's JSON form, handed to model.py as
-  /// args["model_config"]; empty = one made from the signature. The other backends ignore it.
+  /// The model's configuration as Triton's JSON form (a ModelConfig, protobuf's JSON names);
+  /// empty = none. A backend reads what it needs from it (python: hands it to model.py as
+  /// args["model_config"], and its model_transaction_policy.decoupled says whether the model is
+  /// decoupled, ModelSignature::decoupled); the others ignore it.
   std::string model_config_json;
-  /// Settings of the backend's own library, by name, as Triton's config.pbtxt `parameters`
-  /// carry them to a backend. openvino: NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT
-  /// (Triton's OpenVINO backend's keys) and any other OpenVINO CPU property by its name; the
-  /// other backends refuse a non-empty list (invalid_argument naming the key).
+  /// The backend's own settings, by name, as Triton's config.pbtxt `parameters` carry them to a
+  /// backend: each backend reads its keys and refuses one it does not know (invalid_argument
+  /// naming the key); load_model refuses a non-empty list for a backend that takes none.
+  /// docs/backends.md lists each backend's keys (torch: signature_path, warmup_runs; openvino:
+  /// NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT and any OpenVINO CPU property; python:
+  /// python_interpreter, EXECUTION_ENV_PATH, and model.py's own).
   BackendParameters backend_parameters;
-  /// python: the server that hosts the model, for its model.py's business logic scripting, model
-  /// loading API and custom metrics (internal: src/model/model_host.hpp); null = none (those
-  /// calls then fail with unavailable). The other backends ignore it.
+  /// The server that hosts the model, for a backend whose models call back into it (python:
+  /// model.py's business logic scripting, model loading API and custom metrics; internal:
+  /// src/model/model_host.hpp); null = none (those calls then fail with unavailable). The other
+  /// backends ignore it.
   std::shared_ptr<detail::ModelHostLink> host;
 };
 

@@ -129,16 +129,15 @@ class Device:
     @property
     def kind(self) -> str: ...
 
-def load_model(uri: str, *, signature_path: str = "",
+def load_model(uri: str, *,
                inputs: Optional[Sequence[Union[str, TensorSpec]]] = None,
                outputs: Optional[Sequence[Union[str, TensorSpec]]] = None,
                batch_limit: Optional[int] = None, batched: Optional[bool] = None,
-               intra_op_threads: int = 0,
-               warmup_runs: int = 2,
                backend_parameters: Optional[Dict[str, str]] = None) -> Model:
     """Loads 'builtin:...', 'torch:<file>', '<file>.pt', 'openvino:<file>', '<file>.onnx' or
-    '<file>.xml'. backend_parameters: OpenVINO properties by name (openvino models only).
-    Blocks without the GIL. Raises InvalidArgument, NotFound, Unavailable."""
+    '<file>.xml'. backend_parameters: the backend's own settings by name (openvino: OpenVINO
+    properties; torch: signature_path, warmup_runs; docs/backends.md); a backend refuses a key
+    it does not know. Blocks without the GIL. Raises InvalidArgument, NotFound, Unavailable."""
 
 def open_device(spec: str) -> Device:
     """Opens 'cpu', 'sim[:key=value,...]', 'cuda[:N]'. Raises InvalidArgument, Unavailable."""

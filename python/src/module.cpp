@@ -126,12 +126,10 @@ void init_model_device(py::module_& m) {
         return "<asyncinfer.Device '" + d.name() + "': " + d.info().description + ">";
       });
 
-  const ModelOptions mo;
   m.def(
       "load_model",
-      [](const std::string& uri, const std::string& signature_path, const py::object& inputs,
-         const py::object& outputs, std::optional<std::int64_t> batch_limit,
-         std::optional<bool> batched, int intra_op_threads, int warmup_runs,
+      [](const std::string& uri, const py::object& inputs, const py::object& outputs,
+         std::optional<std::int64_t> batch_limit, std::optional<bool> batched,
          const py::object& backend_parameters) {
         ModelOptions o;
         if (!backend_parameters.is_none()) {
@@ -140,11 +138,8 @@ void init_model_device(py::module_& m) {
                                               py::str(item.second).cast<std::string>());
           }
         }
-        o.signature_path = signature_path;
         o.batch_limit = batch_limit;
         o.batched = batched;
-        o.intra_op_threads = intra_op_threads;
-        o.warmup_runs = warmup_runs;
         const bool batched_specs = batched.value_or(true);
         if (!inputs.is_none()) {
           for (py::handle h : inputs) o.inputs.push_back(spec_arg(h, batched_specs));
@@ -156,23 +151,24 @@ void init_model_device(py::module_& m) {
         if (!r.ok()) raise_status(r.status());
         return *r;
       },
-      py::arg("uri"), py::kw_only(), py::arg("signature_path") = mo.signature_path,
-      py::arg("inputs") = py::none(), py::arg("outputs") = py::none(),
-      py::arg("batch_limit") = py::none(), py::arg("batched") = py::none(),
-      py::arg("intra_op_threads") = mo.intra_op_threads, py::arg("warmup_runs") = mo.warmup_runs,
-      py::arg("backend_parameters") = py::none(),
+      py::arg("uri"), py::kw_only(), py::arg("inputs") = py::none(),
+      py::arg("outputs") = py::none(), py::arg("batch_limit") = py::none(),
+      py::arg("batched") = py::none(), py::arg("backend_parameters") = py::none(),
       R"doc(
 Loads a model: 'builtin:identity', 'builtin:fixed_cost?base_us=2000', 'builtin:faulty?...',
 'torch:<file>' or a path ending in '.pt' (TorchScript through libtorch), 'openvino:<file>' or a
 path ending in '.onnx' or '.xml' (ONNX and OpenVINO IR through OpenVINO's runtime; the signature
 comes from the model), 'builtin:gemm' (cuda).
 
-backend_parameters: a dict of OpenVINO properties for an openvino model ({'NUM_STREAMS': '2',
-'INFERENCE_PRECISION_HINT': 'f32'}; values are passed as strings); other backends refuse them.
+backend_parameters: a dict of the backend's own settings (values are passed as strings;
+docs/backends.md lists each backend's keys): OpenVINO properties for an openvino model
+({'NUM_STREAMS': '2', 'INFERENCE_PRECISION_HINT': 'f32'}); for a TorchScript model
+'signature_path' (its signature file) and 'warmup_runs' (forward passes at each instance's
+creation, default 2). A backend refuses a key it does not know; the built-in models take none.
 
-TorchScript: the signature comes from '<file>.json' (or signature_path), or from inputs /
-outputs: TensorSpec objects or 'name:dtype:dims' strings ('input:f32:1x32x32'; the batch dim
-is added unless batched=False).
+TorchScript: the signature comes from '<file>.json' (or backend_parameters' signature_path), or
+from inputs / outputs: TensorSpec objects or 'name:dtype:dims' strings ('input:f32:1x32x32'; the
+batch dim is added unless batched=False).
 
 batch_limit: the model's batch limit (the largest batch in rows it accepts, >= 1; its
 signature's batch_limit); None = the model's own (TorchScript: the signature file's). It is not

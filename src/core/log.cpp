@@ -1,6 +1,7 @@
 #include "asyncinfer/log.hpp"
 
 #include "asyncinfer/detail/chrono.hpp"
+#include "asyncinfer/detail/enum_names.hpp"
 
 #include <condition_variable>
 #include <cstdio>
@@ -28,19 +29,12 @@ void default_hook(LogLevel level, std::string_view message) {
 
 }  // namespace
 
-std::string_view to_string(LogLevel level) noexcept {
-  switch (level) {
-    case LogLevel::debug:
-      return "debug";
-    case LogLevel::info:
-      return "info";
-    case LogLevel::warning:
-      return "warning";
-    case LogLevel::error:
-      return "error";
-  }
-  return "log";
-}
+namespace {
+constexpr detail::EnumNames<LogLevel, 4> kLogLevelNames{{"debug", "info", "warning", "error"},
+                                                        "log"};
+}  // namespace
+
+std::string_view to_string(LogLevel level) noexcept { return kLogLevelNames.name(level); }
 
 void set_log_hook(LogHook hook) {
   std::shared_ptr<HookBox> box;

@@ -1,5 +1,7 @@
 #include "asyncinfer/tensor.hpp"
 
+#include "asyncinfer/detail/enum_names.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -117,17 +119,11 @@ Result<DType> parse_dtype(std::string_view name) {
                                 "TYPE_STRING, ...)");
 }
 
-std::string_view to_string(MemoryKind kind) noexcept {
-  switch (kind) {
-    case MemoryKind::host:
-      return "host";
-    case MemoryKind::pinned_host:
-      return "pinned_host";
-    case MemoryKind::device:
-      return "device";
-  }
-  return "unknown";
-}
+namespace {
+constexpr detail::EnumNames<MemoryKind, 3> kMemoryKindNames{{"host", "pinned_host", "device"}};
+}  // namespace
+
+std::string_view to_string(MemoryKind kind) noexcept { return kMemoryKindNames.name(kind); }
 
 std::string shape_to_string(std::span<const std::int64_t> shape) {
   std::string out = "[";
@@ -245,14 +241,13 @@ Result<Tensor> Tensor::from_serialized(Shape shape, std::string serialized) {
   // A std::string's buffer is not over-aligned, which bytes elements do not need.
   void* data = owned->data();
   const std::size_t size = owned->size();
-  auto storage = std::make_shared<Storage>(
-      data, size, Placement{}, [s = owned.release()](void*) { delete s; });
+  auto storage = std::make_shared<Storage>(data, size, Placement{},
+                                           [s = owned.release()](void*) { delete s; });
   ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, from_storage(storage, DType::bytes, std::move(shape)));
   if (t.byte_size() != size) {
     return invalid_argument_error("BYTES " + shape_to_string(t.shape()) + ": " +
-                                  std::to_string(size - t.byte_size()) +
-                                  " bytes follow its " + std::to_string(t.numel()) +
-                                  " elements");
+                                  std::to_string(size - t.byte_size()) + " bytes follow its " +
+                                  std::to_string(t.numel()) + " elements");
   }
   return t;
 }
@@ -427,8 +422,8 @@ Result<Tensor> concat_dim0(std::span<const Tensor> parts) {
   shape[0] = rows;
   ASYNCINFER_ASSIGN_OR_RETURN(auto storage, Storage::allocate_host(bytes));
   ASYNCINFER_ASSIGN_OR_RETURN(
-      Tensor out, Tensor::from_storage_sized(std::move(storage), first.dtype(), std::move(shape), 0,
-                                             bytes));
+      Tensor out,
+      Tensor::from_storage_sized(std::move(storage), first.dtype(), std::move(shape), 0, bytes));
   auto* dst = static_cast<unsigned char*>(out.data());
   for (const Tensor& p : parts) {
     if (p.byte_size() > 0) std::memcpy(dst, p.data(), p.byte_size());

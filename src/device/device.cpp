@@ -3,39 +3,22 @@
 #include <deque>
 #include <mutex>
 
+#include "asyncinfer/detail/enum_names.hpp"
 #include "backend_modules.hpp"
 #include "device/backend.hpp"
 #include "device/host_stream.hpp"
 
 namespace asyncinfer {
 
-std::string_view to_string(DeviceKind kind) noexcept {
-  switch (kind) {
-    case DeviceKind::cpu:
-      return "cpu";
-    case DeviceKind::sim:
-      return "sim";
-    case DeviceKind::cuda:
-      return "cuda";
-    case DeviceKind::npu:
-      return "npu";
-  }
-  return "unknown";
-}
+namespace {
+constexpr detail::EnumNames<DeviceKind, 4> kDeviceKindNames{{"cpu", "sim", "cuda", "npu"}};
+constexpr detail::EnumNames<CopyKind, 4> kCopyKindNames{
+    {"host_to_host", "host_to_device", "device_to_host", "device_to_device"}};
+}  // namespace
 
-std::string_view to_string(CopyKind kind) noexcept {
-  switch (kind) {
-    case CopyKind::host_to_host:
-      return "host_to_host";
-    case CopyKind::host_to_device:
-      return "host_to_device";
-    case CopyKind::device_to_host:
-      return "device_to_host";
-    case CopyKind::device_to_device:
-      return "device_to_device";
-  }
-  return "unknown";
-}
+std::string_view to_string(DeviceKind kind) noexcept { return kDeviceKindNames.name(kind); }
+
+std::string_view to_string(CopyKind kind) noexcept { return kCopyKindNames.name(kind); }
 
 Result<Tensor> Device::empty(DType dtype, Shape shape, MemoryKind kind) {
   if (dtype == DType::bytes) {

@@ -53,8 +53,9 @@ struct RepositoryForm {
   /// ModelOptions::batched is set from the config (max_batch_size > 0), Triton's rule that the
   /// config, not the file, says whether dim 0 is the batch dim.
   bool batched_from_config = false;
-  /// The model gets the whole config (ModelOptions::model_config_json, ModelOptions::decoupled) and
-  /// the server that hosts it (ModelOptions::host: BLS, model control, custom metrics).
+  /// The model gets the whole config (ModelOptions::model_config_json, which says whether it is
+  /// decoupled) and the server that hosts it (ModelOptions::host: BLS, model control, custom
+  /// metrics).
   bool takes_model_config = false;
   /// The backend completes a config (complete_model_config, Triton's auto-complete), and a model
   /// folder with no config.pbtxt whose version folder holds default_model_filename is one of its

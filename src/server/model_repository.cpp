@@ -19,6 +19,7 @@
 // poll), draining and shutdown (drain_async, LoadingEngine, shutdown).
 #include "model_repository.hpp"
 
+#include "asyncinfer/detail/enum_names.hpp"
 #include "engine/resource_pool.hpp"
 #include "model/backend.hpp"
 #include "model/model_host.hpp"
@@ -250,31 +251,16 @@ Status run_warmup(Engine& engine, const ModelPlan& plan, const ModelSignature& s
 
 // ---- the snapshot's types -----------------------------------------------------------------------
 
-std::string_view to_string(ModelState state) noexcept {
-  switch (state) {
-    case ModelState::ready:
-      return "READY";
-    case ModelState::unavailable:
-      return "UNAVAILABLE";
-    case ModelState::loading:
-      return "LOADING";
-    case ModelState::unloading:
-      return "UNLOADING";
-  }
-  return "UNKNOWN";
-}
+namespace {
+constexpr detail::EnumNames<ModelState, 4> kModelStateNames{
+    {"READY", "UNAVAILABLE", "LOADING", "UNLOADING"}, "UNKNOWN"};
+constexpr detail::EnumNames<ModelControlMode, 3> kControlModeNames{{"none", "poll", "explicit"},
+                                                                   "none"};
+}  // namespace
 
-std::string_view to_string(ModelControlMode mode) noexcept {
-  switch (mode) {
-    case ModelControlMode::none:
-      return "none";
-    case ModelControlMode::poll:
-      return "poll";
-    case ModelControlMode::explicit_mode:
-      return "explicit";
-  }
-  return "none";
-}
+std::string_view to_string(ModelState state) noexcept { return kModelStateNames.name(state); }
+
+std::string_view to_string(ModelControlMode mode) noexcept { return kControlModeNames.name(mode); }
 
 Result<RateLimitResource> parse_rate_limit_resource(std::string_view text) {
   auto refuse = [&] {
@@ -314,9 +300,7 @@ std::shared_ptr<detail::ResourcePool> make_rate_limiter(std::vector<RateLimitRes
 }
 
 Result<ModelControlMode> parse_model_control_mode(std::string_view text) {
-  if (text == "none") return ModelControlMode::none;
-  if (text == "poll") return ModelControlMode::poll;
-  if (text == "explicit") return ModelControlMode::explicit_mode;
+  if (auto mode = kControlModeNames.parse(text)) return *mode;
   return invalid_argument_error("--model-control-mode '" + std::string(text) +
                                 "': expected none, poll or explicit");
 }
@@ -1357,7 +1341,6 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
         sig.decoupled = plan->decoupled;
         ASYNCINFER_ASSIGN_OR_RETURN(AppliedConfig shown, applied_model_config(*plan, sig, "cpu"));
         mo.batched = sig.batched;
-        mo.decoupled = plan->decoupled;
         mo.model_config_json = std::move(shown.json);
         mo.host = host_link_;
       }

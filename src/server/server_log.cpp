@@ -5,6 +5,9 @@
 #include <ctime>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+
+#include "asyncinfer/detail/enum_names.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -28,9 +31,11 @@ char letter(LogLevel level) noexcept {
 
 }  // namespace
 
-std::string_view to_string(ServerLog::Format format) noexcept {
-  return format == ServerLog::Format::iso8601 ? "ISO8601" : "default";
-}
+namespace {
+constexpr detail::EnumNames<ServerLog::Format, 2> kFormatNames{{"default", "ISO8601"}, "default"};
+}  // namespace
+
+std::string_view to_string(ServerLog::Format format) noexcept { return kFormatNames.name(format); }
 
 ServerLog::ServerLog(std::string prefix, std::FILE* out) : prefix_(std::move(prefix)), out_(out) {}
 
@@ -122,10 +127,9 @@ Result<ServerLog::Settings> ServerLog::update(const Parameters& changes) {
       next.log_verbose_level = static_cast<std::uint32_t>(level);
     } else if (name == "log_format") {
       const auto* text = std::get_if<std::string>(&value);
-      if (text == nullptr || (*text != "default" && *text != "ISO8601")) {
-        return invalid_argument_error(what + " must be \"default\" or \"ISO8601\"");
-      }
-      next.log_format = *text == "ISO8601" ? Format::iso8601 : Format::default_format;
+      const std::optional<Format> format = text ? kFormatNames.parse(*text) : std::nullopt;
+      if (!format) return invalid_argument_error(what + " must be \"default\" or \"ISO8601\"");
+      next.log_format = *format;
     } else {
       return invalid_argument_error("unknown " + what +
                                     " (the settings: " + std::string(kSettings) + ")");

@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 
+#include "asyncinfer/detail/enum_names.hpp"
 #include "model_config.hpp"
 #include "otlp_exporter.hpp"
 
@@ -83,9 +84,12 @@ void random_bytes(std::array<std::uint8_t, N>& out) {
 
 }  // namespace
 
-std::string_view to_string(TraceMode mode) noexcept {
-  return mode == TraceMode::triton ? "triton" : "opentelemetry";
-}
+namespace {
+constexpr detail::EnumNames<TraceMode, 2> kTraceModeNames{{"triton", "opentelemetry"},
+                                                          "opentelemetry"};
+}  // namespace
+
+std::string_view to_string(TraceMode mode) noexcept { return kTraceModeNames.name(mode); }
 
 // ---- --trace-config
 // ------------------------------------------------------------------------------
@@ -152,7 +156,7 @@ Result<TraceConfig> parse_trace_config(const std::vector<std::string>& specs,
     }
     const std::string key = spec.substr(key_at, eq_at - key_at);
     const std::string value = spec.substr(eq_at + 1);
-    if (has_mode && mode != "triton" && mode != "opentelemetry") {
+    if (has_mode && !kTraceModeNames.parse(mode)) {
       return invalid_argument_error("invalid value for trace mode option: " + mode +
                                     ". Available options are \"triton\" and \"opentelemetry\"");
     }
@@ -175,11 +179,8 @@ Result<TraceConfig> parse_trace_config(const std::vector<std::string>& specs,
         if (legacy.count && warn) warn("warning: --trace-config count overrides --trace-count");
         c.count = static_cast<std::int32_t>(n);
       } else if (key == "mode") {
-        const std::string m = lower(value);
-        if (m == "triton") {
-          c.mode = TraceMode::triton;
-        } else if (m == "opentelemetry") {
-          c.mode = TraceMode::opentelemetry;
+        if (auto m = kTraceModeNames.parse(lower(value))) {
+          c.mode = *m;
         } else {
           return bad(key, "invalid value for trace mode option: " + value +
                               ". Available options are \"triton\" and \"opentelemetry\"");

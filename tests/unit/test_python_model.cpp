@@ -48,7 +48,13 @@ class PythonModelTest : public ::testing::Test {
     mo.inputs = {TensorSpec{"x", DType::f32, Shape{-1, 2}}};
     mo.outputs = {TensorSpec{"y", DType::f32, Shape{-1, 2}}};
     mo.batch_limit = 8;
-    mo.decoupled = decoupled;
+    if (decoupled) {
+      // Decoupled is the config's model_transaction_policy (what the server passes).
+      mo.model_config_json = R"({"name": "repeat", "backend": "python", "max_batch_size": 8,)"
+                             R"( "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],)"
+                             R"( "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}],)"
+                             R"( "model_transaction_policy": {"decoupled": true}})";
+    }
     return mo;
   }
 

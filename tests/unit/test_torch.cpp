@@ -399,7 +399,7 @@ TEST(TorchLoad, CommandLineSpecsContradictingTheModelAreRejected) {
   EXPECT_EQ(load_model(kDigits, only_inputs).status().code(), StatusCode::invalid_argument);
 
   ModelOptions both = o;
-  both.signature_path = kDigits + ".json";
+  both.backend_parameters = {{"signature_path", kDigits + ".json"}};
   auto ambiguous = load_model(kDigits, both);
   EXPECT_EQ(ambiguous.status().code(), StatusCode::invalid_argument);
   EXPECT_TRUE(contains(ambiguous.status().message(), "give one")) << ambiguous.status();
@@ -426,7 +426,7 @@ TEST(TorchLoad, SidecarMaxBatchSizeHasTritonsMeaning) {
     j["outputs"] = output;
     write_file(dir / "sig.json", j.dump(2));
     ModelOptions o;
-    o.signature_path = (dir / "sig.json").string();
+    o.backend_parameters = {{"signature_path", (dir / "sig.json").string()}};
     return load_model(kDigits, o);
   };
   auto limited = load_with({{"max_batch_size", 16}});
@@ -499,7 +499,7 @@ TEST(TorchLoad, SidecarContradictingTheModelIsRejected) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     ModelOptions o;
-    o.signature_path = sidecar_with(dir, c.inputs, c.outputs);
+    o.backend_parameters = {{"signature_path", sidecar_with(dir, c.inputs, c.outputs)}};
     auto model = load_model(kDigits, o);
     ASSERT_FALSE(model.ok());
     EXPECT_EQ(model.status().code(), StatusCode::invalid_argument) << model.status();
@@ -516,14 +516,35 @@ TEST(TorchLoad, MalformedSidecarIsRejected) {
   const fs::path dir = temp_dir();
   write_file(dir / "bad.json", "{\"inputs\": [ {\"name\": \"input\", ");
   ModelOptions o;
-  o.signature_path = (dir / "bad.json").string();
+  o.backend_parameters = {{"signature_path", (dir / "bad.json").string()}};
   auto model = load_model(kDigits, o);
   EXPECT_EQ(model.status().code(), StatusCode::invalid_argument) << model.status();
   EXPECT_TRUE(contains(model.status().message(), "bad.json")) << model.status();
 
-  o.signature_path = (dir / "absent.json").string();
+  o.backend_parameters = {{"signature_path", (dir / "absent.json").string()}};
   model = load_model(kDigits, o);
   EXPECT_EQ(model.status().code(), StatusCode::not_found) << model.status();
+}
+
+// The torch backend's own settings are backend parameters (signature_path, warmup_runs); it
+// refuses a key it does not know, naming it, and a warmup_runs that is not an integer >= 0.
+TEST(TorchLoad, BackendParametersAreTheBackendsOwn) {
+  require_digits();
+  ModelOptions o;
+  o.backend_parameters = {{"INFERENCE_MODE", "true"}};
+  auto model = load_model(kDigits, o);
+  EXPECT_EQ(model.status().code(), StatusCode::invalid_argument) << model.status();
+  EXPECT_TRUE(contains(model.status().message(), "'INFERENCE_MODE'")) << model.status();
+  for (const char* bad : {"-1", "two", "2x", ""}) {
+    o.backend_parameters = {{"warmup_runs", bad}};
+    model = load_model(kDigits, o);
+    EXPECT_EQ(model.status().code(), StatusCode::invalid_argument) << bad;
+    EXPECT_TRUE(contains(model.status().message(), "warmup_runs")) << model.status();
+  }
+  o.backend_parameters = {{"warmup_runs", "0"}, {"signature_path", kDigits + ".json"}};
+  model = load_model(kDigits, o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->signature().inputs.size(), 1u);
 }
 
 // ---- small scripted modules ---------------------------------------------------------------
@@ -532,7 +553,7 @@ ModelOptions specs(std::vector<std::string> inputs, std::vector<std::string> out
   ModelOptions o;
   for (const auto& s : inputs) o.inputs.push_back(*parse_tensor_spec(s, true));
   for (const auto& s : outputs) o.outputs.push_back(*parse_tensor_spec(s, true));
-  o.warmup_runs = 1;
+  o.backend_parameters = {{"warmup_runs", "1"}};
   return o;
 }
 

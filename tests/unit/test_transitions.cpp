@@ -1,16 +1,20 @@
 // The checked state machines (asyncinfer/detail/transitions.hpp): the helper itself, and the
-// tables of the engine's life cycle, an HTTP session's phase and generate_stream state, and a
-// gRPC ModelStreamInfer call's read side and end. Legal moves are accepted; an illegal one
-// aborts with a message naming both states.
+// tables of the engine's life cycle, an HTTP session's phase, generate_stream state and close
+// reason, a gRPC ModelStreamInfer call's read side and end, and the gRPC frontend's life. Legal
+// moves are accepted; an illegal one aborts with a message naming both states. Also an enum's
+// names in one table (asyncinfer/detail/enum_names.hpp).
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <utility>
 
+#include "asyncinfer/detail/enum_names.hpp"
 #include "asyncinfer/detail/transitions.hpp"
 #include "engine/scheduler.hpp"
+#include "server/grpc/grpc_server_state.hpp"
 #include "server/grpc/grpc_stream_state.hpp"
 #include "server/http/http_session_state.hpp"
 
@@ -128,6 +132,20 @@ TEST(SseMoves, AStreamAndTheNext) {
   EXPECT_EQ(allowed(t).size(), 6u);
 }
 
+TEST(CloseReasonMoves, AStrongerReasonReplacesAWeakerOne) {
+  using C = server::CloseReason;
+  const auto& t = server::kCloseReasonMoves;
+  C c = C::none;
+  // A drain, a deadline that passes during it, the client gone while the 408 is written.
+  for (C to : {C::draining, C::timed_out, C::client_gone}) t.move(c, to);
+  EXPECT_EQ(c, C::client_gone);
+  EXPECT_TRUE(t.allows(C::timed_out, C::none));  // a new deadline
+  EXPECT_FALSE(t.allows(C::draining, C::none));  // a drain is not undone
+  EXPECT_FALSE(t.allows(C::timed_out, C::draining));
+  for (int b = 0; b < 4; ++b) EXPECT_FALSE(t.allows(C::client_gone, static_cast<C>(b))) << b;
+  EXPECT_EQ(allowed(t).size(), 7u);
+}
+
 TEST(SessionMovesDeathTest, IllegalChangesAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
@@ -142,6 +160,12 @@ TEST(SessionMovesDeathTest, IllegalChangesAbort) {
         server::kSseMoves.move(s, server::SseState::last);
       },
       "generate_stream state none -> last: not in the table");
+  EXPECT_DEATH(
+      {
+        auto c = server::CloseReason::client_gone;
+        server::kCloseReasonMoves.move(c, server::CloseReason::none);
+      },
+      "HTTP session close reason client_gone -> none: not in the table");
 }
 
 // ---- the gRPC stream call ---------------------------------------------------------------------
@@ -186,6 +210,50 @@ TEST(StreamCallMovesDeathTest, IllegalChangesAbort) {
         server::kStreamReadMoves.move(r, server::StreamRead::stopped);
       },
       "gRPC stream read side idle -> stopped: not in the table");
+}
+
+// ---- the gRPC frontend ------------------------------------------------------------------------
+
+TEST(GrpcServerLifeMoves, DrainThenStopOrStopAtOnce) {
+  using L = server::ServerLife;
+  const auto& t = server::kServerLifeMoves;
+  L l = L::serving;
+  // stop_accepting, Shutdown returns while the server drains, then stop.
+  for (L to : {L::draining, L::drained, L::stopped}) t.move(l, to);
+  EXPECT_EQ(l, L::stopped);
+  l = L::serving;
+  // stop without a drain: Shutdown returns while stop waits for it.
+  for (L to : {L::stopping, L::stopped}) t.move(l, to);
+  EXPECT_TRUE(t.allows(L::draining, L::stopping));  // stop before the calls have ended
+  EXPECT_FALSE(t.allows(L::serving, L::drained));   // Shutdown starts with a drain or a stop
+  EXPECT_FALSE(t.allows(L::drained, L::stopping));  // nothing is left to wait for
+  for (int b = 0; b < 5; ++b) EXPECT_FALSE(t.allows(L::stopped, static_cast<L>(b))) << b;
+  EXPECT_EQ(allowed(t).size(), 6u);
+}
+
+TEST(GrpcServerLifeMovesDeathTest, IllegalChangesAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto l = server::ServerLife::stopped;
+        server::kServerLifeMoves.move(l, server::ServerLife::draining);
+      },
+      "gRPC server stopped -> draining: not in the table");
+}
+
+// ---- an enum's names --------------------------------------------------------------------------
+
+enum class Color : std::uint8_t { red, green };
+constexpr detail::EnumNames<Color, 2> kColorNames{{"red", "green"}, "no color"};
+
+TEST(EnumNames, NameAndParseUseOneTable) {
+  static_assert(kColorNames.name(Color::green) == "green");
+  EXPECT_EQ(kColorNames.name(Color::red), "red");
+  EXPECT_EQ(kColorNames.name(static_cast<Color>(7)), "no color");
+  EXPECT_EQ(kColorNames.parse("green"), Color::green);
+  EXPECT_EQ(kColorNames.parse("Green"), std::nullopt);  // case-sensitive
+  EXPECT_EQ(kColorNames.parse(""), std::nullopt);
+  EXPECT_EQ(kColorNames.size(), 2u);
 }
 
 }  // namespace

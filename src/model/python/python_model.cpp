@@ -1,8 +1,8 @@
 // The python backend: a Triton model.py, each instance in its own Python process
 // (python_process.hpp). URI "python:<path to model.py>" or a path ending in "model.py"; the
-// signature comes from ModelOptions (the server passes config.pbtxt's input, output,
-// max_batch_size (as batched and batch_limit) and model_transaction_policy, and the config itself
-// as JSON for args["model_config"]).
+// signature comes from ModelOptions (the server passes config.pbtxt's input, output and
+// max_batch_size (as batched and batch_limit), and the config itself as JSON for
+// args["model_config"], whose model_transaction_policy says whether the model is decoupled).
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -267,7 +267,21 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   sig.outputs = options.outputs;
   sig.batched = options.batched.value_or(options.batch_limit.has_value());
   sig.batch_limit = sig.batched ? options.batch_limit : std::nullopt;
-  sig.decoupled = options.decoupled;
+  if (!options.model_config_json.empty()) {
+    // Decoupled or not: the config's model_transaction_policy, as model.py reads it too.
+    const json config = json::parse(options.model_config_json, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) {
+      return invalid_argument_error("python model " + file.string() +
+                                    ": its model_config_json is not a JSON object");
+    }
+    const auto policy = config.find("model_transaction_policy");
+    if (policy != config.end() && policy->is_object()) {
+      const auto decoupled = policy->find("decoupled");
+      if (decoupled != policy->end() && decoupled->is_boolean()) {
+        sig.decoupled = decoupled->get<bool>();
+      }
+    }
+  }
   for (const auto* list : {&sig.inputs, &sig.outputs}) {
     for (const TensorSpec& s : *list) {
       if (sig.batched && (s.shape.empty() || s.shape[0] != -1)) {

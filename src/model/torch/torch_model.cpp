@@ -1,13 +1,14 @@
 // The TorchScript model backend: "torch:<path>" or a path ending in ".pt", run through libtorch.
 //
-// One file of about 970 lines, on purpose: it is the backend's only translation unit that
+// One file of about 1,000 lines, on purpose: it is the backend's only translation unit that
 // includes libtorch's headers (each one costs tens of seconds to compile on the 2-core machines
 // this project builds on). Its sections, in order: dtypes, signature (sidecar and specs),
 // running (forward, output checks), the instances per device kind, the model and its loader.
 //
 // Loading (load_torch_model): the file's bytes are read once and kept; libtorch parses them into
 // a module to validate the file. The signature comes from a sidecar JSON file
-// (ModelOptions::signature_path, else "<path>.json" when present) or from the command-line specs
+// (the backend parameter signature_path, else "<path>.json" when present) or from the command-line
+// specs
 // (ModelOptions::inputs/outputs/batch_limit); specs win over an implicit "<path>.json", and
 // naming both a signature file and specs is an error. One warm-up forward on zeros (batch 1,
 // every dynamic dim 1) checks that the module runs and that its outputs agree with the signature
@@ -24,9 +25,14 @@
 // With command-line specs the model is batched when every input and output has dim 0 = -1
 // (what parse_tensor_spec(..., batched = true) produces), and an unset batch_limit means no limit.
 //
+// Backend parameters (ModelOptions::backend_parameters; any other key is refused, naming it):
+//   signature_path  the sidecar signature file; default "<path>.json" when present
+//   warmup_runs     forward passes (batch 1 of zeros) run at each instance's creation, excluded
+//                   from measurements; an integer >= 0, default 2
+//
 // Instances: each ModelInstance parses its own module from the kept bytes, so no module (nor its
 // TorchScript CompilationUnit and graph executors) is shared between workers. Warm-up runs
-// (ModelOptions::warmup_runs, batch 1 of zeros) happen at creation, on the instance's stream, and
+// (warmup_runs, batch 1 of zeros) happen at creation, on the instance's stream, and
 // create_instance blocks until they have finished.
 //
 // Devices:
@@ -65,6 +71,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -350,11 +357,43 @@ struct SignatureSource {
   std::string source;
 };
 
-Result<SignatureSource> resolve_signature(const std::string& path, const ModelOptions& options) {
+/// The torch backend's own settings (ModelOptions::backend_parameters; the header lists them).
+struct TorchParameters {
+  std::string signature_path;  ///< empty = "<path>.json" when present
+  int warmup_runs = 2;
+};
+
+/// Reads the backend parameters: invalid_argument naming a key the backend does not know or a
+/// value it cannot take.
+Result<TorchParameters> torch_parameters(const std::string& path, const ModelOptions& options) {
+  TorchParameters p;
+  for (const auto& [key, value] : options.backend_parameters) {
+    if (key == "signature_path") {
+      p.signature_path = value;
+    } else if (key == "warmup_runs") {
+      int n = -1;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (ec != std::errc() || end != value.data() + value.size() || n < 0) {
+        return invalid_argument_error("torch model '" + path +
+                                      "': backend parameter warmup_runs '" + value +
+                                      "' is not an integer >= 0");
+      }
+      p.warmup_runs = n;
+    } else {
+      return invalid_argument_error("torch model '" + path + "': unknown backend parameter '" +
+                                    key +
+                                    "' (the torch backend takes signature_path and warmup_runs)");
+    }
+  }
+  return p;
+}
+
+Result<SignatureSource> resolve_signature(const std::string& path, const ModelOptions& options,
+                                          const TorchParameters& params) {
   const bool have_specs = !options.inputs.empty() || !options.outputs.empty();
-  if (have_specs && !options.signature_path.empty()) {
+  if (have_specs && !params.signature_path.empty()) {
     return invalid_argument_error("torch model '" + path + "': both a signature file ('" +
-                                  options.signature_path +
+                                  params.signature_path +
                                   "') and command-line input/output specs were given; give one");
   }
   SignatureSource out;
@@ -377,14 +416,14 @@ Result<SignatureSource> resolve_signature(const std::string& path, const ModelOp
     ASYNCINFER_RETURN_IF_ERROR(check_signature(sig, "torch model '" + path + "': " + out.source));
     return out;
   }
-  std::string file = options.signature_path;
+  std::string file = params.signature_path;
   std::error_code ec;
   if (file.empty() && fs::exists(path + ".json", ec)) file = path + ".json";
   if (file.empty()) {
     return invalid_argument_error(
         "torch model '" + path + "': no signature: put a sidecar JSON file next to the model ('" +
         path +
-        ".json', or name one with ModelOptions::signature_path / --signature) listing "
+        ".json', or name one with the backend parameter signature_path) listing "
         "inputs and outputs with names, dtypes and shapes, or give the inputs and outputs as "
         "command-line specs (name:dtype:dims, e.g. input:f32:1x32x32 and logits:f32:10)");
   }
@@ -929,9 +968,10 @@ Result<std::shared_ptr<Model>> load_torch_model(std::string_view /*uri*/,
   if (!fs::is_regular_file(st)) {
     return invalid_argument_error("torch model '" + path + "' is not a regular file");
   }
+  ASYNCINFER_ASSIGN_OR_RETURN(const TorchParameters params, torch_parameters(path, options));
   auto def = std::make_shared<TorchDefinition>();
   def->path = path;
-  def->warmup_runs = std::max(0, options.warmup_runs);
+  def->warmup_runs = params.warmup_runs;
   {
     std::ifstream in(path, std::ios::binary);
     if (!in) return not_found_error("torch model '" + path + "': cannot open the file");
@@ -941,7 +981,7 @@ Result<std::shared_ptr<Model>> load_torch_model(std::string_view /*uri*/,
   }
   ASYNCINFER_ASSIGN_OR_RETURN(torch::jit::Module module,
                               parse_module(path, def->bytes, std::nullopt));
-  ASYNCINFER_ASSIGN_OR_RETURN(SignatureSource sig, resolve_signature(path, options));
+  ASYNCINFER_ASSIGN_OR_RETURN(SignatureSource sig, resolve_signature(path, options, params));
   def->signature = std::move(sig.signature);
   const std::string what = "torch model '" + path + "'";
 
@@ -984,7 +1024,8 @@ Result<std::shared_ptr<Model>> load_torch_model(std::string_view /*uri*/,
 }
 
 void register_torch_model_backend(ModelBackendRegistry& registry) {
-  (void)registry.add({"torch", "torch:<file.pt> or a path ending in .pt", &load_torch_model});
+  (void)registry.add({"torch", "torch:<file.pt> or a path ending in .pt", &load_torch_model,
+                      nullptr, /*takes_backend_parameters=*/true});
 }
 
 }  // namespace asyncinfer::detail

@@ -19,9 +19,8 @@ constexpr const char* kServiceName = "inference.GRPCInferenceService";
 
 int GrpcServer::Impl::serving_status() const {
   // Unannounced: it runs under health_mu, and the observers it would tell include this one.
-  return !draining.load(std::memory_order_acquire) && core.ready_unannounced()
-             ? hpb::HealthCheckResponse::SERVING
-             : hpb::HealthCheckResponse::NOT_SERVING;
+  return !draining() && core.ready_unannounced() ? hpb::HealthCheckResponse::SERVING
+                                                 : hpb::HealthCheckResponse::NOT_SERVING;
 }
 
 void GrpcServer::Impl::publish_locked(int status) {

@@ -76,21 +76,25 @@ GrpcServer::Impl::Impl(InferenceServer& s, GrpcOptions o)
 
 void GrpcServer::Impl::start_shutdown() {
   std::lock_guard lock(mu);
-  if (shutdown_started || !server) return;
-  shutdown_started = true;
+  if (shutdown_thread.joinable() || !server) return;
   shutdown_thread = std::thread([this] {
     server->Shutdown();
     {
-      std::lock_guard done(shutdown_mu);
-      shutdown_done = true;
+      std::lock_guard done(mu);
+      set_life_locked(life.load(std::memory_order_relaxed) == ServerLife::stopping
+                          ? ServerLife::stopped
+                          : ServerLife::drained);
     }
     shutdown_cv.notify_all();
   });
 }
 
 bool GrpcServer::Impl::wait_shutdown(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(shutdown_mu);
-  return shutdown_cv.wait_for(lock, timeout, [this] { return shutdown_done; });
+  std::unique_lock lock(mu);
+  return shutdown_cv.wait_for(lock, timeout, [this] {
+    const ServerLife at = life.load(std::memory_order_relaxed);
+    return at == ServerLife::drained || at == ServerLife::stopped;
+  });
 }
 
 // ---- GrpcServer -------------------------------------------------------------------------------
@@ -197,7 +201,12 @@ int GrpcServer::grpc_port() const noexcept { return impl_->port; }
 void GrpcServer::stop_accepting() {
   Impl& im = *impl_;
   if (!im.server) return;
-  im.draining.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(im.mu);
+    if (im.life.load(std::memory_order_relaxed) == ServerLife::serving) {
+      im.set_life_locked(ServerLife::draining);
+    }
+  }
   im.refresh_health();  // NOT_SERVING to every watch
   im.acceptor->stop_accepting();
   im.start_shutdown();
@@ -214,11 +223,16 @@ std::size_t GrpcServer::open_connections() const {
 
 void GrpcServer::stop() {
   Impl& im = *impl_;
-  if (im.stopped || !im.server) return;
-  im.stopped = true;
+  if (!im.server) return;
+  {
+    std::lock_guard lock(im.mu);
+    const ServerLife at = im.life.load(std::memory_order_relaxed);
+    if (at == ServerLife::stopping || at == ServerLife::stopped) return;
+    // Drained: Shutdown has returned already, so nothing is left to wait for.
+    im.set_life_locked(at == ServerLife::drained ? ServerLife::stopped : ServerLife::stopping);
+  }
   im.core.listeners().remove_observer(im.health_observer);
   im.core.remove_readiness_observer(im.readiness_observer);
-  im.draining.store(true, std::memory_order_release);
   im.refresh_health();
   im.start_shutdown();
   for (Call* c : im.snapshot()) {

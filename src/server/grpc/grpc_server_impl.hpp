@@ -10,7 +10,8 @@
 //   grpc_health.cpp         grpc.health.v1.Health: Check, Watch, refresh_health
 //   grpc_acceptor.cpp       the port's own accept loop (GrpcAcceptor, grpc_acceptor.hpp)
 //
-// Thread safety: Impl's sets of calls are under `mu`; the health status under `health_mu`.
+// Thread safety: Impl's sets of calls and its life cycle are under `mu` (the life cycle is read
+// without it too: an atomic); the health status under `health_mu`.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -30,6 +31,7 @@
 #include "asyncinfer/executor.hpp"
 #include "grpc_acceptor.hpp"
 #include "grpc_server.hpp"
+#include "grpc_server_state.hpp"
 #include "grpc_service.grpc.pb.h"
 #include "health.grpc.pb.h"
 #include "status_mapping.hpp"
@@ -171,13 +173,23 @@ struct GrpcServer::Impl {
   mutable std::mutex mu;
   std::unordered_set<Call*> calls;    // inference calls: open_connections, drain, stop
   std::unordered_set<Call*> watches;  // health Watch calls
-  std::atomic<bool> draining{false};
+  /// Where the server is in its life (kServerLifeMoves); changed under mu by set_life_locked
+  /// only, read anywhere.
+  std::atomic<ServerLife> life{ServerLife::serving};
+  /// grpc::Server::Shutdown's thread, started once (start_shutdown, under mu), joined by stop.
   std::thread shutdown_thread;
-  bool shutdown_started = false;
-  bool stopped = false;
-  std::mutex shutdown_mu;
-  std::condition_variable shutdown_cv;
-  bool shutdown_done = false;  // grpc::Server::Shutdown has returned
+  std::condition_variable shutdown_cv;  ///< notified (under mu) when Shutdown has returned
+
+  /// The one place `life` changes: checked against kServerLifeMoves (an illegal move aborts).
+  /// The caller holds mu.
+  void set_life_locked(ServerLife to) {
+    kServerLifeMoves.check(life.load(std::memory_order_relaxed), to);
+    life.store(to, std::memory_order_release);
+  }
+  /// stop_accepting or stop was called: no new calls; NOT_SERVING. Never blocks.
+  bool draining() const noexcept {
+    return life.load(std::memory_order_acquire) != ServerLife::serving;
+  }
 
   // Health: the last status sent to the watches, under health_mu (which also orders the
   // updates, so a watch's last message is the latest status). Every input of the readiness
@@ -233,7 +245,7 @@ struct GrpcServer::Impl {
   /// GOAWAY, calls in progress go on; it returns once every call has ended and every connection
   /// has closed (stop() cancels what is left, so it does not wait on a client).
   void start_shutdown();
-  /// Waits up to `timeout` for Shutdown to return.
+  /// Waits up to `timeout` for Shutdown to return (drained or stopped); false if it has not.
   bool wait_shutdown(std::chrono::milliseconds timeout);
 };
 

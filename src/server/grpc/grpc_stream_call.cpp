@@ -53,7 +53,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     Actions a;
     {
       std::lock_guard lock(mu_);
-      if (impl_.draining.load(std::memory_order_acquire)) set_end(StreamEnd::draining);
+      if (impl_.draining()) set_end(StreamEnd::draining);
       a = next_locked();
     }
     run(a);

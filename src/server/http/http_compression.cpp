@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "asyncinfer/detail/enum_names.hpp"
+
 namespace asyncinfer::server {
 namespace {
 
@@ -46,17 +48,12 @@ double quality(std::string_view params) {
 
 }  // namespace
 
-std::string_view to_string(ContentCoding coding) noexcept {
-  switch (coding) {
-    case ContentCoding::gzip:
-      return "gzip";
-    case ContentCoding::deflate:
-      return "deflate";
-    case ContentCoding::identity:
-      break;
-  }
-  return "identity";
-}
+namespace {
+constexpr detail::EnumNames<ContentCoding, 3> kCodingNames{{"identity", "gzip", "deflate"},
+                                                           "identity"};
+}  // namespace
+
+std::string_view to_string(ContentCoding coding) noexcept { return kCodingNames.name(coding); }
 
 std::optional<ContentCoding> request_coding(std::string_view content_encoding) {
   const std::string_view c = trim(content_encoding);

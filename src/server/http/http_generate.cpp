@@ -279,7 +279,7 @@ std::string sse_event(std::string_view data) {
 // ---- the session's side -------------------------------------------------------------------------
 
 void Session::handle_generate(const std::string& model, const std::string& version, bool stream) {
-  is_infer_ = true;
+  request_kind_ = stream ? RequestKind::generate_stream : RequestKind::generate;
   auto mv = impl_.core.find(model, version);
   if (!mv.ok()) return respond_status(mv.status());
   if (request_.find(http::field::content_encoding) != request_.end()) {
@@ -310,7 +310,6 @@ void Session::handle_generate(const std::string& model, const std::string& versi
     };
   }
   generated_ = 0;
-  generate_stream_ = stream;
   sse_status_ = 200;
   auto accepted = impl_.core.submit(m, std::move(req), [self](Result<InferResponse> r) mutable {
     net::post(self->executor(),
@@ -328,7 +327,7 @@ void Session::handle_generate(const std::string& model, const std::string& versi
 
 void Session::on_generate_response(const std::shared_ptr<EventQueue>& events,
                                    Result<std::string> text, bool stream) {
-  if (closed() || client_gone_ || events != events_) {  // gone, or another request's by now
+  if (closed() || client_gone() || events != events_) {  // gone, or another request's by now
     events->written();
     return;
   }
@@ -347,9 +346,9 @@ void Session::on_generate_response(const std::shared_ptr<EventQueue>& events,
 void Session::on_generate_done(Result<InferResponse> r) {
   inflight_ = InflightRequest();
   if (closed()) return;
-  if (client_gone_) return close();
+  if (client_gone()) return close();
   const bool final_has_data = r.ok() && !r->outputs.empty();
-  if (!generate_stream_) {
+  if (request_kind_ != RequestKind::generate_stream) {
     events_->close();
     events_.reset();
     if (!r.ok()) return respond_status(r.status());
@@ -395,7 +394,7 @@ void Session::pump_events() {
     sse_header_.emplace(static_cast<http::status>(sse_status_), version_);
     sse_header_->set(http::field::content_type, "text/event-stream; charset=utf-8");
     sse_header_->set(http::field::cache_control, "no-cache");
-    const bool keep = keep_alive_ && !draining_ && !impl_.draining.load(std::memory_order_acquire);
+    const bool keep = keep_alive_ && !draining();
     sse_header_->keep_alive(keep);
     keep_alive_ = keep;
     sse_header_->chunked(true);
@@ -442,7 +441,7 @@ void Session::on_event_written(beast::error_code ec, bool event) {
     if (events_) events_->written();
   }
   if (closed()) return;
-  if (ec || client_gone_) {
+  if (ec || client_gone()) {
     if (events_) events_->close();
     return close();
   }

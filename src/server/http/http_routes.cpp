@@ -84,7 +84,7 @@ void Session::on_request() {
                 !(request_.version() < 11 && request_.count(http::field::transfer_encoding) > 0);
   version_ = request_.version();
   method_ = request_.method();
-  is_infer_ = false;
+  request_kind_ = RequestKind::other;
   if (kind_ == Kind::metrics) return handle_metrics();
   handle_api();
 }
@@ -335,7 +335,7 @@ void Session::handle_trace_setting(const std::string& model) {
 }
 
 void Session::handle_infer(const std::string& model, const std::string& version) {
-  is_infer_ = true;
+  request_kind_ = RequestKind::infer;
   auto mv = impl_.core.find(model, version);
   if (!mv.ok()) return respond_status(mv.status());
   if ((*mv)->signature.decoupled) return respond_error(501, decoupled_message(model));
@@ -436,7 +436,7 @@ void Session::forward_headers(Parameters& parameters) const {
 void Session::on_decoded(const ModelRef& model, Result<DecodedInfer> decoded, bool body_too_large,
                          bool inflated) {
   if (closed()) return;
-  if (client_gone_) return close();
+  if (client_gone()) return close();
   if (!decoded.ok()) {
     if (body_too_large) {  // Triton's 413: the inflated body passed --max-body-bytes
       keep_alive_ = false;
@@ -495,7 +495,7 @@ void Session::handle_repository(const std::string& model, bool load) {
 
 void Session::on_repository_done(const Status& s) {
   if (closed()) return;
-  if (client_gone_) return close();
+  if (client_gone()) return close();
   if (!s.ok()) {
     // Triton's codes: a model with no folder is 500 (INTERNAL), a refused call 503.
     return respond_status(s);
@@ -507,7 +507,7 @@ void Session::on_infer_done(Result<InferResponse> r) {
   ++loop_.received;
   inflight_ = InflightRequest();
   if (closed()) return;
-  if (client_gone_) return close();
+  if (client_gone()) return close();
   if (!r.ok()) return respond_status(r.status());
   const ContentCoding coding = response_coding_;
   if (output_bytes(*r) < kCodecInlineBytes) {
@@ -536,7 +536,7 @@ void Session::on_infer_done(Result<InferResponse> r) {
 
 void Session::send_infer(EncodedResponse enc) {
   if (closed()) return;
-  if (client_gone_) return close();
+  if (client_gone()) return close();
   if (trace_) [[unlikely]]
     trace_->record_now("HTTP_SEND_START");
   Response res{http::status::ok, version_};

@@ -254,6 +254,17 @@ class Session : public std::enable_shared_from_this<Session> {
   /// The one place sse_ changes: checked against kSseMoves.
   void set_sse(SseState to) { kSseMoves.move(sse_, to); }
   bool closed() const { return phase_ == Phase::closed; }
+  /// Records `why` the connection ends early unless a stronger reason already holds (the order of
+  /// CloseReason); checked against kCloseReasonMoves.
+  void close_for(CloseReason why) {
+    if (why > close_reason_) kCloseReasonMoves.move(close_reason_, why);
+  }
+  bool client_gone() const { return close_reason_ == CloseReason::client_gone; }
+  /// The connection closes after the current response: this session was told of the drain, or the
+  /// server drains (told or not yet).
+  bool draining() const {
+    return close_reason_ == CloseReason::draining || impl_.draining.load(std::memory_order_acquire);
+  }
 
   // ---- timers and closing -----------------------------------------------------------------------
   void set_deadline(std::chrono::milliseconds after);
@@ -323,15 +334,12 @@ class Session : public std::enable_shared_from_this<Session> {
   /// A read of the socket is pending (an outstanding operation: in idle, header, body, and while
   /// a request is handled or answered, where it watches for the client's disconnect).
   bool reading_ = false;
-  /// The deadline passed: the read it cancelled is answered 408 (on_read_error).
-  bool timed_out_ = false;
-  /// The client went away while its request was handled or answered: what comes back closes the
-  /// connection instead of being written.
-  bool client_gone_ = false;
-  /// The server is draining (on_drain): the connection closes after the current response.
-  bool draining_ = false;
-  /// The current request is an inference (its latency is observed when its response is written).
-  bool is_infer_ = false;
+  /// Why the connection ends early, if it does (http_session_state.hpp); changed by
+  /// close_for() and set_deadline() only.
+  CloseReason close_reason_ = CloseReason::none;
+  /// What the current request asks for (an inference's latency is observed when its response is
+  /// written; generate_stream answers with events).
+  RequestKind request_kind_ = RequestKind::other;
   /// The coding of the current /infer response, from the request's Accept-Encoding.
   ContentCoding response_coding_ = ContentCoding::identity;
   // generate / generate_stream: the responses on their way from the model (its back-pressure),
@@ -345,8 +353,6 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response_serializer<http::empty_body>> sse_serializer_;
   Result<std::string> generate_answer_{std::string()};
   std::uint64_t generated_ = 0;  ///< responses before the final one
-  /// The current generate request is generate_stream (what the request asked for).
-  bool generate_stream_ = false;
   /// Where the generate_stream response is; changed by set_sse() only.
   SseState sse_ = SseState::none;
   /// A write of the event stream is pending (an outstanding operation: always in SseState's

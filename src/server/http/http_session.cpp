@@ -46,7 +46,7 @@ void Session::start() {
 }
 
 void Session::on_drain() {
-  draining_ = true;
+  close_for(CloseReason::draining);
   if (phase_ == Phase::idle) close();
 }
 
@@ -59,7 +59,7 @@ void Session::on_stop() {
 
 void Session::wait_request() {
   set_phase(Phase::idle);
-  if (draining_ || impl_.draining.load(std::memory_order_acquire)) {
+  if (draining()) {
     close();
     return;
   }
@@ -86,10 +86,10 @@ void Session::on_read_some(beast::error_code ec, std::size_t n) {
     if (phase_ == Phase::handling) {
       // The client went away while its request ran: cancel it in the engine; the response
       // that comes back is dropped.
-      client_gone_ = true;
+      close_for(CloseReason::client_gone);
       inflight_.cancel();
     } else if (phase_ == Phase::writing) {
-      client_gone_ = true;
+      close_for(CloseReason::client_gone);
       if (events_) close();  // generate_stream: stop the model now, not at the next event
     } else if (phase_ == Phase::header || phase_ == Phase::body) {
       on_read_error(ec);
@@ -231,7 +231,7 @@ Session::HeaderVerdict Session::on_header() {
 }
 
 void Session::on_read_error(beast::error_code ec) {
-  const bool timed_out = timed_out_;
+  const bool timed_out = close_reason_ == CloseReason::timed_out;
   const char* part = phase_ == Phase::header ? "header" : "body";
   clear_deadline();
   keep_alive_ = false;
@@ -269,7 +269,7 @@ void Session::respond(int status, std::string body, const char* content_type) {
 
 void Session::send(Response res) {
   set_phase(Phase::writing);
-  const bool keep = keep_alive_ && !draining_ && !impl_.draining.load(std::memory_order_acquire);
+  const bool keep = keep_alive_ && !draining();
   res.keep_alive(keep);
   keep_alive_ = keep;
   res.prepare_payload();
@@ -307,12 +307,12 @@ void Session::on_write(beast::error_code ec) {
     trace_->record_now("HTTP_SEND_END");
     trace_.reset();  // written now, if the engine is done with it too
   }
-  if (is_infer_ && !ec) {
+  if (request_kind_ != RequestKind::other && !ec) {
     impl_.metrics.observe_infer_us(
         std::chrono::duration<double, std::micro>(Clock::now() - request_read_at_).count());
   }
   if (closed()) return;
-  if (ec || client_gone_) return close();
+  if (ec || client_gone()) return close();
   if (!keep_alive_) return linger();
   wait_request();
 }
@@ -324,7 +324,8 @@ void Session::on_write(beast::error_code ec) {
 // again until the current deadline. So a request costs no timer cancellations.
 
 void Session::set_deadline(std::chrono::milliseconds after) {
-  timed_out_ = false;
+  if (close_reason_ == CloseReason::timed_out)
+    kCloseReasonMoves.move(close_reason_, CloseReason::none);
   deadline_ = Clock::now() + after;
   if (timer_waiting_ && timer_at_ <= deadline_) return;  // it fires first, then waits again
   start_timer(deadline_);
@@ -360,7 +361,7 @@ void Session::on_timer(beast::error_code ec) {
       return clear_deadline();
     }
   }
-  timed_out_ = true;
+  close_for(CloseReason::timed_out);
   if (phase_ == Phase::idle) {
     // Idle after a response: the client may still be reading its tail from the kernel's
     // buffers, which an abrupt close can discard (a reset); end it the graceful way.

@@ -23,6 +23,14 @@
 // the header was being written. A session closed mid-stream stays where it was (a closed session
 // writes nothing more).
 //
+// Why a connection ends before the client ends it (CloseReason), strongest last: none →
+// draining (the server drains: the connection closes after the current response) → timed_out (a
+// deadline passed: a read it cut is answered 408, anything else closes) → client_gone (the client
+// went away while its request was handled or answered: what comes back closes the connection
+// instead of being written). A stronger reason replaces a weaker one, never the reverse (the
+// session keeps the stronger and ignores the weaker); the one way back is timed_out → none, when a
+// new deadline is set (a drain is then still known from the server's own flag).
+//
 // Thread safety: constants; the states themselves live in a Session, on its I/O thread.
 #pragma once
 
@@ -88,5 +96,36 @@ inline constexpr detail::Transitions<SseState, 5> kSseMoves{
         {SseState::final, SseState::last},
         {SseState::last, SseState::none},
     }};
+
+/// Why a connection ends early, if it does (the header's list).
+enum class CloseReason : std::uint8_t {
+  none,         ///< nothing ends the connection before the client does
+  draining,     ///< the server drains (Session::on_drain): close after the current response
+  timed_out,    ///< the deadline passed: the read it cancelled is answered 408
+  client_gone,  ///< the client went away while its request was handled or answered
+};
+
+inline constexpr detail::Transitions<CloseReason, 4> kCloseReasonMoves{
+    "HTTP session close reason",
+    {"none", "draining", "timed_out", "client_gone"},
+    {
+        {CloseReason::none, CloseReason::draining},
+        {CloseReason::none, CloseReason::timed_out},
+        {CloseReason::none, CloseReason::client_gone},
+        {CloseReason::draining, CloseReason::timed_out},
+        {CloseReason::draining, CloseReason::client_gone},
+        {CloseReason::timed_out, CloseReason::none},
+        {CloseReason::timed_out, CloseReason::client_gone},
+    }};
+
+/// What the current request of a connection asks for: an inference's latency is observed when its
+/// response is written; generate_stream answers with events. Set once a request is whole
+/// (on_request: other) and by its handler (handle_infer, handle_generate); not a life cycle.
+enum class RequestKind : std::uint8_t {
+  other,            ///< not an inference: metadata, health, the repository, /metrics, …
+  infer,            ///< POST …/infer
+  generate,         ///< POST …/generate
+  generate_stream,  ///< POST …/generate_stream
+};
 
 }  // namespace asyncinfer::server
