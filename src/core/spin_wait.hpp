@@ -1,6 +1,7 @@
-// spin_wait.hpp (internal) — a bounded spin before a blocking wait, for the engine's two
-// hand-offs at low load (the worker waiting for a request, the completion thread waiting for a
-// result).
+// spin_wait.hpp (internal) — a bounded spin before a blocking wait, and the policy that says
+// when and how long: for the engine's two hand-offs at low load (the worker waiting for a
+// request, the completion thread waiting for a result) and the HTTP I/O thread's wait for an
+// answer.
 //
 // Why: at one request in flight, each hand-off finds the other thread asleep on a futex, and its
 // wake-up costs far more than the work it hands over. On a virtual machine whose idle vCPUs halt,
@@ -15,10 +16,19 @@
 // spin-then-park of glibc's PTHREAD_MUTEX_ADAPTIVE_NP, of the Linux kernel's mutexes and of
 // Java's and TBB's thread pools, applied to a condition variable's wait.
 //
-// Thread safety: a SpinWait is used by one thread (it keeps that thread's history); the
-// predicate it polls must be safe to call without the lock that guards the condition (atomics).
+// The one seam (issue 46): every thread that spins before it sleeps — the engine's workers
+// (Scheduler::next_batch, given the worker's SpinWait), its completion threads
+// (ThreadPool::spin_before_sleep, set up by EngineCore::start) and the HTTP server's I/O threads
+// (http_server.cpp's run_io_loop) — asks a SpinPolicy whether and how long, takes its SpinWait
+// from it, and, where it waits on a queue under a lock, spins on that queue's Arrivals. A change
+// to how spinning works is a change to this file and tests/unit/test_spin_policy.cpp.
+//
+// Thread safety: a SpinPolicy is a value, fixed once made: any thread may read it. A SpinWait is
+// used by one thread (it keeps that thread's history); the predicate it polls must be safe to
+// call without the lock that guards the condition (atomics). Arrivals: see the class.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -26,14 +36,6 @@
 #include "asyncinfer/executor.hpp"  // available_cores
 
 namespace asyncinfer::detail {
-
-/// The spin budget a thread of this process may use: `requested`, or 0 where the process may run
-/// on fewer than 2 cores (its affinity). There a spinning thread only holds the core that the
-/// thread it waits for needs. Checked when a budget is set up (an engine's or an HTTP I/O
-/// thread's), not per wait.
-inline std::chrono::microseconds spin_budget(std::chrono::microseconds requested) noexcept {
-  return available_cores() < 2 ? std::chrono::microseconds(0) : requested;
-}
 
 /// The CPU's spin-wait hint (x86 `pause`, ARM `yield`); nothing elsewhere.
 inline void cpu_relax() noexcept {
@@ -98,6 +100,88 @@ class SpinWait {
   std::chrono::nanoseconds budget_;
   int misses_ = 0;
   int skip_ = 0;
+};
+
+/// Whether, and how long, a thread spins before it sleeps: the one place that decides (the
+/// header). A value, fixed once made (from the public option, when an engine or an HTTP server
+/// is set up); copy it to whoever needs it. Never blocks; thread-safe (const).
+class SpinPolicy {
+ public:
+  /// Never spins.
+  constexpr SpinPolicy() noexcept = default;
+  /// A budget already checked against the cores (`Engine::options().spin_wait`, which
+  /// from_option made at Engine::create); a budget of 0 or less never spins.
+  constexpr explicit SpinPolicy(std::chrono::microseconds budget) noexcept
+      : budget_(budget.count() > 0 ? budget : std::chrono::microseconds(0)) {}
+
+  /// From a public option as set (EngineOptions::spin_wait, HttpOptions::spin_wait, already
+  /// validated by their owners): `requested`, or never where the process may run on fewer than
+  /// 2 `cores` (its affinity, available_cores()): there a spinning thread only holds the core
+  /// that the thread it waits for needs. Made when a budget is set up, not per wait (the
+  /// affinity is a system call).
+  static SpinPolicy from_option(std::chrono::microseconds requested,
+                                int cores = available_cores()) noexcept {
+    return SpinPolicy(cores < 2 ? std::chrono::microseconds(0) : requested);
+  }
+
+  /// How long one spin lasts at most; 0: never spins.
+  constexpr std::chrono::microseconds budget() const noexcept { return budget_; }
+  constexpr bool spins() const noexcept { return budget_.count() > 0; }
+
+  /// An engine thread (a worker, a completion thread) about to wait for its next piece of work:
+  /// whether it spins first. Only at low load: while at most one request per worker is
+  /// `undelivered` (in flight, or its callback not run), the next one most likely comes from a
+  /// caller waiting on the last result, soon, and alone, and sleeping would cost a wake-up a
+  /// request. With more in flight, sleeping lets requests gather into a batch. Cheap: asked
+  /// before every wait, by the waiting thread.
+  constexpr bool worth_spinning(std::int64_t undelivered, std::int64_t workers) const noexcept {
+    return spins() && undelivered <= workers;
+  }
+
+  /// An HTTP I/O thread about to sleep in its reactor while its sessions await `awaited`
+  /// answers from an engine: whether it polls first. Only while exactly one is awaited: more
+  /// means answers come often enough without it; none means the next thing is a client's bytes,
+  /// a network round trip away. Asked before every wait, by the I/O thread.
+  constexpr bool worth_polling(std::uint64_t awaited) const noexcept {
+    return spins() && awaited == 1;
+  }
+
+  /// A thread's own spinner under this policy (it keeps that thread's history of misses).
+  SpinWait waiter() const noexcept { return SpinWait(budget_); }
+
+ private:
+  std::chrono::microseconds budget_{0};
+};
+
+/// A queue's arrivals as a spinning consumer sees them without the queue's lock: a count that
+/// the producer bumps under that lock each time it puts work in the queue. Thread safety:
+/// note() under the queue's lock (one writer at a time); spin_unlocked() from any consumer
+/// thread that holds that lock.
+class Arrivals {
+ public:
+  /// After work was put in the queue, under the queue's lock. Never blocks.
+  void note() noexcept {
+    n_.store(n_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
+  /// A consumer about to sleep on an empty queue, holding `lock` (the queue's): lets go of the
+  /// lock and spins with `waiter` (its budget and back-off) until note() is called or `stop()`
+  /// is true (called without the lock; it must be cheap and read atomics only), then takes the
+  /// lock again. Returns whether the spin ended before its budget. The caller then looks at the
+  /// queue again under the lock: whatever else would have woken its wait is seen at most a
+  /// budget later. Blocks only to take the lock back.
+  template <class Stop>
+  bool spin_unlocked(std::unique_lock<std::mutex>& lock, SpinWait& waiter, Stop&& stop) {
+    const std::uint64_t seen = n_.load(std::memory_order_relaxed);
+    lock.unlock();
+    const bool ended =
+        waiter.spin([&] { return n_.load(std::memory_order_acquire) != seen || stop(); });
+    lock.lock();
+    return ended;
+  }
+
+ private:
+  std::atomic<std::uint64_t> n_{0};
 };
 
 }  // namespace asyncinfer::detail

@@ -72,10 +72,9 @@ Status EngineCore::start() {
     workers_.push_back(std::move(w));
   }
   ctx_.counters.live_workers.store(opt_.workers, std::memory_order_relaxed);
-  // The completion threads spin before sleeping under the workers' rule (Worker::loop): while
-  // at most one request per worker is undelivered.
-  completion_.spin_before_sleep(opt_.spin_wait, [this] {
-    return resolver_.undelivered() <= static_cast<std::int64_t>(opt_.workers);
+  // The completion threads spin before sleeping under the workers' policy (Worker::loop).
+  completion_.spin_before_sleep(ctx_.spin.budget(), [this] {
+    return ctx_.spin.worth_spinning(resolver_.undelivered(), opt_.workers);
   });
   for (auto& w : workers_) w->start();
   return Status();

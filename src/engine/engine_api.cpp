@@ -148,7 +148,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
   }
   options.batching.max_batch_size = max_rows;  // what Engine::options() reports
   // After the validation, so that a bad value is refused whatever the affinity.
-  options.spin_wait = detail::spin_budget(options.spin_wait);
+  options.spin_wait = detail::SpinPolicy::from_option(options.spin_wait).budget();
   auto core = std::make_shared<EngineCore>(std::move(model), std::move(device), std::move(options),
                                            max_rows);
   Status s = core->start();

@@ -18,6 +18,7 @@ EngineContext::EngineContext(Model& the_model, Device& the_device, const EngineO
       max_rows(batch_rows),
       unified(the_device.info().unified_memory),
       inline_path(run_inline),
+      spin(options.spin_wait),
       // The completion point enqueues copies, records events and frees the batch's device
       // memory: it runs on the thread that reaches it in the stream only where that thread may
       // call the device (DeviceCapabilities::host_funcs_may_call_device); elsewhere the

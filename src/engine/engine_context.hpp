@@ -31,6 +31,7 @@
 #include "asyncinfer/executor.hpp"
 #include "asyncinfer/log.hpp"
 #include "asyncinfer/model.hpp"
+#include "core/spin_wait.hpp"
 #include "engine/batch_failure.hpp"
 #include "engine/engine_counters.hpp"
 #include "engine/resolver.hpp"
@@ -69,8 +70,12 @@ struct EngineContext {
   /// null otherwise.
   const SequencePlan* const sequence_plan;
   const std::int64_t max_rows;
-  const bool unified;              // DeviceInfo::unified_memory: no copies to and from the device
-  const bool inline_path;          // worker.hpp: caller-run streams (cpu) and no hang watchdog
+  const bool unified;      // DeviceInfo::unified_memory: no copies to and from the device
+  const bool inline_path;  // worker.hpp: caller-run streams (cpu) and no hang watchdog
+  /// Whether and how long the workers (Worker::loop) and the completion threads
+  /// (EngineCore::start) spin before they sleep: EngineOptions::spin_wait as Engine::create
+  /// resolved it (spin_wait.hpp).
+  const SpinPolicy spin;
   InlineExecutor inline_executor;  // runs a completion point where the stream reaches it
   /// Where the streams' completion points run: where the device allows it
   /// (DeviceCapabilities::host_funcs_may_call_device: cpu, sim) the thread that reaches the point

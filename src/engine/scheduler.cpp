@@ -169,7 +169,7 @@ void Scheduler::enqueue_accepted(const std::shared_ptr<Request>& r, Clock::time_
   transition(*r, Stage::submitting, Stage::queued, lock);
   retry_.on_request(now);
   queue_.push_back(r);
-  count_push();
+  arrivals_.note();
   const bool any_lent = lending_.any_lent();
   lock.unlock();
   notify_one_worker(any_lent);
@@ -180,7 +180,7 @@ void Scheduler::enqueue_sequence(const std::shared_ptr<Request>& r, Clock::time_
   r->enqueued = now;
   r->waiting_since = now;
   transition(*r, Stage::submitting, Stage::queued, lock);
-  count_push();
+  arrivals_.note();
   lock.unlock();
   // The worker holding the sequence's slot must wake, not just any: all of them look.
   work_cv_.notify_all();
@@ -318,13 +318,8 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
         // nobody. Whatever else would wake this wait (a state change, the taker's flags) is
         // seen when the spin ends, at most its budget later.
         spun = true;
-        const std::uint64_t seen = pushed_.load(std::memory_order_relaxed);
-        lock.unlock();
-        taker.spin->spin([&] {
-          return pushed_.load(std::memory_order_acquire) != seen || !accepting() ||
-                 must_stop(taker);
-        });
-        lock.lock();
+        arrivals_.spin_unlocked(lock, *taker.spin,
+                                [&] { return !accepting() || must_stop(taker); });
         continue;
       }
       me.asleep = &taker;  // accept() may lend it from here (Lent)
@@ -415,7 +410,7 @@ Requeued Scheduler::requeue(const std::vector<std::shared_ptr<Request>>& rs, boo
       r->batch.reset();
       r->waiting_since = Clock::now();
       queue_.push_front(r);
-      count_push();
+      arrivals_.note();
     }
   }
   work_cv_.notify_all();
@@ -444,7 +439,7 @@ BackoffEnd Scheduler::requeue_after_backoff(const std::shared_ptr<Request>& r) {
   r->enqueued = Clock::now();
   r->waiting_since = r->enqueued;
   queue_.push_back(ref);  // retries do not count against queue_capacity
-  count_push();
+  arrivals_.note();
   const bool any_lent = lending_.any_lent();
   lock.unlock();
   notify_one_worker(any_lent);

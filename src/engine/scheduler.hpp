@@ -22,8 +22,8 @@
 //
 // Thread safety: every public method may be called from any thread. Blocking: accept() (a full
 // queue with QueueFullPolicy::block), next_batch() and wait_drained() wait on condition variables
-// (never by polling; next_batch() first spins up to the taker's SpinWait budget when it passes
-// one, spin_wait.hpp); the rest only take the mutex, after a short spin on the hot paths
+// (never by polling; next_batch() may first spin on the queue's Arrivals, spin_wait.hpp, whose
+// SpinPolicy decides); the rest only take the mutex, after a short spin on the hot paths
 // (accept(), next_batch(): lock_spinning).
 //
 // The caller-run fast path (caller_run.hpp) enters here in three places only: accept() may lend
@@ -87,8 +87,8 @@ struct Taker {
   std::int64_t max_rows = 1;
   const std::atomic<bool>* recycle_wanted = nullptr;
   const std::atomic<bool>* breaker_open = nullptr;
-  /// Non-null: the worker's own SpinWait, used once before it sleeps on an empty queue
-  /// (spin_wait.hpp; the worker passes it only while few requests are in flight).
+  /// Non-null: the worker's own SpinWait, used once before it sleeps on an empty queue (the
+  /// worker passes it when its SpinPolicy says so, spin_wait.hpp).
   SpinWait* spin = nullptr;
 };
 
@@ -290,11 +290,6 @@ class Scheduler {
   /// the workers (which leave once nothing is left).
   void notify_progress();
 
-  /// After a request was put in queue_ (under mu_): tells a spinning worker (next_batch).
-  void count_push() noexcept {
-    pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-  }
-
   // Options (fixed).
   const std::size_t queue_capacity_;
   const QueueFullPolicy queue_full_policy_;
@@ -313,11 +308,10 @@ class Scheduler {
   std::optional<SequenceTable> sequences_;                // under mu_; sequence engines only
   RetryScheduler retry_;                                  // its waiting set under mu_
   AdmissionControl admission_;
-  std::int64_t inflight_batches_ = 0;     // under mu_
-  std::uint64_t next_seq_ = 0;            // under mu_
-  std::atomic<std::uint64_t> pushed_{0};  // requests put in queue_; written under mu_, read by
-                                          // a spinning worker without it
-  std::optional<Status> no_workers_;      // under mu_: every worker gave up
+  std::int64_t inflight_batches_ = 0;  // under mu_
+  std::uint64_t next_seq_ = 0;         // under mu_
+  Arrivals arrivals_;                  // noted under mu_ per request put in queue_
+  std::optional<Status> no_workers_;   // under mu_: every worker gave up
   WorkerLending lending_;  // under mu_ (its observe() aside): the caller-run fast path's seats
 };
 

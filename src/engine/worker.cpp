@@ -63,7 +63,7 @@ Worker::Worker(int index, int intra_op_threads, EngineContext& ctx)
       scheduler_(ctx.scheduler),
       resolver_(ctx.resolver),
       breaker_(ctx.opt.breaker),
-      spin_(ctx.opt.spin_wait) {}
+      spin_(ctx.spin.waiter()) {}
 
 Status Worker::open() { return make_stream_and_instance(ctx_.opt.create_stop); }
 
@@ -217,13 +217,11 @@ void Worker::loop() {
       recycle();
       continue;
     }
-    // At most one request per worker undelivered (in flight, or its callback not run): the next
-    // one most likely comes from a caller waiting on the last result, soon, and alone; sleeping
-    // would cost a wake-up a request (spin_wait.hpp). With more in flight, sleeping lets them
-    // gather into a batch.
-    const bool few = resolver_.undelivered() <= ctx_.opt.workers;
+    // Spin before sleeping on an empty queue only where the engine's SpinPolicy says so (low
+    // load, spin_wait.hpp).
+    const bool spin = ctx_.spin.worth_spinning(resolver_.undelivered(), ctx_.opt.workers);
     std::shared_ptr<Batch> batch = scheduler_.next_batch(
-        {index_, cap, &recycle_wanted_, breaker_.open_flag(), few ? &spin_ : nullptr});
+        {index_, cap, &recycle_wanted_, breaker_.open_flag(), spin ? &spin_ : nullptr});
     if (!batch) {
       if (scheduler_.cancelling()) return;
       // A recycle, or a breaker that opened while the worker waited for work: back to the

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "asyncinfer/executor.hpp"
-#include "core/spin_wait.hpp"
 #include "test_support.hpp"
 
 namespace asyncinfer {
@@ -59,63 +58,6 @@ TEST(ThreadPool, ShutdownRunsQueuedTasksAndJoins) {
     pool.shutdown();  // idempotent
   }
   EXPECT_EQ(ran.load(), 100);
-}
-
-// ---- the spin before a blocking wait (src/core/spin_wait.hpp) ----------------------------------
-
-TEST(SpinWait, ReturnsTrueOnceTheConditionHoldsWithinItsBudget) {
-  detail::SpinWait w(std::chrono::seconds(10));  // long: the condition must end it, not the budget
-  std::atomic<bool> flag{false};
-  std::jthread setter([&] {
-    std::this_thread::sleep_for(2ms);
-    flag = true;
-  });
-  const auto start = Clock::now();
-  EXPECT_TRUE(w.spin([&] { return flag.load(); }));
-  EXPECT_LT(Clock::now() - start, 5s);
-}
-
-TEST(SpinWait, ZeroBudgetNeverSpins) {
-  detail::SpinWait w(0ns);
-  int calls = 0;
-  EXPECT_FALSE(w.spin([&] { return ++calls > 0; }));
-  EXPECT_EQ(calls, 0);
-}
-
-TEST(SpinWait, RunsOutAfterItsBudgetAndBacksOffAfterMissesInARow) {
-  detail::SpinWait w(50us);
-  int calls = 0;
-  const auto never = [&] {
-    ++calls;
-    return false;
-  };
-  for (int i = 0; i < detail::SpinWait::kMissesToBackOff; ++i) {
-    calls = 0;
-    const auto start = Clock::now();
-    EXPECT_FALSE(w.spin(never));
-    EXPECT_GE(Clock::now() - start, 50us) << "miss " << i;
-    EXPECT_GT(calls, 0);
-  }
-  calls = 0;  // backing off: these waits sleep at once
-  for (int i = 0; i < detail::SpinWait::kBackOffWaits; ++i) EXPECT_FALSE(w.spin(never));
-  EXPECT_EQ(calls, 0);
-  EXPECT_FALSE(w.spin(never));  // then it tries again
-  EXPECT_GT(calls, 0);
-}
-
-TEST(SpinWait, ASuccessStartsTheCountOfMissesAgain) {
-  detail::SpinWait w(20us);
-  int calls = 0;
-  const auto never = [&] {
-    ++calls;
-    return false;
-  };
-  for (int i = 0; i + 1 < detail::SpinWait::kMissesToBackOff; ++i) EXPECT_FALSE(w.spin(never));
-  EXPECT_TRUE(w.spin([] { return true; }));
-  for (int i = 0; i + 1 < detail::SpinWait::kMissesToBackOff; ++i) EXPECT_FALSE(w.spin(never));
-  calls = 0;
-  EXPECT_FALSE(w.spin(never));  // the 7th miss since the success: still spinning
-  EXPECT_GT(calls, 0);
 }
 
 TEST(ThreadPool, SpinningWorkersRunEveryTaskAndShutDown) {

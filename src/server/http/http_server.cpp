@@ -22,19 +22,22 @@ const ProtocolMetrics::Labels& status_class_labels() {
 
 }  // namespace
 
-/// An I/O thread's loop: io_context::run, except that while exactly one inference request of
-/// its sessions is in an engine, the thread busy-polls the context (poll_one: posted handlers,
-/// then the reactor without blocking) for up to HttpOptions::spin_wait before it sleeps in
-/// epoll_wait. An answer posted while the thread is outside the context's scheduler costs the
-/// engine's thread no eventfd write and this thread no wake-up (Asio's scheduler interrupts its
-/// reactor only while a thread waits in it); other connections' bytes are read meanwhile. More
-/// than one request awaited means answers come often enough without it; none means the next
-/// thing is a client's bytes, a network round trip away. Returns when the context is stopped.
-static void run_io_loop(HttpServer::Impl::IoLoop& loop, detail::SpinWait& spin) {
+/// An I/O thread's loop: io_context::run, except that while `policy` says so (exactly one
+/// inference request of its sessions is in an engine: SpinPolicy::worth_polling), the thread
+/// busy-polls the context (poll_one: posted handlers, then the reactor without blocking) for up
+/// to HttpOptions::spin_wait before it sleeps in epoll_wait. An answer posted while the thread is
+/// outside the context's scheduler costs the engine's thread no eventfd write and this thread no
+/// wake-up (Asio's scheduler interrupts its reactor only while a thread waits in it); other
+/// connections' bytes are read meanwhile. `spin` is this thread's own. Returns when the context
+/// is stopped.
+static void run_io_loop(HttpServer::Impl::IoLoop& loop, const detail::SpinPolicy& policy,
+                        detail::SpinWait& spin) {
   for (;;) {
-    // One awaited: poll the context (posted handlers, then the reactor without blocking) until
-    // something runs, the answer or another connection's bytes, for up to the budget.
-    if (loop.submitted - loop.received == 1 && spin.spin([&] { return loop.ioc.poll_one() > 0; })) {
+    // One awaited (SpinPolicy::worth_polling): poll the context (posted handlers, then the
+    // reactor without blocking) until something runs, the answer or another connection's bytes,
+    // for up to the budget.
+    if (policy.worth_polling(loop.submitted - loop.received) &&
+        spin.spin([&] { return loop.ioc.poll_one() > 0; })) {
       continue;
     }
     if (loop.ioc.run_one() == 0) return;  // stopped
@@ -370,14 +373,14 @@ Status HttpServer::start() {
     im.metrics_listener->accept();
   }
   for (auto& loop : im.loops) im.work.push_back(net::make_work_guard(loop->ioc));
-  const std::chrono::microseconds spin_wait = detail::spin_budget(im.opt.spin_wait);
+  const detail::SpinPolicy spin_policy = detail::SpinPolicy::from_option(im.opt.spin_wait);
   for (auto& loop : im.loops) {
-    im.threads.emplace_back([loop = loop.get(), spin_wait] {
-      detail::SpinWait spin(spin_wait);
+    im.threads.emplace_back([loop = loop.get(), spin_policy] {
+      detail::SpinWait spin = spin_policy.waiter();
       // A handler that throws (out of memory, say) loses its connection, not the server.
       for (;;) {
         try {
-          run_io_loop(*loop, spin);
+          run_io_loop(*loop, spin_policy, spin);
           return;
         } catch (const std::exception& e) {
           std::fprintf(stderr, "asyncinfer serve: http: a connection failed: %s\n", e.what());
