@@ -5,50 +5,27 @@
 #include <algorithm>
 
 #include "asyncinfer/detail/chrono.hpp"
+#include "asyncinfer/detail/enum_names.hpp"
 #include "core/spin_wait.hpp"
 #include "engine/engine_core.hpp"
 
 namespace asyncinfer {
 
-std::string_view to_string(RequestState state) noexcept {
-  switch (state) {
-    case RequestState::unknown:
-      return "unknown";
-    case RequestState::pending:
-      return "pending";
-    case RequestState::running:
-      return "running";
-    case RequestState::completed:
-      return "completed";
-    case RequestState::failed:
-      return "failed";
-    case RequestState::timed_out:
-      return "timed_out";
-    case RequestState::cancelled:
-      return "cancelled";
-    case RequestState::shut_down:
-      return "shut_down";
-  }
-  return "unknown";
-}
+namespace {
+constexpr detail::EnumNames<RequestState, 8> kRequestStateNames{{"unknown", "pending", "running",
+                                                                 "completed", "failed", "timed_out",
+                                                                 "cancelled", "shut_down"}};
+constexpr detail::EnumNames<WorkerHealth, 4> kWorkerHealthNames{
+    {"healthy", "recovering", "paused", "unhealthy"}};
+}  // namespace
+
+std::string_view to_string(RequestState state) noexcept { return kRequestStateNames.name(state); }
 
 std::ostream& operator<<(std::ostream& os, RequestState state) { return os << to_string(state); }
 
 bool is_terminal(RequestState state) noexcept { return state >= RequestState::completed; }
 
-std::string_view to_string(WorkerHealth health) noexcept {
-  switch (health) {
-    case WorkerHealth::healthy:
-      return "healthy";
-    case WorkerHealth::recovering:
-      return "recovering";
-    case WorkerHealth::paused:
-      return "paused";
-    case WorkerHealth::unhealthy:
-      return "unhealthy";
-  }
-  return "unknown";
-}
+std::string_view to_string(WorkerHealth health) noexcept { return kWorkerHealthNames.name(health); }
 
 // ---- Engine -----------------------------------------------------------------------------------
 
