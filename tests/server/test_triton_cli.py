@@ -84,7 +84,7 @@ class TritonCommandLine(harness.unittest.TestCase):
                 (["--log-file=/tmp/triton.log"], "standard error"),
                 (["--allow-http=false"], "always serves HTTP"),
                 (["--grpc-use-ssl=true"], "TLS"),
-                (["--model-store", EXAMPLE_REPOSITORY], "2 model repositories"),
+                (["--model-namespacing=true"], "--model-namespacing"),
                 (["--http-address=0.0.0.0", "--grpc-address=127.0.0.1"], "one address"),
                 (["--log-format=json"], "--log-format")):
             out = self.run_tritonserver("--model-repository", EXAMPLE_REPOSITORY,
