@@ -295,8 +295,10 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   return std::shared_ptr<Model>(std::make_shared<PythonModel>(std::move(setup)));
 }
 
-// complete_model_config for model.py: its auto_complete_config, run only when the file defines
-// one (a process, numpy and model.py's imports cost a fraction of a second per load).
+// complete_model_config for model.py: its auto_complete_config, run unless the file defines
+// its TritonPythonModel itself with no auto_complete_config (a process, numpy and model.py's
+// imports cost a fraction of a second per load). A model.py whose class comes from an import
+// (`from python_addsub import *`, as Triton's qa models do) is run: only Python can tell.
 Result<std::string> complete_python_config(std::string_view uri, std::string_view path,
                                            std::string_view config_json,
                                            const ModelOptions& options) {
@@ -305,7 +307,10 @@ Result<std::string> complete_python_config(std::string_view uri, std::string_vie
   std::ifstream in(file);
   if (!in) return not_found_error("python model: no file " + std::string(path));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.find("auto_complete_config") == std::string::npos) return std::string(config_json);
+  if (text.find("auto_complete_config") == std::string::npos &&
+      text.find("class TritonPythonModel") != std::string::npos) {
+    return std::string(config_json);
+  }
   ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<PythonSetup> setup, make_setup(uri, file, options));
   return PythonProcess::auto_complete(std::move(setup), std::string(config_json));
 }
