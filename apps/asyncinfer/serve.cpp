@@ -74,6 +74,7 @@ struct ServeOptions {
   std::string model_config_name;
   // Triton's spellings (tritonserver's command line; triton_flags()).
   std::vector<std::string> repositories;  // --model-repository / --model-store, as given
+  bool model_namespacing = false;         // --model-namespacing: a name space per repository
   std::optional<bool> allow_http, allow_grpc, allow_metrics, exit_on_error;
   std::optional<std::string> http_address, grpc_address, metrics_address;
   std::optional<double> exit_timeout_secs;
@@ -238,8 +239,11 @@ void add_triton_flags(CLI::App& app, ServeOptions& o) {
   refuse_unless("--grpc-use-ssl-mutual", {"false", "0"}, "no TLS here: serve behind a TLS proxy");
   refuse_unless("--allow-sagemaker", {"false", "0"}, "no SageMaker endpoint here");
   refuse_unless("--allow-vertex-ai", {"false", "0"}, "no Vertex AI endpoint here");
-  refuse_unless("--model-namespacing", {"false", "0"},
-                "the repositories share one name space (a name two of them hold is not served)");
+  app.add_option("--model-namespacing", o.model_namespacing,
+                 "Triton: true = each --model-repository is a name space of its own, so that two "
+                 "may hold a model of the same name (a request by a name two namespaces serve "
+                 "fails as ambiguous; an ensemble's steps are its own namespace's first)")
+      ->group(group);
 }
 
 /// Applies Triton's flags to `o` (after parsing); invalid_argument naming the flag when they
@@ -447,6 +451,7 @@ int run_serve(const ServeOptions& given) {
   ro.load_threads = o.model_load_threads;
   ro.auto_complete_config = !o.disable_auto_complete_config;
   ro.model_config_name = o.model_config_name;
+  ro.model_namespacing = o.model_namespacing;
   // SIGTERM or SIGINT while the models load cuts the loads short and ends the server: a hanging
   // model.py's initialize() does not hold the exit for --model-load-timeout.
   std::stop_source start_stop;
@@ -601,7 +606,7 @@ Command add_serve_command(CLI::App& parent) {
   app->add_option("--model-repository,--model-store", o->repositories,
                   "Triton-layout repository: DIR/<model>/config.pbtxt, DIR/<model>/<version>/ "
                   "(--model-store: Triton's other name; repeat it for more repositories, one "
-                  "name space)")
+                  "name space unless --model-namespacing=true)")
       ->required();
   app->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   app->add_option("--http-port", o->http_port, "HTTP port (0 = a free port, logged)")
@@ -669,7 +674,7 @@ Command add_serve_command(CLI::App& parent) {
                   "(--load-model at start, then POST /v2/repository/models/NAME/load and "
                   "/unload)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "poll", "explicit"}));
+      ->transform(CLI::IsMember({"none", "poll", "explicit"}, CLI::ignore_case));
   app->add_option("--repository-poll-secs", o->repository_poll_secs,
                   "poll mode: seconds between two scans of the repository")
       ->capture_default_str()

@@ -57,7 +57,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   void launch(const std::vector<std::size_t>& ready) {
     for (std::size_t j : ready) {
       const EnsembleGraph::Step& step = graph_.steps[j];
-      Result<ModelRef> ref = server_.find(step.model, step.version);
+      Result<ModelRef> ref = server_.find(step.model, step.version, model_->model_namespace);
       if (!ref.ok()) return end(ref.status().with_context(step_context(j)));
       // The step model as it is served now (it may have been reloaded since the ensemble
       // loaded): its inputs and outputs are found by name, and must still be what the ensemble

@@ -222,7 +222,10 @@ Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view m
   }
   if (version.empty()) {
     const ServedModel* m = snap->find(model);
-    if (m == nullptr) return invalid_argument_error(unknown_model_message(model));
+    if (m == nullptr) {
+      if (Status ambiguous = snap->ambiguity(model); !ambiguous.ok()) return ambiguous;
+      return invalid_argument_error(unknown_model_message(model));
+    }
     loaded(*m);
     if (out.empty()) {
       return invalid_argument_error("model '" + m->name + "' has no loaded version" +
@@ -236,21 +239,25 @@ Result<std::vector<ModelRef>> InferenceServer::stats_versions(std::string_view m
   return out;
 }
 
-Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view version) const {
+Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view version,
+                                       std::string_view prefer_ns) const {
   // A version replaced between the snapshot and its health check (its engine drains) is not
   // the answer: its successor is in a newer snapshot.
   for (int attempt = 0;; ++attempt) {
     bool retired = false;
-    Result<ModelRef> r = find_once(model, version, &retired);
+    Result<ModelRef> r = find_once(model, version, prefer_ns, &retired);
     if (r.ok() || !retired || attempt == 8) return r;
   }
 }
 
 Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_view version,
-                                            bool* retired) const {
+                                            std::string_view prefer_ns, bool* retired) const {
   auto snap = repository_->snapshot();
-  const ServedModel* m = snap->find(model);
-  if (m == nullptr) return not_found_error(unknown_model_message(model));
+  const ServedModel* m = prefer_ns.empty() ? snap->find(model) : snap->find_from(prefer_ns, model);
+  if (m == nullptr) {
+    if (Status ambiguous = snap->ambiguity(model); !ambiguous.ok()) return ambiguous;
+    return not_found_error(unknown_model_message(model));
+  }
   if (!m->requested && m->versions.empty()) {
     return not_found_error("Request for unknown model: '" + m->name +
                            "' has no available versions (it is not loaded: " + m->reason + ")");
@@ -758,7 +765,7 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
 Result<ModelRef> InferenceServer::successor(const ModelVersion& retired,
                                             const Inputs& inputs) const {
   auto snap = repository_->snapshot();
-  const ServedModel* m = snap->find(retired.model_name);
+  const ServedModel* m = snap->find(retired.model_namespace, retired.model_name);
   if (m == nullptr || (!m->requested && m->versions.empty())) {
     return not_found_error("model '" + retired.model_name + "' was unloaded");
   }

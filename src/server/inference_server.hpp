@@ -272,7 +272,11 @@ class InferenceServer {
   /// one that failed to load (with the reason); invalid_argument for a version that is not a
   /// positive integer.
   /// A model that is not loaded (explicit mode, or unloaded) is not_found too.
-  Result<ModelRef> find(std::string_view model, std::string_view version) const;
+  /// With --model-namespacing a name that two namespaces serve is invalid_argument, in Triton's
+  /// words (RepositorySnapshot::ambiguity); `prefer_ns` (an ensemble's namespace, for its steps)
+  /// finds that namespace's model first (RepositorySnapshot::find_from).
+  Result<ModelRef> find(std::string_view model, std::string_view version,
+                        std::string_view prefer_ns = {}) const;
 
   /// The versions a statistics request covers (Triton's statistics extension): `model` empty =
   /// every loaded version of every model; `version` empty = every loaded version of `model`.
@@ -393,7 +397,8 @@ class InferenceServer {
   bool ready(bool announce) const;
   /// find() on one snapshot; `retired` tells that the version it found cannot serve because it
   /// was replaced meanwhile.
-  Result<ModelRef> find_once(std::string_view model, std::string_view version, bool* retired) const;
+  Result<ModelRef> find_once(std::string_view model, std::string_view version,
+                             std::string_view prefer_ns, bool* retired) const;
   /// The version that serves in place of `retired` (a reload replaced it), checked to take
   /// `inputs` (the same names, dtypes and shapes); not_found / unavailable / invalid_argument
   /// saying why there is none.

@@ -349,10 +349,60 @@ bool ServedModel::all_ready() const {
   return std::all_of(versions.begin(), versions.end(), [](const auto& v) { return v->serving(); });
 }
 
-const ServedModel* RepositorySnapshot::find(std::string_view name) const noexcept {
-  auto it = std::lower_bound(models.begin(), models.end(), name,
+namespace {
+
+/// The models of `name` in `snap` (neighbours: sorted by name first), and how many of them are
+/// live(); `one` gets the model a request by name finds, null when none or ambiguous.
+std::pair<std::size_t, std::size_t> named(const RepositorySnapshot& snap, std::string_view name,
+                                          const ServedModel** one) {
+  auto lo = std::lower_bound(snap.models.begin(), snap.models.end(), name,
                              [](const auto& m, std::string_view n) { return m->name < n; });
-  return it != models.end() && (*it)->name == name ? it->get() : nullptr;
+  std::size_t count = 0;
+  std::size_t live = 0;
+  const ServedModel* first = nullptr;
+  const ServedModel* first_live = nullptr;
+  for (auto it = lo; it != snap.models.end() && (*it)->name == name; ++it, ++count) {
+    if (first == nullptr) first = it->get();
+    if ((*it)->live() && live++ == 0) first_live = it->get();
+  }
+  *one = count == 1 ? first : (live == 1 ? first_live : nullptr);
+  return {count, live};
+}
+
+}  // namespace
+
+const ServedModel* RepositorySnapshot::find(std::string_view name) const noexcept {
+  const ServedModel* one = nullptr;
+  named(*this, name, &one);
+  return one;
+}
+
+const ServedModel* RepositorySnapshot::find(std::string_view ns,
+                                            std::string_view name) const noexcept {
+  auto it =
+      std::lower_bound(models.begin(), models.end(), std::pair(name, ns),
+                       [](const auto& m, const std::pair<std::string_view, std::string_view>& k) {
+                         return std::pair<std::string_view, std::string_view>(m->name, m->ns) < k;
+                       });
+  return it != models.end() && (*it)->name == name && (*it)->ns == ns ? it->get() : nullptr;
+}
+
+const ServedModel* RepositorySnapshot::find_from(std::string_view ns,
+                                                 std::string_view name) const noexcept {
+  const ServedModel* own = find(ns, name);
+  return own != nullptr && own->live() ? own : find(name);
+}
+
+Status RepositorySnapshot::ambiguity(std::string_view name) const {
+  const ServedModel* one = nullptr;
+  const auto [count, live] = named(*this, name, &one);
+  if (one != nullptr || count < 2) return Status();
+  // Triton's words (model_repository_manager.cc, FindModelIdentifier); its qa
+  // L0_model_namespacing matches on "ambiguity".
+  return invalid_argument_error("There are " + std::to_string(live > 1 ? live : count) +
+                                " identifiers of model '" + std::string(name) +
+                                "' in global map, model namespace must be provided to resolve "
+                                "ambiguity.");
 }
 
 std::vector<IndexEntry> RepositorySnapshot::index(bool ready_only) const {
@@ -536,46 +586,61 @@ bool contains(const std::vector<ModelRef>& list, const ModelRef& v) {
   return std::find(list.begin(), list.end(), v) != list.end();
 }
 
-/// Returns how many of `names`, now in order, are plain models (those first; they do not depend
+/// The model names the steps of the ensemble in `folder` run; nullopt when its config (as
+/// --model-config-name picks it) is not an ensemble's or cannot be read.
+std::optional<std::vector<std::string>> ensemble_steps_of(const fs::path& folder,
+                                                          const std::string& name,
+                                                          const std::string& config_name) {
+  auto text = read_file(model_config_file(folder, config_name));
+  std::vector<std::string> ignored;
+  auto plan = text.ok() ? plan_model_config(*text, "config.pbtxt", name, &ignored)
+                        : Result<ModelPlan>(text.status());
+  if (!plan.ok() || plan->kind != ModelPlan::Kind::ensemble) return std::nullopt;
+  std::vector<std::string> steps;
+  for (const EnsembleStep& st : plan->ensemble_steps) steps.push_back(st.model_name);
+  return steps;
+}
+
+/// Returns how many of `ids`, now in order, are plain models (those first; they do not depend
 /// on each other).
-std::size_t order_for_loading(const std::map<std::string, fs::path>& folders,
-                              std::vector<std::string>& names, const std::string& config_name) {
+std::size_t order_for_loading(const std::map<ModelId, fs::path>& folders, std::vector<ModelId>& ids,
+                              const std::string& config_name) {
   // Ensembles after the models they run, and after the ensembles they run (Triton loads an
-  // ensemble's steps first): plain models in their order, then ensembles depth first.
-  std::map<std::string, std::vector<std::string>> ensembles;  // name -> its steps' models
-  std::vector<std::string> plain;
-  for (const std::string& name : names) {
-    auto folder = folders.find(name);
-    if (folder == folders.end()) {  // not one folder (two repositories hold it): no config
-      plain.push_back(name);
-      continue;
+  // ensemble's steps first): plain models in their order, then ensembles depth first. A step
+  // names a model by name: every ensemble of that name (in any namespace) goes first.
+  std::map<ModelId, std::vector<std::string>> ensembles;  // id -> its steps' models
+  std::vector<ModelId> plain;
+  for (const ModelId& id : ids) {
+    auto folder = folders.find(id);
+    // Not one folder (two repositories hold it, no namespacing): no config.
+    auto steps = folder == folders.end() ? std::nullopt
+                                         : ensemble_steps_of(folder->second, id.name, config_name);
+    if (steps) {
+      ensembles[id] = std::move(*steps);
+    } else {
+      plain.push_back(id);
     }
-    auto text = read_file(model_config_file(folder->second, config_name));
-    std::vector<std::string> ignored;
-    auto plan = text.ok() ? plan_model_config(*text, "config.pbtxt", name, &ignored)
-                          : Result<ModelPlan>(text.status());
-    if (!plan.ok() || plan->kind != ModelPlan::Kind::ensemble) {
-      plain.push_back(name);
-      continue;
-    }
-    auto& steps = ensembles[name];
-    for (const EnsembleStep& st : plan->ensemble_steps) steps.push_back(st.model_name);
   }
-  std::vector<std::string> ordered = plain;
-  std::set<std::string> placed;
-  std::set<std::string> visiting;  // a cycle is left for the load to refuse
-  std::function<void(const std::string&)> place = [&](const std::string& name) {
-    if (placed.contains(name) || visiting.contains(name)) return;
-    visiting.insert(name);
-    for (const std::string& step : ensembles[name]) {
-      if (ensembles.contains(step)) place(step);
+  std::vector<ModelId> ordered = plain;
+  std::set<ModelId> placed;
+  std::set<ModelId> visiting;  // a cycle is left for the load to refuse
+  std::function<void(const ModelId&)> place = [&](const ModelId& id) {
+    if (placed.contains(id) || visiting.contains(id)) return;
+    visiting.insert(id);
+    for (const std::string& step : ensembles[id]) {
+      for (auto it = ensembles.lower_bound(ModelId{step, ""});
+           it != ensembles.end() && it->first.name == step; ++it) {
+        place(it->first);
+      }
     }
-    visiting.erase(name);
-    placed.insert(name);
-    ordered.push_back(name);
+    visiting.erase(id);
+    placed.insert(id);
+    ordered.push_back(id);
   };
-  for (const auto& [name, steps] : ensembles) place(name);
-  names = std::move(ordered);
+  std::vector<ModelId> ensemble_ids;
+  for (const auto& [id, steps] : ensembles) ensemble_ids.push_back(id);
+  for (const ModelId& id : ensemble_ids) place(id);
+  ids = std::move(ordered);
   return plain.size();
 }
 
@@ -804,10 +869,10 @@ std::shared_ptr<const RepositorySnapshot> ModelRepository::snapshot() const {
   return snapshot_;
 }
 
-std::shared_ptr<const ServedModel> ModelRepository::current(std::string_view name) const {
+std::shared_ptr<const ServedModel> ModelRepository::current(const ModelId& id) const {
   auto snap = snapshot();
   for (const auto& m : snap->models) {
-    if (m->name == name) return m;
+    if (m->name == id.name && m->ns == id.ns) return m;
   }
   return nullptr;
 }
@@ -824,7 +889,7 @@ void ModelRepository::publish(std::shared_ptr<const ServedModel> model) {
 bool ModelRepository::publish_if(std::shared_ptr<const ServedModel> model, std::uint64_t epoch) {
   {
     std::lock_guard lock(snapshot_mu_);
-    if (epoch_locked(model->name) != epoch) return false;
+    if (epoch_locked(model->id()) != epoch) return false;
     publish_locked(std::move(model));
   }
   observers_->notify();
@@ -835,7 +900,7 @@ bool ModelRepository::replace_if(const std::shared_ptr<const ServedModel>& expec
                                  std::shared_ptr<const ServedModel> model) {
   {
     std::lock_guard lock(snapshot_mu_);
-    const ServedModel* now = snapshot_->find(model->name);
+    const ServedModel* now = snapshot_->find(model->ns, model->name);
     if (now != expected.get()) return false;
     publish_locked(std::move(model));
   }
@@ -843,21 +908,22 @@ bool ModelRepository::replace_if(const std::shared_ptr<const ServedModel>& expec
   return true;
 }
 
-std::uint64_t ModelRepository::epoch_of(const std::string& name) const {
+std::uint64_t ModelRepository::epoch_of(const ModelId& id) const {
   std::lock_guard lock(snapshot_mu_);
-  return epoch_locked(name);
+  return epoch_locked(id);
 }
 
-std::uint64_t ModelRepository::epoch_locked(const std::string& name) const {
-  auto it = epochs_.find(name);
+std::uint64_t ModelRepository::epoch_locked(const ModelId& id) const {
+  auto it = epochs_.find(id);
   return it == epochs_.end() ? 0 : it->second;
 }
 
 void ModelRepository::publish_locked(std::shared_ptr<const ServedModel> model) {
   auto next = std::make_shared<RepositorySnapshot>(*snapshot_);
-  auto it = std::lower_bound(next->models.begin(), next->models.end(), model->name,
-                             [](const auto& m, const std::string& n) { return m->name < n; });
-  if (it != next->models.end() && (*it)->name == model->name) {
+  const ModelId id = model->id();
+  auto it = std::lower_bound(next->models.begin(), next->models.end(), id,
+                             [](const auto& m, const ModelId& k) { return m->id() < k; });
+  if (it != next->models.end() && (*it)->id() == id) {
     *it = std::move(model);
   } else {
     next->models.insert(it, std::move(model));
@@ -902,9 +968,33 @@ std::map<std::string, std::vector<fs::path>> ModelRepository::list_models() cons
   return found;
 }
 
-Result<fs::path> ModelRepository::folder_of(const std::string& name) const {
+std::vector<ModelId> ModelRepository::list_ids(std::map<ModelId, fs::path>* folders) const {
+  std::vector<ModelId> ids;
+  for (auto& [name, found] : list_models()) {
+    if (!options_.model_namespacing) {
+      ids.push_back({name, ""});
+      if (found.size() == 1) folders->emplace(ids.back(), found[0]);
+      continue;
+    }
+    for (const fs::path& folder : found) {
+      ids.push_back({name, folder.parent_path().string()});
+      folders->emplace(ids.back(), folder);
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());  // a repository given twice
+  return ids;
+}
+
+Result<fs::path> ModelRepository::folder_of(const ModelId& id) const {
+  const std::string& name = id.name;
   std::vector<fs::path> found;
   std::error_code ec;
+  if (!id.ns.empty()) {
+    const fs::path folder = fs::path(id.ns) / name;
+    if (fs::is_directory(folder, ec)) return folder;
+    return not_found_error("the repository has no folder " + folder.string());
+  }
   for (const fs::path& root : roots_) {
     if (fs::is_directory(root / name, ec)) found.push_back(root / name);
   }
@@ -948,12 +1038,10 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const std::vector
                              "': " + ec.message());
     }
   }
-  std::vector<std::string> names;
-  std::map<std::string, fs::path> folders;  // the names one repository holds
-  for (auto& [name, found] : repo->list_models()) {
-    names.push_back(name);
-    if (found.size() == 1) folders.emplace(name, found[0]);
-  }
+  std::map<ModelId, fs::path> folders;  // the models one folder holds
+  std::vector<ModelId> ids = repo->list_ids(&folders);
+  std::set<std::string> names;
+  for (const ModelId& id : ids) names.insert(id.name);
   if (names.empty()) {
     for (const fs::path& root : roots) {
       log("model repository '" + root.string() + "' holds no model folders");
@@ -965,21 +1053,23 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const std::vector
       o.control_mode != ModelControlMode::explicit_mode ||
       std::find(o.load_models.begin(), o.load_models.end(), "*") != o.load_models.end();
   for (const std::string& n : o.load_models) {
-    if (n != "*" && !std::binary_search(names.begin(), names.end(), n)) {
-      return not_found_error("--load-model '" + n +
-                             "': " + std::string(repo->folder_of(n).status().message()));
+    if (n != "*" && !names.contains(n)) {
+      return not_found_error("--load-model '" + n + "': " +
+                             std::string(repo->folder_of(ModelId{n, ""}).status().message()));
     }
   }
-  const std::size_t plain = order_for_loading(folders, names, o.model_config_name);
+  const std::size_t plain = order_for_loading(folders, ids, o.model_config_name);
   // A signal during start-up (RepositoryOptions::start_stop) cuts the loads short.
   std::stop_callback on_start_stop(repo->options_.start_stop,
                                    [r = repo.get()] { r->cancel_loads(); });
-  auto load_one = [&](const std::string& name) {
+  auto load_one = [&](const ModelId& id) {
+    const std::string& name = id.name;
     const bool wanted =
         all || std::find(o.load_models.begin(), o.load_models.end(), name) != o.load_models.end();
     if (!wanted) {
       auto m = std::make_shared<ServedModel>();
       m->name = name;
+      m->ns = id.ns;
       m->requested = false;
       m->reason = "not loaded (--model-control-mode explicit: POST /v2/repository/models/" + name +
                   "/load loads it)";
@@ -988,7 +1078,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const std::vector
     }
     std::vector<ModelRef> replaced;
     Status status;
-    if (auto m = repo->build(name, nullptr, LoadParameters{}, 0, &replaced, &status)) {
+    if (auto m = repo->build(id, nullptr, LoadParameters{}, 0, &replaced, &status)) {
       repo->publish(std::move(m));
     }
   };
@@ -997,7 +1087,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const std::vector
   {
     std::atomic<std::size_t> next{0};
     auto loader = [&] {
-      for (std::size_t i = next++; i < plain; i = next++) load_one(names[i]);
+      for (std::size_t i = next++; i < plain; i = next++) load_one(ids[i]);
     };
     const std::size_t extra =
         std::min<std::size_t>(static_cast<std::size_t>(std::max(1, o.load_threads)), plain);
@@ -1006,7 +1096,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::load(const std::vector
     loader();
     for (std::thread& t : threads) t.join();
   }
-  for (std::size_t i = plain; i < names.size(); ++i) load_one(names[i]);
+  for (std::size_t i = plain; i < ids.size(); ++i) load_one(ids[i]);
   repo->control_->start(
       repo.get(),
       o.control_mode == ModelControlMode::poll ? o.poll_interval : std::chrono::milliseconds(0),
@@ -1070,9 +1160,9 @@ Result<ModelPlan> auto_complete(ModelPlan plan, const fs::path& dir, const std::
 }  // namespace
 
 std::shared_ptr<const ServedModel> ModelRepository::build(
-    const std::string& name, const std::shared_ptr<const ServedModel>& old,
-    const LoadParameters& params, std::uint64_t epoch, std::vector<ModelRef>* replaced,
-    Status* status) {
+    const ModelId& id, const std::shared_ptr<const ServedModel>& old, const LoadParameters& params,
+    std::uint64_t epoch, std::vector<ModelRef>* replaced, Status* status) {
+  const std::string& name = id.name;
   const Log& log = log_;
   const std::optional<std::string>& config_json = params.config;
   // Files in the load make the model's folder (Triton's model file override).
@@ -1096,7 +1186,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   fs::path dir;
   if (override_folder) {
     dir = override_folder->model_dir();
-  } else if (auto folder = folder_of(name); folder.ok()) {
+  } else if (auto folder = folder_of(id); folder.ok()) {
     dir = *folder;
   } else if (folder.status().code() == StatusCode::unavailable) {
     // Two repositories hold it: Triton loads neither (its log says "not unique across all model
@@ -1105,16 +1195,18 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
         std::string(folder.status().message()));
     auto dup = std::make_shared<ServedModel>();
     dup->name = name;
+    dup->ns = id.ns;
     dup->requested = false;
     dup->reason = "model appears in two or more repositories";
     if (old) replaced->insert(replaced->end(), old->versions.begin(), old->versions.end());
     *status = folder.status();
     return dup;
   } else {
-    dir = roots_.front() / name;  // not_found below names it
+    dir = (id.ns.empty() ? roots_.front() : fs::path(id.ns)) / name;  // not_found below names it
   }
   auto served = std::make_shared<ServedModel>();
   served->name = name;
+  served->ns = id.ns;
   std::error_code ec;
   served->fingerprint = model_fingerprint(dir, options_.model_config_name);
   const bool serving_before =
@@ -1221,6 +1313,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
   {
     auto loading = old ? std::make_shared<ServedModel>(*old) : std::make_shared<ServedModel>();
     loading->name = name;
+    loading->ns = id.ns;
     loading->loading.clear();
     for (std::int64_t v : selected) {
       ModelRef prev = old ? old->find_version(v) : nullptr;
@@ -1248,6 +1341,7 @@ std::shared_ptr<const ServedModel> ModelRepository::build(
     std::shared_ptr<ModelVersion> mv = make_version();
     mv->fingerprint = fp;
     mv->override_folder = override_folder;
+    mv->model_namespace = id.ns;
     const StatusCode code = load_version(*mv, *plan, dir, v, epoch);
     if (!mv->ready() && first_failure == StatusCode::ok) first_failure = code;
     if (!mv->ready() && prev_serving) {
@@ -1284,12 +1378,13 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
   mv->takes_request_context = plan->form.takes_model_config;
   mv->max_batch_size = plan->max_batch_size;
   const fs::path vdir = dir / mv->version_text;
-  const std::string head = "model '" + name + "' version " + mv->version_text + ": ";
+  const ModelId id{name, mv->model_namespace};
+  const std::string head = "model '" + id.str() + "' version " + mv->version_text + ": ";
   std::error_code ec;
   auto open = [this](const std::string& spec) { return open_device_once(spec); };
   // Its deadline, and what an unload or shutdown cancels it through.
   TimerId deadline;
-  const std::shared_ptr<LoadTicket> ticket = start_load(name, epoch, &deadline);
+  const std::shared_ptr<LoadTicket> ticket = start_load(id, epoch, &deadline);
   const std::stop_token stop = ticket->stop.get_token();
   Status s = [&]() -> Status {
     for (const auto& [output, file] : plan->label_files) {
@@ -1411,7 +1506,7 @@ StatusCode ModelRepository::load_version(ModelVersion& version, const ModelPlan&
       }
       // While it loads (its warm-up may be long), shutdown() and an unload can cancel it, and so
       // can its deadline.
-      LoadingEngine loading(*this, name, engine->get(), epoch);
+      LoadingEngine loading(*this, id, engine->get(), epoch);
       Engine* e = engine->get();
       std::stop_callback on_deadline(
           stop, [e] { e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0)); });
@@ -1465,8 +1560,14 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
   // step model reloaded later serves the ensemble's requests in its new version.
   // The ensemble a step runs, in the version it names as served now; null for a step that
   // runs a plain model (or one not served).
-  auto step_ensemble = [this](const EnsembleGraph::Step& st) -> ModelRef {
-    std::shared_ptr<const ServedModel> m = current(st.model);
+  // A step's model: that of the ensemble's namespace first (find_from), held with its snapshot.
+  auto step_model = [this, &mv](const std::string& name) -> std::shared_ptr<const ServedModel> {
+    std::shared_ptr<const RepositorySnapshot> snap = snapshot();
+    const ServedModel* m = snap->find_from(mv.model_namespace, name);
+    return m != nullptr ? std::shared_ptr<const ServedModel>(snap, m) : nullptr;
+  };
+  auto step_ensemble = [&step_model](const EnsembleGraph::Step& st) -> ModelRef {
+    std::shared_ptr<const ServedModel> m = step_model(st.model);
     if (!m) return nullptr;
     ModelRef v =
         st.version.empty() ? m->default_version() : m->find_version(std::stoll(st.version));
@@ -1491,8 +1592,13 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
     return false;
   };
   auto signature_of = [&, this](const EnsembleStep& s) -> Result<ModelSignature> {
-    std::shared_ptr<const ServedModel> m = current(s.model_name);
-    if (!m) return not_found_error("the repository has no model '" + s.model_name + "'");
+    std::shared_ptr<const ServedModel> m = step_model(s.model_name);
+    if (!m) {
+      if (Status ambiguous = snapshot()->ambiguity(s.model_name); !ambiguous.ok()) {
+        return ambiguous;
+      }
+      return not_found_error("the repository has no model '" + s.model_name + "'");
+    }
     ModelRef v = s.model_version > 0 ? m->find_version(s.model_version) : m->default_version();
     if (v && v->ready() && v->ensemble && leads_to(*v, plan.name)) {
       return invalid_argument_error("ensemble '" + s.model_name + "' runs '" + plan.name +
@@ -1546,16 +1652,17 @@ Status ModelRepository::load_ensemble(ModelVersion& mv, const ModelPlan& plan) {
 
 // ---- model control ------------------------------------------------------------------------------
 
-void ModelRepository::reload(const std::string& name, const LoadParameters& params,
-                             std::uint64_t epoch, const Done& done) {
+void ModelRepository::reload(const ModelId& id, const LoadParameters& params, std::uint64_t epoch,
+                             const Done& done) {
+  const std::string name = id.str();
   if (stopping_.load()) {
     if (done) done(unavailable_error("the server is shutting down"));
     return;
   }
-  std::shared_ptr<const ServedModel> old = current(name);
+  std::shared_ptr<const ServedModel> old = current(id);
   std::vector<ModelRef> replaced;
   Status status;
-  std::shared_ptr<const ServedModel> next = build(name, old, params, epoch, &replaced, &status);
+  std::shared_ptr<const ServedModel> next = build(id, old, params, epoch, &replaced, &status);
   if (!next) {
     if (done) done(status);
     return;
@@ -1580,18 +1687,19 @@ void ModelRepository::reload(const std::string& name, const LoadParameters& para
   if (!replaced.empty()) drain_async(replaced, std::chrono::milliseconds::max(), nullptr);
 }
 
-void ModelRepository::unload(const std::string& name, const Done& done) {
+void ModelRepository::unload(const ModelId& id, const Done& done) {
+  const std::string name = id.str();
   std::shared_ptr<const ServedModel> unloading;
   std::vector<ModelRef> versions;
   {
     // At once, beside a load of the same model that may be running (its epoch changes, so that
     // load does not publish).
     std::lock_guard lock(snapshot_mu_);
-    ++epochs_[name];
-    const ServedModel* old = snapshot_->find(name);
+    ++epochs_[id];
+    const ServedModel* old = snapshot_->find(id.ns, id.name);
     if (old == nullptr) {
       std::error_code ec;
-      auto folder = folder_of(name);
+      auto folder = folder_of(id);
       Status s = folder.ok() || folder.status().code() != StatusCode::not_found
                      ? Status()
                      : not_found_error("unknown model '" + name +
@@ -1600,7 +1708,8 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
       return;
     }
     auto u = std::make_shared<ServedModel>();
-    u->name = name;
+    u->name = id.name;
+    u->ns = id.ns;
     u->platform = old->platform;
     u->requested = false;
     u->reason = "unloaded";
@@ -1620,11 +1729,11 @@ void ModelRepository::unload(const std::string& name, const Done& done) {
     // A load of it that is running is dropped (its epoch changed): its warm-up is cut short.
     std::lock_guard lock(draining_mu_);
     for (const auto& [model, e] : loading_) {
-      if (model == name) e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
+      if (model == id) e->shutdown(ShutdownMode::cancel, std::chrono::milliseconds(0));
     }
     // Before its engine exists (a Python instance's initialize() runs): its stop token.
     for (const auto& t : loads_) {
-      if (t->model == name) t->stop.request_stop();
+      if (t->model == id) t->stop.request_stop();
     }
   }
   if (done) done(Status());
@@ -1685,19 +1794,86 @@ void ModelRepository::load_model(std::string name, LoadParameters params, Done d
     return done(refused_outside_explicit(options_.control_mode));
   }
   if (Status s = check_model_name(name); !s.ok()) return done(s);
-  const std::uint64_t epoch = epoch_of(name);  // an unload after this call wins over it
   // A failed load answers in Triton's words, "failed to load 'NAME'" first (Triton's example
   // clients simple_{http,grpc}_model_control.py match on them).
   Done answer = [name, done = std::move(done)](const Status& s) {
     if (s.ok()) return done(s);
     done(Status(s.code(), "failed to load '" + name + "': " + std::string(s.message())));
   };
+  if (options_.model_namespacing) {
+    // Every namespace's model of the name, and the models its ensembles' steps name: one such
+    // load at a time (the key "" is no model's name), as they may share step models.
+    std::map<ModelId, std::uint64_t> epochs;  // an unload after this call wins over it
+    {
+      std::lock_guard lock(snapshot_mu_);
+      for (auto it = epochs_.lower_bound(ModelId{name, ""});
+           it != epochs_.end() && it->first.name == name; ++it) {
+        epochs.insert(*it);
+      }
+    }
+    control_->post("", [this, name = std::move(name), params = std::move(params),
+                        epochs = std::move(epochs), done = std::move(answer)](bool run) {
+      if (!run) return done(unavailable_error("the server is shutting down"));
+      std::set<std::string> visiting;
+      load_everywhere(name, params, epochs, visiting, done);
+    });
+    return;
+  }
+  const ModelId id{name, ""};
+  const std::uint64_t epoch = epoch_of(id);  // an unload after this call wins over it
   std::string key = name;
   control_->post(std::move(key), [this, name = std::move(name), params = std::move(params), epoch,
                                   done = std::move(answer)](bool run) {
     if (!run) return done(unavailable_error("the server is shutting down"));
-    reload(name, params, epoch, done);
+    reload(ModelId{name, ""}, params, epoch, done);
   });
+}
+
+void ModelRepository::load_everywhere(const std::string& name, const LoadParameters& params,
+                                      const std::map<ModelId, std::uint64_t>& epochs,
+                                      std::set<std::string>& visiting, const Done& done) {
+  std::map<ModelId, fs::path> folders;
+  std::vector<ModelId> ids;
+  for (const ModelId& id : list_ids(&folders)) {
+    if (id.name == name) ids.push_back(id);
+  }
+  // Files in the load make the folder: of the first namespace that holds the name, else of the
+  // first repository. No folder: the first repository's (build says that there is none).
+  if (ids.empty() || !params.files.empty()) {
+    ids.resize(1);
+    // (The namespace as list_ids makes it: the parent of the repository's folder of `name`.)
+    ids[0] = {name, ids[0].ns.empty() ? (roots_.front() / name).parent_path().string() : ids[0].ns};
+  }
+  visiting.insert(name);
+  // Triton's cascade: an ensemble's steps are polled by name (in every namespace) and loaded
+  // before it; a step model already serving and unchanged stays as it is (build keeps it).
+  for (const ModelId& id : ids) {
+    auto folder = folders.find(id);
+    if (folder == folders.end() || !params.files.empty()) continue;
+    for (const std::string& step :
+         ensemble_steps_of(folder->second, name, options_.model_config_name)
+             .value_or(std::vector<std::string>{})) {
+      if (visiting.contains(step)) continue;  // a cycle: the ensemble's load refuses it
+      std::map<ModelId, std::uint64_t> now;
+      {
+        std::lock_guard lock(snapshot_mu_);
+        for (auto it = epochs_.lower_bound(ModelId{step, ""});
+             it != epochs_.end() && it->first.name == step; ++it) {
+          now.insert(*it);
+        }
+      }
+      load_everywhere(step, LoadParameters{}, now, visiting, [](const Status&) {});
+    }
+  }
+  Status first;
+  for (const ModelId& id : ids) {
+    auto epoch = epochs.find(id);
+    reload(id, params, epoch == epochs.end() ? 0 : epoch->second, [&first](const Status& s) {
+      if (first.ok()) first = s;
+    });
+  }
+  visiting.erase(name);
+  done(first);
 }
 
 void ModelRepository::unload_model(std::string name, Done done) {
@@ -1706,27 +1882,37 @@ void ModelRepository::unload_model(std::string name, Done done) {
   }
   if (Status s = check_model_name(name); !s.ok()) return done(s);
   if (stopping_.load()) return done(unavailable_error("the server is shutting down"));
-  unload(name, done);
+  if (!options_.model_namespacing) return unload(ModelId{name, ""}, done);
+  // Every namespace's model of the name (Triton unloads by name).
+  std::vector<ModelId> ids;
+  for (const auto& m : snapshot()->models) {
+    if (m->name == name) ids.push_back(m->id());
+  }
+  if (ids.empty()) return unload(ModelId{name, ""}, done);  // not_found when no folder has it
+  Status first;
+  for (const ModelId& id : ids) {
+    unload(id, [&first](const Status& s) {
+      if (first.ok()) first = s;
+    });
+  }
+  done(first);
 }
 
 void ModelRepository::poll() {
   if (stopping_.load()) return;
-  std::vector<std::string> names;
-  std::map<std::string, fs::path> folders;  // the names one repository holds
-  for (auto& [name, found] : list_models()) {
-    names.push_back(name);
-    if (found.size() == 1) folders.emplace(name, found[0]);
-  }
-  std::vector<std::string> in_order = names;
+  std::map<ModelId, fs::path> folders;  // the models one folder holds
+  const std::vector<ModelId> ids = list_ids(&folders);
+  std::vector<ModelId> in_order = ids;
   order_for_loading(folders, in_order, options_.model_config_name);
   bool changed = false;
-  for (const std::string& name : in_order) {
-    std::shared_ptr<const ServedModel> m = current(name);
-    auto folder = folders.find(name);
+  for (const ModelId& id : in_order) {
+    const std::string name = id.str();
+    std::shared_ptr<const ServedModel> m = current(id);
+    auto folder = folders.find(id);
     if (folder == folders.end()) {  // two repositories hold it: Triton unloads it
       if (!m || m->requested || m->reason != "model appears in two or more repositories") {
         log_("poll: model '" + name + "' is in two or more repositories: it is not served");
-        reload(name, LoadParameters{}, epoch_of(name), nullptr);
+        reload(id, LoadParameters{}, epoch_of(id), nullptr);
         changed = true;
       }
       continue;
@@ -1735,19 +1921,19 @@ void ModelRepository::poll() {
     if (!m || !m->requested ||
         m->fingerprint != model_fingerprint(folder->second, options_.model_config_name)) {
       log_("poll: model '" + name + "' " + (m ? "changed" : "is new") + ": loading it");
-      reload(name, LoadParameters{}, epoch_of(name), nullptr);
+      reload(id, LoadParameters{}, epoch_of(id), nullptr);
       changed = true;
     } else if (changed && m->platform == "ensemble" && !m->all_ready()) {
       // An ensemble that failed to load, perhaps for want of a step model that this scan loaded.
       log_("poll: ensemble '" + name + "' is not ready and models changed: loading it again");
-      reload(name, LoadParameters{}, epoch_of(name), nullptr);
+      reload(id, LoadParameters{}, epoch_of(id), nullptr);
     }
   }
   auto snap = snapshot();
   for (const auto& m : snap->models) {
-    if (!std::binary_search(names.begin(), names.end(), m->name) && m->requested) {
-      log_("poll: model '" + m->name + "' was removed: unloading it");
-      unload(m->name, nullptr);
+    if (!std::binary_search(ids.begin(), ids.end(), m->id()) && m->requested) {
+      log_("poll: model '" + m->id().str() + "' was removed: unloading it");
+      unload(m->id(), nullptr);
     }
   }
 }
@@ -1790,7 +1976,7 @@ void ModelRepository::drain_async(std::vector<ModelRef> versions, std::chrono::m
   drains_.push_back({std::move(t), std::move(done)});
 }
 
-ModelRepository::LoadingEngine::LoadingEngine(ModelRepository& repo, const std::string& model,
+ModelRepository::LoadingEngine::LoadingEngine(ModelRepository& repo, const ModelId& model,
                                               Engine* engine, std::uint64_t epoch)
     : repo_(repo), engine_(engine) {
   {
@@ -1812,7 +1998,7 @@ ModelRepository::LoadingEngine::~LoadingEngine() {
   repo_.loading_.erase(it);
 }
 
-std::shared_ptr<ModelRepository::LoadTicket> ModelRepository::start_load(const std::string& model,
+std::shared_ptr<ModelRepository::LoadTicket> ModelRepository::start_load(const ModelId& model,
                                                                          std::uint64_t epoch,
                                                                          TimerId* deadline) {
   auto ticket = std::make_shared<LoadTicket>();

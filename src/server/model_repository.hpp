@@ -43,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -90,6 +91,17 @@ Status check_model_name(std::string_view name);
 /// invalid_argument naming it otherwise.
 Status check_model_config_name(std::string_view name);
 
+/// A model's identity in the repository: its name and, with --model-namespacing, its namespace
+/// (the path of the repository that holds it, Triton's namespace; "" without namespacing).
+/// Ordered by name first, so the namespaces of one name are neighbours.
+struct ModelId {
+  std::string name;
+  std::string ns;
+  auto operator<=>(const ModelId&) const = default;
+  /// "name", or "ns::name" with a namespace (Triton's ModelIdentifier::str).
+  std::string str() const { return ns.empty() ? name : ns + "::" + name; }
+};
+
 /// Triton's --rate-limit-resource=<name>:<count>[:<device>]: a resource's count on one device,
 /// or on every device when none is given (a global resource takes it whatever the device).
 struct RateLimitResource {
@@ -110,6 +122,14 @@ struct RepositoryOptions {
   /// instead of its config.pbtxt (custom configurations, e.g. one per machine type). Empty =
   /// config.pbtxt always. Checked by check_model_config_name.
   std::string model_config_name;
+  /// Triton's --model-namespacing: each repository is a name space of its own (ModelId::ns), so
+  /// that two may hold a model of the same name. A request names a model by its name alone
+  /// (RepositorySnapshot::find: the one namespace that serves it, else Triton's ambiguity
+  /// error); an ensemble's steps are the models of its own namespace first
+  /// (RepositorySnapshot::find_from); a load or unload of a name covers every namespace that
+  /// holds it, and explicit mode's load of an ensemble loads its steps' models first (Triton's
+  /// cascade). Off: one name space over every repository, a name two hold is served by none.
+  bool model_namespacing = false;
   /// explicit mode: the models loaded at start (Triton's --load-model; "*" = every model).
   std::vector<std::string> load_models;
   /// poll mode: the time between two scans (Triton's --repository-poll-secs, default 15 s).
@@ -199,6 +219,7 @@ struct LoadParameters {
 
 struct ModelVersion {
   std::string model_name;
+  std::string model_namespace;  ///< ModelId::ns of its model ("" without namespacing)
   std::int64_t version = 0;
   std::string version_text;  ///< "1"
   ModelState state = ModelState::unavailable;
@@ -276,6 +297,7 @@ struct IndexEntry {
 /// A model folder of the repository, as one snapshot has it.
 struct ServedModel {
   std::string name;
+  std::string ns;  ///< ModelId::ns: its repository with --model-namespacing, else ""
   std::string platform;
   /// Why no version serves: the config could not be used, the model is not loaded or was
   /// unloaded. Empty while it loads for the first time.
@@ -303,6 +325,10 @@ struct ServedModel {
   ModelRef find_version(std::int64_t version) const noexcept;
   /// True when the config was usable and every selected version is serving.
   bool all_ready() const;
+  ModelId id() const { return {name, ns}; }
+  /// Asked to be served, or still holding versions: what a request by name may find when two
+  /// namespaces hold the name.
+  bool live() const noexcept { return requested || !versions.empty(); }
   /// Whether strict readiness waits for it: asked for, and loaded or failed (not loading for the
   /// first time).
   bool counts_for_readiness() const noexcept {
@@ -312,8 +338,21 @@ struct ServedModel {
 
 /// The served set at one moment: immutable once published.
 struct RepositorySnapshot {
-  std::vector<std::shared_ptr<const ServedModel>> models;  ///< sorted by name
+  std::vector<std::shared_ptr<const ServedModel>> models;  ///< sorted by id() (name, then ns)
+  /// The model a request names by `name` alone: the only one of that name, or, where several
+  /// namespaces hold it (--model-namespacing), the only one of them that is live(). Null for an
+  /// unknown name and for an ambiguous one (ambiguity() says so).
   const ServedModel* find(std::string_view name) const noexcept;
+  /// The model of `name` in namespace `ns` exactly; null when there is none.
+  const ServedModel* find(std::string_view ns, std::string_view name) const noexcept;
+  /// The model `name` as an ensemble of namespace `ns` names it in a step (Triton resolves the
+  /// steps in the ensemble's namespace first): that namespace's when it is live(), else
+  /// find(name).
+  const ServedModel* find_from(std::string_view ns, std::string_view name) const noexcept;
+  /// Why find(name) found nothing although models of that name exist: invalid_argument in
+  /// Triton's words ("There are N identifiers of model 'X' in global map, model namespace must
+  /// be provided to resolve ambiguity."); ok when `name` is not ambiguous.
+  Status ambiguity(std::string_view name) const;
   /// The repository index: one entry per version (READY with its reason where a newer load
   /// failed, UNAVAILABLE with why, LOADING, UNLOADING), or per model with none.
   std::vector<IndexEntry> index(bool ready_only) const;
@@ -400,11 +439,11 @@ class ModelRepository {
   class Control;
   ModelRepository() = default;
 
-  /// Builds the next ServedModel of `name` from its folder (or `params`), loading what
+  /// Builds the next ServedModel of `id` from its folder (or `params`), loading what
   /// changed beside what serves in `old` (may be null). The versions it replaces go to
   /// `replaced`. Null (with the error in `status`) for a model that has no folder and was not
   /// served before. On the control thread.
-  std::shared_ptr<const ServedModel> build(const std::string& name,
+  std::shared_ptr<const ServedModel> build(const ModelId& id,
                                            const std::shared_ptr<const ServedModel>& old,
                                            const LoadParameters& params, std::uint64_t epoch,
                                            std::vector<ModelRef>* replaced, Status* status);
@@ -413,17 +452,26 @@ class ModelRepository {
   /// `epoch`: as reload()'s; an unload since then cancels the warm-up.
   StatusCode load_version(ModelVersion& version, const ModelPlan& plan,
                           const std::filesystem::path& dir, std::int64_t v, std::uint64_t epoch);
-  /// Loads (or reloads) `name` and publishes it; drains the versions it replaced.
+  /// Loads (or reloads) `id` and publishes it; drains the versions it replaced.
   /// `epoch`: the model's unload count when the load was asked for; an unload since then wins.
-  void reload(const std::string& name, const LoadParameters& params, std::uint64_t epoch,
+  void reload(const ModelId& id, const LoadParameters& params, std::uint64_t epoch,
               const Done& done);
-  /// Takes `name` out of service at once (any thread), publishes it UNLOADING, answers, then
+  /// Takes `id` out of service at once (any thread), publishes it UNLOADING, answers, then
   /// drains it off the control thread and publishes it unloaded.
-  void unload(const std::string& name, const Done& done);
+  void unload(const ModelId& id, const Done& done);
+  /// --model-namespacing, explicit mode: load_model's job (on a control thread, one such job at
+  /// a time). Loads `name` in every namespace that holds it, each ensemble after the models its
+  /// steps name (in every namespace, as Triton's cascade polls them by name; `visiting` stops a
+  /// cycle). `epochs`: the unload counts of the ids of `name` when the load was asked for.
+  /// `done` gets the first failure of `name`'s own loads, or ok.
+  void load_everywhere(const std::string& name, const LoadParameters& params,
+                       const std::map<ModelId, std::uint64_t>& epochs,
+                       std::set<std::string>& visiting, const Done& done);
   /// Poll mode: loads new folders, reloads changed ones, unloads removed ones.
   void poll();
-  std::shared_ptr<const ServedModel> current(std::string_view name) const;
-  /// An ensemble version: its steps resolved against the models served now (no engine).
+  std::shared_ptr<const ServedModel> current(const ModelId& id) const;
+  /// An ensemble version: its steps resolved against the models served now, those of its own
+  /// namespace first (RepositorySnapshot::find_from; no engine).
   Status load_ensemble(ModelVersion& version, const ModelPlan& plan);
   /// Replaces (or adds) `model` in the snapshot, then tells the observers (on_change).
   void publish(std::shared_ptr<const ServedModel> model);
@@ -434,9 +482,9 @@ class ModelRepository {
   /// publish() only while the snapshot still holds `expected` for its name.
   bool replace_if(const std::shared_ptr<const ServedModel>& expected,
                   std::shared_ptr<const ServedModel> model);
-  /// How many unloads `name` has had (epochs_).
-  std::uint64_t epoch_of(const std::string& name) const;
-  std::uint64_t epoch_locked(const std::string& name) const;
+  /// How many unloads `id` has had (epochs_).
+  std::uint64_t epoch_of(const ModelId& id) const;
+  std::uint64_t epoch_locked(const ModelId& id) const;
   /// Drains `versions` (they were marked retired) on a thread of its own:
   /// Engine::shutdown(drain, timeout), then `then`. shutdown() joins it.
   void drain_async(std::vector<ModelRef> versions, std::chrono::milliseconds timeout,
@@ -445,13 +493,18 @@ class ModelRepository {
   /// A new version, destroyed on the control thread when its last reference goes.
   std::shared_ptr<ModelVersion> make_version();
 
-  /// The folder of model `name`: the one of that name in whichever repository holds it.
-  /// not_found (naming the folder, or every repository's) without one; unavailable, with
-  /// Triton's reason, when two or more repositories hold one.
-  Result<std::filesystem::path> folder_of(const std::string& name) const;
+  /// The folder of model `id`: with a namespace, the one of its name in that repository;
+  /// without, the one of that name in whichever repository holds it. not_found (naming the
+  /// folder, or every repository's) without one; unavailable, with Triton's reason, when two or
+  /// more repositories hold one (no namespace).
+  Result<std::filesystem::path> folder_of(const ModelId& id) const;
   /// The model folders of every repository: name → the folders of that name (two or more: the
   /// name is not unique). Logs and skips a repository that cannot be listed.
   std::map<std::string, std::vector<std::filesystem::path>> list_models() const;
+  /// The models the repositories hold now: without namespacing one id per name (ns ""), with
+  /// its folder in `folders` when only one repository holds it; with namespacing one id per
+  /// folder (ns: its repository), each in `folders`.
+  std::vector<ModelId> list_ids(std::map<ModelId, std::filesystem::path>* folders) const;
 
   std::vector<std::filesystem::path> roots_;
   RepositoryOptions options_;
@@ -464,8 +517,7 @@ class ModelRepository {
   class LoadingEngine {
    public:
     /// Cancels `engine` at once when `model` was unloaded since `epoch`, or the server stops.
-    LoadingEngine(ModelRepository& repo, const std::string& model, Engine* engine,
-                  std::uint64_t epoch);
+    LoadingEngine(ModelRepository& repo, const ModelId& model, Engine* engine, std::uint64_t epoch);
     ~LoadingEngine();
     LoadingEngine(const LoadingEngine&) = delete;
     LoadingEngine& operator=(const LoadingEngine&) = delete;
@@ -482,13 +534,13 @@ class ModelRepository {
   /// One version's load in progress: what an unload of its model, shutdown() and its deadline
   /// (load_timer_) cancel. Registered for the whole of load_version (under draining_mu_).
   struct LoadTicket {
-    std::string model;
+    ModelId model;
     std::stop_source stop;
     std::atomic<bool> timed_out{false};  ///< its deadline cancelled it
   };
   /// Registers a load of `model` asked for at `epoch`: cancelled at once when the model was
   /// unloaded since or the server stops (as LoadingEngine), and when `load_timeout` passes.
-  std::shared_ptr<LoadTicket> start_load(const std::string& model, std::uint64_t epoch,
+  std::shared_ptr<LoadTicket> start_load(const ModelId& model, std::uint64_t epoch,
                                          TimerId* deadline);
   void end_load(const std::shared_ptr<LoadTicket>& ticket, TimerId deadline);
   /// No load starts from now on (stopping_) and those running are cancelled: their tickets, and
@@ -503,11 +555,11 @@ class ModelRepository {
   std::mutex draining_mu_;
   std::vector<ModelRef> draining_;
   std::vector<Drain> drains_;
-  std::condition_variable drains_cv_;                     ///< a drain ended
-  std::vector<std::pair<std::string, Engine*>> loading_;  ///< (model, engine)
-  /// Per model name, how many unloads it has had (under snapshot_mu_): a load asked for before
+  std::condition_variable drains_cv_;                 ///< a drain ended
+  std::vector<std::pair<ModelId, Engine*>> loading_;  ///< (model, engine)
+  /// Per model, how many unloads it has had (under snapshot_mu_): a load asked for before
   /// an unload does not publish after it.
-  std::map<std::string, std::uint64_t, std::less<>> epochs_;
+  std::map<ModelId, std::uint64_t> epochs_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> next_generation_{1};
   /// on_change's observers. Shared with the engines' on_health_change, as an engine may outlive
