@@ -329,6 +329,68 @@ class SeveralRepositories(harness.unittest.TestCase):
                 self.assertLess(time.monotonic(), deadline, "twice was not served")
                 time.sleep(0.2)
 
+    def test_with_namespacing_each_repository_is_a_name_space(self):
+        """Triton's --model-namespacing=true: two repositories may hold the same name. A request
+        by that name fails as ambiguous (Triton's words), an ensemble runs the step model of its
+        own repository, and explicit mode's load of an ensemble loads its steps first (Triton's
+        cascade), an unload of a name covering every repository."""
+        a, b = Repository(), Repository()
+        self.addCleanup(a.cleanup)
+        self.addCleanup(b.cleanup)
+
+        def ensemble(name):
+            return ('name: "%s"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+                    'input [ { name: "x", data_type: TYPE_FP32, dims: [ 16 ] } ]\n'
+                    'output [ { name: "y", data_type: TYPE_FP32, dims: [ 16 ] } ]\n'
+                    'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
+                    'input_map { key: "input0" value: "x" } '
+                    'output_map { key: "output0" value: "y" } } ] }\n' % name)
+        a.add("step", identity_config("step"))
+        b.add("step", identity_config("step").replace("builtin:identity?",
+                                                      "builtin:faulty?mode=error&"))
+        a.add("pipe_a", ensemble("pipe_a"))
+        b.add("pipe_b", ensemble("pipe_b"))
+        a.add("only_a", identity_config("only_a"))
+        body = {"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32",
+                            "data": [float(i) for i in range(16)]}]}
+        for mode in ("none", "EXPLICIT"):
+            with self.subTest(mode=mode), \
+                    Server(a.path, "--model-repository", b.path, "--model-namespacing=true",
+                           "--model-control-mode=" + mode) as server:
+                if mode == "EXPLICIT":
+                    for m in ("pipe_a", "pipe_b", "only_a"):
+                        r = requests.post(server.url + "/v2/repository/models/%s/load" % m,
+                                          timeout=60)
+                        self.assertEqual(r.status_code, 200, (m, r.text))
+                self.assertEqual(requests.get(server.url + "/v2/health/ready",
+                                              timeout=10).status_code, 200)
+                r = requests.post(server.url + "/v2/models/pipe_a/infer", json=body, timeout=10)
+                self.assertEqual(r.status_code, 200, r.text)
+                self.assertEqual(r.json()["outputs"][0]["data"], body["inputs"][0]["data"])
+                r = requests.post(server.url + "/v2/models/pipe_b/infer", json=body, timeout=10)
+                self.assertNotEqual(r.status_code, 200, r.text)  # b's step fails every request
+                x = dict(body, inputs=[dict(body["inputs"][0], name="input0")])
+                r = requests.post(server.url + "/v2/models/only_a/infer", json=x, timeout=10)
+                self.assertEqual(r.status_code, 200, r.text)
+                r = requests.post(server.url + "/v2/models/step/infer", json=x, timeout=10)
+                self.assertEqual(r.status_code, 400, r.text)
+                self.assertIn("There are 2 identifiers of model 'step' in global map, model "
+                              "namespace must be provided to resolve ambiguity.", r.text)
+                if mode == "EXPLICIT":
+                    # Unloading the name unloads it in both; a's, loaded again, serves alone.
+                    r = requests.post(server.url + "/v2/repository/models/step/unload",
+                                      timeout=60)
+                    self.assertEqual(r.status_code, 200, r.text)
+                    shutil.rmtree(os.path.join(b.path, "step"))
+                    r = requests.post(server.url + "/v2/repository/models/step/load", timeout=60)
+                    self.assertEqual(r.status_code, 200, r.text)
+                    r = requests.post(server.url + "/v2/models/step/infer", json=x, timeout=10)
+                    self.assertEqual(r.status_code, 200, r.text)
+                    # pipe_b's step is now a's, the only one served.
+                    r = requests.post(server.url + "/v2/models/pipe_b/infer", json=body,
+                                      timeout=10)
+                    self.assertEqual(r.status_code, 200, r.text)
+
     def test_a_missing_repository_is_refused_at_start(self):
         a = Repository()
         self.addCleanup(a.cleanup)

@@ -5,7 +5,9 @@ asyncinfer does not have is refused at start, saying so (exit 2)."""
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 
 import requests
 
@@ -84,13 +86,37 @@ class TritonCommandLine(harness.unittest.TestCase):
                 (["--log-file=/tmp/triton.log"], "standard error"),
                 (["--allow-http=false"], "always serves HTTP"),
                 (["--grpc-use-ssl=true"], "TLS"),
-                (["--model-namespacing=true"], "--model-namespacing"),
                 (["--http-address=0.0.0.0", "--grpc-address=127.0.0.1"], "one address"),
                 (["--log-format=json"], "--log-format")):
             out = self.run_tritonserver("--model-repository", EXAMPLE_REPOSITORY,
                                         "--http-port=0", "--grpc-port=0", *flags)
             self.assertEqual(out.returncode, 2, (flags, out.stderr))
             self.assertIn(fragment, out.stderr, flags)
+
+    def test_model_namespacing_is_served(self):
+        """--model-namespacing=true (a name space per repository) starts the server, and Triton's
+        upper-case --model-control-mode spellings are taken."""
+        copy = tempfile.mkdtemp(prefix="asyncinfer-ns-")
+        self.addCleanup(shutil.rmtree, copy, True)
+        shutil.copytree(EXAMPLE_REPOSITORY, os.path.join(copy, "models"))
+        proc = subprocess.Popen(
+            [tritonserver(), "--model-repository", EXAMPLE_REPOSITORY, "--model-repository",
+             os.path.join(copy, "models"), "--model-namespacing=true", "--model-control-mode=POLL",
+             "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
+            stderr=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            for line in proc.stderr:
+                lines.append(line)
+                if line.strip().endswith("serve: ready"):
+                    break
+            text = "".join(lines)
+            self.assertIn("serve: ready", text)
+            self.assertNotIn("not unique across all model repositories", text)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            proc.stderr.close()
 
     def test_exit_on_error(self):
         repo = harness.Repository()
