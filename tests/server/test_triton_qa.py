@@ -40,16 +40,23 @@ ZOO = "needs a model of Triton's qa model zoo (made by its gen_qa_model_reposito
 class Run:
     """One server configuration and one unittest invocation."""
 
-    def __init__(self, test, args=(), env=None, cases=None, models=None, triton_dir=None):
+    def __init__(self, test, args=(), env=None, cases=None, models=None, triton_dir=None,
+                 repositories=None, server_env=None):
         self.test = test                  # the qa file
         self.args = list(args)            # asyncinfer serve flags beyond the repository
+        # The test's and the server's environment beyond ours; in their values {qa} is Triton's
+        # qa folder, {suite} the suite's, {root} the folder `repositories` made its own under.
         self.env = dict(env or {})
+        self.server_env = dict(server_env or {})
         self.cases = cases or []          # unittest names (Class or Class.test); [] = all
         self.models = models              # a function(qa_dir, repo) that adds models
         # The repository's path under a stand-in for Triton's install folder, which the server
         # (and so its models) gets as TRITON_DIR, as in Triton's container: e.g.
         # "qa/L0_backend_python/models", where init_args expects its folder.
         self.triton_dir = triton_dir
+        # A function(suite_dir, root) that makes the repositories under `root` and returns their
+        # paths, each given as --model-repository (in place of the one `models` fills).
+        self.repositories = repositories
 
 
 def pt_identity(qa, repo):
@@ -115,6 +122,37 @@ def version_folders(*names):
         for name in names:
             os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
     return add
+
+
+def namespacing_repositories(test_name):
+    """qa/L0_model_namespacing/test.sh: <test_name> copied to test_dir (which test.py moves models
+    in), `mkdir -p <model>/1` for every model, and its two repositories."""
+    def make(suite_dir, root):
+        test_dir = os.path.join(root, "test_dir")
+        shutil.copytree(os.path.join(suite_dir, test_name), test_dir)
+        repos = [os.path.join(test_dir, r) for r in ("addsub_repo", "subadd_repo")]
+        for repo in repos:
+            for model in os.listdir(repo):
+                os.makedirs(os.path.join(repo, model, "1"), exist_ok=True)
+        return repos
+    return make
+
+
+# test.sh's runs: each case alone, against a server with both repositories and namespacing on,
+# in poll mode and in explicit mode.
+NAMESPACING_RUNS = [
+    Run("test.py", cases=["%s.%s" % (suite_class, case)],
+        args=["--model-namespacing=true", *mode_flags],
+        repositories=namespacing_repositories(case),
+        env={"TRITON_QA_ROOT_DIR": "{qa}", "NAMESPACE_TESTING_DIRCTORY": "{root}/test_dir"},
+        # PYTHONDONTWRITEBYTECODE: no __pycache__ in a model's folder (poll mode would reload it).
+        server_env={"TRITON_QA_ROOT_DIR": "{qa}", "TRITON_QA_PYTHON_MODEL_DIR": "{suite}",
+                    "PYTHONDONTWRITEBYTECODE": "1"})
+    for suite_class, mode_flags in [
+        ("ModelNamespacePoll", ["--model-control-mode=POLL", "--repository-poll-secs=2"]),
+        ("ModelNamespaceExplicit", ["--model-control-mode=EXPLICIT"])]
+    for case in ["test_duplication", "test_dynamic_resolution", "test_ensemble_duplication",
+                 "test_no_duplication"]]
 
 
 def both(*fns):
@@ -229,6 +267,7 @@ SUITES = {
         Run("python_test.py", models=backend_python_models, env={"TEST_JETSON": "1"},
             triton_dir="qa/L0_backend_python/models"),
     ],
+    "L0_model_namespacing": NAMESPACING_RUNS,
     "L0_grpc": [
         Run("python_unit_test.py", cases=["RestrictedProtocolTest"], models=simple,
             args=["--grpc-restricted-protocol=model-repository:admin-key=admin-value",
@@ -336,23 +375,31 @@ def wait_ready(server, log, seconds=180):
 
 def run_one(args, qa, suite, run, work):
     server_env = dict(os.environ)
-    if run.triton_dir:
-        root = tempfile.mkdtemp(prefix="tritonserver-", dir=work)
-        repo = os.path.join(root, run.triton_dir)
-        os.makedirs(repo)
-        server_env["TRITON_DIR"] = root
+    places = {"qa": qa, "suite": os.path.join(qa, suite), "root": ""}
+    if run.repositories:
+        places["root"] = tempfile.mkdtemp(prefix="repositories-", dir=work)
+        repos = run.repositories(places["suite"], places["root"])
     else:
-        repo = tempfile.mkdtemp(prefix="models-", dir=work)
-    if run.models:
-        run.models(os.path.join(qa, suite), repo)
+        if run.triton_dir:
+            root = tempfile.mkdtemp(prefix="tritonserver-", dir=work)
+            repo = os.path.join(root, run.triton_dir)
+            os.makedirs(repo)
+            server_env["TRITON_DIR"] = root
+        else:
+            repo = tempfile.mkdtemp(prefix="models-", dir=work)
+        if run.models:
+            run.models(places["suite"], repo)
+        repos = [repo]
+    server_env.update({k: v.format(**places) for k, v in run.server_env.items()})
+    repo_flags = [flag for r in repos for flag in ("--model-repository", r)]
     log = open(os.path.join(work, "server.log"), "w+")
-    cmd = [args.cli, "serve", "--model-repository", repo, "--host", "127.0.0.1"] + run.args
+    cmd = [args.cli, "serve"] + repo_flags + ["--host", "127.0.0.1"] + run.args
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env)
     try:
         if not wait_ready(server, log):
             print("FAIL: the server did not become ready: %s" % " ".join(cmd))
             return False
-        env = dict(os.environ, **run.env)
+        env = dict(os.environ, **{k: v.format(**places) for k, v in run.env.items()})
         cases = run.cases
         if not cases:  # the whole file, less the cases SKIPPED names
             skipped = [c for c in cases_of(os.path.join(qa, suite, run.test))
