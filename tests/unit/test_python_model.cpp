@@ -255,5 +255,54 @@ class TritonPythonModel:
   EXPECT_EQ(got, (std::vector<float>{10, 11, 12, 13}));
 }
 
+// A non-final send is posted (model.py does not wait for the server): a failure the server finds
+// in it fails the request, and model.py hears of it at its next answered send, the final one.
+TEST_F(PythonModelTest, APostedSendsFailureReachesTheRequestAndTheFinalSend) {
+  auto model = load_model(write_model("posted", R"(
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = args["model_repository"]
+
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            sender = r.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x.astype(np.float64))]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
+            try:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                heard = "nothing"
+            except pb_utils.TritonModelException as e:
+                heard = str(e)
+            with open(os.path.join(self.folder, "heard.txt"), "w") as f:
+                f.write(heard)
+        return None
+)"),
+                          fp32_options(/*decoupled=*/true));
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  std::atomic<int> responses{0};
+  RequestOptions ro;
+  ro.on_response = [&](Outputs, std::stop_token) {
+    ++responses;
+    return Status();
+  };
+  auto result = e->infer({row(3, 4)}, ro);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("is FP64, the config says FP32"), std::string::npos)
+      << result.status().to_string();
+  EXPECT_EQ(responses.load(), 1);  // the good one still went out
+  std::ifstream in(root_ / "posted" / "heard.txt");
+  const std::string heard((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(heard.find("an earlier send failed: "), std::string::npos) << heard;
+  EXPECT_NE(heard.find("is FP64, the config says FP32"), std::string::npos) << heard;
+}
+
 }  // namespace
 }  // namespace asyncinfer

@@ -17,6 +17,10 @@ SCM_RIGHTS. The protocol (each request gets exactly one reply, in order):
            arena?} + input arena fd?       send {request, final, outputs[]?, error?, code?,
                                                  arena?} + output arena fd?  -> sent {cancelled,
                                                                                  error?}
+                                           send {request, final: false, inline, outputs[]}
+                                             + NUL + tensors | send {request, final: false,
+                                             error, code}: posted, no tag and no answer (a
+                                             failure comes in the next sent {error})
                                            is_cancelled {request}            -> cancelled {value}
                                          done {responses[{outputs[]} | {error, code}], arena?}
                                            + output arena fd? | done {error, traceback}
@@ -78,10 +82,19 @@ def _register_source(name, text):
 _FD_SIZE = array.array("i").itemsize
 
 
+# recv()'s buffer, reused: recvmsg(MAX_MESSAGE) would allocate (and the allocator map and unmap)
+# a 1 MiB object for every message. Only the one thread that reads the socket at a time uses it
+# (Channel.reading).
+_RECV_BUF = bytearray(MAX_MESSAGE)
+_RECV_VIEW = memoryview(_RECV_BUF)
+_ANC_SIZE = socket.CMSG_LEN(4 * _FD_SIZE)
+
+
 def recv(flags=0):
     """The next message: (JSON object, payload after its NUL or b"", fds)."""
-    # recvmsg itself: Python 3.11's socket.recv_fds drops its flags argument.
-    data, ancdata, _flags, _addr = SOCK.recvmsg(MAX_MESSAGE, socket.CMSG_LEN(4 * _FD_SIZE), flags)
+    # recvmsg_into itself: Python 3.11's socket.recv_fds drops its flags argument.
+    n, ancdata, _flags, _addr = SOCK.recvmsg_into((_RECV_BUF,), _ANC_SIZE, flags)
+    data = _RECV_VIEW[:n].tobytes()
     fds = []
     for level, kind, cdata in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -304,6 +317,26 @@ def _pack_tensors(utils, tensors):
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
                 | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
     return specs, None, [fd]
+
+
+def _inline_tensors(tensors):
+    """specs and payload bytes of (name, datatype, shape, ndarray) tuples laid out at ALIGN
+    offsets, or (None, None) when they take more than INLINE_TENSOR_BYTES."""
+    specs = []
+    offset = 0
+    for name, datatype, shape, data in tensors:
+        specs.append({"name": name, "datatype": datatype, "shape": shape, "offset": offset,
+                      "size": int(data.nbytes)})
+        offset += (int(data.nbytes) + ALIGN - 1) // ALIGN * ALIGN
+    if offset > INLINE_TENSOR_BYTES:
+        return None, None
+    buf = bytearray(offset)
+    view = memoryview(buf)  # (a bytearray's own slice assignment refuses numpy's buffers)
+    for spec, (_n, _d, _s, data) in zip(specs, tensors):
+        if spec["size"]:
+            view[spec["offset"]:spec["offset"] + spec["size"]] = _np.ascontiguousarray(
+                data).reshape(-1).view(_np.uint8)
+    return specs, buf
 
 
 def _unpack_response(utils, msg, payload, fds):
@@ -840,16 +873,31 @@ class ResponseSender:
                 raise utils.TritonModelException(
                     "send: request %d already ended (its final flag was sent)" % self._index)
             fds = []
+            payload = None
             if response is not None:
                 if response.has_error():
                     msg["error"] = _clip(str(response.error().message()))
                     msg["code"] = _error_code(response.error())
                 else:
-                    specs, fds, extra = self._stub.output.layout(self._stub.encode(response))
+                    tensors = self._stub.encode(response)
+                    specs, payload = _inline_tensors(tensors)
+                    if payload is not None:
+                        msg["inline"] = True
+                    else:
+                        specs, fds, extra = self._stub.output.layout(tensors)
+                        msg.update(extra)
                     msg["outputs"] = specs
-                    msg.update(extra)
+            if not final and not fds:
+                # Posted: no answer awaited (its tensors travel in the message, so nothing of
+                # this side's is held). The server reports a failure in the answer to this
+                # model's next answered send (the final one at the latest).
+                try:
+                    send(msg, payload=payload)
+                except MessageTooLong as e:
+                    raise utils.TritonModelException("send: " + str(e)) from None
+                return
             try:
-                reply, _payload, _fds = CHANNEL.call(msg, fds)
+                reply, _payload, _fds = CHANNEL.call(msg, fds, payload)
             except MessageTooLong as e:
                 raise utils.TritonModelException("send: " + str(e)) from None
             finally:

@@ -859,7 +859,8 @@ Status PythonProcess::map_output_arena(const Message& m) {
 }
 
 Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, std::int64_t rows,
-                                                        std::size_t request) {
+                                                        std::size_t request,
+                                                        std::string_view bytes) {
   const json& specs = *static_cast<const json*>(specs_ptr);
   const ModelSignature& sig = setup_->signature;
   const std::string who = "model.py's response to request " + std::to_string(request) + ": ";
@@ -920,12 +921,12 @@ Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, s
     }
     const std::size_t offset = s["offset"].get<std::size_t>();
     const std::size_t size = s["size"].get<std::size_t>();
-    if (offset > out_size_ || size > out_size_ - offset) {
-      return bad("output '" + name + "' lies outside the output arena");
+    if (offset > bytes.size() || size > bytes.size() - offset) {
+      return bad("output '" + name + "' lies outside its bytes");
     }
     ASYNCINFER_ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
                                 Storage::allocate_host(std::max<std::size_t>(size, 1)));
-    if (size > 0) std::memcpy(storage->data(), static_cast<const char*>(out_map_) + offset, size);
+    if (size > 0) std::memcpy(storage->data(), bytes.data() + offset, size);
     Result<Tensor> t = Tensor::from_storage(std::move(storage), *dtype, shape);
     if (!t.ok()) return bad("output '" + name + "': " + std::string(t.status().message()));
     if (t->byte_size() != size) {
@@ -948,6 +949,7 @@ Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
   if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
   stopping_ = false;
   grace_end_ = Clock::time_point::max();
+  posted_send_error_.clear();
   io_ = &io;
   Status s;
   try {
@@ -1238,6 +1240,10 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
       continue;
     }
     if (op == "send") {
+      // A send with a tag waits for this answer; one without (a decoupled model's non-final
+      // response, its tensors inline after the JSON text) is posted: model.py has gone on, and a
+      // failure is told in the answer to its next answered send.
+      const bool posted = !m.body.contains("tag");
       json reply = {{"op", "sent"}, {"tag", tag}};
       const std::size_t r = m.body.value("request", requests);
       Status s;
@@ -1256,10 +1262,14 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
                                         m.body.value("error", std::string("?")));
         }
       } else if (m.body.contains("outputs")) {
-        s = map_output_arena(m);
+        const bool inline_tensors = m.body.value("inline", false);
+        if (!inline_tensors) s = map_output_arena(m);
         if (s.ok()) {
+          const std::string_view bytes =
+              inline_tensors ? m.payload
+                             : std::string_view(static_cast<const char*>(out_map_), out_size_);
           Result<std::vector<Tensor>> outs =
-              read_outputs(&m.body["outputs"], io.responses->rows(r), r);
+              read_outputs(&m.body["outputs"], io.responses->rows(r), r, bytes);
           s = outs.ok() ? io.responses->send(r, std::move(*outs)) : outs.status();
           if (s.code() == StatusCode::cancelled) {
             s = Status();  // the request has ended: the model learns it from is_cancelled
@@ -1269,7 +1279,15 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
       }
       if (!s.ok()) {
         if (first_error.ok()) first_error = s;
-        reply["error"] = std::string(s.message());
+        if (posted) {
+          if (posted_send_error_.empty()) posted_send_error_ = std::string(s.message());
+        } else {
+          reply["error"] = std::string(s.message());
+        }
+      }
+      if (posted) continue;
+      if (!reply.contains("error") && !posted_send_error_.empty()) {
+        reply["error"] = "an earlier send failed: " + std::exchange(posted_send_error_, {});
       }
       if (!reply.contains("cancelled"))
         reply["cancelled"] = io.responses && r < requests && io.responses->is_cancelled(r);
@@ -1313,7 +1331,10 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
         continue;
       }
       const json specs = resp.value("outputs", json());
-      ASYNCINFER_ASSIGN_OR_RETURN(per_request[j], read_outputs(&specs, rows_of(j), j));
+      ASYNCINFER_ASSIGN_OR_RETURN(
+          per_request[j],
+          read_outputs(&specs, rows_of(j), j,
+                       std::string_view(static_cast<const char*>(out_map_), out_size_)));
       if (!answered) answered = j;
     }
     // A failed request's rows: zeros shaped as the answered requests' (or with 0 for each

@@ -125,10 +125,11 @@ class PythonProcess {
   Status fail(StatusCode code, const std::string& what);
   Status write_inputs(const BatchIO& io, std::string* requests_json, bool* new_arena);
   Status map_output_arena(const Message& m);
-  /// Copies a response's tensors out of the output arena, checked against the signature for a
-  /// request of `rows` rows (batched) or the full shapes (not batched).
+  /// Copies a response's tensors out of `bytes` (the output arena, or a message's inline
+  /// payload), checked against the signature for a request of `rows` rows (batched) or the full
+  /// shapes (not batched).
   Result<std::vector<Tensor>> read_outputs(const void* specs, std::int64_t rows,
-                                           std::size_t request);
+                                           std::size_t request, std::string_view bytes);
   /// A message the stub may send in any phase (init, execute, finalize) that asks something of
   /// the server (PythonSetup::host) or logs: handled (answered now, or later through the
   /// mailbox) and *handled set; anything else is left to the caller. Errors break the channel.
@@ -161,6 +162,9 @@ class PythonProcess {
   // execute), its calls in flight by the stub's tag, and where their responses wait to be sent.
   const BatchIO* io_ = nullptr;
   std::map<std::uint64_t, std::shared_ptr<HostCall>> calls_;
+  // A decoupled model's posted sends (no answer awaited): the first that failed, told to
+  // model.py in the answer to its next answered send, then cleared. Per batch.
+  std::string posted_send_error_;
   std::shared_ptr<Mailbox> mail_;
   // auto_complete(): the config sent in place of init, and the one model.py returned.
   std::string auto_complete_in_;
