@@ -376,6 +376,15 @@ class InferenceServer {
   Result<InflightRequest> run_ensemble(ModelRef model, Inputs inputs, const RequestOptions& options,
                                        std::string id, std::vector<std::size_t> selected,
                                        Completion done, int depth = 0);
+  /// A traced request's (or ensemble step's) trace around its run (trace.hpp): names `model`
+  /// and `id` in the trace, records REQUEST_START and (TENSORS) the inputs, has the engine fill
+  /// the trace's timeline (options.timeline), and gives a python model or an ensemble the trace
+  /// in options.context (a copy of the context given, if any), under which its calls and steps
+  /// are traced as children. Returns `done` wrapped to record the engine's phases, REQUEST_END
+  /// and (TENSORS) the outputs, and to hand the trace back in the response.
+  static Completion trace_request(std::shared_ptr<Trace> trace, const ModelVersion& model,
+                                  const std::string& id, const Inputs& inputs,
+                                  RequestOptions& options, Completion done);
   /// `done`, after writing each output that `requested` places in shared memory into its
   /// region (a response whose output does not fit its window fails with invalid_argument).
   static Completion write_to_shared_memory(std::vector<RequestedOutput> requested, Completion done);
