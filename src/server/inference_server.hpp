@@ -372,7 +372,8 @@ class InferenceServer {
   /// submitted to its model as soon as the tensors it reads exist, under the request's deadline
   /// and priority; the request's cancellation cancels the steps in flight. A step's failure fails
   /// the request, naming the step. invalid_argument for inputs the ensemble's signature refuses.
-  /// `depth`: how many ensembles this one is inside.
+  /// `depth`: how many ensembles this one is inside. A traced request (trace_request put its
+  /// trace in options.context) records its QUEUE_START here, and each step is a child trace.
   Result<InflightRequest> run_ensemble(ModelRef model, Inputs inputs, const RequestOptions& options,
                                        std::string id, std::vector<std::size_t> selected,
                                        Completion done, int depth = 0);
