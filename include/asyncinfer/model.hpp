@@ -62,6 +62,22 @@ struct SequenceFlags {
   bool end = false;    ///< the last: the sequence's slot is freed once it has run
 };
 
+/// A traced request's trace (Triton's trace extension), opaque outside the server that traces
+/// it: the server's Trace (src/server/trace.hpp) is the only kind. RequestContext carries it to
+/// the model, and a python model's business logic scripting call made with
+/// `trace=request.trace()` carries it back (detail::HostRequest::trace), so that the server
+/// traces the call as a child of that request's trace. Neither copied nor deleted through this
+/// type.
+class TraceHandle {
+ protected:
+  TraceHandle() = default;
+  ~TraceHandle() = default;
+
+ public:
+  TraceHandle(const TraceHandle&) = delete;
+  TraceHandle& operator=(const TraceHandle&) = delete;
+};
+
 /// What a request carries to its model besides its tensors, for backends that hand a model its
 /// requests one by one (the python backend's InferenceRequest.request_id(), parameters(), and
 /// business logic scripting): set by whoever submits it (RequestOptions::context), read by the
@@ -75,6 +91,9 @@ struct RequestContext {
   /// (a client's request has none). What a model's own BLS calls extend, and what their cycle
   /// and depth checks read (docs/design.md, "Business logic scripting").
   std::vector<std::string> callers;
+  /// The request's trace when the server traces it (null otherwise): what its model's calls
+  /// made with trace=request.trace(), and an ensemble's steps, are traced under.
+  std::shared_ptr<TraceHandle> trace;
 };
 
 /// One named input or output: dtype and full shape (-1 = dynamic dim).

@@ -40,6 +40,10 @@ struct HostRequest {
   /// Carried to the called model (RequestContext): the request's parameters as a JSON object's
   /// text, and the chain of models whose execution made it, outermost first, the caller last.
   std::shared_ptr<const RequestContext> context;
+  /// The calling request's trace (its RequestContext::trace), when the call was made with
+  /// trace=request.trace() of a traced request: the server traces the call as its child
+  /// (Triton's "Tracing for BLS models"). Null: the call is not traced.
+  std::shared_ptr<TraceHandle> trace;
   /// The caller reads a stream of responses (Triton's exec(decoupled=True)); false refuses a
   /// decoupled model, whose responses could not come back as one.
   bool decoupled = false;

@@ -6,11 +6,13 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "inference_response.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 
@@ -21,7 +23,8 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
                                            public std::enable_shared_from_this<EnsembleRun> {
  public:
   EnsembleRun(InferenceServer& server, ModelRef model, RequestOptions step_options, std::string id,
-              std::vector<std::size_t> selected, Completion done, int depth)
+              std::vector<std::size_t> selected, Completion done, int depth,
+              std::shared_ptr<Trace> trace)
       : server_(server),
         model_(std::move(model)),
         graph_(*model_->ensemble),
@@ -31,6 +34,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
         done_(std::move(done)),
         start_(Clock::now()),
         depth_(depth),
+        trace_(std::move(trace)),
         tensors_(graph_.tensors.size()),
         waiting_(graph_.steps.size()) {
     std::lock_guard lock(server_.ensembles_mu_);
@@ -81,12 +85,23 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
         }
       }
       auto self = shared_from_this();
-      auto done = [self, j](Result<InferResponse> out) { self->step_done(j, std::move(out)); };
+      Completion done = [self, j](Result<InferResponse> out) {
+        self->step_done(j, std::move(out));
+      };
+      const RequestOptions* options = &options_;
+      std::optional<RequestOptions> traced;  // made only for a traced request
+      if (trace_) [[unlikely]] {
+        // A traced ensemble request: each step a child trace of the ensemble's, as Triton's
+        // ensemble scheduler spawns them.
+        traced.emplace(options_);
+        done = trace_request(Trace::child_of(trace_), **ref, id_, inputs, *traced, std::move(done));
+        options = &*traced;
+      }
       Result<InflightRequest> call =
           (*ref)->ensemble
-              ? server_.run_ensemble(std::move(*ref), std::move(inputs), options_, id_, {},
+              ? server_.run_ensemble(std::move(*ref), std::move(inputs), *options, id_, {},
                                      std::move(done), depth_ + 1)
-              : server_.run(std::move(*ref), std::move(inputs), options_, id_, {}, std::move(done));
+              : server_.run(std::move(*ref), std::move(inputs), *options, id_, {}, std::move(done));
       if (!call.ok()) return end(call.status().with_context(step_context(j)));
       bool cancel_now = false;
       {
@@ -212,6 +227,7 @@ class InferenceServer::EnsembleRun final : public InflightRequest::Handle,
   Completion done_;
   const Clock::time_point start_;
   const int depth_;
+  const std::shared_ptr<Trace> trace_;  // the request's trace, when traced: the steps' parent
   std::mutex mu_;
   std::vector<Tensor> tensors_;       // by tensor index; under mu_
   std::vector<std::size_t> waiting_;  // per step: inputs not made yet; under mu_
@@ -238,8 +254,17 @@ Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inp
   steps.inline_callback = false;  // a step's completion submits the next steps
   steps.caller_run_max_compute = std::chrono::microseconds(0);  // each on its engine's workers
   steps.on_response = nullptr;
-  auto run = std::make_shared<EnsembleRun>(*this, std::move(model), std::move(steps), std::move(id),
-                                           std::move(selected), std::move(done), depth);
+  // A traced request (trace_request gave it the trace in its context): the ensemble's own
+  // QUEUE_START now, as Triton's ensemble scheduler records it; the steps get traces of their own.
+  std::shared_ptr<Trace> trace;
+  if (options.timeline) [[unlikely]] {
+    options.timeline->queue_start_ns.store(trace_ns(Clock::now()), std::memory_order_relaxed);
+    if (options.context) trace = Trace::of(options.context->trace);
+  }
+  steps.timeline.reset();
+  auto run =
+      std::make_shared<EnsembleRun>(*this, std::move(model), std::move(steps), std::move(id),
+                                    std::move(selected), std::move(done), depth, std::move(trace));
   run->start(std::move(inputs));
   return InflightRequest(std::shared_ptr<InflightRequest::Handle>(std::move(run)));
 }

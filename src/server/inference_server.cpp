@@ -38,8 +38,8 @@ namespace {
 
 // A python model's view of a client's request (InferenceRequest.request_id() and parameters()):
 // the parameters the server does not consume itself, as a JSON object.
-std::shared_ptr<const RequestContext> python_request_context(const std::string& id,
-                                                             const Parameters& parameters) {
+std::shared_ptr<RequestContext> python_request_context(const std::string& id,
+                                                       const Parameters& parameters) {
   auto c = std::make_shared<RequestContext>();
   c->id = id;
   nlohmann::json j = nlohmann::json::object();
@@ -725,30 +725,8 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
     };
   }
   if (request.trace) [[unlikely]] {  // a sampled request (trace.hpp): the last wrapper, run first
-    std::shared_ptr<Trace> trace = std::move(request.trace);
-    trace->set_model(target->model_name, target->version, request.id);
-    trace->record_now("REQUEST_START");
-    if (trace->traces_tensors()) {  // Triton's TENSORS level: the inputs queued and run
-      for (const char* activity : {"TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_INPUT"}) {
-        for (std::size_t i = 0; i < inputs.size() && i < sig.inputs.size(); ++i) {
-          trace->record_tensor(activity, sig.inputs[i].name, inputs[i]);
-        }
-      }
-    }
-    options.timeline = trace->timeline();
-    done = [trace, done = std::move(done)](Result<InferResponse> r) mutable {
-      trace->record_timeline();
-      trace->record_now("REQUEST_END");
-      if (r.ok()) {
-        if (trace->traces_tensors()) {
-          for (const InferOutput& o : r->outputs) {
-            trace->record_tensor("TENSOR_BACKEND_OUTPUT", o.spec->name, o.tensor);
-          }
-        }
-        r->trace = trace;
-      }
-      done(std::move(r));
-    };
+    done = trace_request(std::move(request.trace), *target, request.id, inputs, options,
+                         std::move(done));
   }
   if (cache_ && target->response_cache && !options.sequence) {  // a sequence's step has state
     options.inline_callback = false;  // filling the cache copies the outputs
@@ -760,6 +738,42 @@ Result<InflightRequest> InferenceServer::submit(const ModelRef& ref, InferReques
   if (options.inline_callback) options.caller_run_max_compute = request.caller_run_max_compute;
   return run(target, std::move(inputs), options, std::move(request.id), std::move(selected),
              std::move(done));
+}
+
+InferenceServer::Completion InferenceServer::trace_request(
+    std::shared_ptr<Trace> trace, const ModelVersion& model, const std::string& id,
+    const Inputs& inputs, RequestOptions& options, Completion done) {
+  trace->set_model(model.model_name, model.version, id);
+  trace->record_now("REQUEST_START");
+  if (trace->traces_tensors()) {  // Triton's TENSORS level: the inputs queued and run
+    const std::vector<TensorSpec>& specs = model.signature.inputs;
+    for (std::size_t i = 0; i < inputs.size() && i < specs.size(); ++i) {
+      trace->record_tensor({"TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_INPUT"}, specs[i].name,
+                           inputs[i]);
+    }
+  }
+  options.timeline = trace->timeline();
+  if (model.takes_request_context || model.ensemble) {
+    // The trace goes with the request to its model: a python model's calls made with
+    // trace=request.trace(), and an ensemble's steps, become its children.
+    auto context = options.context ? std::make_shared<RequestContext>(*options.context)
+                                   : std::make_shared<RequestContext>();
+    context->trace = trace;
+    options.context = std::move(context);
+  }
+  return [trace = std::move(trace), done = std::move(done)](Result<InferResponse> r) mutable {
+    trace->record_timeline();
+    trace->record_now("REQUEST_END");
+    if (r.ok()) {
+      if (trace->traces_tensors()) {
+        for (const InferOutput& o : r->outputs) {
+          trace->record_tensor({"TENSOR_BACKEND_OUTPUT"}, o.spec->name, o.tensor);
+        }
+      }
+      r->trace = trace;
+    }
+    done(std::move(r));
+  };
 }
 
 Result<ModelRef> InferenceServer::successor(const ModelVersion& retired,

@@ -376,10 +376,20 @@ class InferenceServer {
   /// submitted to its model as soon as the tensors it reads exist, under the request's deadline
   /// and priority; the request's cancellation cancels the steps in flight. A step's failure fails
   /// the request, naming the step. invalid_argument for inputs the ensemble's signature refuses.
-  /// `depth`: how many ensembles this one is inside.
+  /// `depth`: how many ensembles this one is inside. A traced request (trace_request put its
+  /// trace in options.context) records its QUEUE_START here, and each step is a child trace.
   Result<InflightRequest> run_ensemble(ModelRef model, Inputs inputs, const RequestOptions& options,
                                        std::string id, std::vector<std::size_t> selected,
                                        Completion done, int depth = 0);
+  /// A traced request's (or ensemble step's) trace around its run (trace.hpp): names `model`
+  /// and `id` in the trace, records REQUEST_START and (TENSORS) the inputs, has the engine fill
+  /// the trace's timeline (options.timeline), and gives a python model or an ensemble the trace
+  /// in options.context (a copy of the context given, if any), under which its calls and steps
+  /// are traced as children. Returns `done` wrapped to record the engine's phases, REQUEST_END
+  /// and (TENSORS) the outputs, and to hand the trace back in the response.
+  static Completion trace_request(std::shared_ptr<Trace> trace, const ModelVersion& model,
+                                  const std::string& id, const Inputs& inputs,
+                                  RequestOptions& options, Completion done);
   /// `done`, after writing each output that `requested` places in shared memory into its
   /// region (a response whose output does not fit its window fails with invalid_argument).
   static Completion write_to_shared_memory(std::vector<RequestedOutput> requested, Completion done);

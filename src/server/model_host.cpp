@@ -8,6 +8,7 @@
 #include "inference_server.hpp"
 #include "metrics/prometheus_text.hpp"
 #include "model_config.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 namespace {
@@ -116,6 +117,10 @@ Result<std::shared_ptr<detail::HostCall>> ServerModelHost::infer(detail::HostReq
     r.parameters["sequence_end"] = f.end;
   }
   r.context = std::move(request.context);
+  // Under a traced caller that passed trace=request.trace(): a child of its trace (Triton's
+  // SpawnChildTrace), whatever the sampling of the called model.
+  if (request.trace) [[unlikely]]
+    r.trace = Trace::child_of(request.trace);
   // The completion only posts to the calling instance's mailbox: it runs where the request ends,
   // one thread hand-off fewer (RequestOptions::inline_callback).
   r.completion_hands_off = true;

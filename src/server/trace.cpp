@@ -444,8 +444,12 @@ struct TraceManager::File {
 /// (the others follow its fallback), and the sampling state of the traces made under it.
 struct Trace::Setting {
   Setting(TraceSettings v, std::array<bool, 4> given, std::shared_ptr<TraceManager::File> to,
-          OtlpExporter* spans_to)
-      : values(std::move(v)), specified(given), file(std::move(to)), exporter(spans_to) {}
+          OtlpExporter* spans_to, std::shared_ptr<std::atomic<std::uint64_t>> id_source)
+      : values(std::move(v)),
+        specified(given),
+        file(std::move(to)),
+        exporter(spans_to),
+        ids(std::move(id_source)) {}
   ~Setting() {
     // What is still buffered: to the main file, or the next indexed one with log_frequency.
     if (values.mode == TraceMode::triton && in_stream > 0 && file) {
@@ -511,19 +515,42 @@ struct Trace::Setting {
   const std::array<bool, 4> specified;  // level, rate, count, log_frequency
   const std::shared_ptr<TraceManager::File> file;
   OtlpExporter* const exporter;
-  std::uint64_t sampled = 0;        // under mu: requests seen
-  std::uint64_t created = 0;        // under mu: traces made
-  std::uint64_t collected = 0;      // under mu: traces written
-  std::uint32_t in_stream = 0;      // under mu
-  std::string stream;               // under mu
+  const std::shared_ptr<std::atomic<std::uint64_t>> ids;  // the manager's trace ids
+  std::uint64_t sampled = 0;                              // under mu: requests seen
+  std::uint64_t created = 0;                              // under mu: traces made
+  std::uint64_t collected = 0;                            // under mu: traces written
+  std::uint32_t in_stream = 0;                            // under mu
+  std::string stream;                                     // under mu
   std::int64_t unix_offset_ns = 0;  // system clock − steady clock, at the setting's making
 };
 
 // ---- a trace
 // -------------------------------------------------------------------------------------------
 
-Trace::Trace(std::shared_ptr<Setting> setting, std::uint64_t id, std::optional<TraceParent> parent)
-    : setting_(std::move(setting)), id_(id), parent_(parent) {}
+Trace::Trace(std::shared_ptr<Setting> setting, std::uint64_t id, std::optional<TraceParent> parent,
+             std::shared_ptr<Trace> parent_trace)
+    : setting_(std::move(setting)),
+      id_(id),
+      parent_(parent),
+      parent_trace_(std::move(parent_trace)) {
+  if (setting_->values.mode != TraceMode::opentelemetry) return;
+  if (parent_trace_) {
+    otel_trace_id_ = parent_trace_->otel_trace_id_;
+  } else if (parent_) {
+    otel_trace_id_ = parent_->trace_id;
+  } else {
+    random_bytes(otel_trace_id_);
+  }
+  random_bytes(model_span_id_);
+}
+
+std::shared_ptr<Trace> Trace::child_of(const std::shared_ptr<TraceHandle>& parent) {
+  std::shared_ptr<Trace> p = of(parent);
+  if (!p) return nullptr;
+  std::shared_ptr<Setting> setting = p->setting_;
+  const std::uint64_t id = setting->ids->fetch_add(1, std::memory_order_relaxed);
+  return std::shared_ptr<Trace>(new Trace(std::move(setting), id, std::nullopt, std::move(p)));
+}
 
 void Trace::record(std::string_view activity, std::int64_t ns) {
   std::lock_guard lock(mu_);
@@ -632,69 +659,90 @@ std::string tensor_text(const Tensor& t) {
 
 }  // namespace
 
-void Trace::record_tensor(std::string_view activity, std::string_view name, const Tensor& tensor) {
-  if (!traces_tensors()) return;
+void Trace::record_tensor(std::initializer_list<std::string_view> activities, std::string_view name,
+                          const Tensor& tensor) {
+  if (!traces_tensors() || activities.size() == 0) return;
   std::string shape;
   for (std::size_t i = 0; i < tensor.shape().size(); ++i) {
     shape += (i == 0 ? "" : ",") + std::to_string(tensor.shape()[i]);
   }
-  const nlohmann::json record = {{"id", id_},
-                                 {"activity", activity},
-                                 {"tensor",
-                                  {{"name", name},
-                                   {"data", tensor_text(tensor)},
-                                   {"shape", shape},
-                                   {"dtype", std::string(oip_datatype(tensor.dtype()))}}}};
-  std::string text = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // The tensor's text once (its elements are what costs), then a record per activity around it,
+  // in Triton's order: {"id", "activity", "tensor": {"name", "data", "shape", "dtype"}}.
+  const nlohmann::ordered_json t = {{"name", name},
+                                    {"data", tensor_text(tensor)},
+                                    {"shape", shape},
+                                    {"dtype", std::string(oip_datatype(tensor.dtype()))}};
+  const std::string text = t.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string head = "{\"id\":" + std::to_string(id_) + ",\"activity\":";
+  std::vector<std::string> records;
+  records.reserve(activities.size());
+  for (std::string_view activity : activities) {
+    records.push_back(head + nlohmann::json(activity).dump() + ",\"tensor\":" + text + "}");
+  }
   std::lock_guard lock(mu_);
-  tensors_.push_back(std::move(text));
+  for (std::string& r : records) tensors_.push_back(std::move(r));
+}
+
+std::string Trace::triton_records(const std::vector<std::pair<std::string, std::int64_t>>& events,
+                                  std::vector<std::string>& tensors) const {
+  std::string out;
+  for (std::string& t : tensors) out += (out.empty() ? "" : ",") + t;
+  if ((setting_->values.level & kTraceTimestamps) == 0) return out;
+  const std::string id = std::to_string(id_);
+  for (const auto& [name, ns] : events) {
+    if (!out.empty()) out += ",";
+    if (name == "REQUEST_START") {
+      // Triton's record of the trace (its tracer.cc): parent_id only for a child.
+      nlohmann::ordered_json m = {{"id", id_}, {"model_name", model_}, {"model_version", version_}};
+      if (!request_id_.empty()) m["request_id"] = request_id_;
+      if (parent_trace_) m["parent_id"] = parent_trace_->id_;
+      out += m.dump() + ",";
+    }
+    out += "{\"id\":" + id + ",\"timestamps\":[{\"name\":\"" + name +
+           "\",\"ns\":" + std::to_string(ns) + "}]}";
+  }
+  return out;
 }
 
 Trace::~Trace() {
   std::vector<std::pair<std::string, std::int64_t>> events;
   std::vector<std::string> tensors;
+  std::string children;
   {
     std::lock_guard lock(mu_);
     events = std::move(events_);
     tensors = std::move(tensors_);
+    children = std::move(children_);
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (events.empty() && tensors.empty()) return;
-  const TraceMode mode = setting_->values.mode;  // fixed for a setting's life
-  if (mode == TraceMode::triton) {
-    std::string out;
-    for (std::string& t : tensors) out += (out.empty() ? "" : ",") + t;
-    if ((setting_->values.level & kTraceTimestamps) == 0) {
-      if (!out.empty()) setting_->write(out);
+  if (setting_->values.mode == TraceMode::triton) {  // the mode is fixed for a setting's life
+    std::string out = triton_records(events, tensors);
+    if (!children.empty()) out += (out.empty() ? "" : ",") + children;
+    if (out.empty()) return;
+    if (parent_trace_) {  // written with the parent, which this trace holds until now
+      std::lock_guard lock(parent_trace_->mu_);
+      std::string& to = parent_trace_->children_;
+      to += (to.empty() ? "" : ",") + out;
       return;
-    }
-    const std::string id = std::to_string(id_);
-    for (const auto& [name, ns] : events) {
-      if (!out.empty()) out += ",";
-      if (name == "REQUEST_START") {
-        nlohmann::json m = {{"id", id_}, {"model_name", model_}, {"model_version", version_}};
-        if (!request_id_.empty()) m["request_id"] = request_id_;
-        out += m.dump() + ",";
-      }
-      out += "{\"id\":" + id + ",\"timestamps\":[{\"name\":\"" + name +
-             "\",\"ns\":" + std::to_string(ns) + "}]}";
     }
     setting_->write(out);
     return;
   }
+  if (!events.empty()) export_spans(events);
+}
+
+void Trace::export_spans(const std::vector<std::pair<std::string, std::int64_t>>& events) const {
   if (setting_->exporter == nullptr) return;
-  // opentelemetry: Triton's spans — "InferRequest" (the frontend's activities), under it the
-  // model's (REQUEST_START..REQUEST_END), under that "compute" (COMPUTE_START..COMPUTE_END).
+  // Triton's spans: "InferRequest" (the frontend's activities), under it the model's
+  // (REQUEST_START..REQUEST_END), under that "compute" (COMPUTE_START..COMPUTE_END). A child has
+  // no InferRequest span: its model span hangs under its parent's model span.
   const std::int64_t offset = setting_->unix_offset_ns;
   auto unix_ns = [offset](std::int64_t ns) { return static_cast<std::uint64_t>(ns + offset); };
+  const bool child = parent_trace_ != nullptr;
   OtlpSpan root;
-  if (parent_) {
-    root.trace_id = parent_->trace_id;
-    root.parent_span_id = parent_->span_id;
-  } else {
-    random_bytes(root.trace_id);
-  }
+  root.trace_id = otel_trace_id_;
+  if (parent_) root.parent_span_id = parent_->span_id;
   random_bytes(root.span_id);
   root.name = "InferRequest";
   root.start_unix_ns = unix_ns(events.front().second);
@@ -713,28 +761,32 @@ Trace::~Trace() {
       compute.start_unix_ns = compute.end_unix_ns = unix_ns(ns);
     }
   }
+  if (child && !has_model) return;  // never reached its model: nothing to hang anywhere
   for (const auto& [name, ns] : events) {
     const bool compute_event = name.rfind("COMPUTE_", 0) == 0;
     const bool model_event = name == "REQUEST_START" || name == "QUEUE_START" ||
                              name == "REQUEST_END" || name == "INFER_RESPONSE_COMPLETE";
-    OtlpSpan& to = compute_event && has_compute ? compute : model_event && has_model ? model : root;
+    OtlpSpan& to = compute_event && has_compute          ? compute
+                   : (model_event || child) && has_model ? model
+                                                         : root;
     to.events.emplace_back(name, unix_ns(ns));
     if (&to != &root) to.end_unix_ns = std::max(to.end_unix_ns, unix_ns(ns));
   }
   std::vector<OtlpSpan> spans;
   if (has_model) {
-    model.trace_id = root.trace_id;
-    random_bytes(model.span_id);
-    model.parent_span_id = root.span_id;
+    model.trace_id = otel_trace_id_;
+    model.span_id = model_span_id_;
+    model.parent_span_id = child ? parent_trace_->model_span_id_ : root.span_id;
     model.name = model_;
     model.string_attributes.emplace_back("triton.model_name", model_);
     model.int_attributes.emplace_back("triton.model_version", version_);
     model.int_attributes.emplace_back("triton.trace_id", static_cast<std::int64_t>(id_));
-    model.int_attributes.emplace_back("triton.trace_parent_id", 0);
+    model.int_attributes.emplace_back("triton.trace_parent_id",
+                                      static_cast<std::int64_t>(parent_id()));
     if (!request_id_.empty())
       model.string_attributes.emplace_back("triton.request_id", request_id_);
     if (has_compute) {
-      compute.trace_id = root.trace_id;
+      compute.trace_id = otel_trace_id_;
       random_bytes(compute.span_id);
       compute.parent_span_id = model.span_id;
       compute.name = "compute";
@@ -742,7 +794,7 @@ Trace::~Trace() {
     }
     spans.push_back(std::move(model));
   }
-  spans.push_back(std::move(root));
+  if (!child) spans.push_back(std::move(root));
   setting_->exporter->add(std::move(spans));
 }
 
@@ -781,7 +833,7 @@ TraceManager::~TraceManager() {
 
 std::shared_ptr<Trace::Setting> TraceManager::make_setting(const TraceSettings& values,
                                                            std::array<bool, 4> specified) const {
-  auto s = std::make_shared<Trace::Setting>(values, specified, file_, exporter_.get());
+  auto s = std::make_shared<Trace::Setting>(values, specified, file_, exporter_.get(), next_id_);
   s->unix_offset_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count() -
@@ -878,8 +930,8 @@ std::shared_ptr<Trace> TraceManager::sample(std::string_view model,
   if (!setting->sample(force)) return nullptr;
   const bool otel = setting->values.mode == TraceMode::opentelemetry;
   return std::shared_ptr<Trace>(new Trace(std::move(setting),
-                                          next_id_.fetch_add(1, std::memory_order_relaxed),
-                                          otel ? parent : std::nullopt));
+                                          next_id_->fetch_add(1, std::memory_order_relaxed),
+                                          otel ? parent : std::nullopt, nullptr));
 }
 
 }  // namespace asyncinfer::server

@@ -24,6 +24,15 @@
 // clocks it reads anyway for Triton's statistics. The trace is written when its last holder
 // lets it go.
 //
+// Child traces (Triton's InferenceTrace::SpawnChildTrace): each step of a traced ensemble
+// request, and each call a python model makes with trace=request.trace() under a traced
+// request, is traced as a child of that request's trace: the parent's setting and level, an id
+// of its own, parent_id the parent's id. Children are not sampled (rate and count count only the
+// requests that come from clients). A child holds its parent, so the parent is written after its
+// children: in triton mode their records go into the parent's, written as one trace; in
+// opentelemetry mode the child's model span hangs under the parent's model span, in the
+// parent's OpenTelemetry trace, with no InferRequest span of its own.
+//
 // Thread safety: every member of TraceManager may be called from any thread. A Trace may be
 // recorded into from several threads (each record under its own lock).
 #pragma once
@@ -33,6 +42,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +53,7 @@
 #include <vector>
 
 #include "asyncinfer/engine.hpp"
+#include "asyncinfer/model.hpp"
 #include "asyncinfer/status.hpp"
 
 namespace asyncinfer::server {
@@ -163,10 +174,10 @@ struct TraceParent {
 /// zero ids, which the spec says to ignore.
 std::optional<TraceParent> parse_traceparent(std::string_view value) noexcept;
 
-/// One sampled request's trace. Recording is thread-safe. The record is written (triton mode:
-/// to its setting's file; opentelemetry: as spans to the exporter) when the last shared_ptr to
-/// it goes.
-class Trace {
+/// One sampled request's trace, or a child of one. Recording is thread-safe. The record is
+/// written (triton mode: to its setting's file, a child's with its parent's; opentelemetry: as
+/// spans to the exporter) when the last shared_ptr to it goes.
+class Trace final : public TraceHandle {
  public:
   ~Trace();
   Trace(const Trace&) = delete;
@@ -186,21 +197,45 @@ class Trace {
   void record_timeline();
   /// Whether its setting's level has TENSORS in triton mode (Triton writes tensors only there).
   bool traces_tensors() const noexcept;
-  /// Records tensor `name` for `activity` (TENSOR_QUEUE_INPUT, TENSOR_BACKEND_INPUT,
-  /// TENSOR_BACKEND_OUTPUT) as Triton's TENSORS level writes it: its elements as text ("data":
-  /// "1,2,3"; BYTES quoted; FP16 and BF16 empty, as Triton's), "shape" and "dtype". A tensor not
-  /// in host memory has empty data. Does nothing unless traces_tensors(). Thread-safe.
-  void record_tensor(std::string_view activity, std::string_view name, const Tensor& tensor);
+  /// Records tensor `name` once for each of `activities` (TENSOR_QUEUE_INPUT,
+  /// TENSOR_BACKEND_INPUT, TENSOR_BACKEND_OUTPUT) as Triton's TENSORS level writes it: its
+  /// elements as text ("data": "1,2,3"; BYTES quoted; FP16 and BF16 empty, as Triton's),
+  /// "shape" and "dtype". The text is made once, however many activities. A tensor not in host
+  /// memory has empty data. Does nothing unless traces_tensors(). Thread-safe.
+  void record_tensor(std::initializer_list<std::string_view> activities, std::string_view name,
+                     const Tensor& tensor);
   std::uint64_t id() const noexcept { return id_; }
+  /// The parent trace's id; 0 for a trace of its own (a client's request).
+  std::uint64_t parent_id() const noexcept { return parent_trace_ ? parent_trace_->id_ : 0; }
+
+  /// A child of `parent` (a Trace; null gives null): Triton's SpawnChildTrace, for an ensemble's
+  /// step or a model's call made under the parent's request. Not sampled: the parent's setting
+  /// decided. Thread-safe.
+  static std::shared_ptr<Trace> child_of(const std::shared_ptr<TraceHandle>& parent);
+  /// The server's Trace behind `handle` (every TraceHandle is one); null for null.
+  static std::shared_ptr<Trace> of(const std::shared_ptr<TraceHandle>& handle) noexcept {
+    return std::static_pointer_cast<Trace>(handle);
+  }
 
  private:
   friend class TraceManager;
   struct Setting;
-  Trace(std::shared_ptr<Setting> setting, std::uint64_t id, std::optional<TraceParent> parent);
+  Trace(std::shared_ptr<Setting> setting, std::uint64_t id, std::optional<TraceParent> parent,
+        std::shared_ptr<Trace> parent_trace);
+  /// Triton mode: this trace's own JSON records (comma-separated; "" for none).
+  std::string triton_records(const std::vector<std::pair<std::string, std::int64_t>>& events,
+                             std::vector<std::string>& tensors) const;
+  /// Opentelemetry mode: this trace's spans to the exporter.
+  void export_spans(const std::vector<std::pair<std::string, std::int64_t>>& events) const;
 
   std::shared_ptr<Setting> setting_;
   const std::uint64_t id_;
-  const std::optional<TraceParent> parent_;
+  const std::optional<TraceParent> parent_;    // the client's W3C context (opentelemetry mode)
+  const std::shared_ptr<Trace> parent_trace_;  // a child's parent: held until the child is written
+  // Opentelemetry mode: the trace's OpenTelemetry trace id, and its model span's id, fixed at
+  // the start so that children made before it is written can name them.
+  std::array<std::uint8_t, 16> otel_trace_id_{};
+  std::array<std::uint8_t, 8> model_span_id_{};
   std::shared_ptr<RequestTimeline> timeline_ = std::make_shared<RequestTimeline>();
   std::mutex mu_;
   std::string model_;
@@ -208,6 +243,7 @@ class Trace {
   std::string request_id_;
   std::vector<std::pair<std::string, std::int64_t>> events_;  // under mu_, in record order
   std::vector<std::string> tensors_;  // under mu_: record_tensor's JSON records, in order
+  std::string children_;              // under mu_: the written children's records (triton mode)
 };
 
 class TraceManager {
@@ -251,7 +287,9 @@ class TraceManager {
   struct File;
   std::shared_ptr<File> file_;
   std::atomic<bool> active_{false};
-  std::atomic<std::uint64_t> next_id_{1};
+  // Trace ids, from 1 (0 is "no parent"); shared with the settings, whose children take theirs.
+  const std::shared_ptr<std::atomic<std::uint64_t>> next_id_ =
+      std::make_shared<std::atomic<std::uint64_t>>(1);
   mutable std::mutex mu_;  // the settings below
   std::shared_ptr<Trace::Setting> default_;
   std::shared_ptr<Trace::Setting> global_;

@@ -3,17 +3,21 @@
 and per model, with Triton's clear-to-global semantics (the sequences of Triton's
 qa/L0_trace/trace_endpoint_test.py), errors in Triton's words, the `trace` category of the
 restricted APIs, triton mode's trace files (sampling by rate and count, log_frequency rotation,
-the timestamps), and OpenTelemetry mode: spans exported over OTLP/HTTP to a receiver in this
-test (decoded by hand: protobuf's wire format is small), under a client's W3C traceparent, and a
-collector that is down (requests still succeed).
+the timestamps; generate and generate_stream traced as infer is; an ensemble's steps and a
+python model's calls made with trace=request.trace() as child traces with parent_id), and
+OpenTelemetry mode: spans exported over OTLP/HTTP to a receiver in this test (decoded by hand:
+protobuf's wire format is small), under a client's W3C traceparent, children's model spans under
+their parent's, and a collector that is down (requests still succeed).
 """
 
+import http.client
 import http.server
 import json
 import os
 import queue
 import shutil
 import tempfile
+import textwrap
 import threading
 import time
 
@@ -35,6 +39,72 @@ def repository():
     return Repository().add("simple", builtin_config(
         "simple", "builtin:identity?shape=16&max_batch=8", [("input0", "TYPE_FP32", [16])],
         [("output0", "TYPE_FP32", [16])]))
+
+
+def identity(name):
+    return builtin_config(name, "builtin:identity?shape=16&max_batch=8",
+                          [("input0", "TYPE_FP32", [16])], [("output0", "TYPE_FP32", [16])])
+
+
+# Calls the model named by its input `target` with input0 and answers that model's output0:
+# under this request's trace (trace=request.trace(), Triton's "Tracing for BLS models"), or, for
+# a name that starts with "untraced:", without it.
+BLS = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "input0")
+            target = pb_utils.get_input_tensor_by_name(r, "target").as_numpy().reshape(-1)[0]
+            target = target.decode() if isinstance(target, bytes) else str(target)
+            kwargs = {"trace": r.trace()}
+            if target.startswith("untraced:"):
+                target, kwargs = target[len("untraced:"):], {}
+            resp = pb_utils.InferenceRequest(model_name=target, inputs=[x],
+                                             requested_output_names=["output0"], **kwargs).exec()
+            if resp.has_error():
+                raise pb_utils.TritonModelException(resp.error().message())
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.get_output_tensor_by_name(resp, "output0")]))
+        return out
+'''
+
+
+def composed_repository():
+    """repository() and: "second" (an identity), "ens" (an ensemble: input0 -> simple -> second
+    -> output0), "bls" (a python model that calls the model its input `target` names: BLS)."""
+    repo = repository().add("second", identity("second"))
+    repo.add("ens", 'name: "ens"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+             'input [ { name: "input0", data_type: TYPE_FP32, dims: [ 16 ] } ]\n'
+             'output [ { name: "output0", data_type: TYPE_FP32, dims: [ 16 ] } ]\n'
+             'ensemble_scheduling { step [ '
+             '{ model_name: "simple" model_version: -1 input_map { key: "input0" value: "input0" }'
+             ' output_map { key: "output0" value: "mid" } }, '
+             '{ model_name: "second" model_version: -1 input_map { key: "input0" value: "mid" }'
+             ' output_map { key: "output0" value: "output0" } } ] }\n')
+    repo.add("bls", 'name: "bls"\nbackend: "python"\nmax_batch_size: 8\n'
+             'input [ { name: "input0", data_type: TYPE_FP32, dims: [ 16 ] }, '
+             '{ name: "target", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+             'output [ { name: "output0", data_type: TYPE_FP32, dims: [ 16 ] } ]\n')
+    with open(os.path.join(repo.path, "bls", "1", "model.py"), "w") as f:
+        f.write(textwrap.dedent(BLS))
+    return repo
+
+
+def infer_model(client, model, target=None, headers=None):
+    """An HTTP infer of X on `model` (with input `target` for "bls"); checks the answer."""
+    i = httpclient.InferInput("input0", [1, 16], "FP32")
+    i.set_data_from_numpy(X)
+    inputs = [i]
+    if target is not None:
+        t = httpclient.InferInput("target", [1, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[target]], dtype=np.object_))
+        inputs.append(t)
+    r = client.infer(model, inputs, headers=headers)
+    np.testing.assert_array_equal(r.as_numpy("output0"), X)
 
 
 def http_infer(client, headers=None):
@@ -403,6 +473,119 @@ class TritonMode(harness.unittest.TestCase):
         self.assertEqual(len(ids), 1)  # one request, one trace
         self.assertIn("REQUEST_START", [t["name"] for r in records for t in r.get("timestamps", [])])
 
+    ENGINE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+              "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+
+    def test_generate_and_generate_stream_are_traced(self):
+        s = self.serve("rate=1")
+        for path in ("/v2/models/simple/generate", "/v2/models/simple/generate_stream"):
+            c = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=30)
+            c.request("POST", path, body=json.dumps({"input0": X.reshape(-1).tolist(), "id": path}),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            body = r.read().decode()
+            self.assertEqual(r.status, 200, body)
+            if path.endswith("_stream"):
+                self.assertTrue(body.startswith("data: "), body)
+                body = body[len("data: "):]
+            self.assertEqual(json.loads(body)["output0"], X.reshape(-1).tolist())
+            c.close()
+        s.stop()
+        traces = self.traces(self.records(self.file))
+        self.assertEqual(sorted(m["request_id"] for m, _ in traces.values()),
+                         ["/v2/models/simple/generate", "/v2/models/simple/generate_stream"])
+        for model, stamps in traces.values():
+            self.assertEqual(model["model_name"], "simple")
+            self.assertNotIn("parent_id", model)
+            self.assertEqual([n for n, _ in stamps],
+                             ["HTTP_RECV_START", "HTTP_RECV_END"] + self.ENGINE +
+                             ["HTTP_SEND_START", "HTTP_SEND_END"])
+
+    def children(self, traces, parent):
+        """{model name: (id, model record, names of its timestamps)} of the children of trace
+        `parent`."""
+        out = {}
+        for i, (model, stamps) in traces.items():
+            if model.get("parent_id") == parent:
+                self.assertNotIn(model["model_name"], out)
+                out[model["model_name"]] = (i, model, [n for n, _ in stamps])
+        return out
+
+    def test_an_ensembles_steps_are_child_traces(self):
+        self.repo.cleanup()
+        self.repo = composed_repository()
+        s = self.serve("rate=1", "level=TENSORS")
+        h = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+        infer_model(h, "ens")
+        h.close()
+        s.stop()
+        records = self.records(self.file)
+        traces = self.traces(records)
+        self.assertEqual(len(traces), 3, traces)  # the ensemble's, and one per step
+        (parent, (model, stamps)), = [(i, t) for i, t in traces.items()
+                                      if "parent_id" not in t[0]]
+        self.assertEqual(model["model_name"], "ens")
+        self.assertEqual(model["model_version"], 1)
+        # The ensemble computes nothing itself: its own queue, then its steps.
+        self.assertEqual([n for n, _ in stamps],
+                         ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
+                          "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"])
+        start, end = dict(stamps)["REQUEST_START"], dict(stamps)["REQUEST_END"]
+        steps = self.children(traces, parent)
+        self.assertEqual(sorted(steps), ["second", "simple"])
+        for name, (i, m, names) in steps.items():
+            self.assertNotEqual(i, parent)
+            self.assertEqual(m["model_version"], 1)
+            self.assertEqual(names, self.ENGINE)  # no frontend of their own
+            for _, ns in traces[i][1]:
+                self.assertTrue(start <= ns <= end, (name, ns, start, end))
+        # simple ran before second (second reads simple's output).
+        self.assertLess(dict(traces[steps["simple"][0]][1])["REQUEST_END"],
+                        dict(traces[steps["second"][0]][1])["REQUEST_START"])
+        # TENSORS: each trace's own tensors (the ensemble's input and output, each step's).
+        tensors = {}
+        for r in records:
+            if "activity" in r:
+                tensors.setdefault(r["id"], []).append((r["activity"], r["tensor"]["name"]))
+        queued_and_run = [("TENSOR_QUEUE_INPUT", "input0"), ("TENSOR_BACKEND_INPUT", "input0"),
+                          ("TENSOR_BACKEND_OUTPUT", "output0")]
+        self.assertEqual(tensors, {parent: queued_and_run, steps["simple"][0]: queued_and_run,
+                                   steps["second"][0]: queued_and_run})
+
+    def test_a_python_models_calls_with_its_trace_are_child_traces(self):
+        self.repo.cleanup()
+        self.repo = composed_repository()
+        s = self.serve("rate=1")
+        h = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+        infer_model(h, "bls", "simple")
+        infer_model(h, "bls", "ens")  # bls -> ens -> (simple, second): a chain of parents
+        infer_model(h, "bls", "untraced:simple")  # no trace=: the call is not traced
+        h.close()
+        s.stop()
+        traces = self.traces(self.records(self.file))
+        roots = sorted(i for i, (m, _) in traces.items() if "parent_id" not in m)
+        self.assertEqual(len(roots), 3)
+        self.assertEqual(len(traces), 3 + 1 + 3, traces)
+        for i in roots:
+            self.assertEqual(traces[i][0]["model_name"], "bls")
+            self.assertEqual([n for n, _ in traces[i][1]],
+                             ["HTTP_RECV_START", "HTTP_RECV_END"] + self.ENGINE +
+                             ["HTTP_SEND_START", "HTTP_SEND_END"])
+        by_children = sorted((sorted(self.children(traces, i)), i) for i in roots)
+        self.assertEqual([c for c, _ in by_children], [[], ["ens"], ["simple"]])
+        one = self.children(traces, by_children[2][1])["simple"]
+        self.assertEqual(one[2], self.ENGINE)
+        # The call ran inside the caller's compute.
+        caller = dict(traces[by_children[2][1]][1])
+        for _, ns in traces[one[0]][1]:
+            self.assertTrue(caller["COMPUTE_START"] <= ns <= caller["COMPUTE_END"])
+        ens = self.children(traces, by_children[1][1])["ens"]
+        self.assertEqual(ens[2], ["REQUEST_START", "QUEUE_START", "REQUEST_END"])
+        steps = self.children(traces, ens[0])
+        self.assertEqual(sorted(steps), ["second", "simple"])
+        for _, _, names in steps.values():
+            self.assertEqual(names, self.ENGINE)
+
     def test_rate_count_and_log_frequency(self):
         s = self.serve("rate=2", "count=3", "triton,log-frequency=2")
         h = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
@@ -528,6 +711,46 @@ class OpenTelemetryMode(harness.unittest.TestCase):
                          "GRPC_SEND_END", "QUEUE_START", "COMPUTE_END", "REQUEST_END"} <= events,
                         events)
         self.assertEqual(len(by_id), len(spans))
+
+    def test_children_hang_under_their_parents_model_span(self):
+        # Triton's qa/L0_trace opentelemetry_unittest.py _test_bls_trace nesting: a BLS model
+        # that calls an ensemble gives InferRequest -> bls -> (compute, ens); ens -> its steps;
+        # each step -> compute. One OpenTelemetry trace, the client's.
+        self.repo.cleanup()
+        self.repo = composed_repository()
+        receiver = Receiver()
+        self.addCleanup(receiver.close)
+        s = self.serve("http://127.0.0.1:%d/v1/traces" % receiver.port)
+        h = httpclient.InferenceServerClient("127.0.0.1:%d" % s.http_port)
+        infer_model(h, "bls", "ens", headers={"traceparent": TRACEPARENT})
+        h.close()
+        wait_for(lambda: len(receiver.spans()) >= 8, what="8 spans")
+        time.sleep(0.2)  # nothing more comes
+        spans = receiver.spans()
+        self.assertEqual(len(spans), 8, [x["name"] for x in spans])
+        by_id = {x["span_id"]: x for x in spans}
+        nesting = {}
+        for x in spans:
+            if x["parent_span_id"] in by_id:
+                nesting.setdefault(by_id[x["parent_span_id"]]["name"], []).append(x["name"])
+        self.assertEqual({k: sorted(v) for k, v in nesting.items()},
+                         {"InferRequest": ["bls"], "bls": ["compute", "ens"],
+                          "ens": ["second", "simple"], "simple": ["compute"],
+                          "second": ["compute"]})
+        parent_trace = bytes.fromhex(TRACEPARENT.split("-")[1])
+        self.assertEqual({x["trace_id"] for x in spans}, {parent_trace})
+        root, = [x for x in spans if x["name"] == "InferRequest"]
+        self.assertEqual(root["parent_span_id"], bytes.fromhex(TRACEPARENT.split("-")[2]))
+        models = {x["name"]: x for x in spans if "triton.model_name" in x["attributes"]}
+        ids = {n: m["attributes"]["triton.trace_id"] for n, m in models.items()}
+        parents = {n: m["attributes"]["triton.trace_parent_id"] for n, m in models.items()}
+        self.assertEqual(parents, {"bls": 0, "ens": ids["bls"], "simple": ids["ens"],
+                                   "second": ids["ens"]})
+        self.assertEqual(len(set(ids.values())), 4)
+        bls, ens = models["bls"], models["ens"]
+        self.assertLessEqual(bls["start"], ens["start"])
+        self.assertLessEqual(ens["end"], bls["end"])
+        self.assertEqual(ens["parent_span_id"], bls["span_id"])
 
     def test_collector_down(self):
         s = self.serve("http://127.0.0.1:%d/v1/traces" % free_port(),

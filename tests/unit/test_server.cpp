@@ -419,6 +419,78 @@ TEST(Trace, SamplesEveryRateThWhileCountLastsAndRotatesFiles) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Trace, ChildrenAreWrittenWithTheirParentUnderItsId) {
+  // Triton's child traces (an ensemble's steps, BLS calls): their own ids, parent_id the
+  // parent's; not sampled (count=1 is spent by the parent alone); written with the parent, as
+  // one trace. TENSORS: an input's text made once, recorded for both input activities.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("asyncinfer_trace_child_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "t.json").string();
+  std::uint64_t parent_id = 0;
+  std::uint64_t child_id = 0;
+  {
+    auto c = parse_trace_config(
+        {"triton,file=" + file, "level=TIMESTAMPS", "level=TENSORS", "rate=1", "count=1"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    TraceManager m(*c);
+    std::shared_ptr<Trace> parent = m.sample("ens", std::nullopt);
+    ASSERT_NE(parent, nullptr);
+    EXPECT_EQ(m.sample("ens", std::nullopt), nullptr);  // the count is spent
+    EXPECT_EQ(Trace::child_of(nullptr), nullptr);
+    parent->set_model("ens", 1, "r1");
+    parent->record("REQUEST_START", 10);
+    std::shared_ptr<Trace> child = Trace::child_of(parent);
+    ASSERT_NE(child, nullptr);
+    parent_id = parent->id();
+    child_id = child->id();
+    EXPECT_NE(child_id, parent_id);
+    EXPECT_EQ(child->parent_id(), parent_id);
+    EXPECT_EQ(parent->parent_id(), 0u);
+    child->set_model("step", 2, "r1");
+    child->record("REQUEST_START", 20);
+    auto x = Tensor::from_values<std::int32_t>({1, 3}, std::vector<std::int32_t>{1, -2, 3});
+    ASSERT_TRUE(x.ok());
+    child->record_tensor({"TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_INPUT"}, "x", *x);
+    child->record("REQUEST_END", 30);
+    child.reset();  // held by nobody else: handed to the parent, not written alone
+    EXPECT_FALSE(std::filesystem::exists(dir / "t.json.0"));
+    parent->record("REQUEST_END", 40);
+    parent.reset();  // the count spent and every trace collected: written now
+    EXPECT_TRUE(std::filesystem::exists(dir / "t.json.0"));
+  }
+  std::ifstream in(dir / "t.json.0");
+  auto j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+  ASSERT_TRUE(j.is_array());
+  std::map<std::uint64_t, nlohmann::json> models;
+  std::vector<nlohmann::json> tensors;
+  std::map<std::uint64_t, int> stamps;
+  for (const auto& r : j) {
+    if (r.contains("model_name")) models[r["id"].get<std::uint64_t>()] = r;
+    if (r.contains("activity")) tensors.push_back(r);
+    if (r.contains("timestamps")) ++stamps[r["id"].get<std::uint64_t>()];
+  }
+  ASSERT_EQ(models.size(), 2u) << j.dump();
+  EXPECT_EQ(models[parent_id]["model_name"], "ens");
+  EXPECT_FALSE(models[parent_id].contains("parent_id"));  // as Triton: only a child has one
+  EXPECT_EQ(models[child_id]["model_name"], "step");
+  EXPECT_EQ(models[child_id]["model_version"], 2);
+  EXPECT_EQ(models[child_id]["parent_id"], parent_id);
+  EXPECT_EQ(stamps[parent_id], 2);
+  EXPECT_EQ(stamps[child_id], 2);
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_EQ(tensors[0]["activity"], "TENSOR_QUEUE_INPUT");
+  EXPECT_EQ(tensors[1]["activity"], "TENSOR_BACKEND_INPUT");
+  for (const auto& t : tensors) {
+    EXPECT_EQ(t["id"], child_id);
+    EXPECT_EQ(
+        t["tensor"],
+        (nlohmann::json{{"name", "x"}, {"data", "1,-2,3"}, {"shape", "1,3"}, {"dtype", "INT32"}}));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Trace, TraceParentIsW3CTraceContext) {
   auto p = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
   ASSERT_TRUE(p.has_value());

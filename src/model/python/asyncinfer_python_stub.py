@@ -265,6 +265,9 @@ class Channel:
 
 
 CHANNEL = Channel()
+# How many batches execute() has been given (one element: changed in place): a request's trace
+# names its batch, so that a trace kept past its execute() is not taken for another request's.
+STUB_BATCH = [0]
 
 
 def _tensor_payload(utils, t):
@@ -399,6 +402,9 @@ class Call:
                "correlation_id": request.correlation_id(), "flags": request.flags(),
                "timeout": int(request.timeout()), "priority": int(getattr(request, "_priority", 0)),
                "parameters": params or {}, "decoupled": bool(decoupled)}
+        trace = getattr(request, "_trace", None)
+        if trace is not None and trace._request is not None and trace._batch == STUB_BATCH[0]:
+            msg["trace"] = trace._request  # under that request's trace, if it is traced
         if fds:
             msg["fd"] = True
         with CHANNEL.cv:
@@ -699,15 +705,18 @@ class Stub:
                 os.close(fd)
         requests = []
         senders = []
+        STUB_BATCH[0] += 1
         for index, r in enumerate(msg["requests"]):
             sender = ResponseSender(self, index)
             senders.append(sender)
+            trace = utils.InferenceTrace()
+            trace._request, trace._batch = index, STUB_BATCH[0]
             requests.append(utils.InferenceRequest(
                 inputs=[self.input_tensor(s) for s in r["inputs"]],
                 requested_output_names=[o["name"] for o in self.model_config.get("output", [])],
                 request_id=r.get("id", ""), correlation_id=r.get("correlation_id", 0),
                 flags=r.get("flags", 0), parameters=r.get("parameters", "{}"), _sender=sender,
-                model_name=self.model_config.get("name", "")))
+                model_name=self.model_config.get("name", ""), trace=trace))
         self.pending = len(requests) if self.decoupled else 0
         try:
             result = self.model.execute(requests)

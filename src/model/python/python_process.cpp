@@ -1201,6 +1201,12 @@ Status PythonProcess::start_call(Message& m, std::uint64_t tag) {
   }
   context->callers.push_back(setup_->model_name);
   r.context = std::move(context);
+  // trace=request.trace(): the index of that request in this batch, whose trace (if it is
+  // traced) the call is traced under.
+  if (const json& t = m.body.value("trace", json()); t.is_number_unsigned()) {
+    const auto j = t.get<std::size_t>();
+    if (j < io_->contexts.size() && io_->contexts[j]) r.trace = io_->contexts[j]->trace;
+  }
   r.decoupled = m.body.value("decoupled", false);
   mail_->begin_call(tag);  // before: its response may come before infer() returns
   Result<std::shared_ptr<HostCall>> call =

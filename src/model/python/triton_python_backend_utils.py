@@ -316,10 +316,15 @@ TRITONSERVER_MEMORY_CPU = 0
 
 
 class InferenceTrace:
-    """Triton's trace context of a BLS request; accepted and unused."""
+    """Triton's trace of a request (request.trace()): a call made with
+    InferenceRequest(..., trace=request.trace()) is traced as a child of that request's trace
+    when the request is traced (Triton's "Tracing for BLS models"); without it, or for a request
+    that is not traced, the call is not traced."""
 
     def __init__(self, context=None):
         self._context = context
+        self._request = None  # the request's index in the batch being executed (the stub's)
+        self._batch = None    # which execute() that batch was (the stub's count)
 
     def get_context(self, mode="triton"):
         return self._context
@@ -368,6 +373,7 @@ class InferenceRequest:
         self._sender = _sender
         self._model_name = model_name
         self._model_version = model_version
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
     def inputs(self):
         return self._inputs
@@ -396,6 +402,10 @@ class InferenceRequest:
 
     def timeout(self):
         return self._timeout
+
+    def trace(self):
+        """The request's trace (an InferenceTrace), for InferenceRequest(..., trace=)."""
+        return self._trace
 
     def is_cancelled(self):
         return self._sender is not None and self._sender.is_cancelled()

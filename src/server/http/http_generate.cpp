@@ -20,6 +20,7 @@
 
 #include "http_server_impl.hpp"
 #include "oip_json_internal.hpp"
+#include "trace.hpp"
 
 namespace asyncinfer::server {
 
@@ -289,11 +290,16 @@ void Session::handle_generate(const std::string& model, const std::string& versi
     return respond_error(505, "generate_stream needs HTTP/1.1 (its events use chunked coding)");
   }
   ModelRef m = std::move(*mv);
+  // Traced as /infer is (Triton's generate runs through the same inference path).
+  if (impl_.core.tracer().active()) [[unlikely]]
+    sample_trace(m->model_name);
   auto decoded = decode_generate(*m, request_.body(), impl_.opt.max_json_depth);
   request_.body() = std::string();
   if (!decoded.ok()) return respond_status(decoded.status());
   InferRequest req = std::move(*decoded);
   forward_headers(req.parameters);
+  if (trace_) [[unlikely]]
+    req.trace = trace_;
   lease_.hold(input_bytes(req));
   auto self = shared_from_this();
   events_ = std::make_shared<EventQueue>();
@@ -361,8 +367,13 @@ void Session::on_generate_done(Result<InferResponse> r) {
     Result<std::string> text = final_has_data ? generate_json(*r) : std::move(generate_answer_);
     generate_answer_ = std::string();
     if (!text.ok()) return respond_status(text.status());
+    if (trace_) [[unlikely]]
+      trace_->record_now("HTTP_SEND_START");
     return respond(200, std::move(*text));
   }
+  // The final response's send: from now until the stream's last chunk is written (HTTP_SEND_END).
+  if (trace_) [[unlikely]]
+    trace_->record_now("HTTP_SEND_START");
   if (!r.ok() && sse_ == SseState::none) {
     // The model's first response is an error: the stream's header carries its status and the
     // error is its one event, as Triton answers (errors before the model ran are plain JSON).

@@ -373,18 +373,8 @@ void Session::handle_infer(const std::string& model, const std::string& version)
     header_length = n;
   }
   ModelRef m = std::move(*mv);
-  if (impl_.core.tracer().active()) [[unlikely]] {  // Triton's trace extension (trace.hpp)
-    std::optional<TraceParent> parent;
-    if (auto it = request_.find("traceparent"); it != request_.end()) {
-      parent = parse_traceparent(it->value());
-    }
-    trace_ = impl_.core.tracer().sample(m->model_name, parent);
-    if (trace_) {
-      const std::int64_t read = trace_ns(request_read_at_);
-      trace_->record("HTTP_RECV_START", recv_start_ns_ != 0 ? recv_start_ns_ : read);
-      trace_->record("HTTP_RECV_END", read);
-    }
-  }
+  if (impl_.core.tracer().active()) [[unlikely]]  // Triton's trace extension (trace.hpp)
+    sample_trace(m->model_name);
   if (coding == ContentCoding::identity && request_.body().size() < kCodecInlineBytes) {
     auto decoded = decode_infer_request(*m, request_.body(), header_length,
                                         impl_.opt.max_json_depth, &impl_.core.shared_memory());
@@ -424,6 +414,19 @@ void Session::handle_infer(const std::string& model, const std::string& version)
                 self->on_decoded(m, std::move(decoded), too_large, inflated);
               });
   });
+}
+
+void Session::sample_trace(const std::string& model) {
+  std::optional<TraceParent> parent;
+  if (auto it = request_.find("traceparent"); it != request_.end()) {
+    parent = parse_traceparent(it->value());
+  }
+  trace_ = impl_.core.tracer().sample(model, parent);
+  if (trace_) {
+    const std::int64_t read = trace_ns(request_read_at_);
+    trace_->record("HTTP_RECV_START", recv_start_ns_ != 0 ? recv_start_ns_ : read);
+    trace_->record("HTTP_RECV_END", read);
+  }
 }
 
 void Session::forward_headers(Parameters& parameters) const {

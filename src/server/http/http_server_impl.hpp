@@ -208,6 +208,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_metrics();
   void handle_api();
   void handle_infer(const std::string& model, const std::string& version);
+  /// An inference request (infer, generate, generate_stream) to `model` is read: when the
+  /// server traces (TraceManager::active), samples it into trace_ and records its receipt
+  /// (HTTP_RECV_START, HTTP_RECV_END).
+  void sample_trace(const std::string& model);
   /// GET/POST /v2/trace/setting (`model` empty) and /v2/models/{m}/trace/setting.
   void handle_trace_setting(const std::string& model);
   /// `body_too_large`: inflating the body passed --max-body-bytes (413); `inflated`: the body
