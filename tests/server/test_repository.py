@@ -55,7 +55,6 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
         cls.repo.cleanup()
 
     def test_log_names_each_failure(self):
-        log = self.server.log()
         expect = {
             "syntax": r"syntax': UNAVAILABLE: .*config.pbtxt:4:\d+: ",
             "unknown_field": r"unknown_field': UNAVAILABLE: .*config.pbtxt:12:\d+: Message type "
