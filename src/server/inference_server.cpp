@@ -250,6 +250,22 @@ Result<ModelRef> InferenceServer::find(std::string_view model, std::string_view 
   }
 }
 
+std::shared_ptr<const ServedModel> InferenceServer::model_of(const ModelVersion& version) const {
+  auto snap = repository_->snapshot();
+  const ServedModel* m = snap->find(version.model_namespace, version.model_name);
+  if (m == nullptr) return nullptr;
+  return std::shared_ptr<const ServedModel>(std::move(snap), m);  // lives as long as the snapshot
+}
+
+Status InferenceServer::check_trace_model(std::string_view model) const {
+  Result<ModelRef> r = find(model, "");
+  if (r.ok()) return Status();
+  if (Status ambiguous = repository_->snapshot()->ambiguity(model); !ambiguous.ok()) {
+    return ambiguous;
+  }
+  return invalid_argument_error("Request for unknown model : " + std::string(model));
+}
+
 Result<ModelRef> InferenceServer::find_once(std::string_view model, std::string_view version,
                                             std::string_view prefer_ns, bool* retired) const {
   auto snap = repository_->snapshot();

@@ -278,6 +278,17 @@ class InferenceServer {
   Result<ModelRef> find(std::string_view model, std::string_view version,
                         std::string_view prefer_ns = {}) const;
 
+  /// The model that holds `version` (a version find() gave), as the current snapshot has it:
+  /// looked up by its id (name and namespace), never by the name again, so that the metadata of
+  /// a request describes the model find() resolved. Null once that model left the repository.
+  std::shared_ptr<const ServedModel> model_of(const ModelVersion& version) const;
+
+  /// Triton's check before a model's trace settings (its server asks
+  /// TRITONSERVER_ServerModelIsReady): ok when find(model, "") finds a version; otherwise the
+  /// ambiguity error find() gives for a name that two namespaces serve, or invalid_argument
+  /// "Request for unknown model : NAME" (Triton's words).
+  Status check_trace_model(std::string_view model) const;
+
   /// The versions a statistics request covers (Triton's statistics extension): `model` empty =
   /// every loaded version of every model; `version` empty = every loaded version of `model`.
   /// invalid_argument (Triton's 400 / INVALID_ARGUMENT) naming what is wrong for an unknown

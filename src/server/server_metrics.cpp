@@ -141,6 +141,15 @@ void add_triton_families(metrics::Families& out, const ModelVersion& v, const In
   }
 }
 
+/// A version's labels: `model` and `version`, and with --model-namespacing `namespace` (its
+/// repository) between them, as Triton's (metric_model_reporter.cc: a "namespace" label when
+/// namespacing is on; its labels are sorted by name), so that two namespaces' models of one name
+/// are two series.
+metrics::Labels model_labels(const ServedModel& model, const std::string& version) {
+  if (model.ns.empty()) return {{"model", model.name}, {"version", version}};
+  return {{"model", model.name}, {"namespace", model.ns}, {"version", version}};
+}
+
 }  // namespace
 
 void collect_engine_metrics(const ModelRepository& repository, metrics::Families& out) {
@@ -149,10 +158,10 @@ void collect_engine_metrics(const ModelRepository& repository, metrics::Families
   for (const auto& model : snap->models) {
     if (!model->requested && model->versions.empty()) continue;  // not loaded
     if (model->versions.empty()) {
-      out.gauge("asyncinfer_model_ready", ready_help, {{"model", model->name}, {"version", ""}}, 0);
+      out.gauge("asyncinfer_model_ready", ready_help, model_labels(*model, ""), 0);
     }
     for (const auto& v : model->versions) {
-      const metrics::Labels l = {{"model", model->name}, {"version", v->version_text}};
+      const metrics::Labels l = model_labels(*model, v->version_text);
       out.gauge("asyncinfer_model_ready", ready_help, l, v->serving() ? 1 : 0);
       if (v->ensemble && v->ensemble_counters) {
         add_triton_families(out, *v, v->statistics(), nullptr, l);

@@ -81,8 +81,8 @@ class ProtocolMetrics {
 };
 
 /// Adds the families of every engine in `repository` (the library's own, from the one exporter,
-/// metrics/prometheus_text.hpp, with labels model and version) and the readiness of each
-/// version.
+/// metrics/prometheus_text.hpp, with labels model and version, and namespace between them with
+/// --model-namespacing, as Triton's) and the readiness of each version.
 void collect_engine_metrics(const ModelRepository& repository, metrics::Families& out);
 
 }  // namespace asyncinfer::server

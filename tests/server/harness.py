@@ -33,7 +33,8 @@ def parse_args():
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--cli", required=True)
     p.add_argument("--digits", default=None)
-    p.add_argument("--grpc-stubs", default=None)  # Python stubs made from the project's .proto
+    # Python stubs made from the project's .proto (ctest may give them in ASYNCINFER_GRPC_STUBS)
+    p.add_argument("--grpc-stubs", default=os.environ.get("ASYNCINFER_GRPC_STUBS") or None)
     known, rest = p.parse_known_args()
     ARGS.cli = known.cli
     ARGS.digits = known.digits

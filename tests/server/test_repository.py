@@ -11,11 +11,14 @@ import subprocess
 import time
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 import oip_client
 from harness import ARGS, DIGITS_CONFIG, EXAMPLE_REPOSITORY, Repository, Server, builtin_config
 
+AMBIGUOUS_STEP = ("There are 2 identifiers of model 'step' in global map, model namespace must "
+                  "be provided to resolve ambiguity.")
 IDENTITY = open(os.path.join(EXAMPLE_REPOSITORY, "identity", "config.pbtxt")).read()
 
 
@@ -55,7 +58,6 @@ parameters { key: "INFERENCE_MODE" value { string_value: "true" } }
         cls.repo.cleanup()
 
     def test_log_names_each_failure(self):
-        log = self.server.log()
         expect = {
             "syntax": r"syntax': UNAVAILABLE: .*config.pbtxt:4:\d+: ",
             "unknown_field": r"unknown_field': UNAVAILABLE: .*config.pbtxt:12:\d+: Message type "
@@ -322,6 +324,8 @@ class SeveralRepositories(harness.unittest.TestCase):
                                              timeout=10).status_code, 200)
             server.wait_line(r"model 'twice': not loaded: not unique across all model "
                              r"repositories: model appears in two or more repositories")
+            # Without --model-namespacing the model labels are model and version only.
+            self.assertNotIn("namespace=", requests.get(server.metrics_url, timeout=10).text)
             # Once one repository lets go of it, the next scan serves it.
             shutil.rmtree(os.path.join(b.path, "twice"))
             deadline = time.monotonic() + 30
@@ -333,7 +337,10 @@ class SeveralRepositories(harness.unittest.TestCase):
         """Triton's --model-namespacing=true: two repositories may hold the same name. A request
         by that name fails as ambiguous (Triton's words), an ensemble runs the step model of its
         own repository, and explicit mode's load of an ensemble loads its steps first (Triton's
-        cascade), an unload of a name covering every repository."""
+        cascade), an unload of a name covering every repository. Every lookup by name (metadata,
+        config, ready, statistics, trace settings; HTTP and gRPC) gives the ambiguity error as
+        inference does, and /metrics labels each model with its namespace (Triton's), one
+        series each."""
         a, b = Repository(), Repository()
         self.addCleanup(a.cleanup)
         self.addCleanup(b.cleanup)
@@ -374,8 +381,9 @@ class SeveralRepositories(harness.unittest.TestCase):
                 self.assertEqual(r.status_code, 200, r.text)
                 r = requests.post(server.url + "/v2/models/step/infer", json=x, timeout=10)
                 self.assertEqual(r.status_code, 400, r.text)
-                self.assertIn("There are 2 identifiers of model 'step' in global map, model "
-                              "namespace must be provided to resolve ambiguity.", r.text)
+                self.assertIn(AMBIGUOUS_STEP, r.text)
+                self.check_lookups_are_ambiguous(server)
+                self.check_metrics_per_namespace(server, a.path, b.path)
                 if mode == "EXPLICIT":
                     # Unloading the name unloads it in both; a's, loaded again, serves alone.
                     r = requests.post(server.url + "/v2/repository/models/step/unload",
@@ -390,6 +398,68 @@ class SeveralRepositories(harness.unittest.TestCase):
                     r = requests.post(server.url + "/v2/models/pipe_b/infer", json=body,
                                       timeout=10)
                     self.assertEqual(r.status_code, 200, r.text)
+
+    def check_lookups_are_ambiguous(self, server):
+        """Each lookup of 'step' by name answers Triton's ambiguity error, with inference's
+        status: 400 over HTTP, INVALID_ARGUMENT over gRPC (Triton's core resolves the name
+        first, FindModelIdentifier, for metadata, config, readiness and statistics alike; its
+        trace setting asks for readiness first)."""
+        for path in ("", "/versions/1", "/config", "/ready", "/versions/1/ready", "/stats",
+                     "/trace/setting"):
+            with self.subTest(http=path):
+                r = requests.get(server.url + "/v2/models/step" + path, timeout=10)
+                self.assertEqual(r.status_code, 400, r.text)
+                self.assertEqual(r.json()["error"], AMBIGUOUS_STEP)
+        r = requests.post(server.url + "/v2/models/step/trace/setting",
+                          json={"trace_rate": "1"}, timeout=10)
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assertEqual(r.json()["error"], AMBIGUOUS_STEP)
+        if not harness.ARGS.grpc_stubs:
+            return  # no gRPC stubs in this build: HTTP only
+        import grpc
+        import grpc_client as gc
+        from grpc_client import pb
+        with gc.channel("127.0.0.1:%d" % server.grpc_port) as ch:
+            stub = gc.stub(ch)
+            calls = {
+                "ModelMetadata": pb.ModelMetadataRequest(name="step"),
+                "ModelConfig": pb.ModelConfigRequest(name="step"),
+                "ModelReady": pb.ModelReadyRequest(name="step"),
+                "ModelStatistics": pb.ModelStatisticsRequest(name="step"),
+                "TraceSetting": pb.TraceSettingRequest(model_name="step"),
+                "ModelInfer": gc.infer_request("step", [("input0", "FP32", [1, 16], [1.0] * 16)]),
+            }
+            for rpc, request in calls.items():
+                for version in ("", "1"):
+                    if version and not hasattr(request, "version"):
+                        continue
+                    with self.subTest(grpc=rpc, version=version):
+                        if version:
+                            request.version = version
+                        with self.assertRaises(grpc.RpcError) as caught:
+                            getattr(stub, rpc)(request, timeout=10)
+                        self.assertEqual(caught.exception.code(),
+                                         grpc.StatusCode.INVALID_ARGUMENT)
+                        self.assertEqual(caught.exception.details(), AMBIGUOUS_STEP)
+
+    def check_metrics_per_namespace(self, server, a, b):
+        """/metrics: 'step' of each repository is a series of its own, labelled namespace=<its
+        repository> (Triton's label); no two samples share a name and labels."""
+        text = requests.get(server.metrics_url, timeout=10).text
+        seen = set()
+        success = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                self.assertNotIn(key, seen, "a series twice")
+                seen.add(key)
+                # The parser names a counter's sample NAME_total.
+                if sample.name == "nv_inference_request_success_total" and \
+                        sample.labels.get("model") == "step":
+                    success[sample.labels.get("namespace")] = sample.value
+        # pipe_a's request ran a's step; pipe_b's failed in b's.
+        self.assertEqual(success, {a: 1, b: 0})
+        self.assertIn('asyncinfer_model_ready{model="step",namespace="%s",version="1"} 1' % b, text)
 
     def test_a_missing_repository_is_refused_at_start(self):
         a = Repository()

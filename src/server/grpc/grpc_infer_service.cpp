@@ -266,8 +266,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
     if (grpc::Status s = impl_.restricted(ctx, ApiCategory::metadata); !s.ok()) return done(ctx, s);
     auto mv = impl_.core.find(in->name(), in->version());
     if (!mv.ok()) return done(ctx, mv.status());
-    auto snap = impl_.core.repository().snapshot();
-    const ServedModel* sm = snap->find(in->name());
+    // The model of the version found (its namespace's), not the name looked up again.
+    auto sm = impl_.core.model_of(**mv);
     if (sm == nullptr) return done(ctx, not_found_error("unknown model '" + in->name() + "'"));
     model_metadata(*sm, **mv, in->version().empty() ? nullptr : mv->get(), out);
     return done(ctx, Status());
@@ -443,8 +443,8 @@ class GrpcServer::Impl::Service final : public ServiceBase {
                                          pb::TraceSettingResponse* out) override {
     if (grpc::Status s = impl_.restricted(ctx, ApiCategory::trace); !s.ok()) return done(ctx, s);
     const std::string& model = in->model_name();
-    if (!model.empty() && !impl_.core.find(model, "").ok()) {
-      return done(ctx, invalid_argument_error("Request for unknown model : " + model));
+    if (!model.empty()) {
+      if (Status s = impl_.core.check_trace_model(model); !s.ok()) return done(ctx, s);
     }
     TraceManager& tracer = impl_.core.tracer();
     TraceSettings settings;

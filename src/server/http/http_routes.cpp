@@ -231,8 +231,8 @@ void Session::handle_api() {
     if (!need(http::verb::get)) return;
     auto mv = impl_.core.find(model, version);
     if (!mv.ok()) return respond_status(mv.status());
-    auto snap = impl_.core.repository().snapshot();
-    const ServedModel* sm = snap->find(model);
+    // The model of the version found (its namespace's), not the name looked up again.
+    auto sm = impl_.core.model_of(**mv);
     if (sm == nullptr) return respond_error(404, "unknown model '" + model + "'");
     return respond(200, model_metadata_json(*sm, **mv, version.empty() ? nullptr : mv->get()));
   }
@@ -322,8 +322,8 @@ void Session::handle_trace_setting(const std::string& model) {
   // Triton's trace extension (trace.hpp): a model's settings need the model to be ready.
   const http::verb method = method_ == http::verb::head ? http::verb::get : method_;
   if (method != http::verb::get && method != http::verb::post) return respond_method("GET, POST");
-  if (!model.empty() && !impl_.core.find(model, "").ok()) {
-    return respond_error(400, "Request for unknown model : " + model);
+  if (!model.empty()) {
+    if (Status s = impl_.core.check_trace_model(model); !s.ok()) return respond_status(s);
   }
   TraceManager& tracer = impl_.core.tracer();
   if (method == http::verb::get) return respond(200, trace_settings_json(tracer.settings(model)));
