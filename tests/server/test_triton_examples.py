@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,10 @@ ENSEMBLE_EXAMPLE = os.path.join(harness.ROOT, "examples", "model_repository_ense
 SOURCES = {"simple": "add_sub.py", "simple_int8": "add_sub.py", "simple_string": "add_sub.py",
            "simple_identity": "identity.py", "repeat_int32": "repeat.py",
            "simple_sequence": "sequence.py", "simple_dyna_sequence": "sequence.py",
-           "simple_string_dyna_sequence": "sequence.py"}
+           "simple_string_dyna_sequence": "sequence.py", "densenet_onnx": "densenet.py"}
+# The label files the models' outputs name (label_filename), written with the repository: the
+# stand-in's 1000 classes.
+LABELS = {"densenet_onnx": ("densenet_labels.txt", ["class_%d" % k for k in range(1000)])}
 
 # (script, protocol, extra arguments): every example that runs against a default server.
 HTTP = ["simple_http_infer_client", "simple_http_async_infer_client",
@@ -90,14 +94,19 @@ MODEL_CONTROL = [("simple_http_model_control", "http", 7),
 # right, and 7 of these 8).
 IMAGES = 8
 
+# grpc_client.py, on the stand-in for Triton's densenet_onnx (triton_models/densenet.py): it sends
+# data_0, [3, 224, 224] FP32, as raw bytes, all ASCII 'a'; every element is the FP32 of the bytes
+# 61 61 61 61, so each channel's mean is that value and fc6_1[k] = value * (k + 1) / 1000.
+DENSENET = ("grpc_client", "grpc", [])
+A_FP32 = struct.unpack("<f", b"aaaa")[0]
+DENSENET_FC6 = struct.pack("<1000f", *(A_FP32 * (k + 1) / 1000 for k in range(1000)))
+
 # The examples not run, each with why. Keep docs/serving.md's list the same.
 NOT_RUN = {
     "simple_http_health_metadata": "checks that the server's name is \"triton\"",
     "simple_grpc_health_metadata": "checks that the server's name is \"triton\"",
     "simple_http_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
     "simple_grpc_cudashm_client": "CUDA shared memory (a GPU and CUDA IPC)",
-    "grpc_client": "densenet_onnx, a 32 MB ONNX network of Triton's model zoo that is not "
-                   "downloaded here (the classification extension runs in the image clients)",
     "memory_growth_test": "connects to localhost:8000/8001 only (tests use free ports)",
 }
 
@@ -115,6 +124,10 @@ def make_repository(count=None):
         os.makedirs(os.path.join(path, model, "1"))
         shutil.copy(os.path.join(MODELS, model, "config.pbtxt"), os.path.join(path, model))
         shutil.copy(os.path.join(MODELS, source), os.path.join(path, model, "1", "model.py"))
+        if model in LABELS:
+            name, labels = LABELS[model]
+            with open(os.path.join(path, model, name), "w") as f:
+                f.write("".join(label + "\n" for label in labels))
     if harness.ARGS.digits and count is None:
         add_digits_models(path, harness.ARGS.digits)
     return path
@@ -266,10 +279,54 @@ class TritonExamples(unittest.TestCase):
             self.run_example(script, protocol, [], server)
             self.assertIsNone(server.proc.poll(), server.log())
 
+    def test_grpc_client(self):
+        """grpc_client.py, unchanged, on the densenet_onnx stand-in: what it prints of the model's
+        readiness, metadata, config and inference is the stand-in's, to the output's bytes."""
+        from google.protobuf import text_format
+        from tritonclient.grpc import service_pb2
+
+        script, protocol, extra = DENSENET
+        printed = self.run_example(script, protocol, extra)
+        # It prints each response after a header line of its own, the last one before "PASS".
+        heads = ["model ", "server metadata:\n", "model metadata:\n", "model config:\n",
+                 "model infer:\n", "PASS\n"]
+        at = [printed.find(h) for h in heads]
+        self.assertTrue(all(a >= 0 for a in at) and at == sorted(at), printed[-4000:])
+        block = {h: printed[at[i] + len(h):at[i + 1]] for i, h in enumerate(heads[:-1])}
+
+        ready = text_format.Parse(block["model "], service_pb2.ModelReadyResponse())
+        self.assertTrue(ready.ready, block["model "])
+
+        metadata = text_format.Parse(block["model metadata:\n"],
+                                     service_pb2.ModelMetadataResponse())
+        self.assertEqual(metadata.name, "densenet_onnx")
+        self.assertEqual(list(metadata.versions), ["1"])
+        self.assertEqual([(t.name, t.datatype, list(t.shape)) for t in metadata.inputs],
+                         [("data_0", "FP32", [3, 224, 224])])
+        self.assertEqual([(t.name, t.datatype, list(t.shape)) for t in metadata.outputs],
+                         [("fc6_1", "FP32", [1000])])
+
+        config = text_format.Parse(block["model config:\n"],
+                                   service_pb2.ModelConfigResponse()).config
+        self.assertEqual((config.name, config.max_batch_size), ("densenet_onnx", 0))
+        (data,), (fc6,) = config.input, config.output
+        self.assertEqual((data.name, list(data.dims), list(data.reshape.shape)),
+                         ("data_0", [3, 224, 224], [1, 3, 224, 224]))
+        self.assertEqual((fc6.name, list(fc6.dims), list(fc6.reshape.shape), fc6.label_filename),
+                         ("fc6_1", [1000], [1, 1000, 1, 1], "densenet_labels.txt"))
+
+        infer = text_format.Parse(block["model infer:\n"], service_pb2.ModelInferResponse())
+        self.assertEqual((infer.model_name, infer.model_version, infer.id),
+                         ("densenet_onnx", "1", "my request id"))
+        self.assertEqual([(t.name, t.datatype, list(t.shape)) for t in infer.outputs],
+                         [("fc6_1", "FP32", [1000])])
+        self.assertEqual(len(infer.raw_output_contents), 1)
+        self.assertEqual(infer.raw_output_contents[0], DENSENET_FC6)
+
     def test_every_example_is_run_or_named(self):
         """A new example in the checkout is either run here or named in NOT_RUN."""
         scripts = {f[:-3] for f in os.listdir(self.dir) if f.endswith(".py")}
-        known = ({s for s, _, _ in RUNS + CLASSIFY + MODEL_CONTROL} | set(NOT_RUN))
+        known = ({s for s, _, _ in RUNS + CLASSIFY + MODEL_CONTROL + [DENSENET]} | set(NOT_RUN))
         self.assertEqual(sorted(scripts - known), [])
 
 
