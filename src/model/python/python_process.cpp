@@ -1222,8 +1222,9 @@ Status PythonProcess::start_call(Message& m, std::uint64_t tag) {
 }
 
 Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop) {
-  std::uint64_t drained = 0;
-  [[maybe_unused]] const ssize_t got = ::read(wake_, &drained, sizeof(drained));  // stale wake-ups
+  // A stale wake-up (a stop that fired after an earlier batch had ended) is not drained here, a
+  // system call per batch: receive() reads it when it shows, finds this batch's stop not
+  // requested, and goes on waiting.
   const ModelSignature& sig = setup_->signature;
   const std::size_t requests = io.request_rows.empty() ? 1 : io.request_rows.size();
   std::string text;
