@@ -108,6 +108,10 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
         parsed.request.trace = trace_;
       }
     }
+    // complete() runs on the thread that ends the request (the model's worker), not after a
+    // hand-off to the engine's completion executor: its work (encoding the response, handing it
+    // to gRPC, which writes it on its own threads) costs less than the wake-up it saves.
+    parsed.request.completion_hands_off = true;
     auto accepted = impl_.core.submit(parsed.model, std::move(parsed.request),
                                       [this](Result<InferResponse> r) { complete(std::move(r)); });
     if (!accepted.ok()) return finish(accepted.status());
@@ -120,7 +124,8 @@ class InferCall final : public grpc::ServerUnaryReactor, public Call {
     if (cancel_now) inflight_.cancel();
   }
 
-  /// On the engine's completion executor.
+  /// On the thread that ended the request (completion_hands_off), or the engine's completion
+  /// executor where the server copies outputs (shared memory, the response cache).
   void complete(Result<InferResponse> r) {
     if (!r.ok()) return finish(r.status());
     if (trace_) [[unlikely]]
