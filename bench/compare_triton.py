@@ -12,7 +12,11 @@ perf_analyzer 2.51 command for both. The models:
   mlp          a numpy MLP (FP32 [64] -> 256 ReLU -> 10), dynamic batching up to 64;
   ensemble     two model.py steps (scale: x * 2, then shift: x + 1) as an ensemble;
   decoupled    a decoupled model.py that sends RESPONSES (10) responses for each request
-               (gRPC stream only).
+               (gRPC stream only);
+  digits       the digits network (models/make_digits.py's TorchScript file, --digits) run by
+               a model.py with torch (Debian's python3-torch, one intra-op thread a process),
+               as examples/model_repository_digits serves it: two instances, dynamic batching up
+               to 64 with a 200 us queue delay.
 
 Each row: perf_analyzer's requests/s, p50 and p99 (client side, us), the CPU time of the
 server's whole process tree (the server and the Python processes it started) per 1,000
@@ -146,6 +150,48 @@ class TritonPythonModel:
 ''' % RESPONSES
 
 
+DIGITS_PY = '''
+import os
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open(os.path.join(args["model_repository"], "numpy_" + args["model_instance_name"]),
+                  "w") as f:
+            f.write(np.__file__)
+        torch.set_num_threads(1)
+        self.net = torch.jit.load(os.path.join(args["model_repository"], "digits.pt"))
+        self.net.eval()
+
+    def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(r, "input").as_numpy() for r in requests]
+        x = np.concatenate(xs) if len(xs) > 1 else xs[0]
+        with torch.inference_mode():
+            y = self.net(torch.from_numpy(x)).numpy()
+        responses = []
+        start = 0
+        for part in xs:
+            n = part.shape[0]
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("logits", y[start:start + n])]))
+            start += n
+        return responses
+'''
+
+DIGITS_CONFIG = '''name: "digits"
+backend: "python"
+max_batch_size: 64
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 1, 32, 32 ] } ]
+output [ { name: "logits" data_type: TYPE_FP32 dims: [ 10 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: 200 }
+'''
+
+
 def io_config(size):
     return ('input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ %d ] } ]\n'
             'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ %d ] } ]\n' % (size, size))
@@ -185,10 +231,10 @@ ensemble_scheduling {
 # model -> the models its repository folder needs, and whether it is decoupled (gRPC stream).
 ROWS = {"identity": (["identity"], False), "identity_x2": (["identity_x2"], False),
         "mlp": (["mlp"], False), "ensemble": (["ensemble", "scale", "shift"], False),
-        "decoupled": (["decoupled"], True)}
+        "decoupled": (["decoupled"], True), "digits": (["digits"], False)}
 
 
-def write_repository(repo):
+def write_repository(repo, digits=None):
     def model(name, source, config):
         os.makedirs(os.path.join(repo, name, "1"))
         with open(os.path.join(repo, name, "1", "model.py"), "w") as f:
@@ -203,6 +249,9 @@ def write_repository(repo):
     model("shift", STEP_PY % "+ 1", python_config("shift", 8, 1))
     model("decoupled", DECOUPLED_PY, python_config(
         "decoupled", 8, 1, "model_transaction_policy { decoupled: true }\n"))
+    if digits:
+        model("digits", DIGITS_PY, DIGITS_CONFIG)
+        shutil.copy(digits, os.path.join(repo, "digits", "digits.pt"))
     os.makedirs(os.path.join(repo, "ensemble", "1"))
     with open(os.path.join(repo, "ensemble", "config.pbtxt"), "w") as f:
         f.write(ENSEMBLE_CONFIG)
@@ -241,7 +290,6 @@ def perf(args, proc, port, model, protocol, concurrency, streaming):
            str(args.interval_ms), "--stability-percentage", "50", "--percentile", "99"]
     if streaming:
         cmd.append("--streaming")
-    shown = " ".join(["perf_analyzer"] + cmd[1:3] + cmd[3:5] + ["-u", "127.0.0.1:P"] + cmd[7:])
     cpu0 = cpu_seconds(proc.pid)
     t0 = time.monotonic()
     r = subprocess.run(cmd + ["-f", out], capture_output=True, text=True, timeout=900)
@@ -258,7 +306,7 @@ def perf(args, proc, port, model, protocol, concurrency, streaming):
     # divided by the requests of the whole run: the measured rate times the run's length.
     cpu_per_1k = (cpu1 - cpu0) / max(1.0, rps * elapsed) * 1000.0
     return {"rps": rps, "p50": int(row["p50 latency"]), "p99": int(row["p99 latency"]),
-            "cpu": cpu_per_1k, "cmd": shown}
+            "cpu": cpu_per_1k}
 
 
 def med(values):
@@ -279,8 +327,14 @@ def main():
     p.add_argument("--servers", default="asyncinfer,triton",
                    help="the servers to compare, the first against the last: asyncinfer, "
                    "triton, or asyncinfer=PATH (another build's asyncinfer program)")
+    p.add_argument("--digits", default=os.path.join(ROOT, "build", "release", "models",
+                                                     "digits.pt"),
+                   help="the digits TorchScript file (models/make_digits.py) for the digits row")
     args = p.parse_args()
     models = args.models.split(",")
+    if "digits" in models and not os.path.isfile(args.digits):
+        print("no %s: the digits row is left out" % args.digits)
+        models.remove("digits")
     for m in models:
         if m not in ROWS:
             p.error("unknown model %r (expected one of %s)" % (m, ", ".join(ROWS)))
@@ -290,7 +344,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="asyncinfer-tritonbench-")
     repo = os.path.join(work, "models")
-    write_repository(repo)
+    write_repository(repo, args.digits if "digits" in models else None)
     needed = sorted({n for m in models for n in ROWS[m][0]})
     results = {}  # (server, model, protocol, concurrency) -> [row]
     numpy_of = {}
@@ -354,13 +408,10 @@ def main():
                           med([r["p99"] for r in a]), med([r["p99"] for r in b]),
                           med([r["cpu"] for r in a]), med([r["cpu"] for r in b])))
     print()
-    seen = set()
-    for rows in results.values():
-        if rows[0]["cmd"] not in seen:
-            seen.add(rows[0]["cmd"])
-    print("perf_analyzer commands (P: the server's port):")
-    for cmd in sorted(seen):
-        print("  " + cmd)
+    print("perf_analyzer, for each row (M: the model, C: in flight, P: the server's port; "
+          "--streaming for the decoupled row):")
+    print("  perf_analyzer -m M -i grpc|http -u 127.0.0.1:P --concurrency-range C "
+          "--measurement-interval %d --stability-percentage 50 --percentile 99" % args.interval_ms)
     return 0
 
 
