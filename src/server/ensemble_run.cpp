@@ -251,7 +251,10 @@ Result<InflightRequest> InferenceServer::run_ensemble(ModelRef model, Inputs inp
     steps.deadline = options.deadline ? std::min(*options.deadline, by) : by;
   }
   steps.timeout.reset();
-  steps.inline_callback = false;  // a step's completion submits the next steps
+  // A step's completion submits the next steps, or ends the ensemble with `done`: on the thread
+  // that ended the step where the caller lets `done` run on such a thread (it only hands the
+  // response over: completion_hands_off), one wake-up of the completion executor fewer a step.
+  steps.inline_callback = options.inline_callback;
   steps.caller_run_max_compute = std::chrono::microseconds(0);  // each on its engine's workers
   steps.on_response = nullptr;
   // A traced request (trace_request gave it the trace in its context): the ensemble's own
