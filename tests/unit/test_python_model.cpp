@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asyncinfer/asyncinfer.hpp>
 #include <atomic>
 #include <chrono>
@@ -302,6 +303,58 @@ class TritonPythonModel:
   const std::string heard((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(heard.find("an earlier send failed: "), std::string::npos) << heard;
   EXPECT_NE(heard.find("is FP64, the config says FP32"), std::string::npos) << heard;
+}
+
+// A response over the 64 KiB that travel inline is written to the output arena, which the next
+// response reuses: its send waits for the server's copy, so each response arrives as it was sent.
+TEST_F(PythonModelTest, LargeDecoupledResponsesArriveWhole) {
+  ModelOptions mo;
+  mo.inputs = {TensorSpec{"x", DType::f32, Shape{-1, 2}}};
+  mo.outputs = {TensorSpec{"y", DType::f32, Shape{-1, -1}}};
+  mo.batch_limit = 8;
+  mo.model_config_json = R"({"name": "large", "backend": "python", "max_batch_size": 8,)"
+                         R"( "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],)"
+                         R"( "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1]}],)"
+                         R"( "model_transaction_policy": {"decoupled": true}})";
+  auto model = load_model(write_model("large", R"(
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            for i in range(10):  # 80,000 bytes each (the arena), then 400 (inline)
+                n = 20000 if i < 8 else 100
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("y", np.full((1, n), i, np.float32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+)"),
+                          mo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  std::mutex mu;
+  std::vector<std::pair<std::int64_t, bool>> got;  // (elements, all equal to the index)
+  RequestOptions ro;
+  ro.on_response = [&](Outputs outs, std::stop_token) {
+    std::lock_guard lock(mu);
+    const auto* v = static_cast<const float*>(outs[0].data());
+    const auto n = static_cast<std::int64_t>(outs[0].numel());
+    const float want = static_cast<float>(got.size());
+    got.emplace_back(n, std::all_of(v, v + n, [&](float x) { return x == want; }));
+    return Status();
+  };
+  auto result = e->infer({row(1, 2)}, ro);
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(got.size(), 10U);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, i < 8 ? 20000 : 100) << i;
+    EXPECT_TRUE(got[i].second) << "response " << i << " holds another response's values";
+  }
 }
 
 }  // namespace

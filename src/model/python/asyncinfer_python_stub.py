@@ -896,10 +896,11 @@ class ResponseSender:
                         specs, fds, extra = self._stub.output.layout(tensors)
                         msg.update(extra)
                     msg["outputs"] = specs
-            if not final and not fds:
+            if not final and (payload is not None or "error" in msg):
                 # Posted: no answer awaited (its tensors travel in the message, so nothing of
-                # this side's is held). The server reports a failure in the answer to this
-                # model's next answered send (the final one at the latest).
+                # this side's is held; tensors in the output arena wait for the server's answer,
+                # since the next response reuses the arena). The server reports a failure in the
+                # answer to this model's next answered send (the final one at the latest).
                 try:
                     send(msg, payload=payload)
                 except MessageTooLong as e:
