@@ -50,20 +50,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESPONSES = 10
 
-IDENTITY_PY = '''
-import json
+# Every model.py begins so: its initialize() records which numpy it loaded (main() prints it).
+HEADER = '''
 import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
+%s
 
 class TritonPythonModel:
     def initialize(self, args):
         with open(os.path.join(args["model_repository"], "numpy_" + args["model_instance_name"]),
                   "w") as f:
             f.write(np.__file__)
+'''
 
+
+def model_py(rest, imports=""):
+    """A model.py: HEADER, then `rest` (more of initialize, and execute)."""
+    return HEADER % imports + rest
+
+
+IDENTITY_PY = model_py('''
     def execute(self, requests):
         responses = []
         for request in requests:
@@ -71,52 +79,34 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUTPUT0", x.as_numpy())]))
         return responses
-'''
+''')
 
-MLP_PY = '''
-import os
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        with open(os.path.join(args["model_repository"], "numpy_" + args["model_instance_name"]),
-                  "w") as f:
-            f.write(np.__file__)
-        rng = np.random.default_rng(7)
-        self.w1 = rng.standard_normal((64, 256), dtype=np.float32) * 0.1
-        self.b1 = np.zeros(256, np.float32)
-        self.w2 = rng.standard_normal((256, 10), dtype=np.float32) * 0.1
-
+# A batch's requests run as one: their rows joined, the result split back by request.
+BATCHED_EXECUTE = '''
     def execute(self, requests):
-        xs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        xs = [pb_utils.get_input_tensor_by_name(r, "%s").as_numpy() for r in requests]
         x = np.concatenate(xs) if len(xs) > 1 else xs[0]
-        y = np.maximum(x @ self.w1 + self.b1, 0) @ self.w2
+        y = self.forward(x)
         responses = []
         start = 0
         for part in xs:
             n = part.shape[0]
             responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor("OUTPUT0", y[start:start + n])]))
+                [pb_utils.Tensor("%s", y[start:start + n])]))
             start += n
         return responses
 '''
 
-STEP_PY = '''
-import os
+MLP_PY = model_py('''        rng = np.random.default_rng(7)
+        self.w1 = rng.standard_normal((64, 256), dtype=np.float32) * 0.1
+        self.b1 = np.zeros(256, np.float32)
+        self.w2 = rng.standard_normal((256, 10), dtype=np.float32) * 0.1
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+    def forward(self, x):
+        return np.maximum(x @ self.w1 + self.b1, 0) @ self.w2
+''' + BATCHED_EXECUTE % ("INPUT0", "OUTPUT0"))
 
-
-class TritonPythonModel:
-    def initialize(self, args):
-        with open(os.path.join(args["model_repository"], "numpy_" + args["model_instance_name"]),
-                  "w") as f:
-            f.write(np.__file__)
-
+STEP_PY = model_py('''
     def execute(self, requests):
         responses = []
         for request in requests:
@@ -124,21 +114,9 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUTPUT0", x %s)]))
         return responses
-'''
+''')
 
-DECOUPLED_PY = '''
-import os
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        with open(os.path.join(args["model_repository"], "numpy_" + args["model_instance_name"]),
-                  "w") as f:
-            f.write(np.__file__)
-
+DECOUPLED_PY = model_py('''
     def execute(self, requests):
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
@@ -147,40 +125,16 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-''' % RESPONSES
+''' % RESPONSES)
 
-
-DIGITS_PY = '''
-import os
-
-import numpy as np
-import torch
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        with open(os.path.join(args["model_repository"], "numpy_" + args["model_instance_name"]),
-                  "w") as f:
-            f.write(np.__file__)
-        torch.set_num_threads(1)
+DIGITS_PY = model_py('''        torch.set_num_threads(1)
         self.net = torch.jit.load(os.path.join(args["model_repository"], "digits.pt"))
         self.net.eval()
 
-    def execute(self, requests):
-        xs = [pb_utils.get_input_tensor_by_name(r, "input").as_numpy() for r in requests]
-        x = np.concatenate(xs) if len(xs) > 1 else xs[0]
+    def forward(self, x):
         with torch.inference_mode():
-            y = self.net(torch.from_numpy(x)).numpy()
-        responses = []
-        start = 0
-        for part in xs:
-            n = part.shape[0]
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor("logits", y[start:start + n])]))
-            start += n
-        return responses
-'''
+            return self.net(torch.from_numpy(x)).numpy()
+''' + BATCHED_EXECUTE % ("input", "logits"), imports="import torch")
 
 DIGITS_CONFIG = '''name: "digits"
 backend: "python"
