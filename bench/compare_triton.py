@@ -23,6 +23,11 @@ server's whole process tree (the server and the Python processes it started) per
 requests, from /proc before and after the measurement, and the tree's PSS after it (MiB).
 Medians over the rounds, with the range.
 
+--ceiling adds, in each round, the identity row served by asyncinfer's built-in identity backend
+(`backend: "identity"`, the same config and perf_analyzer command, no Python process; Triton's
+build here has no identity backend): the rate any server could reach on this machine with
+perf_analyzer beside it, against which the Python rows' ratios are read.
+
 Both servers run their model.py on the same numpy, Debian's (python3-numpy): tritonserver's stub
 embeds Debian's libpython3.11 and runs it isolated (it ignores PYTHONPATH), so it always loads
 /usr/lib/python3/dist-packages/numpy, and asyncinfer's python models run on /usr/bin/python3,
@@ -263,6 +268,31 @@ def perf(args, proc, port, model, protocol, concurrency, streaming):
             "cpu": cpu_per_1k}
 
 
+CEILING = "asyncinfer identity backend (no Python)"
+
+
+def ceiling_round(args, rnd, protocols, concurrencies, results):
+    """The identity row on asyncinfer's own identity backend: no Python process on the way."""
+    work = tempfile.mkdtemp(prefix="asyncinfer-tritonbench-ceiling-")
+    try:
+        os.makedirs(os.path.join(work, "identity", "1"))
+        with open(os.path.join(work, "identity", "config.pbtxt"), "w") as f:
+            f.write(python_config("identity", 8, 1).replace('backend: "python"',
+                                                            'backend: "identity"'))
+        with peer_servers.serve("asyncinfer", work, ["identity"], args.cli,
+                                with_process=True) as (http, grpc, proc):
+            for protocol in protocols:
+                for c in concurrencies:
+                    row = perf(args, proc, grpc if protocol == "grpc" else http, "identity",
+                               protocol, c, False)
+                    results.setdefault((CEILING, "identity", protocol, c), []).append(row)
+                    print("round %d %s identity %s c=%d: %.0f req/s p50 %d p99 %d us"
+                          % (rnd + 1, CEILING, protocol, c, row["rps"], row["p50"], row["p99"]),
+                          flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def med(values):
     return statistics.median(values) if values else float("nan")
 
@@ -281,6 +311,8 @@ def main():
     p.add_argument("--servers", default="asyncinfer,triton",
                    help="the servers to compare, the first against the last: asyncinfer, "
                    "triton, or asyncinfer=PATH (another build's asyncinfer program)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also the identity row on asyncinfer's identity backend (no Python)")
     p.add_argument("--digits", default=os.path.join(ROOT, "build", "release", "models",
                                                      "digits.pt"),
                    help="the digits TorchScript file (models/make_digits.py) for the digits row")
@@ -323,6 +355,8 @@ def main():
                                                           row["rps"], row["p50"], row["p99"],
                                                           row["cpu"]), flush=True)
                     pss.setdefault(server, []).append(pss_mib(proc.pid))
+                if args.ceiling and kind == "asyncinfer" and not cli:
+                    ceiling_round(args, rnd, protocols, concurrencies, results)
                 for name in os.listdir(os.path.join(repo)):
                     folder = os.path.join(repo, name)
                     for f in os.listdir(folder):
@@ -361,6 +395,19 @@ def main():
                           med([r["p50"] for r in a]), med([r["p50"] for r in b]),
                           med([r["p99"] for r in a]), med([r["p99"] for r in b]),
                           med([r["cpu"] for r in a]), med([r["cpu"] for r in b])))
+    ceiling = [(k, v) for k, v in results.items() if k[0] == CEILING]
+    if ceiling:
+        print()
+        print("| identity: %s against Triton's model.py | protocol | in flight | req/s | "
+              "ratio to Triton | p50 us | p99 us | CPU s per 1k requests |" % CEILING)
+        print("|---|---|---|---|---|---|---|---|")
+        for (_s, _m, protocol, c), rows in sorted(ceiling):
+            t = results.get((peer, "identity", protocol, c), [])
+            rate = med([r["rps"] for r in rows])
+            print("| | %s | %d | %.0f | %s | %d | %d | %.2f |" % (
+                protocol, c, rate, "%.2f" % (rate / med([r["rps"] for r in t])) if t else "-",
+                med([r["p50"] for r in rows]), med([r["p99"] for r in rows]),
+                med([r["cpu"] for r in rows])))
     print()
     print("perf_analyzer, for each row (M: the model, C: in flight, P: the server's port; "
           "--streaming for the decoupled row):")

@@ -38,8 +38,10 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       sequence_plan_(make_sequence_plan(opt_, sig_)),
       // The device says whether it can run a stream on the caller's thread; the engine decides
       // whether to: not with a hang watchdog, which must find the worker free to replace a hung
-      // stream (worker.hpp).
-      inline_path_(device_->capabilities().caller_run_streams && opt_.watchdog.count() == 0),
+      // stream (worker.hpp), nor for a model whose instances gain from a batch launched while
+      // one runs (Model::pipelines_batches).
+      inline_path_(device_->capabilities().caller_run_streams && opt_.watchdog.count() == 0 &&
+                   !model_->pipelines_batches()),
       // Where a caller may run a request alone and at once, as a worker would
       // (RequestOptions::caller_run_max_compute); Scheduler::accept decides the rest.
       caller_run_(

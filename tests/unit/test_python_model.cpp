@@ -357,5 +357,90 @@ class TritonPythonModel:
   }
 }
 
+// A model neither decoupled nor stateful has two batches in flight: the next batch is sent to its
+// process while it runs one (each in a slot of its own, input and output arena), so the process
+// finds it waiting on its socket (fd 3). Each request keeps its own values, an error response or
+// an exception fails only its request, and a batch sent ahead to a process that then exits is
+// sent again to the process that replaces it.
+TEST_F(PythonModelTest, TheNextBatchIsSentAheadAndEachRequestKeepsItsValues) {
+  ModelOptions mo;
+  mo.inputs = {TensorSpec{"x", DType::f32, Shape{-1, -1}}};
+  mo.outputs = {TensorSpec{"y", DType::f32, Shape{-1, -1}}};
+  mo.batch_limit = 8;
+  auto model = load_model(write_model("ahead", R"(
+import os
+import select
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.004)
+        # Is the next batch already here? (the stub's socket is fd 3)
+        ahead = 1.0 if select.select([3], [], [], 0)[0] else 0.0
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            if x[0, 0] == 99:
+                os._exit(3)
+            if x[0, 0] == 13:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("unlucky")))
+                continue
+            if x[0, 0] == 77:
+                raise KeyError("seventy-seven")
+            y = x * 2
+            y[0, 0] = ahead
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
+        return out
+)"),
+                          mo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EngineOptions o;
+  o.batching.max_batch_size = 1;  // a batch a request: every request is an execute of its own
+  auto e = engine(*model, o);
+  ASSERT_TRUE(e);
+  constexpr int kRequests = 160;
+  std::vector<Future<Outputs>> futures;
+  std::vector<std::int64_t> widths;
+  for (int i = 0; i < kRequests; ++i) {
+    // Widths from 2 to 20,002 values: the two slots' arenas carry tensors of different sizes.
+    const std::int64_t n = 2 + (i * 7919) % 20001;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t k = 0; k < n; ++k)
+      v[static_cast<std::size_t>(k)] = static_cast<float>(1000 * (i + 1) + k);
+    if (i == 40) v[0] = 13;
+    if (i == 70) v[0] = 77;
+    if (i == 100) v[0] = 99;
+    widths.push_back(n);
+    futures.push_back(e->submit({*Tensor::from_values(Shape{1, n}, v)}));
+  }
+  int ahead = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    auto& f = futures[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(f.wait_for(60s)) << "request " << i;
+    auto r = f.get();
+    if (i == 40 || i == 70 || i == 100) {
+      ASSERT_FALSE(r.ok()) << "request " << i;
+      const std::string_view want = i == 40 ? "unlucky" : i == 70 ? "seventy-seven" : "status 3";
+      EXPECT_NE(r.status().message().find(want), std::string_view::npos) << r.status().to_string();
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    const std::int64_t n = widths[static_cast<std::size_t>(i)];
+    ASSERT_EQ((*r)[0].numel(), n) << "request " << i;
+    const auto* y = static_cast<const float*>((*r)[0].data());
+    for (std::int64_t k = 1; k < n; ++k) {
+      ASSERT_EQ(y[k], 2.0F * static_cast<float>(1000 * (i + 1) + k))
+          << "request " << i << ", value " << k;
+    }
+    if (y[0] == 1.0F) ++ahead;
+  }
+  // Two in flight: while one runs, the worker launches the next, which is sent at once.
+  EXPECT_GT(ahead, kRequests / 2) << "executes that found the next batch already sent";
+}
+
 }  // namespace
 }  // namespace asyncinfer

@@ -13,7 +13,7 @@ SCM_RIGHTS. The protocol (each request gets exactly one reply, in order):
   init {args, model_py, parent}          ready | error {message, traceback}
   auto_complete {config, model_py}       completed {config} | error {message, traceback}
                                          (then the stub exits: Triton's auto-complete)
-  execute {requests[{inputs[]}],         (during execute, from any thread of the model)
+  execute {requests[{inputs[]}], slot,   (during execute, from any thread of the model)
            arena?} + input arena fd?       send {request, final, outputs[]?, error?, code?,
                                                  arena?} + output arena fd?  -> sent {cancelled,
                                                                                  error?}
@@ -41,10 +41,17 @@ phase (infer only during execute):
   log {level, message}, metric_delete {metric}   (no answer)
 
 A tensor is {name, datatype (the protocol's FP32, BYTES, ...), shape, offset, size}: its bytes
-lie at `offset` in the input arena (server -> stub) or the output arena (stub -> server), two
-memfd regions mapped by both processes; BYTES tensors in Triton's length-prefixed form. The
-server copies a response's tensors out before it answers `sent` or reads the next message, so
-each message may reuse the output arena from offset 0.
+lie at `offset` in the input arena (server -> stub) or the output arena (stub -> server), memfd
+regions mapped by both processes; BYTES tensors in Triton's length-prefixed form. The server
+copies a response's tensors out before it answers `sent` or reads the next message, so each
+message may reuse the output arena from offset 0.
+
+Two batches in flight: a model that is neither decoupled nor stateful may be sent its next
+execute while it runs one (it waits among the loose messages until this one is done), so that
+it never waits for the server between batches. Each execute names its slot (0 or 1): the input
+arena it reads and the output arena its `done` writes, a pair per slot. The server sends a
+slot's next batch only after it has copied the outputs of the slot's previous one; an `arena`
+(with its fd) in an execute or a `done` replaces that slot's arena only.
 """
 
 import array
@@ -614,8 +621,13 @@ class Stub:
         self.output_names = set()
         self.output_dtypes = {}
         self.decoupled = False
-        self.input = None  # mmap of the input arena
-        self.output = OutputArena()
+        # The input and output arenas of each of the two slots: the server may send the next
+        # batch (in the other slot) before this one is done, so that this process goes from one
+        # execute() to the next without waiting for the server. A decoupled model's sends use
+        # slot 0 (its batches are never sent ahead).
+        self.inputs = [None, None]  # mmaps
+        self.outputs = [OutputArena(), OutputArena()]
+        self.input = None  # the batch being executed's input arena
         self.arena_lock = threading.RLock()  # the output arena: one response's tensors at a time
         self.loop = None  # the asyncio loop of an `async def execute`
         self.done_cv = threading.Condition()
@@ -697,12 +709,14 @@ class Stub:
 
     def execute(self, msg, fds):
         utils = self.utils
+        slot = msg.get("slot", 0)
         if fds:
             # Not closed: arrays model.py kept from it stay valid (and it is unmapped when the
             # last goes).
-            self.input = mmap.mmap(fds[0], msg["arena"])
+            self.inputs[slot] = mmap.mmap(fds[0], msg["arena"])
             for fd in fds:
                 os.close(fd)
+        self.input = self.inputs[slot]
         requests = []
         senders = []
         STUB_BATCH[0] += 1
@@ -738,7 +752,7 @@ class Stub:
             return
         self.end_senders(senders)
         try:
-            reply, fds = self.responses(result, len(requests))
+            reply, fds = self.responses(result, len(requests), self.outputs[slot])
         except BaseException as e:  # noqa: B036
             fields = _error_fields(e)
             send({"op": "done", "error": fields["message"], "traceback": fields["traceback"]})
@@ -751,7 +765,7 @@ class Stub:
         for fd in fds:
             os.close(fd)
 
-    def responses(self, result, count):
+    def responses(self, result, count, arena):
         utils = self.utils
         if not isinstance(result, (list, tuple)):
             raise utils.TritonModelException(
@@ -770,7 +784,7 @@ class Stub:
             encoded.append(None if response.has_error() else self.encode(response))
         flat = [t for e in encoded if e is not None for t in e]
         with self.arena_lock:
-            specs, fds, extra = self.output.layout(flat)
+            specs, fds, extra = arena.layout(flat)
         out = []
         k = 0
         for response, e in zip(result, encoded):
@@ -893,7 +907,7 @@ class ResponseSender:
                     if payload is not None:
                         msg["inline"] = True
                     else:
-                        specs, fds, extra = self._stub.output.layout(tensors)
+                        specs, fds, extra = self._stub.outputs[0].layout(tensors)
                         msg.update(extra)
                     msg["outputs"] = specs
             if not final and (payload is not None or "error" in msg):

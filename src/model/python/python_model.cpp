@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -161,22 +162,104 @@ Result<std::shared_ptr<PythonSetup>> make_setup(std::string_view uri, const fs::
   return setup;
 }
 
+// A batch's place in its instance's order: whether it was sent to the process ahead of its
+// execute (Slot::launch), to which process, in which slot. Guarded by its Slot's mutex.
+struct Ticket {
+  bool sent = false;
+  std::uint64_t generation = 0;  // Slot::generation of the process it was sent to
+  int slot = 0;
+};
+
 // The process of one instance, shared with the host functions of its batches (which may still
 // run when the instance is destroyed).
+//
+// Two batches in flight (PythonSetup::pipelined): the worker's thread sends a batch to the process
+// as it launches it (launch: PythonProcess::post), while the stream's thread runs the execute of
+// the batch before it (run), so that the process goes from one execute() to the next without
+// waiting for this side. Batches reach the process in launch order, which is the order their
+// executes run: a batch is sent ahead only behind batches all sent to the same process, and
+// at most two are unfinished; a batch that was not (or was sent to a process that has since been
+// replaced) is sent by its own run. Slots alternate, so a slot is reused only after the execute
+// of its previous batch has returned (its outputs copied out): the engine keeps at most
+// max_inflight_per_worker (2) batches launched and not completed.
 struct Slot {
   std::shared_ptr<const PythonSetup> setup;
   std::string instance_name;
+  std::mutex mu;  // guards what follows, the tickets, and every sending of an execute
   std::unique_ptr<PythonProcess> process;
+  std::uint64_t generation = 0;  // counts the processes started after the first
+  int next_slot = 0;             // the slot of the next batch sent
+  bool poisoned = false;         // a batch was sent and will not run: the process is replaced
+  std::deque<std::shared_ptr<Ticket>> unfinished;  // launched, their execute not returned
 
-  Status run(BatchIO& io, const std::stop_token& stop) {
-    if (!process || !process->alive() || process->exited()) {
+  // The worker's thread, as it launches the batch.
+  std::shared_ptr<Ticket> launch(const BatchIO& io) {
+    auto ticket = std::make_shared<Ticket>();
+    std::lock_guard lock(mu);
+    bool ahead =
+        setup->pipelined && !poisoned && process && process->alive() && unfinished.size() < 2;
+    for (const auto& u : unfinished) ahead = ahead && u->sent && u->generation == generation;
+    unfinished.push_back(ticket);
+    if (ahead && process->post(io, next_slot).ok()) {
+      *ticket = Ticket{true, generation, next_slot};
+      next_slot ^= 1;
+    }
+    return ticket;
+  }
+
+  // A launched batch that will not run (its stream refused it): a batch sent ahead would be
+  // answered to the next one's execute, so the process is replaced at the next batch.
+  void abandon(const std::shared_ptr<Ticket>& ticket) {
+    std::lock_guard lock(mu);
+    if (ticket->sent) poisoned = true;
+    std::erase(unfinished, ticket);
+  }
+
+  // The stream's thread.
+  Status run(BatchIO& io, const std::stop_token& stop, const std::shared_ptr<Ticket>& ticket) {
+    PythonProcess* p = nullptr;
+    int slot = 0;
+    bool posted = false;
+    {
+      std::lock_guard lock(mu);
+      Status s = ready(stop);
+      if (!s.ok()) {
+        std::erase(unfinished, ticket);
+        return s;
+      }
+      posted = ticket->sent && ticket->generation == generation;
+      if (!posted) {
+        // Not sent ahead, or to a process since replaced: sent now (execute sends it itself if
+        // this fails, and reports how the process ended).
+        slot = setup->pipelined ? next_slot : 0;
+        posted = process->post(io, slot).ok();
+        *ticket = Ticket{posted, generation, slot};
+        if (setup->pipelined) next_slot ^= 1;
+      }
+      slot = ticket->slot;
+      p = process.get();
+    }
+    // The process is replaced only by this thread (ready, under the lock): `p` stays valid.
+    Status s = p->execute(io, stop, slot, posted);
+    std::lock_guard lock(mu);
+    std::erase(unfinished, ticket);
+    return s;
+  }
+
+ private:
+  // Under mu: a running process, restarted (initialize again) when the last one ended.
+  Status ready(const std::stop_token& stop) {
+    if (!process || !process->alive() || poisoned || process->exited()) {
       // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
       // process, initialize again.
-      if (process && process->alive()) {
+      if (process && process->alive() && !poisoned) {
         log(LogLevel::warning, "python model '" + setup->model_name + "' instance " +
                                    instance_name + ": its process ended between batches");
       }
       process.reset();
+      poisoned = false;
+      ++generation;  // what was sent to the old one is sent again
+      next_slot = 0;
       Result<std::unique_ptr<PythonProcess>> p = PythonProcess::start(setup, instance_name, &stop);
       if (!p.ok()) {
         return Status(p.status().code(),
@@ -186,7 +269,7 @@ struct Slot {
       log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
                                  ": restarted (pid " + std::to_string(process->pid()) + ")");
     }
-    return process->execute(io, stop);
+    return Status();
   }
 };
 
@@ -199,8 +282,13 @@ class PythonInstance final : public ModelInstance {
     Kernel k;
     k.name = "model.py";  // errors name the model and instance themselves
     k.stop = io->stop;
-    k.host_fn = [slot = slot_, io](std::stop_token stop) -> Status { return slot->run(*io, stop); };
-    return stream.enqueue(std::move(k));
+    std::shared_ptr<Ticket> ticket = slot_->launch(*io);
+    k.host_fn = [slot = slot_, io, ticket](std::stop_token stop) -> Status {
+      return slot->run(*io, stop, ticket);
+    };
+    Status s = stream.enqueue(std::move(k));
+    if (!s.ok()) slot_->abandon(ticket);
+    return s;
   }
 
  private:
@@ -217,6 +305,7 @@ class PythonModel final : public Model {
   // stopped after PythonSetup::stop_grace.
   bool cancellable() const noexcept override { return true; }
   bool uses_host_cores(const Device& /*device*/) const noexcept override { return true; }
+  bool pipelines_batches() const noexcept override { return setup_->pipelined; }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& /*stream*/,
                                                          const InstanceOptions& options) override {
@@ -267,6 +356,7 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   sig.outputs = options.outputs;
   sig.batched = options.batched.value_or(options.batch_limit.has_value());
   sig.batch_limit = sig.batched ? options.batch_limit : std::nullopt;
+  bool stateful = false;
   if (!options.model_config_json.empty()) {
     // Decoupled or not: the config's model_transaction_policy, as model.py reads it too.
     const json config = json::parse(options.model_config_json, nullptr, /*allow_exceptions=*/false);
@@ -281,7 +371,10 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
         sig.decoupled = decoupled->get<bool>();
       }
     }
+    // A sequence's next batch may need this one's state (implicit state): one at a time.
+    stateful = config.contains("sequence_batching");
   }
+  setup->pipelined = !sig.decoupled && !stateful;
   for (const auto* list : {&sig.inputs, &sig.outputs}) {
     for (const TensorSpec& s : *list) {
       if (sig.batched && (s.shape.empty() || s.shape[0] != -1)) {

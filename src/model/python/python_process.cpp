@@ -546,14 +546,20 @@ PythonProcess::~PythonProcess() {
       Result<Message> m = receive(nullptr, until);
       for (bool handled = true; m.ok() && handled;) {  // finalize() may log, delete metrics
         if (!handle_host_message(*m, &handled).ok()) break;
+        // A batch posted ahead whose execute() never ran (its stream closed): its answer.
+        if (!handled && m->op() == "done") handled = true;
         if (handled) m = receive(nullptr, until);
       }
     }
   }
   if (pid_ > 0 && !reaped_) kill_and_reap();
-  if (in_map_ != nullptr) ::munmap(in_map_, in_size_);
-  if (out_map_ != nullptr) ::munmap(out_map_, out_size_);
-  if (in_fd_ >= 0) ::close(in_fd_);
+  for (InputArena& a : in_) {
+    if (a.map != nullptr) ::munmap(a.map, a.size);
+    if (a.fd >= 0) ::close(a.fd);
+  }
+  for (OutputArena& a : out_) {
+    if (a.map != nullptr) ::munmap(a.map, a.size);
+  }
   if (mail_) {  // no direct send from here on
     std::lock_guard lock(mail_->send_mu);
     mail_->sock = -1;
@@ -571,6 +577,11 @@ bool PythonProcess::exited() const noexcept {
 }
 
 // ---- control messages ---------------------------------------------------------------------------
+
+std::string_view PythonProcess::output_bytes() const {
+  const OutputArena& a = out_.at(static_cast<std::size_t>(slot_));
+  return {static_cast<const char*>(a.map), a.size};
+}
 
 Status PythonProcess::send_message(const std::string& text, int fd) {
   if (text.size() > kMaxMessage) {
@@ -738,7 +749,9 @@ std::string PythonProcess::kill_and_reap() {
 
 // ---- arenas -------------------------------------------------------------------------------------
 
-Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json, bool* new_arena) {
+Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* requests_json,
+                                   bool* new_arena) {
+  InputArena& arena = in_.at(static_cast<std::size_t>(slot));
   const ModelSignature& sig = setup_->signature;
   const std::vector<std::int64_t> one{io.batch_size};
   const std::vector<std::int64_t>& rows = io.request_rows.empty() ? one : io.request_rows;
@@ -767,8 +780,8 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
     begin += r;
   }
   *new_arena = false;
-  if (total > in_size_) {
-    const std::size_t size = std::max({total, 2 * in_size_, kMinArena});
+  if (total > arena.size) {
+    const std::size_t size = std::max({total, 2 * arena.size, kMinArena});
     const int fd = ::memfd_create("asyncinfer-python-input", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return fail(StatusCode::resource_exhausted, "memfd_create: " + errno_text(errno));
     if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
@@ -784,11 +797,11 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
       ::close(fd);
       return fail(StatusCode::resource_exhausted, "mmap: " + errno_text(e));
     }
-    if (in_map_ != nullptr) ::munmap(in_map_, in_size_);
-    if (in_fd_ >= 0) ::close(in_fd_);
-    in_fd_ = fd;
-    in_map_ = map;
-    in_size_ = size;
+    if (arena.map != nullptr) ::munmap(arena.map, arena.size);
+    if (arena.fd >= 0) ::close(arena.fd);
+    arena.fd = fd;
+    arena.map = map;
+    arena.size = size;
     *new_arena = true;
   }
   json requests = json::array();
@@ -799,7 +812,8 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
       const Part& p = parts[k];
       if (!p.tensor.defined()) continue;
       if (p.tensor.byte_size() > 0) {
-        std::memcpy(static_cast<char*>(in_map_) + p.offset, p.tensor.data(), p.tensor.byte_size());
+        std::memcpy(static_cast<char*>(arena.map) + p.offset, p.tensor.data(),
+                    p.tensor.byte_size());
       }
       inputs.push_back({{"name", sig.inputs[i].name},
                         {"datatype", datatype_name(p.tensor.dtype())},
@@ -826,8 +840,8 @@ Status PythonProcess::write_inputs(const BatchIO& io, std::string* requests_json
     }
     requests.push_back(std::move(request));
   }
-  json msg = {{"op", "execute"}, {"requests", std::move(requests)}};
-  if (*new_arena) msg["arena"] = in_size_;
+  json msg = {{"op", "execute"}, {"requests", std::move(requests)}, {"slot", slot}};
+  if (*new_arena) msg["arena"] = arena.size;
   *requests_json = msg.dump();
   return Status();
 }
@@ -852,9 +866,10 @@ Status PythonProcess::map_output_arena(const Message& m) {
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, m.fds.fds[0], 0);
   if (map == MAP_FAILED) return fail(StatusCode::resource_exhausted, "mmap: " + errno_text(errno));
-  if (out_map_ != nullptr) ::munmap(out_map_, out_size_);
-  out_map_ = map;
-  out_size_ = size;
+  OutputArena& arena = out_.at(static_cast<std::size_t>(slot_));
+  if (arena.map != nullptr) ::munmap(arena.map, arena.size);
+  arena.map = map;
+  arena.size = size;
   return Status();
 }
 
@@ -945,15 +960,36 @@ Result<std::vector<Tensor>> PythonProcess::read_outputs(const void* specs_ptr, s
 
 // ---- execute ------------------------------------------------------------------------------------
 
-Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop) {
+Status PythonProcess::post(const BatchIO& io, int slot) {
   if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
+  std::string text;
+  bool new_arena = false;
+  ASYNCINFER_RETURN_IF_ERROR(write_inputs(io, slot, &text, &new_arena));
+  if (text.size() > kMaxMessage) {
+    return fail(StatusCode::internal,
+                "a control message of " + std::to_string(text.size()) + " bytes is over the limit");
+  }
+  int e = 0;
+  {
+    std::lock_guard lock(mail_->send_mu);
+    e = send_packet(sock_, text, new_arena ? in_[slot].fd : -1, 0);
+  }
+  // Not killed here: the thread in execute() owns the process's end, and finds it.
+  if (e != 0)
+    return fail(StatusCode::unavailable, "sending to the Python process: " + errno_text(e));
+  return Status();
+}
+
+Status PythonProcess::execute(BatchIO& io, const std::stop_token& stop, int slot, bool posted) {
+  if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
+  slot_ = slot;
   stopping_ = false;
   grace_end_ = Clock::time_point::max();
   posted_send_error_.clear();
   io_ = &io;
   Status s;
   try {
-    s = execute_messages(io, stop);
+    s = execute_messages(io, stop, posted);
   } catch (const std::exception& e) {  // a message whose fields have the wrong types
     s = fail(StatusCode::internal, std::string("the stub sent a malformed message (") + e.what() +
                                        "); the process " + kill_and_reap());
@@ -1221,7 +1257,7 @@ Status PythonProcess::start_call(Message& m, std::uint64_t tag) {
   return Status();
 }
 
-Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop) {
+Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop, bool posted) {
   // A stale wake-up (a stop that fired after an earlier batch had ended) is not drained here, a
   // system call per batch: receive() reads it when it shows, finds this batch's stop not
   // requested, and goes on waiting.
@@ -1229,8 +1265,10 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
   const std::size_t requests = io.request_rows.empty() ? 1 : io.request_rows.size();
   std::string text;
   bool new_arena = false;
-  ASYNCINFER_RETURN_IF_ERROR(write_inputs(io, &text, &new_arena));
-  ASYNCINFER_RETURN_IF_ERROR(send_message(text, new_arena ? in_fd_ : -1));
+  if (!posted) {
+    ASYNCINFER_RETURN_IF_ERROR(write_inputs(io, slot_, &text, &new_arena));
+    ASYNCINFER_RETURN_IF_ERROR(send_message(text, new_arena ? in_[slot_].fd : -1));
+  }
   Status first_error;
   for (;;) {
     ASYNCINFER_ASSIGN_OR_RETURN(Message m, receive(&stop, Clock::time_point::max()));
@@ -1250,7 +1288,7 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
       // A send with a tag waits for this answer; one without (a decoupled model's non-final
       // response, its tensors inline after the JSON text) is posted: model.py has gone on, and a
       // failure is told in the answer to its next answered send.
-      const bool posted = !m.body.contains("tag");
+      const bool unanswered = !m.body.contains("tag");
       json reply = {{"op", "sent"}, {"tag", tag}};
       const std::size_t r = m.body.value("request", requests);
       Status s;
@@ -1272,9 +1310,7 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
         const bool inline_tensors = m.body.value("inline", false);
         if (!inline_tensors) s = map_output_arena(m);
         if (s.ok()) {
-          const std::string_view bytes =
-              inline_tensors ? m.payload
-                             : std::string_view(static_cast<const char*>(out_map_), out_size_);
+          const std::string_view bytes = inline_tensors ? m.payload : output_bytes();
           Result<std::vector<Tensor>> outs =
               read_outputs(&m.body["outputs"], io.responses->rows(r), r, bytes);
           s = outs.ok() ? io.responses->send(r, std::move(*outs)) : outs.status();
@@ -1286,13 +1322,13 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
       }
       if (!s.ok()) {
         if (first_error.ok()) first_error = s;
-        if (posted) {
+        if (unanswered) {
           if (posted_send_error_.empty()) posted_send_error_ = std::string(s.message());
         } else {
           reply["error"] = std::string(s.message());
         }
       }
-      if (posted) continue;
+      if (unanswered) continue;
       if (!reply.contains("error") && !posted_send_error_.empty()) {
         reply["error"] = "an earlier send failed: " + std::exchange(posted_send_error_, {});
       }
@@ -1338,10 +1374,8 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop)
         continue;
       }
       const json specs = resp.value("outputs", json());
-      ASYNCINFER_ASSIGN_OR_RETURN(
-          per_request[j],
-          read_outputs(&specs, rows_of(j), j,
-                       std::string_view(static_cast<const char*>(out_map_), out_size_)));
+      ASYNCINFER_ASSIGN_OR_RETURN(per_request[j],
+                                  read_outputs(&specs, rows_of(j), j, output_bytes()));
       if (!answered) answered = j;
     }
     // A failed request's rows: zeros shaped as the answered requests' (or with 0 for each

@@ -12,19 +12,23 @@
 //     socket;
 //   - control: a SOCK_SEQPACKET socketpair (message boundaries kept), one JSON object per message
 //     (asyncinfer_python_stub.py documents the protocol);
-//   - tensors: two memfd regions mapped by both processes, the input arena (this side writes and
-//     grows it) and the output arena (the stub writes and grows it); a grown one's descriptor is
-//     passed with SCM_RIGHTS. Both are sealed against shrinking and growing (F_SEAL_SHRINK,
-//     F_SEAL_GROW), so that model.py cannot truncate one under the server's feet (a SIGBUS in the
-//     server); an output arena without those seals is refused. One copy in, one copy out,
-//     whatever the tensors' size.
+//   - tensors: memfd regions mapped by both processes, the input arena (this side writes and
+//     grows it) and the output arena (the stub writes and grows it), a pair for each of two slots
+//     (two batches in flight: post()); a grown one's descriptor is passed with SCM_RIGHTS. Both are
+//     sealed against shrinking and growing (F_SEAL_SHRINK, F_SEAL_GROW), so that model.py cannot
+//     truncate one under the server's feet (a SIGBUS in the server); an output arena without those
+//     seals is refused. One copy in, one copy out, whatever the tensors' size.
 //
-// Thread safety: none; the instance that owns a PythonProcess uses it from one thread at a time
-// (its stream's host function).
+// Thread safety: none, but for post(): the instance that owns a PythonProcess uses it from one
+// thread at a time (its stream's host function), and may post() the next batch from another
+// thread meanwhile, under a lock of its own that also covers execute()'s sending of a batch
+// (python_model.cpp's Slot).
 #pragma once
 
 #include <sys/types.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +60,9 @@ struct PythonSetup {
   /// out, its client gone) or its stream is being replaced, before the process is killed and
   /// restarted at the next batch. Also how long finalize() may take.
   std::chrono::milliseconds stop_grace{2'000};
+  /// Two batches in flight per process (python_model.cpp's Slot): neither decoupled (a decoupled
+  /// model's responses use one output arena) nor stateful (sequence_batching).
+  bool pipelined = false;
   /// The server the model runs in (ModelOptions::host): model.py's business logic scripting,
   /// model loading API and custom metrics; null = none (those calls fail with unavailable).
   std::shared_ptr<ModelHostLink> host;
@@ -95,9 +102,21 @@ class PythonProcess {
   /// PythonSetup::host, carrying the batch's deadline and chain of callers; their responses are
   /// sent to the stub as they come (docs/design.md, "Business logic scripting"); those still in
   /// flight when it returns are cancelled.
-  Status execute(BatchIO& io, const std::stop_token& stop);
+  /// `slot` (0 or 1): the input and output arenas the batch uses. `posted`: post(io, slot) has
+  /// already sent it; otherwise it is sent now.
+  Status execute(BatchIO& io, const std::stop_token& stop, int slot = 0, bool posted = false);
+  /// Sends a batch ahead: its inputs to the input arena of `slot` and the stub its requests, so
+  /// that the stub starts it as soon as it is done with the batch it runs, without waiting for
+  /// this side; execute(io, stop, slot, true) later carries the conversation on. The caller sends
+  /// batches in the order their execute()s run, at most two unfinished at once, and a slot only
+  /// once the execute() of its previous batch has returned (its outputs are copied out). May run
+  /// on another thread than an execute() of an earlier batch (it touches only the slot's input
+  /// arena and the socket's send side). Not for a decoupled model (its sends use slot 0's output
+  /// arena). An error (the process is gone, the arena cannot grow) leaves the batch unsent and
+  /// the process as it was: the next execute() finds out.
+  Status post(const BatchIO& io, int slot);
 
-  bool alive() const noexcept { return pid_ > 0 && !broken_; }
+  bool alive() const noexcept { return pid_ > 0 && !broken_.load(std::memory_order_acquire); }
   /// Whether the process has exited (or was killed) since the last batch; never blocks.
   bool exited() const noexcept;
   pid_t pid() const noexcept { return pid_; }
@@ -117,13 +136,17 @@ class PythonProcess {
                           std::chrono::steady_clock::time_point deadline,
                           std::optional<std::chrono::milliseconds> grace = std::nullopt);
   /// execute() after its checks: the conversation (nlohmann's exceptions pass through).
-  Status execute_messages(BatchIO& io, const std::stop_token& stop);
+  Status execute_messages(BatchIO& io, const std::stop_token& stop, bool posted);
+  /// The output arena of the batch being executed.
+  std::string_view output_bytes() const;
   /// Marks the process unusable, kills it and describes how it ended ("exited with status 1",
   /// "killed by signal 11 (SIGSEGV)").
   std::string kill_and_reap();
   std::string exit_description();
   Status fail(StatusCode code, const std::string& what);
-  Status write_inputs(const BatchIO& io, std::string* requests_json, bool* new_arena);
+  /// The batch's inputs into the input arena of `slot` (grown if needed: *new_arena) and its
+  /// execute message.
+  Status write_inputs(const BatchIO& io, int slot, std::string* requests_json, bool* new_arena);
   Status map_output_arena(const Message& m);
   /// Copies a response's tensors out of `bytes` (the output arena, or a message's inline
   /// payload), checked against the signature for a request of `rows` rows (batched) or the full
@@ -150,14 +173,17 @@ class PythonProcess {
   int life_ = -1;          // write end of the pipe whose EOF tells the stub the server is gone
   bool stopping_ = false;  // the current batch's stop has fired: the grace period runs
   std::chrono::steady_clock::time_point grace_end_ = std::chrono::steady_clock::time_point::max();
-  std::string buffer_;  // receive()'s, kept between messages
-  bool broken_ = false;
-  int status_ = 0;  // waitpid status once reaped
+  std::string buffer_;               // receive()'s, kept between messages
+  std::atomic<bool> broken_{false};  // read by post() on another thread
+  int status_ = 0;                   // waitpid status once reaped
   bool reaped_ = false;
-  // Input arena (this side owns it).
-  int in_fd_ = -1;
-  void* in_map_ = nullptr;
-  std::size_t in_size_ = 0;
+  // The input arenas, one a slot (this side owns them).
+  struct InputArena {
+    int fd = -1;
+    void* map = nullptr;
+    std::size_t size = 0;
+  };
+  std::array<InputArena, 2> in_{};
   // Business logic scripting: the batch being executed (its deadline and callers; null outside
   // execute), its calls in flight by the stub's tag, and where their responses wait to be sent.
   const BatchIO* io_ = nullptr;
@@ -169,9 +195,14 @@ class PythonProcess {
   // auto_complete(): the config sent in place of init, and the one model.py returned.
   std::string auto_complete_in_;
   std::string auto_complete_out_;
-  // Output arena (the stub's; mapped read-only here).
-  void* out_map_ = nullptr;
-  std::size_t out_size_ = 0;
+  // The output arenas, one a slot (the stub's; mapped read-only here), and the slot of the batch
+  // being executed.
+  struct OutputArena {
+    void* map = nullptr;
+    std::size_t size = 0;
+  };
+  std::array<OutputArena, 2> out_{};
+  int slot_ = 0;
 };
 
 }  // namespace asyncinfer::detail
