@@ -288,8 +288,13 @@ def ceiling_round(args, rnd, protocols, concurrencies, results):
                         # perf_analyzer's HTTP client at 64 connections to a server that answers
                         # at once spins: one such run took 285 s of its CPU and minutes to settle.
                         continue
-                    row = perf(args, proc, grpc if protocol == "grpc" else http, "identity",
-                               protocol, c, False)
+                    try:
+                        row = perf(args, proc, grpc if protocol == "grpc" else http, "identity",
+                                   protocol, c, False)
+                    except RuntimeError as e:  # perf_analyzer found no stable window: said, left
+                        print("round %d %s identity %s c=%d: %s"
+                              % (rnd + 1, CEILING, protocol, c, str(e).splitlines()[-1]))
+                        continue
                     results.setdefault((CEILING, "identity", protocol, c), []).append(row)
                     print("round %d %s identity %s c=%d: %.0f req/s p50 %d p99 %d us"
                           % (rnd + 1, CEILING, protocol, c, row["rps"], row["p50"], row["p99"]),

@@ -46,11 +46,11 @@ regions mapped by both processes; BYTES tensors in Triton's length-prefixed form
 copies a response's tensors out before it answers `sent` or reads the next message, so each
 message may reuse the output arena from offset 0.
 
-Two batches in flight: a model that is neither decoupled nor stateful may be sent its next
-execute while it runs one (it waits among the loose messages until this one is done), so that
-it never waits for the server between batches. Each execute names its slot (0 or 1): the input
-arena it reads and the output arena its `done` writes, a pair per slot. The server sends a
-slot's next batch only after it has copied the outputs of the slot's previous one; an `arena`
+Two batches in flight: a model that is neither decoupled, nor stateful, nor dynamically batched may
+be sent its next execute while it runs one (it waits among the loose messages until this one is
+done), so that it never waits for the server between batches. Each execute names its slot (0 or 1):
+the input arena it reads and the output arena its `done` writes, a pair per slot. The server sends
+a slot's next batch only after it has copied the outputs of the slot's previous one; an `arena`
 (with its fd) in an execute or a `done` replaces that slot's arena only.
 """
 

@@ -356,7 +356,7 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
   sig.outputs = options.outputs;
   sig.batched = options.batched.value_or(options.batch_limit.has_value());
   sig.batch_limit = sig.batched ? options.batch_limit : std::nullopt;
-  bool stateful = false;
+  bool one_at_a_time = false;
   if (!options.model_config_json.empty()) {
     // Decoupled or not: the config's model_transaction_policy, as model.py reads it too.
     const json config = json::parse(options.model_config_json, nullptr, /*allow_exceptions=*/false);
@@ -371,10 +371,12 @@ Result<std::shared_ptr<Model>> load_python_model(std::string_view uri, std::stri
         sig.decoupled = decoupled->get<bool>();
       }
     }
-    // A sequence's next batch may need this one's state (implicit state): one at a time.
-    stateful = config.contains("sequence_batching");
+    // A sequence's next batch may need this one's state (implicit state): one at a time. With
+    // dynamic batching, the requests that come while a batch runs make the next one: a batch
+    // sent ahead would be smaller (the numpy MLP of bench/compare_triton.py lost 4-16 % so).
+    one_at_a_time = config.contains("sequence_batching") || config.contains("dynamic_batching");
   }
-  setup->pipelined = !sig.decoupled && !stateful;
+  setup->pipelined = !sig.decoupled && !one_at_a_time;
   for (const auto* list : {&sig.inputs, &sig.outputs}) {
     for (const TensorSpec& s : *list) {
       if (sig.batched && (s.shape.empty() || s.shape[0] != -1)) {

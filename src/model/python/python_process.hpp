@@ -61,7 +61,8 @@ struct PythonSetup {
   /// restarted at the next batch. Also how long finalize() may take.
   std::chrono::milliseconds stop_grace{2'000};
   /// Two batches in flight per process (python_model.cpp's Slot): neither decoupled (a decoupled
-  /// model's responses use one output arena) nor stateful (sequence_batching).
+  /// model's responses use one output arena), nor stateful (sequence_batching), nor dynamically
+  /// batched (the requests that come while a batch runs make the next one).
   bool pipelined = false;
   /// The server the model runs in (ModelOptions::host): model.py's business logic scripting,
   /// model loading API and custom metrics; null = none (those calls fail with unavailable).
