@@ -324,8 +324,8 @@ struct EngineOptions {
   /// caller_run_streams) with no `watchdog`, the
   /// worker runs each batch itself on its own thread (a cpu stream has no device to overlap
   /// with, and the hand-off to a stream thread costs a wake-up per batch), so one at a time,
-  /// unless the model says it overlaps batches (Model::pipelines_batches: a Python model's
-  /// process).
+  /// unless the model says it overlaps batches (Model::pipelined_batches: a Python model's
+  /// process), which also raises this to the number it asks for.
   int max_inflight_per_worker = 2;
   /// Requests waiting in the queue (retries waiting for their backoff do not count).
   std::size_t queue_capacity = 4096;

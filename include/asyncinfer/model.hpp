@@ -240,13 +240,14 @@ class Model {
   /// inputs' size, not their values, and always ends (no injected hang), so that the model's
   /// recent compute time predicts the next batch's. false by default.
   virtual bool supports_caller_runs() const noexcept { return false; }
-  /// Whether its instances start a batch's work in ModelInstance::enqueue and finish it in the
-  /// batch's kernel, so that a worker gains by launching the next batch while one runs (the
-  /// python backend sends its process the next batch ahead). The engine then gives each worker a
-  /// stream with a thread of its own, up to EngineOptions::max_inflight_per_worker batches on
-  /// it, on every device (on cpu it would otherwise run each batch on the worker's thread, one
-  /// at a time). false by default.
-  virtual bool pipelines_batches() const noexcept { return false; }
+  /// How many batches an instance gains from having launched at once: its instances start a
+  /// batch's work in ModelInstance::enqueue and finish it in the batch's kernel, so a worker gains
+  /// by launching the next batches while one runs (the python backend sends its process the next
+  /// batch ahead). 0 (the default): none. Otherwise the engine gives each worker a stream with a
+  /// thread of its own on every device (on cpu it would otherwise run each batch on the worker's
+  /// thread, one at a time), and at least this many batches in flight
+  /// (EngineOptions::max_inflight_per_worker, raised to it; Engine::options() says). Never blocks.
+  virtual int pipelined_batches() const noexcept { return 0; }
   /// Whether the model's work runs on the host's CPU cores when its instances use `device`
   /// (libtorch on the cpu and sim devices) rather than on an accelerator or a simulated
   /// engine. EngineOptions::workers = 0 (auto) starts one worker per core for such a model.

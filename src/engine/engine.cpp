@@ -39,9 +39,9 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       // The device says whether it can run a stream on the caller's thread; the engine decides
       // whether to: not with a hang watchdog, which must find the worker free to replace a hung
       // stream (worker.hpp), nor for a model whose instances gain from a batch launched while
-      // one runs (Model::pipelines_batches).
+      // one runs (Model::pipelined_batches).
       inline_path_(device_->capabilities().caller_run_streams && opt_.watchdog.count() == 0 &&
-                   !model_->pipelines_batches()),
+                   model_->pipelined_batches() == 0),
       // Where a caller may run a request alone and at once, as a worker would
       // (RequestOptions::caller_run_max_compute); Scheduler::accept decides the rest.
       caller_run_(

@@ -152,6 +152,8 @@ EngineOptions Engine::resolve_options(const Model& model, const Device& device,
     }
   }
   if (options.intra_op_threads == 0) options.intra_op_threads = 1;
+  options.max_inflight_per_worker =
+      std::max(options.max_inflight_per_worker, model.pipelined_batches());
   return options;
 }
 

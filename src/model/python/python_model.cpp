@@ -163,8 +163,9 @@ Result<std::shared_ptr<PythonSetup>> make_setup(std::string_view uri, const fs::
 }
 
 // A batch's place in its instance's order: whether it was sent to the process ahead of its
-// execute (Slot::launch), to which process, in which slot. Guarded by its Slot's mutex.
+// execute (Slot::send_ahead), to which process, in which slot. Guarded by its Slot's mutex.
 struct Ticket {
+  std::shared_ptr<const BatchIO> io;
   bool sent = false;
   std::uint64_t generation = 0;  // Slot::generation of the process it was sent to
   int slot = 0;
@@ -173,16 +174,19 @@ struct Ticket {
 // The process of one instance, shared with the host functions of its batches (which may still
 // run when the instance is destroyed).
 //
-// Two batches in flight (PythonSetup::pipelined): the worker's thread sends a batch to the process
-// as it launches it (launch: PythonProcess::post), while the stream's thread runs the execute of
-// the batch before it (run), so that the process goes from one execute() to the next without
-// waiting for this side. Batches reach the process in launch order, which is the order their
-// executes run: a batch is sent ahead only behind batches all sent to the same process, and
-// at most two are unfinished; a batch that was not (or was sent to a process that has since been
-// replaced) is sent by its own run. Slots alternate, so a slot is reused only after the execute
-// of its previous batch has returned (its outputs copied out): the engine keeps at most
-// max_inflight_per_worker (2) batches launched and not completed.
+// Batches in flight (PythonSetup::pipelined; the engine launches up to kPipelinedBatches on the
+// stream): the worker's thread sends a batch to the process as it launches it (launch), and the
+// stream's thread sends the next one as soon as a batch's outputs are read out (run), while the
+// stream's thread holds the conversation of the batch before; so the process goes from one
+// execute() to the next without waiting for this side. Batches reach the process in launch
+// order, which is the order their executes run: a batch is sent ahead only behind batches all
+// sent to the same process, and at most two sent ones are unfinished, in the two slots (input
+// and output arenas), which alternate: a slot is reused only after the execute of its previous
+// batch has returned. A batch sent to a process that has since been replaced is sent again by
+// its own run, before any later one.
 struct Slot {
+  static constexpr int kPipelinedBatches = 3;  // two sent, and the next ready to go
+
   std::shared_ptr<const PythonSetup> setup;
   std::string instance_name;
   std::mutex mu;  // guards what follows, the tickets, and every sending of an execute
@@ -193,17 +197,12 @@ struct Slot {
   std::deque<std::shared_ptr<Ticket>> unfinished;  // launched, their execute not returned
 
   // The worker's thread, as it launches the batch.
-  std::shared_ptr<Ticket> launch(const BatchIO& io) {
+  std::shared_ptr<Ticket> launch(std::shared_ptr<const BatchIO> io) {
     auto ticket = std::make_shared<Ticket>();
+    ticket->io = std::move(io);
     std::lock_guard lock(mu);
-    bool ahead =
-        setup->pipelined && !poisoned && process && process->alive() && unfinished.size() < 2;
-    for (const auto& u : unfinished) ahead = ahead && u->sent && u->generation == generation;
     unfinished.push_back(ticket);
-    if (ahead && process->post(io, next_slot).ok()) {
-      *ticket = Ticket{true, generation, next_slot};
-      next_slot ^= 1;
-    }
+    send_ahead();
     return ticket;
   }
 
@@ -218,7 +217,6 @@ struct Slot {
   // The stream's thread.
   Status run(BatchIO& io, const std::stop_token& stop, const std::shared_ptr<Ticket>& ticket) {
     PythonProcess* p = nullptr;
-    int slot = 0;
     bool posted = false;
     {
       std::lock_guard lock(mu);
@@ -228,25 +226,53 @@ struct Slot {
         return s;
       }
       posted = ticket->sent && ticket->generation == generation;
-      if (!posted) {
-        // Not sent ahead, or to a process since replaced: sent now (execute sends it itself if
-        // this fails, and reports how the process ended).
-        slot = setup->pipelined ? next_slot : 0;
-        posted = process->post(io, slot).ok();
-        *ticket = Ticket{posted, generation, slot};
-        if (setup->pipelined) next_slot ^= 1;
+      if (!posted && setup->pipelined) {
+        // Sent to a process since replaced (or not at all): sent now. No batch is at the process
+        // (the earlier ones have ended; no later one is sent before this one).
+        s = process->post(io, next_slot);
+        if (!s.ok()) {
+          poisoned = true;  // replaced at the next batch, which learns how it ended
+          std::erase(unfinished, ticket);
+          return s;
+        }
+        ticket->sent = true;
+        ticket->generation = generation;
+        ticket->slot = next_slot;
+        next_slot ^= 1;
+        posted = true;
       }
-      slot = ticket->slot;
       p = process.get();
     }
     // The process is replaced only by this thread (ready, under the lock): `p` stays valid.
-    Status s = p->execute(io, stop, slot, posted);
+    // Unless pipelined, execute sends the batch itself (slot 0).
+    Status s = p->execute(io, stop, posted ? ticket->slot : 0, posted);
     std::lock_guard lock(mu);
     std::erase(unfinished, ticket);
+    send_ahead();  // this batch's slot is free: the next batch goes before this one's responses
     return s;
   }
 
  private:
+  // Under mu: sends the launched batches not sent yet, in order, while fewer than two sent ones
+  // are unfinished, behind batches all sent to the current process.
+  void send_ahead() {
+    if (!setup->pipelined || poisoned || !process || !process->alive()) return;
+    int sent = 0;
+    for (const auto& u : unfinished) {
+      if (u->sent && u->generation == generation) {
+        ++sent;
+        continue;
+      }
+      // One sent to a replaced process is sent again by its run, before any later one.
+      if (u->sent || sent >= 2 || !process->post(*u->io, next_slot).ok()) return;
+      u->sent = true;
+      u->generation = generation;
+      u->slot = next_slot;
+      next_slot ^= 1;
+      ++sent;
+    }
+  }
+
   // Under mu: a running process, restarted (initialize again) when the last one ended.
   Status ready(const std::stop_token& stop) {
     if (!process || !process->alive() || poisoned || process->exited()) {
@@ -282,7 +308,7 @@ class PythonInstance final : public ModelInstance {
     Kernel k;
     k.name = "model.py";  // errors name the model and instance themselves
     k.stop = io->stop;
-    std::shared_ptr<Ticket> ticket = slot_->launch(*io);
+    std::shared_ptr<Ticket> ticket = slot_->launch(io);
     k.host_fn = [slot = slot_, io, ticket](std::stop_token stop) -> Status {
       return slot->run(*io, stop, ticket);
     };
@@ -305,7 +331,9 @@ class PythonModel final : public Model {
   // stopped after PythonSetup::stop_grace.
   bool cancellable() const noexcept override { return true; }
   bool uses_host_cores(const Device& /*device*/) const noexcept override { return true; }
-  bool pipelines_batches() const noexcept override { return setup_->pipelined; }
+  int pipelined_batches() const noexcept override {
+    return setup_->pipelined ? Slot::kPipelinedBatches : 0;
+  }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& /*stream*/,
                                                          const InstanceOptions& options) override {

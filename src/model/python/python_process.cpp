@@ -972,11 +972,19 @@ Status PythonProcess::post(const BatchIO& io, int slot) {
   int e = 0;
   {
     std::lock_guard lock(mail_->send_mu);
-    e = send_packet(sock_, text, new_arena ? in_[slot].fd : -1, 0);
+    e = send_packet(sock_, text, new_arena ? in_.at(static_cast<std::size_t>(slot)).fd : -1, 0);
   }
-  // Not killed here: the thread in execute() owns the process's end, and finds it.
-  if (e != 0)
+  if (e != 0) {
+    // Not killed here: the thread in execute() owns the process's end, and finds it. A new
+    // arena the stub never got is dropped, so that the slot's next batch makes and passes one.
+    if (new_arena) {
+      InputArena& arena = in_.at(static_cast<std::size_t>(slot));
+      ::munmap(arena.map, arena.size);
+      ::close(arena.fd);
+      arena = InputArena{};
+    }
     return fail(StatusCode::unavailable, "sending to the Python process: " + errno_text(e));
+  }
   return Status();
 }
 
