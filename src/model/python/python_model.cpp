@@ -218,6 +218,7 @@ struct Slot {
   Status run(BatchIO& io, const std::stop_token& stop, const std::shared_ptr<Ticket>& ticket) {
     PythonProcess* p = nullptr;
     bool posted = false;
+    int slot = 0;  // unless pipelined, execute sends the batch itself, in slot 0
     {
       std::lock_guard lock(mu);
       Status s = ready(stop);
@@ -241,11 +242,11 @@ struct Slot {
         next_slot ^= 1;
         posted = true;
       }
+      if (posted) slot = ticket->slot;
       p = process.get();
     }
     // The process is replaced only by this thread (ready, under the lock): `p` stays valid.
-    // Unless pipelined, execute sends the batch itself (slot 0).
-    Status s = p->execute(io, stop, posted ? ticket->slot : 0, posted);
+    Status s = p->execute(io, stop, slot, posted);
     std::lock_guard lock(mu);
     std::erase(unfinished, ticket);
     send_ahead();  // this batch's slot is free: the next batch goes before this one's responses
