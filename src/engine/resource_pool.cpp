@@ -285,7 +285,17 @@ std::optional<ResourcePool::SlotView> ResourcePool::slot(std::string_view name, 
   std::lock_guard lock(mu_);
   const auto it = slots_.find(Key{std::string(name), device});
   if (it == slots_.end()) return std::nullopt;
-  return SlotView{it->second.count, it->second.in_use};
+  // A reservation past its hold is given back by the next acquire() or release(); until then it
+  // is held for nobody, so it is not counted as in use.
+  std::int64_t in_use = it->second.in_use;
+  const auto now = std::chrono::steady_clock::now();
+  for (const Instance* i : reserved_) {
+    if (i->reserved_until > now) continue;
+    for (const auto& [s, n] : i->needs) {
+      if (s == &it->second) in_use -= n;
+    }
+  }
+  return SlotView{it->second.count, in_use};
 }
 
 std::size_t ResourcePool::waiting() const {

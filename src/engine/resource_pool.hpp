@@ -96,8 +96,9 @@ class ResourcePool : public std::enable_shared_from_this<ResourcePool> {
   Result<std::shared_ptr<ExecutionGate>> add_model(std::string_view model, int device,
                                                    std::vector<InstanceNeeds> instances);
 
-  /// What a resource holds now: its count and the copies in use. `device` kGlobal for a global
-  /// one. nullopt when no loaded instance lists it. Thread-safe (for tests and logs).
+  /// What a resource holds now: its count and the copies in use, those reserved for a comeback
+  /// included until kComebackHold has passed. `device` kGlobal for a global one. nullopt when no
+  /// loaded instance lists it. Thread-safe (for tests and logs).
   struct SlotView {
     std::int64_t count = 0;
     std::int64_t in_use = 0;
