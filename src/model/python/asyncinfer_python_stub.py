@@ -172,6 +172,18 @@ class Channel:
         self.waiters = {}  # tag -> callable(msg, payload, fds), under cv
         self.loose = collections.deque()
         self.loops = {}  # asyncio loop -> futures waiting on it
+        self.sleeping = 0  # threads in cv.wait(): only they need a notify (a batch's path has none)
+
+    def _notify(self):  # under cv
+        if self.sleeping:
+            self.cv.notify_all()
+
+    def _sleep(self, timeout=None):  # under cv
+        self.sleeping += 1
+        try:
+            self.cv.wait(timeout)
+        finally:
+            self.sleeping -= 1
 
     def _dispatch(self, msg, payload, fds):  # under cv
         tag = msg.get("tag")
@@ -192,7 +204,7 @@ class Channel:
             while not done():
                 if not self.reading:
                     break
-                self.cv.wait()
+                self._sleep()
             else:
                 return
             self.reading = True
@@ -201,13 +213,13 @@ class Channel:
                 msg, payload, fds = recv()
                 with self.cv:
                     self._dispatch(msg, payload, fds)
-                    self.cv.notify_all()
+                    self._notify()
                     if done():
                         return
         finally:
             with self.cv:
                 self.reading = False
-                self.cv.notify_all()
+                self._notify()
 
     def call(self, msg, fds=(), payload=None):
         """Sends msg with a new tag; returns its one answer (msg, payload, fds)."""
@@ -253,7 +265,7 @@ class Channel:
         with self.cv:
             if self.reading:
                 # Another thread reads it; wait until it has (a short wait: it is in recv()).
-                self.cv.wait(0.001)
+                self._sleep(0.001)
                 return
             self.reading = True
         try:
@@ -264,11 +276,11 @@ class Channel:
                     break
                 with self.cv:
                     self._dispatch(msg, payload, fds)
-                    self.cv.notify_all()
+                    self._notify()
         finally:
             with self.cv:
                 self.reading = False
-                self.cv.notify_all()
+                self._notify()
 
 
 CHANNEL = Channel()
@@ -592,11 +604,13 @@ class OutputArena:
             self.size = size
             fds = [fd]
             extra["arena"] = size
-        np = _np
+        mm = self.mm
         for spec, (_n, _d, _s, payload) in zip(specs, tensors):
-            if spec["size"]:
-                dst = np.ndarray((spec["size"],), np.uint8, buffer=self.mm, offset=spec["offset"])
-                dst[...] = payload.reshape(-1).view(np.uint8)
+            n = spec["size"]
+            if n:
+                start = spec["offset"]
+                # payload is C-contiguous (encode): its bytes, copied once by mmap's C code.
+                mm[start:start + n] = memoryview(payload).cast("B")
         return specs, fds, extra
 
 
@@ -619,6 +633,8 @@ class Stub:
         self.model = None
         self.model_config = {}
         self.output_names = set()
+        self.requested_names = []
+        self.model_name = ""
         self.output_dtypes = {}
         self.decoupled = False
         # The input and output arenas of each of the two slots: the server may send the next
@@ -679,7 +695,9 @@ class Stub:
                 payload = flat if flat is not None else np.zeros((0,), np.uint8)
                 datatype = "BYTES"
             else:
-                datatype = _DATATYPE_OF.get(arr.dtype.str.lstrip("<>=|"))
+                datatype = _DATATYPE_BY_DTYPE.get(arr.dtype)
+                if datatype is None:
+                    datatype = _DATATYPE_OF.get(arr.dtype.str.lstrip("<>=|"))
                 if datatype is None:
                     raise self.utils.TritonModelException(
                         "output '%s' has numpy dtype %s, which has no protocol datatype"
@@ -693,6 +711,9 @@ class Stub:
         args = msg["args"]
         self.model_config = json.loads(args["model_config"])
         self.output_names = {o["name"] for o in self.model_config.get("output", [])}
+        # Each request's requested_output_names (a list of its own) and model name.
+        self.requested_names = [o["name"] for o in self.model_config.get("output", [])]
+        self.model_name = self.model_config.get("name", "")
         self.output_dtypes = {}
         for o in self.model_config.get("output", []):
             t = self.utils.triton_string_to_numpy(o.get("data_type", ""))
@@ -720,21 +741,22 @@ class Stub:
         requests = []
         senders = []
         STUB_BATCH[0] += 1
+        batch = STUB_BATCH[0]
+        make = utils.InferenceRequest._of_batch
         for index, r in enumerate(msg["requests"]):
             sender = ResponseSender(self, index)
             senders.append(sender)
             trace = utils.InferenceTrace()
-            trace._request, trace._batch = index, STUB_BATCH[0]
-            requests.append(utils.InferenceRequest(
-                inputs=[self.input_tensor(s) for s in r["inputs"]],
-                requested_output_names=[o["name"] for o in self.model_config.get("output", [])],
-                request_id=r.get("id", ""), correlation_id=r.get("correlation_id", 0),
-                flags=r.get("flags", 0), parameters=r.get("parameters", "{}"), _sender=sender,
-                model_name=self.model_config.get("name", ""), trace=trace))
+            trace._request, trace._batch = index, batch
+            requests.append(make([self.input_tensor(s) for s in r["inputs"]],
+                                 list(self.requested_names), r.get("id", ""),
+                                 r.get("correlation_id", 0), r.get("flags", 0),
+                                 r.get("parameters", "{}"), sender, self.model_name, trace))
         self.pending = len(requests) if self.decoupled else 0
         try:
             result = self.model.execute(requests)
-            if inspect.isawaitable(result):  # async def execute: on this process's event loop
+            if result.__class__ is not list and inspect.isawaitable(result):
+                # async def execute: on this process's event loop
                 if self.loop is None:
                     self.loop = asyncio.new_event_loop()
                     asyncio.set_event_loop(self.loop)
@@ -944,6 +966,7 @@ class ResponseSender:
 
 _np = None
 _DATATYPE_OF = {}
+_DATATYPE_BY_DTYPE = {}  # native-order numpy dtype -> the protocol's datatype (main)
 
 
 def _watch_server():
@@ -978,6 +1001,7 @@ def main():
                  "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
     for name, t in _NUMPY_OF.items():
         _DATATYPE_OF[np.dtype(t).str.lstrip("<>=|")] = name
+        _DATATYPE_BY_DTYPE[np.dtype(t)] = name
     sys.stdout.flush()
     os._exit(Stub(utils).run())
 

@@ -193,6 +193,10 @@ struct PythonProcess::Mailbox {
   std::set<std::uint64_t> live;  // under mu: the calls of the execute in progress
   bool flushing = false;         // under mu: the instance's thread sends what it took
   int event = -1;                // eventfd: readable while items is not empty
+  /// Set (before `event` is written) when items get something; cleared by take(). receive()
+  /// reads the socket before polling only while it is clear, so that mail is never overtaken
+  /// for long by a stub that keeps sending.
+  std::atomic<bool> waiting{false};
   /// Every send on the socket holds it (the instance thread's, and the direct ones above); sock
   /// is -1 once the process's socket is closed.
   std::mutex send_mu;
@@ -224,6 +228,7 @@ struct PythonProcess::Mailbox {
         }
       }
       items.push_back(std::move(m));
+      waiting.store(true, std::memory_order_release);
     }
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(event, &one, sizeof(one));
@@ -239,6 +244,7 @@ struct PythonProcess::Mailbox {
     [[maybe_unused]] const ssize_t got = ::read(event, &n, sizeof(n));
     std::lock_guard lock(mu);
     flushing = !items.empty();
+    waiting.store(false, std::memory_order_relaxed);
     return std::exchange(items, {});
   }
   void begin_call(std::uint64_t tag) {
@@ -608,6 +614,11 @@ Result<PythonProcess::Message> PythonProcess::receive(
   };
   std::optional<std::stop_callback<decltype(wake)>> on_stop;
   if (stop != nullptr && !stopping_) on_stop.emplace(*stop, wake);
+  // The first try reads the socket without a poll (a system call saved when the stub's message
+  // is already there: it ran ahead, two batches in flight), unless a stop or mail waits: those
+  // are found by the poll, which every later try makes.
+  bool first = stop == nullptr || stopping_ || !stop->stop_requested();
+  if (mail_->waiting.load(std::memory_order_acquire)) first = false;
   for (;;) {
     const Clock::time_point now = Clock::now();
     const Clock::time_point until = std::min(deadline, grace_end_);
@@ -621,6 +632,10 @@ Result<PythonProcess::Message> PythonProcess::receive(
                         ") and is restarted at the next batch");
       }
       return fail(StatusCode::deadline_exceeded, "no answer in time; the process " + how);
+    }
+    if (std::exchange(first, false)) {
+      Result<Message> m = read_message();
+      if (!m.ok() || m->body.is_object()) return m;  // else nothing there yet: poll
     }
     int timeout_ms = -1;
     if (until != Clock::time_point::max()) {
@@ -658,6 +673,13 @@ Result<PythonProcess::Message> PythonProcess::receive(
       }
       continue;
     }
+    Result<Message> m = read_message();
+    if (!m.ok() || m->body.is_object()) return m;
+  }
+}
+
+Result<PythonProcess::Message> PythonProcess::read_message() {
+  for (;;) {
     iovec iov{buffer_.data(), buffer_.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -667,7 +689,8 @@ Result<PythonProcess::Message> PythonProcess::receive(
     msg.msg_controllen = sizeof(control);
     const ssize_t n = ::recvmsg(sock_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return Message{};  // nothing there yet (its body is no object)
       const int e = errno;
       return fail(StatusCode::unavailable,
                   "the Python process " + kill_and_reap() + " (" + errno_text(e) + ")");
@@ -1381,9 +1404,11 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
                                       resp.value("error", std::string("?")));
         continue;
       }
-      const json specs = resp.value("outputs", json());
-      ASYNCINFER_ASSIGN_OR_RETURN(per_request[j],
-                                  read_outputs(&specs, rows_of(j), j, output_bytes()));
+      static const json kNone;  // no "outputs": read_outputs says so
+      const auto specs = resp.find("outputs");
+      ASYNCINFER_ASSIGN_OR_RETURN(
+          per_request[j],
+          read_outputs(specs != resp.end() ? &*specs : &kNone, rows_of(j), j, output_bytes()));
       if (!answered) answered = j;
     }
     // A failed request's rows: zeros shaped as the answered requests' (or with 0 for each

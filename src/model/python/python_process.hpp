@@ -136,6 +136,9 @@ class PythonProcess {
   Result<Message> receive(const std::stop_token* stop,
                           std::chrono::steady_clock::time_point deadline,
                           std::optional<std::chrono::milliseconds> grace = std::nullopt);
+  /// One message from the socket without waiting: a body that is no object when none is there
+  /// yet; errors as receive()'s.
+  Result<Message> read_message();
   /// execute() after its checks: the conversation (nlohmann's exceptions pass through).
   Status execute_messages(BatchIO& io, const std::stop_token& stop, bool posted);
   /// The output arena of the batch being executed.

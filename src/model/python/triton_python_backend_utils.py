@@ -375,6 +375,26 @@ class InferenceRequest:
         self._model_version = model_version
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
+    @classmethod
+    def _of_batch(cls, inputs, requested_output_names, request_id, correlation_id, flags,
+                  parameters, sender, model_name, trace):
+        """A request of the batch handed to execute(), as the stub decoded it: its fields are
+        the server's and already checked, so __init__'s checks (for a model's own requests) are
+        skipped on this per-request path."""
+        r = cls.__new__(cls)
+        r._inputs = inputs
+        r._requested = requested_output_names
+        r._request_id = request_id
+        r._correlation_id = correlation_id
+        r._flags = flags
+        r._timeout = 0
+        r._parameters = parameters
+        r._sender = sender
+        r._model_name = model_name
+        r._model_version = -1
+        r._trace = trace
+        return r
+
     def inputs(self):
         return self._inputs
 
