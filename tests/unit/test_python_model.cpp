@@ -125,6 +125,33 @@ TEST_F(PythonModelTest, ComputesAndHandsExecuteEachRequest) {
   EXPECT_GT(batched, 0) << "dynamic batching handed execute several requests";
 }
 
+// An output in the other byte order (numpy's ">f4" on this host) arrives with its values: the
+// stub converts it to the host's order before it copies its bytes out.
+TEST_F(PythonModelTest, AnOutputInTheOtherByteOrderKeepsItsValues) {
+  auto model = load_model(write_model("swapped", R"(
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy().astype(">f4"))])
+            for r in requests]
+)"),
+                          fp32_options());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto e = engine(*model);
+  ASSERT_TRUE(e);
+  auto f = e->submit({row(1.5F, -2.25F)});
+  ASSERT_TRUE(f.wait_for(30s));
+  auto r = f.get();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const float* y = static_cast<const float*>((*r)[0].data());
+  EXPECT_FLOAT_EQ(y[0], 1.5F);
+  EXPECT_FLOAT_EQ(y[1], -2.25F);
+}
+
 TEST_F(PythonModelTest, ErrorsOfResponsesAndExecuteReachTheirRequests) {
   auto model = load_model(write_model("scale", kScale), fp32_options());
   ASSERT_TRUE(model.ok());

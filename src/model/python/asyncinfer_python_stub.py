@@ -610,7 +610,7 @@ class OutputArena:
             if n:
                 start = spec["offset"]
                 # payload is C-contiguous (encode): its bytes, copied once by mmap's C code.
-                mm[start:start + n] = memoryview(payload).cast("B")
+                mm[start:start + n] = payload.reshape(-1).view(_np.uint8)
         return specs, fds, extra
 
 
@@ -678,6 +678,8 @@ class Stub:
                             np.ascontiguousarray(t._data)))
                 continue
             arr = t.as_numpy()
+            if not arr.dtype.isnative:  # ">f4" on this host: its values, in the server's order
+                arr = arr.astype(arr.dtype.newbyteorder("="))
             want = self.output_dtypes.get(t.name())
             if (want is not None and arr.dtype != want and arr.dtype.kind in "iu"
                     and want.kind in "iu"):
