@@ -196,7 +196,7 @@ struct PythonProcess::Mailbox {
   /// Set (before `event` is written) when items get something; cleared by take(). receive()
   /// reads the socket before polling only while it is clear, so that mail is never overtaken
   /// for long by a stub that keeps sending.
-  std::atomic<bool> waiting{false};
+  std::atomic<bool> has_mail{false};
   /// Every send on the socket holds it (the instance thread's, and the direct ones above); sock
   /// is -1 once the process's socket is closed.
   std::mutex send_mu;
@@ -228,7 +228,7 @@ struct PythonProcess::Mailbox {
         }
       }
       items.push_back(std::move(m));
-      waiting.store(true, std::memory_order_release);
+      has_mail.store(true, std::memory_order_release);
     }
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(event, &one, sizeof(one));
@@ -244,7 +244,7 @@ struct PythonProcess::Mailbox {
     [[maybe_unused]] const ssize_t got = ::read(event, &n, sizeof(n));
     std::lock_guard lock(mu);
     flushing = !items.empty();
-    waiting.store(false, std::memory_order_relaxed);
+    has_mail.store(false, std::memory_order_relaxed);
     return std::exchange(items, {});
   }
   void begin_call(std::uint64_t tag) {
@@ -618,7 +618,7 @@ Result<PythonProcess::Message> PythonProcess::receive(
   // is already there: it ran ahead, two batches in flight), unless a stop or mail waits: those
   // are found by the poll, which every later try makes.
   bool first = stop == nullptr || stopping_ || !stop->stop_requested();
-  if (mail_->waiting.load(std::memory_order_acquire)) first = false;
+  if (mail_->has_mail.load(std::memory_order_acquire)) first = false;
   for (;;) {
     const Clock::time_point now = Clock::now();
     const Clock::time_point until = std::min(deadline, grace_end_);
