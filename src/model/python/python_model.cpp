@@ -230,16 +230,12 @@ struct Slot {
       if (!posted && setup->pipelined) {
         // Sent to a process since replaced (or not at all): sent now. No batch is at the process
         // (the earlier ones have ended; no later one is sent before this one).
-        s = process->post(io, next_slot);
+        s = post(*ticket);
         if (!s.ok()) {
           poisoned = true;  // replaced at the next batch, which learns how it ended
           std::erase(unfinished, ticket);
           return s;
         }
-        ticket->sent = true;
-        ticket->generation = generation;
-        ticket->slot = next_slot;
-        next_slot ^= 1;
         posted = true;
       }
       if (posted) slot = ticket->slot;
@@ -265,13 +261,19 @@ struct Slot {
         continue;
       }
       // One sent to a replaced process is sent again by its run, before any later one.
-      if (u->sent || sent >= 2 || !process->post(*u->io, next_slot).ok()) return;
-      u->sent = true;
-      u->generation = generation;
-      u->slot = next_slot;
-      next_slot ^= 1;
+      if (u->sent || sent >= 2 || !post(*u).ok()) return;
       ++sent;
     }
+  }
+
+  // Under mu: sends a ticket's batch to the current process in the next slot, and marks it so.
+  Status post(Ticket& t) {
+    ASYNCINFER_RETURN_IF_ERROR(process->post(*t.io, next_slot));
+    t.sent = true;
+    t.generation = generation;
+    t.slot = next_slot;
+    next_slot ^= 1;
+    return Status();
   }
 
   // Under mu: a running process, restarted (initialize again) when the last one ended.
