@@ -201,6 +201,16 @@ class Channel:
             return
         waiter(msg, payload, fds)
 
+    def _hand(self, msg, payload, fds):
+        with self.cv:
+            self._dispatch(msg, payload, fds)
+            self._notify()
+
+    def _stop_reading(self):
+        with self.cv:
+            self.reading = False
+            self._notify()
+
     def wait(self, done):
         """Returns once done() (called under cv) is true, reading the socket meanwhile if no one
         else does."""
@@ -221,9 +231,7 @@ class Channel:
                     if done():
                         return
         finally:
-            with self.cv:
-                self.reading = False
-                self._notify()
+            self._stop_reading()
 
     def call(self, msg, fds=(), payload=None):
         """Sends msg with a new tag; returns its one answer (msg, payload, fds)."""
@@ -257,13 +265,9 @@ class Channel:
                 msg, payload, fds = recv()
                 if msg.get("tag") is None:
                     return msg, payload, fds
-                with self.cv:
-                    self._dispatch(msg, payload, fds)
-                    self._notify()
+                self._hand(msg, payload, fds)
         finally:
-            with self.cv:
-                self.reading = False
-                self._notify()
+            self._stop_reading()
 
     # asyncio: the loop reads the socket when it is readable, while it has futures waiting.
     def attach(self, loop):
@@ -298,13 +302,9 @@ class Channel:
                     msg, payload, fds = recv(socket.MSG_DONTWAIT)
                 except (BlockingIOError, InterruptedError):
                     break
-                with self.cv:
-                    self._dispatch(msg, payload, fds)
-                    self._notify()
+                self._hand(msg, payload, fds)
         finally:
-            with self.cv:
-                self.reading = False
-                self._notify()
+            self._stop_reading()
 
 
 CHANNEL = Channel()
