@@ -575,6 +575,124 @@ class PythonModels(harness.unittest.TestCase):
                 self.server.lines = [l for l in self.server.lines if "endless saw" not in l]
 
 
+# Echoes x, and how long its request's parameters are (their JSON text).
+ECHO_PARAMETERS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            n = np.array([[len(r.parameters())]], np.int64)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x.copy()),
+                                                   pb_utils.Tensor("length", n)]))
+        return out
+'''
+
+# x[0] == -1: an error response of 16,000 characters; x[0] == -2: 2.4 MB of zeros; else x.
+ERRORS_OR_ECHO = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            if x[0, 0] == -1:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("E" * 16000)))
+            elif x[0, 0] == -2:
+                out.append(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("y", np.zeros((1, 600000), np.float32))]))
+            else:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x.copy())]))
+        return out
+'''
+
+
+class OverTheSocketsLimit(harness.unittest.TestCase):
+    """Messages longer than the control socket takes (160 KiB): a batch's requests described
+    with large parameters, and a reply refused for its length. Both once left one side reading
+    an arena the other had replaced: later requests got earlier requests' data, with no error."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        echo_io = ([("x", "TYPE_FP32", [-1])],
+                   [("y", "TYPE_FP32", [-1]), ("length", "TYPE_INT64", [1])])
+        # Two batches in flight (no dynamic batching) and one at a time (dynamic batching):
+        # both describe their batches in write_inputs.
+        add_python(cls.repo, "echo_parameters", python_config("echo_parameters", *echo_io),
+                   ECHO_PARAMETERS)
+        add_python(cls.repo, "echo_parameters_batched", python_config(
+            "echo_parameters_batched", *echo_io,
+            extra="dynamic_batching { max_queue_delay_microseconds: 1000 }\n"), ECHO_PARAMETERS)
+        # Twelve requests make one batch (or two seconds pass).
+        add_python(cls.repo, "errors_or_echo", python_config(
+            "errors_or_echo", [("x", "TYPE_FP32", [-1])], [("y", "TYPE_FP32", [-1])],
+            max_batch_size=16,
+            extra="dynamic_batching { preferred_batch_size: [ 12 ] "
+                  "max_queue_delay_microseconds: 2000000 }\n"), ERRORS_OR_ECHO)
+        serve(cls, cls.repo.path, repo=cls.repo)
+
+    def echo(self, model, x, **kwargs):
+        r = self.http.infer(model, [http_input("x", x)], **kwargs)
+        np.testing.assert_array_equal(r.as_numpy("y"), x)
+        return int(r.as_numpy("length")[0, 0])
+
+    def test_parameters_longer_than_the_socket_takes(self):
+        for model in ("echo_parameters", "echo_parameters_batched"):
+            with self.subTest(model=model):
+                self.echo(model, np.full((1, 4), 1, np.float32))
+                big = np.arange(600000, dtype=np.float32).reshape(1, -1)  # a new input arena
+                length = self.echo(model, big, parameters={"note": "p" * 200000})
+                self.assertGreater(length, 200000)
+                for k in range(3):  # each later request gets its own data back
+                    self.assertEqual(self.echo(model, np.full((1, 4), 10 + k, np.float32)), 2)  # "{}"
+
+    def batch_of_twelve(self, firsts):
+        """Twelve requests at once (one batch): request k sends [firsts[k], k]."""
+        results = [None] * len(firsts)
+
+        def one(k):
+            client = httpclient.InferenceServerClient("127.0.0.1:%d" % self.server.http_port)
+            x = np.array([[firsts[k], k]], np.float32)
+            try:
+                results[k] = (x, client.infer("errors_or_echo", [http_input("x", x)]))
+            except InferenceServerException as e:
+                results[k] = (x, e)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(firsts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return results
+
+    def test_a_reply_too_long_keeps_the_output_arena_it_grew(self):
+        for x, r in self.batch_of_twelve([0] * 12):
+            np.testing.assert_array_equal(r.as_numpy("y"), x)
+        # 2.4 MB of outputs (the stub grows its output arena) and eleven 16,000-character errors:
+        # the reply is too long for the socket, so the batch fails, and the engine runs each of
+        # its requests again alone (their own answers then, the errors as errors).
+        for x, r in self.batch_of_twelve([-2] + [-1] * 11):
+            if x[0, 0] == -2:
+                self.assertNotIsInstance(r, InferenceServerException, str(r))
+                np.testing.assert_array_equal(r.as_numpy("y"), np.zeros((1, 600000), np.float32))
+            else:
+                self.assertIsInstance(r, InferenceServerException)
+                self.assertIn("E" * 100, str(r))
+        for x, r in self.batch_of_twelve([7] * 12):
+            self.assertNotIsInstance(r, InferenceServerException, str(r))
+            np.testing.assert_array_equal(r.as_numpy("y"), x)
+
+
 class Finalize(harness.unittest.TestCase):
     def test_unload_calls_finalize_and_ends_the_processes(self):
         repo = Repository()

@@ -13,9 +13,9 @@ SCM_RIGHTS. The protocol (each request gets exactly one reply, in order):
   init {args, model_py, parent}          ready | error {message, traceback}
   auto_complete {config, model_py}       completed {config} | error {message, traceback}
                                          (then the stub exits: Triton's auto-complete)
-  execute {requests[{inputs[]}], slot,   (during execute, from any thread of the model)
-           arena?} + input arena fd?       send {request, final, outputs[]?, error?, code?,
-                                                 arena?} + output arena fd?  -> sent {cancelled,
+  execute {requests[{inputs[]}] |        (during execute, from any thread of the model)
+           requests_at [offset, size],     send {request, final, outputs[]?, error?, code?,
+           slot, arena?} + input arena fd?       arena?} + output arena fd?  -> sent {cancelled,
                                                                                  error?}
                                            send {request, final: false, inline, outputs[]}
                                              + NUL + tensors | send {request, final: false,
@@ -45,6 +45,10 @@ lie at `offset` in the input arena (server -> stub) or the output arena (stub ->
 regions mapped by both processes; BYTES tensors in Triton's length-prefixed form. The server
 copies a response's tensors out before it answers `sent` or reads the next message, so each
 message may reuse the output arena from offset 0.
+An execute whose requests' description would pass the socket's limit (their parameters may be
+any size) has it in the input arena instead, as JSON text at `requests_at`. An output arena the
+stub grew is passed (`arena` and its fd) with every message that uses it until one reaches the
+server: a reply refused for its length (MessageTooLong) does not lose it.
 
 Two batches in flight: a model that is neither decoupled, nor stateful, nor dynamically batched may
 be sent its next execute while it runs one (it waits among the loose messages until this one is
@@ -605,9 +609,21 @@ class OutputArena:
     def __init__(self):
         self.mm = None
         self.size = 0
+        # The fd of the arena as grown last, until a message carrying it has reached the server
+        # (sent()): every layout() passes it, so that a message refused for its length
+        # (MessageTooLong) cannot leave the server reading the arena before.
+        self.unsent = None
+
+    def sent(self):
+        """The message with layout()'s fds was sent: the server has the arena now."""
+        if self.unsent is not None:
+            os.close(self.unsent)
+            self.unsent = None
 
     def layout(self, tensors):
-        """tensors: [(name, datatype, shape, payload ndarray)] -> specs, fds, arena size."""
+        """tensors: [(name, datatype, shape, payload ndarray)] -> specs, fds, arena size. The fds
+        (and the size, as `arena`) go with the message that carries the specs; sent() once it has
+        gone."""
         specs = []
         offset = 0
         for name, datatype, shape, payload in tensors:
@@ -626,8 +642,12 @@ class OutputArena:
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self.mm = mmap.mmap(fd, size)  # the old one is unmapped when nothing views it
             self.size = size
-            fds = [fd]
-            extra["arena"] = size
+            if self.unsent is not None:
+                os.close(self.unsent)
+            self.unsent = fd
+        if self.unsent is not None:
+            fds = [self.unsent]
+            extra["arena"] = self.size
         mm = self.mm
         for spec, (_n, _d, _s, payload) in zip(specs, tensors):
             n = spec["size"]
@@ -769,7 +789,11 @@ class Stub:
         STUB_BATCH[0] += 1
         batch = STUB_BATCH[0]
         make = utils.InferenceRequest._of_batch
-        for index, r in enumerate(msg["requests"]):
+        described = msg.get("requests")
+        if described is None:  # too long for the socket: in the input arena, after the tensors
+            at, size = msg["requests_at"]
+            described = _DECODE(self.input[at:at + size].decode())
+        for index, r in enumerate(described):
             sender = ResponseSender(self, index)
             senders.append(sender)
             trace = utils.InferenceTrace()
@@ -808,10 +832,10 @@ class Stub:
         try:
             with self.arena_lock:
                 send(reply, fds)
+                if fds:
+                    self.outputs[slot].sent()
         except MessageTooLong as e:
             send({"op": "done", "error": str(e), "traceback": ""})
-        for fd in fds:
-            os.close(fd)
 
     def responses(self, result, count, arena):
         utils = self.utils
@@ -972,9 +996,8 @@ class ResponseSender:
                 reply, _payload, _fds = CHANNEL.call(msg, fds, payload)
             except MessageTooLong as e:
                 raise utils.TritonModelException("send: " + str(e)) from None
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            if fds:
+                self._stub.outputs[0].sent()
             self._cancelled = bool(reply.get("cancelled", False))
             if final:
                 self._final = True

@@ -232,8 +232,12 @@ struct Slot {
         // (the earlier ones have ended; no later one is sent before this one).
         s = post(*ticket);
         if (!s.ok()) {
-          poisoned = true;  // replaced at the next batch, which learns how it ended
+          // A send that failed leaves the process unusable: replaced at the next batch, which
+          // learns how it ended. A batch refused before anything was sent (its input arena
+          // could not grow) leaves it as it was.
+          if (s.code() == StatusCode::unavailable) poisoned = true;
           std::erase(unfinished, ticket);
+          send_ahead();
           return s;
         }
         posted = true;

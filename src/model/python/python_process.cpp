@@ -772,7 +772,7 @@ std::string PythonProcess::kill_and_reap() {
 
 // ---- arenas -------------------------------------------------------------------------------------
 
-Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* requests_json,
+Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* message,
                                    bool* new_arena) {
   InputArena& arena = in_.at(static_cast<std::size_t>(slot));
   const ModelSignature& sig = setup_->signature;
@@ -802,31 +802,9 @@ Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* req
     }
     begin += r;
   }
-  *new_arena = false;
-  if (total > arena.size) {
-    const std::size_t size = std::max({total, 2 * arena.size, kMinArena});
-    const int fd = ::memfd_create("asyncinfer-python-input", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return fail(StatusCode::resource_exhausted, "memfd_create: " + errno_text(errno));
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-      const int e = errno;
-      ::close(fd);
-      return fail(StatusCode::resource_exhausted,
-                  "an input arena of " + std::to_string(size) + " bytes: " + errno_text(e));
-    }
-    void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      return fail(StatusCode::resource_exhausted, "mmap: " + errno_text(e));
-    }
-    if (arena.map != nullptr) ::munmap(arena.map, arena.size);
-    if (arena.fd >= 0) ::close(arena.fd);
-    arena.fd = fd;
-    arena.map = map;
-    arena.size = size;
-    *new_arena = true;
-  }
+  // The requests' description (their inputs' places, ids, parameters, sequence flags). It goes
+  // in the execute message, or, when that would pass the socket's limit (a request's
+  // parameters may be any size), into the arena after the tensors: the message then says where.
   json requests = json::array();
   std::size_t k = 0;
   for (std::size_t j = 0; j < rows.size(); ++j) {
@@ -834,10 +812,6 @@ Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* req
     for (std::size_t i = 0; i < sig.inputs.size(); ++i, ++k) {
       const Part& p = parts[k];
       if (!p.tensor.defined()) continue;
-      if (p.tensor.byte_size() > 0) {
-        std::memcpy(static_cast<char*>(arena.map) + p.offset, p.tensor.data(),
-                    p.tensor.byte_size());
-      }
       inputs.push_back({{"name", sig.inputs[i].name},
                         {"datatype", datatype_name(p.tensor.dtype())},
                         {"shape", p.tensor.shape()},
@@ -863,9 +837,56 @@ Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* req
     }
     requests.push_back(std::move(request));
   }
-  json msg = {{"op", "execute"}, {"requests", std::move(requests)}, {"slot", slot}};
-  if (*new_arena) msg["arena"] = arena.size;
-  *requests_json = msg.dump();
+  const std::string described = requests.dump();
+  // The message's other fields take well under 128 bytes.
+  const bool in_arena = described.size() + 128 > kMaxMessage;
+  const std::size_t described_at = total;
+  const std::size_t needed = in_arena ? total + described.size() : total;
+
+  *new_arena = false;
+  if (needed > arena.size) {
+    const std::size_t size = std::max({needed, 2 * arena.size, kMinArena});
+    const int fd = ::memfd_create("asyncinfer-python-input", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return fail(StatusCode::resource_exhausted, "memfd_create: " + errno_text(errno));
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return fail(StatusCode::resource_exhausted,
+                  "an input arena of " + std::to_string(size) + " bytes: " + errno_text(e));
+    }
+    void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return fail(StatusCode::resource_exhausted, "mmap: " + errno_text(e));
+    }
+    if (arena.map != nullptr) ::munmap(arena.map, arena.size);
+    if (arena.fd >= 0) ::close(arena.fd);
+    arena.fd = fd;
+    arena.map = map;
+    arena.size = size;
+    *new_arena = true;
+  }
+  char* base = static_cast<char*>(arena.map);
+  for (const Part& p : parts) {
+    if (p.tensor.defined() && p.tensor.byte_size() > 0) {
+      std::memcpy(base + p.offset, p.tensor.data(), p.tensor.byte_size());
+    }
+  }
+  // The message's text, built around the description instead of dumping it again.
+  std::string& text = *message;
+  text = R"({"op":"execute","slot":)" + std::to_string(slot);
+  if (*new_arena) text += R"(,"arena":)" + std::to_string(arena.size);
+  if (in_arena) {
+    std::memcpy(base + described_at, described.data(), described.size());
+    text += R"(,"requests_at":[)" + std::to_string(described_at) + "," +
+            std::to_string(described.size()) + "]}";
+  } else {
+    text += R"(,"requests":)";
+    text += described;
+    text += '}';
+  }
   return Status();
 }
 
@@ -987,11 +1008,7 @@ Status PythonProcess::post(const BatchIO& io, int slot) {
   if (!alive()) return fail(StatusCode::unavailable, "the Python process is not running");
   std::string text;
   bool new_arena = false;
-  ASYNCINFER_RETURN_IF_ERROR(write_inputs(io, slot, &text, &new_arena));
-  if (text.size() > kMaxMessage) {
-    return fail(StatusCode::internal,
-                "a control message of " + std::to_string(text.size()) + " bytes is over the limit");
-  }
+  ASYNCINFER_RETURN_IF_ERROR(write_inputs(io, slot, &text, &new_arena));  // within kMaxMessage
   int e = 0;
   {
     std::lock_guard lock(mail_->send_mu);
@@ -1322,8 +1339,12 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
       const bool unanswered = !m.body.contains("tag");
       json reply = {{"op", "sent"}, {"tag", tag}};
       const std::size_t r = m.body.value("request", requests);
-      Status s;
-      if (!io.responses) {
+      // A grown output arena is mapped whatever else the message says (the stub passes it until
+      // a message carrying it has been sent).
+      Status s = map_output_arena(m);
+      if (!s.ok()) {
+        // answered with its error (below), as any failed send
+      } else if (!io.responses) {
         s = fail(StatusCode::internal, "model.py used a response sender, but it is not decoupled");
       } else if (r >= requests) {
         s = fail(StatusCode::internal, "model.py sent a response for request " + std::to_string(r) +
@@ -1339,16 +1360,13 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
         }
       } else if (m.body.contains("outputs")) {
         const bool inline_tensors = m.body.value("inline", false);
-        if (!inline_tensors) s = map_output_arena(m);
-        if (s.ok()) {
-          const std::string_view bytes = inline_tensors ? m.payload : output_bytes();
-          Result<std::vector<Tensor>> outs =
-              read_outputs(&m.body["outputs"], io.responses->rows(r), r, bytes);
-          s = outs.ok() ? io.responses->send(r, std::move(*outs)) : outs.status();
-          if (s.code() == StatusCode::cancelled) {
-            s = Status();  // the request has ended: the model learns it from is_cancelled
-            reply["cancelled"] = true;
-          }
+        const std::string_view bytes = inline_tensors ? m.payload : output_bytes();
+        Result<std::vector<Tensor>> outs =
+            read_outputs(&m.body["outputs"], io.responses->rows(r), r, bytes);
+        s = outs.ok() ? io.responses->send(r, std::move(*outs)) : outs.status();
+        if (s.code() == StatusCode::cancelled) {
+          s = Status();  // the request has ended: the model learns it from is_cancelled
+          reply["cancelled"] = true;
         }
       }
       if (!s.ok()) {
@@ -1372,6 +1390,7 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
       return fail(StatusCode::internal,
                   "the stub sent '" + op + "' during execute; the process " + kill_and_reap());
     }
+    ASYNCINFER_RETURN_IF_ERROR(map_output_arena(m));
     if (m.body.contains("error")) {
       const std::string tb = m.body.value("traceback", std::string());
       if (!tb.empty()) {
@@ -1382,7 +1401,6 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
                   "execute raised " + m.body.value("error", std::string("an exception")));
     }
     if (sig.decoupled) return first_error;
-    ASYNCINFER_RETURN_IF_ERROR(map_output_arena(m));
     const json& responses = m.body.value("responses", json::array());
     if (!responses.is_array() || responses.size() != requests) {
       return fail(StatusCode::internal,

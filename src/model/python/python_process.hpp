@@ -113,8 +113,9 @@ class PythonProcess {
   /// once the execute() of its previous batch has returned (its outputs are copied out). May run
   /// on another thread than an execute() of an earlier batch (it touches only the slot's input
   /// arena and the socket's send side). Not for a decoupled model (its sends use slot 0's output
-  /// arena). An error (the process is gone, the arena cannot grow) leaves the batch unsent and
-  /// the process as it was: the next execute() finds out.
+  /// arena). An error leaves the batch unsent: unavailable when the process is gone or the send
+  /// failed (the process must be replaced; the next execute() finds out), another code when
+  /// nothing was sent (the arena cannot grow), the process as it was.
   Status post(const BatchIO& io, int slot);
 
   bool alive() const noexcept { return pid_ > 0 && !broken_.load(std::memory_order_acquire); }
@@ -149,8 +150,10 @@ class PythonProcess {
   std::string exit_description();
   Status fail(StatusCode code, const std::string& what);
   /// The batch's inputs into the input arena of `slot` (grown if needed: *new_arena) and its
-  /// execute message.
-  Status write_inputs(const BatchIO& io, int slot, std::string* requests_json, bool* new_arena);
+  /// execute message (*message). The requests' description goes into the arena too, after the
+  /// tensors, when the message would otherwise pass the socket's limit (a request's parameters
+  /// may be any size): the message then says where it is.
+  Status write_inputs(const BatchIO& io, int slot, std::string* message, bool* new_arena);
   Status map_output_arena(const Message& m);
   /// Copies a response's tensors out of `bytes` (the output arena, or a message's inline
   /// payload), checked against the signature for a request of `rows` rows (batched) or the full
