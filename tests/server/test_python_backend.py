@@ -693,6 +693,53 @@ class OverTheSocketsLimit(harness.unittest.TestCase):
             np.testing.assert_array_equal(r.as_numpy("y"), x)
 
 
+SLOW_INITIALIZE = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(2.5)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+            for r in requests]
+'''
+
+
+class ARestartLongerThanTheRequests(harness.unittest.TestCase):
+    """A process that died is started again for the next batch. Once, the restart was bounded
+    by that batch: with an initialize() longer than every request's timeout, each batch started
+    a process that its requests' end then killed, and the instance never came back."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        add_python(cls.repo, "slow_initialize", python_config(
+            "slow_initialize", [("x", "TYPE_FP32", [2])], [("y", "TYPE_FP32", [2])]),
+            SLOW_INITIALIZE)
+        serve(cls, cls.repo.path, repo=cls.repo)
+
+    def test_requests_with_short_timeouts_see_it_back(self):
+        x = np.array([[1, 2]], np.float32)
+        self.http.infer("slow_initialize", [http_input("x", x)])
+        os.kill(wait_for_processes(self.server, "slow_initialize", 1)[0], 9)
+        answered = None
+        deadline = time.monotonic() + 15
+        while answered is None and time.monotonic() < deadline:
+            try:
+                # Triton's request timeout (microseconds): 1 s, under initialize()'s 2.5 s.
+                answered = self.http.infer("slow_initialize", [http_input("x", x)],
+                                           timeout=1000000)
+            except InferenceServerException:
+                time.sleep(0.1)
+        self.assertIsNotNone(answered, "no request answered within 15 s of the process's end")
+        np.testing.assert_array_equal(answered.as_numpy("y"), x)
+        self.assertEqual(self.server.log().count("slow_initialize_0_0: restarted"), 1)
+
+
 class Finalize(harness.unittest.TestCase):
     def test_unload_calls_finalize_and_ends_the_processes(self):
         repo = Repository()

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -16,6 +17,10 @@
 #include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <stop_token>
+#include <system_error>
+#include <thread>
 
 #include "asyncinfer/log.hpp"
 #include "model/backend.hpp"
@@ -195,6 +200,13 @@ struct Slot {
   int next_slot = 0;             // the slot of the next batch sent
   bool poisoned = false;         // a batch was sent and will not run: the process is replaced
   std::deque<std::shared_ptr<Ticket>> unfinished;  // launched, their execute not returned
+  // A restart (ready()): in progress, and what it gave until a batch takes it.
+  bool starting = false;
+  std::optional<Result<std::unique_ptr<PythonProcess>>> started;
+  std::condition_variable started_cv;
+  // Last: destroyed first, so that a restart still running is stopped (its process killed) and
+  // joined while what it writes to lives.
+  std::jthread starter;
 
   // The worker's thread, as it launches the batch.
   std::shared_ptr<Ticket> launch(std::shared_ptr<const BatchIO> io) {
@@ -220,8 +232,8 @@ struct Slot {
     bool posted = false;
     int slot = 0;  // unless pipelined, execute sends the batch itself, in slot 0
     {
-      std::lock_guard lock(mu);
-      Status s = ready(stop);
+      std::unique_lock lock(mu);
+      Status s = ready(lock, stop);
       if (!s.ok()) {
         std::erase(unfinished, ticket);
         return s;
@@ -280,9 +292,16 @@ struct Slot {
     return Status();
   }
 
-  // Under mu: a running process, restarted (initialize again) when the last one ended.
-  Status ready(const std::stop_token& stop) {
-    if (!process || !process->alive() || poisoned || process->exited()) {
+  // Under mu (`lock`): a running process, restarted (initialize again) when the last one ended.
+  // The restart runs on a thread of its own (starter), not bounded by the batch that asked for
+  // it: a batch whose requests end meanwhile (their timeout shorter than initialize) stops
+  // waiting, and the next batch takes the process once it is up, instead of every batch
+  // starting one that the next timeout kills. The wait releases mu, so that batches are still
+  // launched meanwhile. Only the instance's end (the Slot's destruction) stops a restart.
+  Status ready(std::unique_lock<std::mutex>& lock, const std::stop_token& stop) {
+    const bool usable = process && process->alive() && !poisoned && !process->exited();
+    if (usable) return Status();
+    if (!starting && !started) {
       // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
       // process, initialize again.
       if (process && process->alive() && !poisoned) {
@@ -293,15 +312,50 @@ struct Slot {
       poisoned = false;
       ++generation;  // what was sent to the old one is sent again
       next_slot = 0;
-      Result<std::unique_ptr<PythonProcess>> p = PythonProcess::start(setup, instance_name, &stop);
-      if (!p.ok()) {
-        return Status(p.status().code(),
-                      "restarting the instance failed: " + std::string(p.status().message()));
+      if (starter.joinable()) starter.join();  // the one before has ended (`starting` was false)
+      try {
+        starter = std::jthread([this](std::stop_token until) {
+          Result<std::unique_ptr<PythonProcess>> p =
+              PythonProcess::start(setup, instance_name, &until);
+          std::lock_guard done(mu);
+          started.emplace(std::move(p));
+          starting = false;
+          started_cv.notify_all();
+        });
+      } catch (const std::system_error& e) {
+        return internal_error("python model '" + setup->model_name + "' instance " +
+                              instance_name + ": no thread to restart its process: " + e.what());
       }
-      process = std::move(*p);
-      log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
-                                 ": restarted (pid " + std::to_string(process->pid()) + ")");
+      starting = true;  // under mu still: the thread sets it back only once it has mu
     }
+    // The batch's end wakes the wait. Its callback takes mu (no lost notification), so the
+    // callback is made and destroyed without mu held: either may wait for the other.
+    lock.unlock();
+    {
+      std::stop_callback wake(stop, [this] {
+        std::lock_guard l(mu);
+        started_cv.notify_all();
+      });
+      lock.lock();
+      started_cv.wait(lock, [&] { return !starting || stop.stop_requested(); });
+      lock.unlock();
+    }
+    lock.lock();
+    if (starting || !started) {
+      return cancelled_error("python model '" + setup->model_name + "' instance " +
+                             instance_name +
+                             ": the batch ended while its process restarted; the restart goes on "
+                             "for the next batch");
+    }
+    Result<std::unique_ptr<PythonProcess>> p = std::move(*started);
+    started.reset();
+    if (!p.ok()) {
+      return Status(p.status().code(),
+                    "restarting the instance failed: " + std::string(p.status().message()));
+    }
+    process = std::move(*p);
+    log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
+                               ": restarted (pid " + std::to_string(process->pid()) + ")");
     return Status();
   }
 };
