@@ -694,6 +694,7 @@ class OverTheSocketsLimit(harness.unittest.TestCase):
 
 
 SLOW_INITIALIZE = '''
+import os
 import time
 import triton_python_backend_utils as pb_utils
 
@@ -701,6 +702,8 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         time.sleep(2.5)
+        if os.path.exists(os.path.join(args["model_repository"], "fail_initialize")):
+            raise RuntimeError("fail_initialize is there")
 
     def execute(self, requests):
         return [pb_utils.InferenceResponse(
@@ -737,7 +740,33 @@ class ARestartLongerThanTheRequests(harness.unittest.TestCase):
                 time.sleep(0.1)
         self.assertIsNotNone(answered, "no request answered within 15 s of the process's end")
         np.testing.assert_array_equal(answered.as_numpy("y"), x)
-        self.assertEqual(self.server.log().count("slow_initialize_0_0: restarted"), 1)
+
+    def kill_and_give_up_on_the_restart(self, x):
+        os.kill(wait_for_processes(self.server, "slow_initialize", 1)[0], 9)
+        time.sleep(0.2)
+        with self.assertRaises(InferenceServerException):  # it starts the restart, then ends
+            self.http.infer("slow_initialize", [http_input("x", x)], timeout=500000)
+        time.sleep(3)  # the restart has ended, with nobody waiting for it
+
+    def test_what_a_restart_nobody_waited_for_gave_is_checked_first(self):
+        x = np.array([[3, 4]], np.float32)
+        self.http.infer("slow_initialize", [http_input("x", x)])
+        # Its process died before a batch took it: the next batch restarts it again.
+        self.kill_and_give_up_on_the_restart(x)
+        os.kill(wait_for_processes(self.server, "slow_initialize", 1)[0], 9)
+        time.sleep(0.2)  # gone, as the next batch sees
+        r = self.http.infer("slow_initialize", [http_input("x", x)])
+        np.testing.assert_array_equal(r.as_numpy("y"), x)
+        # It failed (initialize raised), and the cause has gone since: tried again, not reported.
+        flag = os.path.join(self.repo.path, "slow_initialize", "fail_initialize")
+        with open(flag, "w"):
+            pass
+        try:
+            self.kill_and_give_up_on_the_restart(x)
+        finally:
+            os.remove(flag)
+        r = self.http.infer("slow_initialize", [http_input("x", x)])
+        np.testing.assert_array_equal(r.as_numpy("y"), x)
 
 
 class Finalize(harness.unittest.TestCase):

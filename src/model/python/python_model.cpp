@@ -299,64 +299,93 @@ struct Slot {
   // starting one that the next timeout kills. The wait releases mu, so that batches are still
   // launched meanwhile. Only the instance's end (the Slot's destruction) stops a restart.
   Status ready(std::unique_lock<std::mutex>& lock, const std::stop_token& stop) {
-    const bool usable = process && process->alive() && !poisoned && !process->exited();
-    if (usable) return Status();
-    if (!starting && !started) {
-      // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
-      // process, initialize again.
-      if (process && process->alive() && !poisoned) {
-        log(LogLevel::warning, "python model '" + setup->model_name + "' instance " +
-                                   instance_name + ": its process ended between batches");
+    for (bool waited = false;;) {
+      if (process && process->alive() && !poisoned && !process->exited()) return Status();
+      if (started) {
+        // A restart that no batch waited for to its end: its process is taken (and checked
+        // again above: it may have died since); its failure is old news, and a new restart
+        // is tried (the model may start now).
+        Result<std::unique_ptr<PythonProcess>> p = std::move(*started);
+        started.reset();
+        if (p.ok()) {
+          adopt(std::move(*p));
+          continue;
+        }
       }
-      process.reset();
-      poisoned = false;
-      ++generation;  // what was sent to the old one is sent again
-      next_slot = 0;
-      if (starter.joinable()) starter.join();  // the one before has ended (`starting` was false)
-      try {
-        starter = std::jthread([this](std::stop_token until) {
-          Result<std::unique_ptr<PythonProcess>> p =
-              PythonProcess::start(setup, instance_name, &until);
-          std::lock_guard done(mu);
-          started.emplace(std::move(p));
-          starting = false;
+      if (waited) {
+        return unavailable_error("python model '" + setup->model_name + "' instance " +
+                                 instance_name + ": its restarted process ended before its " +
+                                 "first batch");
+      }
+      if (!starting) {
+        Status s = begin_restart();
+        if (!s.ok()) return s;
+      }
+      // The batch's end wakes the wait. Its callback takes mu (no lost notification), so the
+      // callback is made and destroyed without mu held: either may wait for the other.
+      lock.unlock();
+      {
+        std::stop_callback wake(stop, [this] {
+          std::lock_guard l(mu);
           started_cv.notify_all();
         });
-      } catch (const std::system_error& e) {
-        return internal_error("python model '" + setup->model_name + "' instance " +
-                              instance_name + ": no thread to restart its process: " + e.what());
+        lock.lock();
+        started_cv.wait(lock, [&] { return !starting || stop.stop_requested(); });
+        lock.unlock();
       }
-      starting = true;  // under mu still: the thread sets it back only once it has mu
+      lock.lock();
+      if (starting || !started) {
+        return cancelled_error("python model '" + setup->model_name + "' instance " +
+                               instance_name +
+                               ": the batch ended while its process restarted; the restart goes "
+                               "on for the next batch");
+      }
+      Result<std::unique_ptr<PythonProcess>> p = std::move(*started);
+      started.reset();
+      if (!p.ok()) {
+        return Status(p.status().code(),
+                      "restarting the instance failed: " + std::string(p.status().message()));
+      }
+      adopt(std::move(*p));
+      waited = true;  // checked above; if it has died already, this batch fails
     }
-    // The batch's end wakes the wait. Its callback takes mu (no lost notification), so the
-    // callback is made and destroyed without mu held: either may wait for the other.
-    lock.unlock();
-    {
-      std::stop_callback wake(stop, [this] {
-        std::lock_guard l(mu);
+  }
+
+  // Under mu: the process replaced by a new one, started on the starter thread.
+  Status begin_restart() {
+    // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
+    // process, initialize again.
+    if (process && process->alive() && !poisoned) {
+      log(LogLevel::warning, "python model '" + setup->model_name + "' instance " +
+                                 instance_name + ": its process ended between batches");
+    }
+    process.reset();
+    poisoned = false;
+    ++generation;  // what was sent to the old one is sent again
+    next_slot = 0;
+    if (starter.joinable()) starter.join();  // the one before has ended (`starting` was false)
+    try {
+      starter = std::jthread([this](std::stop_token until) {
+        Result<std::unique_ptr<PythonProcess>> p =
+            PythonProcess::start(setup, instance_name, &until);
+        std::lock_guard done(mu);
+        started.emplace(std::move(p));
+        starting = false;
         started_cv.notify_all();
       });
-      lock.lock();
-      started_cv.wait(lock, [&] { return !starting || stop.stop_requested(); });
-      lock.unlock();
+    } catch (const std::system_error& e) {
+      return internal_error("python model '" + setup->model_name + "' instance " +
+                            instance_name + ": no thread to restart its process: " + e.what());
     }
-    lock.lock();
-    if (starting || !started) {
-      return cancelled_error("python model '" + setup->model_name + "' instance " +
-                             instance_name +
-                             ": the batch ended while its process restarted; the restart goes on "
-                             "for the next batch");
-    }
-    Result<std::unique_ptr<PythonProcess>> p = std::move(*started);
-    started.reset();
-    if (!p.ok()) {
-      return Status(p.status().code(),
-                    "restarting the instance failed: " + std::string(p.status().message()));
-    }
-    process = std::move(*p);
+    starting = true;  // under mu still: the thread sets it back only once it has mu
+    return Status();
+  }
+
+  // Under mu: a process a restart gave becomes the instance's.
+  void adopt(std::unique_ptr<PythonProcess> p) {
+    process = std::move(p);
     log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
                                ": restarted (pid " + std::to_string(process->pid()) + ")");
-    return Status();
   }
 };
 
