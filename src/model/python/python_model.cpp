@@ -356,8 +356,8 @@ struct Slot {
     // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
     // process, initialize again.
     if (process && process->alive() && !poisoned) {
-      log(LogLevel::warning, "python model '" + setup->model_name + "' instance " +
-                                 instance_name + ": its process ended between batches");
+      log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
+                                 ": its process ended between batches");
     }
     process.reset();
     poisoned = false;
@@ -374,8 +374,8 @@ struct Slot {
         started_cv.notify_all();
       });
     } catch (const std::system_error& e) {
-      return internal_error("python model '" + setup->model_name + "' instance " +
-                            instance_name + ": no thread to restart its process: " + e.what());
+      return internal_error("python model '" + setup->model_name + "' instance " + instance_name +
+                            ": no thread to restart its process: " + e.what());
     }
     starting = true;  // under mu still: the thread sets it back only once it has mu
     return Status();
