@@ -208,6 +208,11 @@ struct Slot {
   // joined while what it writes to lives.
   std::jthread starter;
 
+  // How its log lines and errors begin: "python model 'M' instance M_0_K".
+  std::string who() const {
+    return "python model '" + setup->model_name + "' instance " + instance_name;
+  }
+
   // The worker's thread, as it launches the batch.
   std::shared_ptr<Ticket> launch(std::shared_ptr<const BatchIO> io) {
     auto ticket = std::make_shared<Ticket>();
@@ -313,9 +318,7 @@ struct Slot {
         }
       }
       if (waited) {
-        return unavailable_error("python model '" + setup->model_name + "' instance " +
-                                 instance_name + ": its restarted process ended before its " +
-                                 "first batch");
+        return unavailable_error(who() + ": its restarted process ended before its first batch");
       }
       if (!starting) {
         Status s = begin_restart();
@@ -335,8 +338,7 @@ struct Slot {
       }
       lock.lock();
       if (starting || !started) {
-        return cancelled_error("python model '" + setup->model_name + "' instance " +
-                               instance_name +
+        return cancelled_error(who() +
                                ": the batch ended while its process restarted; the restart goes "
                                "on for the next batch");
       }
@@ -356,8 +358,7 @@ struct Slot {
     // It crashed, hung or was stopped during an earlier batch, or died (killed) since: a new
     // process, initialize again.
     if (process && process->alive() && !poisoned) {
-      log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
-                                 ": its process ended between batches");
+      log(LogLevel::warning, who() + ": its process ended between batches");
     }
     process.reset();
     poisoned = false;
@@ -374,8 +375,7 @@ struct Slot {
         started_cv.notify_all();
       });
     } catch (const std::system_error& e) {
-      return internal_error("python model '" + setup->model_name + "' instance " + instance_name +
-                            ": no thread to restart its process: " + e.what());
+      return internal_error(who() + ": no thread to restart its process: " + e.what());
     }
     starting = true;  // under mu still: the thread sets it back only once it has mu
     return Status();
@@ -384,8 +384,7 @@ struct Slot {
   // Under mu: a process a restart gave becomes the instance's.
   void adopt(std::unique_ptr<PythonProcess> p) {
     process = std::move(p);
-    log(LogLevel::warning, "python model '" + setup->model_name + "' instance " + instance_name +
-                               ": restarted (pid " + std::to_string(process->pid()) + ")");
+    log(LogLevel::warning, who() + ": restarted (pid " + std::to_string(process->pid()) + ")");
   }
 };
 
