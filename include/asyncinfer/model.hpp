@@ -106,6 +106,12 @@ struct TensorSpec {
   /// batch left it out. Only backends that say so take such inputs (the python backend hands
   /// the model the inputs that came). Ignored on outputs.
   bool optional = false;
+  /// Requests whose non-batch dims of this input differ may share a batch (Triton's
+  /// `allow_ragged_batch: true`): the dynamic batcher then matches only its dtype and rank. Only
+  /// a model that takes a batch's requests apart (Model::takes_requests_apart) on a
+  /// unified-memory device serves such an input (Engine::create refuses it otherwise): each
+  /// request keeps its own tensor. Ignored on outputs.
+  bool ragged = false;
 };
 
 struct ModelSignature {
@@ -170,6 +176,17 @@ struct BatchIO {
   /// devices without unified memory, so the engine can enqueue the copies back) or, in stream
   /// order, from its stream work before the stream passes the batch.
   std::vector<Tensor> outputs;
+  /// For a model that takes a batch's requests apart (Model::takes_requests_apart) on a
+  /// unified-memory device, a batch of more than one request: each request's own inputs, in batch
+  /// order, one host tensor per signature input (undefined for an optional input that request
+  /// left out), with that request's rows and shapes. `inputs` and `host_inputs` are then empty:
+  /// the engine does not join the requests, so requests whose shapes differ may share a batch.
+  /// Empty otherwise.
+  std::vector<std::vector<Tensor>> request_inputs;
+  /// Set by the model in place of `outputs` when `request_inputs` is not empty: each request's
+  /// own outputs, in batch order, one tensor per signature output with that request's rows (none
+  /// for a request failed by `request_errors`). Read like `outputs`.
+  std::vector<std::vector<Tensor>> request_outputs;
   /// Batch size (dim 0 of the inputs), 1 for unbatched models.
   std::int64_t batch_size = 1;
   /// Rows (dim 0) of each request of the batch, in batch order: their rows are consecutive in
@@ -248,6 +265,12 @@ class Model {
   /// thread, one at a time), and at least this many batches in flight
   /// (EngineOptions::max_inflight_per_worker, raised to it; Engine::options() says). Never blocks.
   virtual int pipelined_batches() const noexcept { return 0; }
+  /// Whether the model's instances read a batch's requests one by one and answer each with
+  /// outputs of its own (BatchIO::request_inputs and request_outputs), as Triton's python backend
+  /// hands model.py's execute() a list of requests that each keep their own tensors. The engine
+  /// then neither joins the requests' inputs nor splits the outputs, on unified-memory devices.
+  /// false by default. Never blocks.
+  virtual bool takes_requests_apart() const noexcept { return false; }
   /// Whether the model's work runs on the host's CPU cores when its instances use `device`
   /// (libtorch on the cpu and sim devices) rather than on an accelerator or a simulated
   /// engine. EngineOptions::workers = 0 (auto) starts one worker per core for such a model.

@@ -26,6 +26,14 @@ std::optional<detail::SequencePlan> make_sequence_plan(const EngineOptions& opt,
   if (!plan.ok()) return std::nullopt;
   return std::move(*plan);
 }
+
+/// Which inputs of `sig` are ragged (TensorSpec::ragged); empty when none is.
+std::vector<bool> ragged_inputs(const ModelSignature& sig) {
+  std::vector<bool> ragged;
+  for (const TensorSpec& s : sig.inputs) ragged.push_back(s.ragged);
+  if (std::find(ragged.begin(), ragged.end(), true) == ragged.end()) ragged.clear();
+  return ragged;
+}
 }  // namespace
 
 EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> device,
@@ -36,6 +44,7 @@ EngineCore::EngineCore(std::shared_ptr<Model> model, std::shared_ptr<Device> dev
       sig_(model_->signature()),
       max_rows_(max_rows),
       sequence_plan_(make_sequence_plan(opt_, sig_)),
+      ragged_(ragged_inputs(request_signature())),
       // The device says whether it can run a stream on the caller's thread; the engine decides
       // whether to: not with a hang watchdog, which must find the worker free to replace a hung
       // stream (worker.hpp), nor for a model whose instances gain from a batch launched while
@@ -146,7 +155,8 @@ Result<std::shared_ptr<Request>> EngineCore::prepare(Inputs&& inputs, const Requ
   r->enqueued = copied ? Clock::now() : now;
   r->waiting_since = r->enqueued;
   r->inputs = std::move(inputs);
-  r->shape_key = detail::compute_shape_key(r->inputs, sig_.batched);
+  r->ragged = ragged_.empty() ? nullptr : &ragged_;
+  r->shape_key = detail::compute_shape_key(r->inputs, sig_.batched, r->ragged);
   return r;
 }
 

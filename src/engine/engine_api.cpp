@@ -100,6 +100,15 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
     }
     max_rows = asked.value_or(sig.batch_limit.value_or(kDefaultMaxBatchSize));
   }
+  for (const TensorSpec& in : sig.inputs) {
+    if (in.ragged && !(device->info().unified_memory && model->takes_requests_apart())) {
+      return invalid_argument_error(
+          "Engine::create: input '" + in.name + "' of model '" + model->name() +
+          "' is ragged (TensorSpec::ragged, Triton's allow_ragged_batch), which only a model "
+          "that takes a batch's requests apart (Model::takes_requests_apart, the python "
+          "backend) serves, on a device whose memory is the host's");
+    }
+  }
   if (options.workers < 0) return invalid_argument_error("EngineOptions: workers must be >= 0");
   options = resolve_options(*model, *device, std::move(options));
   ASYNCINFER_RETURN_IF_ERROR(validate_options(options, sig, max_rows));

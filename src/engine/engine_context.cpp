@@ -17,6 +17,7 @@ EngineContext::EngineContext(Model& the_model, Device& the_device, const EngineO
       sequence_plan(plan),
       max_rows(batch_rows),
       unified(the_device.info().unified_memory),
+      apart(unified && the_model.takes_requests_apart()),
       inline_path(run_inline),
       spin(options.spin_wait),
       // The completion point enqueues copies, records events and frees the batch's device

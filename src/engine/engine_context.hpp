@@ -70,7 +70,10 @@ struct EngineContext {
   /// null otherwise.
   const SequencePlan* const sequence_plan;
   const std::int64_t max_rows;
-  const bool unified;      // DeviceInfo::unified_memory: no copies to and from the device
+  const bool unified;  // DeviceInfo::unified_memory: no copies to and from the device
+  /// Model::takes_requests_apart on a unified-memory device: a batch of several requests keeps
+  /// each request's tensors (BatchIO::request_inputs, request_outputs), joined and split nowhere.
+  const bool apart;
   const bool inline_path;  // worker.hpp: caller-run streams (cpu) and no hang watchdog
   /// Whether and how long the workers (Worker::loop) and the completion threads
   /// (EngineCore::start) spin before they sleep: EngineOptions::spin_wait as Engine::create

@@ -187,6 +187,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Sequence engines: where each model input comes from, and what a request brings
   // (SequencePlan::request_signature); unset otherwise.
   std::optional<detail::SequencePlan> sequence_plan_;
+  // Which of a request's inputs are ragged (TensorSpec::ragged); empty when none is.
+  std::vector<bool> ragged_;
   // The inline path (worker.hpp): a device with DeviceCapabilities::caller_run_streams (cpu) and
   // no hang watchdog.
   bool inline_path_;

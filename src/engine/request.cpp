@@ -11,6 +11,7 @@ bool batch_compatible(const Request& a, const Request& b) noexcept {
     const Tensor& y = b.inputs[i];
     if (x.defined() != y.defined()) return false;  // an optional input one of them left out
     if (x.dtype() != y.dtype() || x.rank() != y.rank()) return false;
+    if (a.ragged != nullptr && i < a.ragged->size() && (*a.ragged)[i]) continue;
     if (!std::equal(x.shape().begin() + (x.rank() > 0 ? 1 : 0), x.shape().end(),
                     y.shape().begin() + (y.rank() > 0 ? 1 : 0))) {
       return false;
@@ -26,7 +27,8 @@ std::int64_t request_rows(const Inputs& inputs) noexcept {
   return 1;
 }
 
-std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
+std::uint64_t compute_shape_key(const Inputs& inputs, bool batched,
+                                const std::vector<bool>* ragged) noexcept {
   // FNV-1a over dtypes and the dims after the batch dim.
   std::uint64_t h = 1469598103934665603ULL;
   auto mix = [&h](std::uint64_t v) {
@@ -35,13 +37,15 @@ std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept {
       h *= 1099511628211ULL;
     }
   };
-  for (const Tensor& t : inputs) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
     if (!t.defined()) {  // an optional input left out
       mix(~0ULL);
       continue;
     }
     mix(static_cast<std::uint64_t>(t.dtype()));
     mix(t.rank());
+    if (ragged != nullptr && i < ragged->size() && (*ragged)[i]) continue;
     for (std::size_t d = batched ? 1 : 0; d < t.rank(); ++d) {
       mix(static_cast<std::uint64_t>(t.shape()[d]));
     }

@@ -139,7 +139,10 @@ struct Request {
   Inputs inputs;
   std::int64_t rows = 1;        ///< dim 0 (batch rows this request brings)
   std::uint64_t shape_key = 0;  ///< hash of dtypes and non-batch dims (batch compatibility)
-  int level = 0;                ///< 0-based priority level, 0 = highest
+  /// Which inputs are ragged (TensorSpec::ragged: their non-batch dims may differ within a
+  /// batch), owned by the engine; null when none is.
+  const std::vector<bool>* ragged = nullptr;
+  int level = 0;  ///< 0-based priority level, 0 = highest
   std::string tag;
   std::string sequence_key;
   std::uint64_t order_seq = 0;
@@ -253,10 +256,12 @@ struct Pending {
   Result<Outputs> result;
 };
 
-/// Whether two requests may share a batch: same number of inputs, dtypes and non-batch dims.
+/// Whether two requests may share a batch: same number of inputs, dtypes and non-batch dims
+/// (ranks only for a's ragged inputs, Request::ragged).
 bool batch_compatible(const Request& a, const Request& b) noexcept;
-/// Hash of dtypes and non-batch dims.
-std::uint64_t compute_shape_key(const Inputs& inputs, bool batched) noexcept;
+/// Hash of dtypes and non-batch dims (ranks only for the inputs `ragged` marks, if given).
+std::uint64_t compute_shape_key(const Inputs& inputs, bool batched,
+                                const std::vector<bool>* ragged = nullptr) noexcept;
 /// Rows (dim 0) of a batched request: of its first input that it gives (an optional input may
 /// be left out); 1 when it gives none.
 std::int64_t request_rows(const Inputs& inputs) noexcept;

@@ -385,6 +385,10 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
   try {
     if (batch.requests.size() == 1) {
       io.host_inputs = batch.requests[0]->inputs;
+    } else if (ctx_.apart) {  // each request keeps its own tensors (Model::takes_requests_apart)
+      io.request_inputs.reserve(batch.requests.size());
+      for (const auto& r : batch.requests) io.request_inputs.push_back(r->inputs);
+      return Status();
     } else {
       io.host_inputs.reserve(ctx_.sig.inputs.size());
       std::vector<Tensor> parts(batch.requests.size());
@@ -519,24 +523,39 @@ bool Worker::release_slot(const Batch& batch) {
 void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Clock::time_point now,
                       Clock::time_point previous) {
   const std::vector<Tensor>& outs = ctx_.unified ? batch->io->outputs : batch->host_outputs;
-  // A decoupled model's final result may carry no response: the final flag alone.
-  Status check =
-      ctx_.sig.decoupled && outs.empty() ? Status() : ctx_.check_outputs(outs, batch->rows);
+  // The requests the model answered with an error of their own (BatchIO::request_errors).
+  const std::vector<Status>& errors = batch->io->request_errors;
+  const auto failed_alone = [&](std::size_t k) { return k < errors.size() && !errors[k].ok(); };
+  // A model that took the batch apart answers each request with outputs of its own.
+  std::vector<std::vector<Tensor>>& apart = batch->io->request_outputs;
+  Status check;
+  if (!batch->io->request_inputs.empty() && !(ctx_.sig.decoupled && apart.empty())) {
+    if (apart.size() != batch->requests.size()) {
+      check = internal_error("model '" + ctx_.model.name() + "' answered " +
+                             std::to_string(apart.size()) + " of a batch's " +
+                             std::to_string(batch->requests.size()) + " requests");
+    }
+    for (std::size_t k = 0; check.ok() && k < apart.size(); ++k) {
+      if (!failed_alone(k)) check = ctx_.check_outputs(apart[k], batch->requests[k]->rows);
+    }
+  } else if (!(ctx_.sig.decoupled && outs.empty())) {
+    // (A decoupled model's final result may carry no response: the final flag alone.)
+    check = ctx_.check_outputs(outs, batch->rows);
+  }
   if (!check.ok()) {
     ctx_.failures.batch_failed(batch, check);
     return;
   }
   scheduler_.observe_batch(compute_us, batch->requests.size());  // for admission control
-  // The requests the model answered with an error of their own (BatchIO::request_errors).
-  const std::vector<Status>& errors = batch->io->request_errors;
-  const auto failed_alone = [&](std::size_t k) { return k < errors.size() && !errors[k].ok(); };
   const bool split = ctx_.sig.batched && batch->requests.size() > 1;
   std::int64_t offset = 0;
   std::vector<Outputs> split_outputs(batch->requests.size());
   for (std::size_t k = 0; k < batch->requests.size(); ++k) {
     const auto& r = batch->requests[k];
     Outputs& mine = split_outputs[k];
-    if (split) {
+    if (!apart.empty()) {
+      mine = std::move(apart[k]);
+    } else if (split) {
       mine.reserve(outs.size());
       for (const Tensor& o : outs) mine.push_back(*o.slice(offset, offset + r->rows));
     } else {

@@ -42,6 +42,9 @@ struct RepositoryForm {
   bool takes_backend_parameters = false;
   /// `optional: true` inputs are served (the backend hands the model only the inputs that came).
   bool takes_optional_inputs = false;
+  /// `allow_ragged_batch: true` inputs are served (TensorSpec::ragged): the backend takes a
+  /// batch's requests apart (Model::takes_requests_apart), each keeping its own tensors.
+  bool takes_ragged_inputs = false;
   /// Instances are processes on the host, whatever instance_group's kind says: the engine runs on
   /// cpu (the python backend's model.py picks its own device, as in Triton).
   bool host_process_instances = false;

@@ -260,7 +260,13 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
   for (const inference::ModelInput& in : c.input()) {
     const std::string field = "input '" + in.name() + "'";
     if (in.is_shape_tensor()) return bad(model, field + ": is_shape_tensor is not supported");
-    if (in.allow_ragged_batch()) return bad(model, field + ": allow_ragged_batch is not supported");
+    if (in.allow_ragged_batch() && !plan.form.takes_ragged_inputs) {
+      // Triton's other backends join ragged inputs into one 1-D tensor described by batch
+      // inputs, which asyncinfer does not make.
+      return bad(model, field +
+                            ": allow_ragged_batch is served for python models only (whose "
+                            "execute gets each request's own tensors)");
+    }
     if (in.optional() && !plan.form.takes_optional_inputs) {
       // Only a backend that hands a model the inputs that came (python's, as Triton's does).
       return bad(model, field +
@@ -275,6 +281,7 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
                                                              in.data_type(), in.dims(), batched));
     if (!names.insert(spec.name).second) return bad(model, "input '" + spec.name + "' twice");
     spec.optional = in.optional();
+    spec.ragged = batched && in.allow_ragged_batch();  // no batches to join without a batch dim
     ASYNCINFER_ASSIGN_OR_RETURN(std::optional<Shape> reshape,
                                 plan_reshape(model, field, in, c.max_batch_size()));
     plan.input_reshapes.push_back(std::move(reshape));

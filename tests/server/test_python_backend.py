@@ -7,7 +7,8 @@ answers over HTTP and gRPC, one process per instance, several requests per execu
 batching, BYTES tensors, args and the config's parameters, errors from initialize and execute and
 from an InferenceResponse, a process that exits or segfaults (restarted), one that hangs (the
 watchdog replaces it), outputs of the wrong dtype or shape or too few responses, decoupled models
-through get_response_sender(), a client that cancels its stream, and finalize() on unload."""
+through get_response_sender(), a client that cancels its stream, allow_ragged_batch, and
+finalize() on unload."""
 
 import json
 import os
@@ -767,6 +768,91 @@ class ARestartLongerThanTheRequests(harness.unittest.TestCase):
             os.remove(flag)
         r = self.http.infer("slow_initialize", [http_input("x", x)])
         np.testing.assert_array_equal(r.as_numpy("y"), x)
+
+
+# y = x * 2 with x's own length; batch = how many requests this execute() got, shapes = how many
+# distinct shapes of x among them.
+RAGGED = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
+        batch = np.array([[len(requests)]], np.int32)
+        shapes = np.array([[len({x.shape for x in xs})]], np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2),
+                                            pb_utils.Tensor("batch", batch),
+                                            pb_utils.Tensor("shapes", shapes)]) for x in xs]
+'''
+
+
+class RaggedBatches(harness.unittest.TestCase):
+    """Triton's allow_ragged_batch on a python model's input: the dynamic batcher puts requests
+    of different lengths into one execute(), each request with its own tensor; without it, a
+    batch holds one shape only. Other backends refuse the field, naming it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = Repository()
+        outputs = [("y", "TYPE_FP32", [-1]), ("batch", "TYPE_INT32", [1]),
+                   ("shapes", "TYPE_INT32", [1])]
+        batching = "dynamic_batching { max_queue_delay_microseconds: 300000 }\n"
+        add_python(cls.repo, "ragged", python_config(
+            "ragged", [("x", "TYPE_FP32", [-1])], outputs, extra=batching).replace(
+                'dims: [ -1 ] }', 'dims: [ -1 ] allow_ragged_batch: true }', 1), RAGGED)
+        add_python(cls.repo, "padded", python_config(
+            "padded", [("x", "TYPE_FP32", [-1])], outputs, extra=batching), RAGGED)
+        cls.repo.add("ragged_identity", 'name: "ragged_identity"\nbackend: "identity"\n'
+                     'max_batch_size: 8\n'
+                     'input [ { name: "x", data_type: TYPE_FP32, dims: [ -1 ] '
+                     'allow_ragged_batch: true } ]\n'
+                     'output [ { name: "x_out", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
+        serve(cls, cls.repo.path, repo=cls.repo)
+
+    def send_lengths(self, model, lengths):
+        """One request a length, all at once over gRPC; returns each one's outputs."""
+        results = {}
+        errors = []
+
+        def one(i, n):
+            try:
+                c = grpcclient.InferenceServerClient(self.server.grpc_target)
+                x = np.arange(n, dtype=np.float32).reshape(1, n) + i
+                r = c.infer(model, [grpc_input("x", x)], client_timeout=30)
+                np.testing.assert_array_equal(r.as_numpy("y"), x * 2)
+                results[i] = (int(r.as_numpy("batch")[0][0]), int(r.as_numpy("shapes")[0][0]))
+                c.close()
+            except Exception as e:  # noqa: BLE001 — reported below
+                errors.append(str(e))
+
+        threads = [threading.Thread(target=one, args=(i, n)) for i, n in enumerate(lengths)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), list(range(len(lengths))))
+        return results
+
+    def test_requests_of_different_lengths_share_an_execute(self):
+        results = self.send_lengths("ragged", [1, 2, 3, 5, 8, 13])
+        # 300 ms of queue delay: the six requests sent at once meet in few executes, whose
+        # requests keep their own lengths.
+        self.assertGreater(max(shapes for _, shapes in results.values()), 1, results)
+
+    def test_without_it_a_batch_holds_one_shape(self):
+        results = self.send_lengths("padded", [1, 2, 3, 1, 2, 3])
+        self.assertEqual({shapes for _, shapes in results.values()}, {1}, results)
+        self.assertGreater(max(batch for batch, _ in results.values()), 1, results)
+
+    def test_other_backends_refuse_it_naming_the_input(self):
+        index = {m["name"]: m for m in self.http.get_model_repository_index()}
+        self.assertEqual(index["ragged_identity"]["state"], "UNAVAILABLE")
+        self.assertIn("input 'x': allow_ragged_batch is served for python models only",
+                      index["ragged_identity"]["reason"])
+        self.assertTrue(self.http.is_model_ready("ragged"))
 
 
 class Finalize(harness.unittest.TestCase):

@@ -64,6 +64,31 @@ class TritonPythonModel:
 '''
 
 
+# Each request's INPUT has its own length; ACC_OUT = ACC_IN + sum(INPUT), OUTPUT = INPUT + ACC_IN;
+# SHAPES = how many distinct INPUT shapes this execute() got (Triton's python backend hands it
+# each request's own tensors, so sequences of different lengths may share a batch).
+RAGGED = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.03)  # so that the other sequences' next requests join the next batch
+        xs = [pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() for r in requests]
+        shapes = np.array([[len({x.shape for x in xs})]], np.int32)
+        out = []
+        for r, x in zip(requests, xs):
+            acc = pb_utils.get_input_tensor_by_name(r, "ACC_IN").as_numpy()
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT", (x + acc).astype(np.int32)),
+                pb_utils.Tensor("ACC_OUT", (acc + x.sum()).astype(np.int32)),
+                pb_utils.Tensor("SHAPES", shapes)]))
+        return out
+'''
+
+
 def value(v, client=grpcclient):
     i = client.InferInput("INPUT", [1, 1], "INT32")
     i.set_data_from_numpy(np.array([[v]], np.int32))
@@ -90,6 +115,16 @@ class Sequences(unittest.TestCase):
             f.write(CRASHING)
         repo.add("crashing", accumulator_config("crashing", max_batch_size=1, instances=2),
                  files={"1/model.py": crash})
+        ragged = os.path.join(repo.path, "ragged.py")
+        with open(ragged, "w") as f:
+            f.write(RAGGED)
+        repo.add("ragged", accumulator_config("ragged", instances=1).replace(
+            'name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ]',
+            'name: "INPUT", data_type: TYPE_INT32, dims: [ -1 ]').replace(
+            'output [ { name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]',
+            'output [ { name: "OUTPUT", data_type: TYPE_INT32, dims: [ -1 ] },\n'
+            '         { name: "SHAPES", data_type: TYPE_INT32, dims: [ 1 ] } ]'),
+                 files={"1/model.py": ragged})
         # An ensemble whose one step is the stateful model: it carries the sequence parameters.
         repo.add("acc_ensemble", 'name: "acc_ensemble"\nplatform: "ensemble"\n'
                  'max_batch_size: 8\n'
@@ -229,6 +264,42 @@ class Sequences(unittest.TestCase):
             self.grpc_infer("simple_dyna_sequence", 1, "abc", start=True)
         self.assertIn("string", str(e.exception))
         self.assertEqual(self.grpc_infer("acc", 4, "text-id", start=True, end=True), 4)
+
+    def test_sequences_of_different_lengths_share_a_batch_of_a_python_model(self):
+        # 4 sequences at once on one instance (8 slots), sequence s sending s + 1 values a step:
+        # their requests meet in batches, each with its own shape and its own state.
+        steps = 6
+        errors = []
+        results = {}
+        mixed = []
+
+        def run(s):
+            try:
+                c = grpcclient.InferenceServerClient(self.server.grpc_target)
+                acc, got = 0, []
+                for k in range(steps):
+                    x = np.arange(s + 1, dtype=np.int32).reshape(1, -1) + k
+                    i = grpcclient.InferInput("INPUT", list(x.shape), "INT32")
+                    i.set_data_from_numpy(x)
+                    r = c.infer("ragged", [i], sequence_id=600 + s, sequence_start=k == 0,
+                                sequence_end=k == steps - 1, client_timeout=30)
+                    got.append(r.as_numpy("OUTPUT").tolist())
+                    mixed.append(int(r.as_numpy("SHAPES")[0][0]))
+                    self.assertEqual(got[-1], (x + acc).tolist())
+                    acc += int(x.sum())
+                results[s] = got
+                c.close()
+            except Exception as e:  # noqa: BLE001 — reported below
+                errors.append(str(e))
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), [0, 1, 2, 3])
+        self.assertGreater(max(mixed), 1, "no batch held sequences of different lengths")
 
     def test_a_sequence_through_an_ensemble(self):
         def step(v, start=False, end=False):

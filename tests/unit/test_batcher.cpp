@@ -182,6 +182,26 @@ TEST(Batcher, OnlyShapeCompatibleRequestsShareABatch) {
   EXPECT_EQ(p.take, (std::vector<Request*>{a, d}));
 }
 
+TEST(Batcher, ARaggedInputsOtherDimsDoNotKeepRequestsApart) {
+  // TensorSpec::ragged (Triton's allow_ragged_batch): only the dtype and rank must match.
+  static const std::vector<bool> ragged{true};
+  Fixture f;
+  f.config.max_rows = 4;
+  const auto ragged_req = [&](std::int64_t features, bool other_dtype = false) {
+    std::shared_ptr<Request> r = req(0, t0, 1, features, other_dtype);
+    r->ragged = &ragged;
+    r->shape_key = compute_shape_key(r->inputs, /*batched=*/true, r->ragged);
+    return r;
+  };
+  Request* a = f.add(ragged_req(4));
+  Request* b = f.add(ragged_req(5));
+  f.add(ragged_req(4, /*other_dtype=*/true));
+  Request* d = f.add(ragged_req(9));
+  const BatchPlan p = f.plan(t0 + 2ms);
+  ASSERT_TRUE(p.ready());
+  EXPECT_EQ(p.take, (std::vector<Request*>{a, b, d}));
+}
+
 TEST(Batcher, RowsNeverExceedMaxRows) {
   Fixture f;
   f.config.max_rows = 4;

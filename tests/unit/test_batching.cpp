@@ -468,10 +468,11 @@ TEST(FailureIsolation, ExceptionInBatchAssemblyFailsOnlyItsRequest) {
 // (BatchIO::request_errors); an optional second input, where the batch has it, is added.
 class PerRequestModel final : public Model, public std::enable_shared_from_this<PerRequestModel> {
  public:
-  PerRequestModel() {
+  explicit PerRequestModel(bool ragged_x = false) {
     sig_.batched = true;
     sig_.batch_limit = 16;
     sig_.inputs.push_back({"x", DType::f32, {-1, 1}});
+    sig_.inputs.back().ragged = ragged_x;
     sig_.inputs.push_back({"extra", DType::f32, {-1, 1}, /*optional=*/true});
     sig_.outputs.push_back({"y", DType::f32, {-1, 1}});
   }
@@ -584,6 +585,18 @@ TEST(Batching, RequestsWithAndWithoutAnOptionalInputBatchApart) {
   auto r = get_within(refused);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("input 'x' is undefined"), std::string::npos) << r.status();
+}
+
+TEST(Batching, ARaggedInputIsRefusedForAModelThatJoinsItsRequests) {
+  // PerRequestModel reads the batch's joined inputs (BatchIO::host_inputs), so a ragged input,
+  // whose requests' dims may differ, could not be joined: Engine::create says so up front.
+  auto e = Engine::create(std::make_shared<PerRequestModel>(/*ragged_x=*/true), *open_device("cpu"),
+                          one_slot(16));
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(e.status().message().find("input 'x' of model 'per_request' is ragged"),
+            std::string::npos)
+      << e.status();
 }
 
 }  // namespace

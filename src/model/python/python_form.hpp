@@ -20,6 +20,7 @@ inline std::vector<RepositoryForm> python_repository_forms() {
   // python_interpreter is the backend's; the rest reach model.py (args["model_config"]).
   f.takes_backend_parameters = true;
   f.takes_optional_inputs = true;
+  f.takes_ragged_inputs = true;
   f.host_process_instances = true;
   f.batched_from_config = true;
   f.takes_model_config = true;

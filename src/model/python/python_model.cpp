@@ -393,7 +393,9 @@ class PythonInstance final : public ModelInstance {
   explicit PythonInstance(std::shared_ptr<Slot> slot) : slot_(std::move(slot)) {}
 
   Status enqueue(Stream& stream, const std::shared_ptr<BatchIO>& io) override {
-    io->outputs.clear();  // filled by the host function (decoupled: left empty, the final flag)
+    // Filled by the host function (decoupled: left empty, the final flag).
+    io->outputs.clear();
+    io->request_outputs.clear();
     Kernel k;
     k.name = "model.py";  // errors name the model and instance themselves
     k.stop = io->stop;
@@ -420,6 +422,9 @@ class PythonModel final : public Model {
   // stopped after PythonSetup::stop_grace.
   bool cancellable() const noexcept override { return true; }
   bool uses_host_cores(const Device& /*device*/) const noexcept override { return true; }
+  // execute(requests) gets each request's own tensors, as Triton's python backend gives them:
+  // requests of different shapes may share a batch (sequence batching does not match them).
+  bool takes_requests_apart() const noexcept override { return true; }
   int pipelined_batches() const noexcept override {
     return setup_->pipelined ? Slot::kPipelinedBatches : 0;
   }

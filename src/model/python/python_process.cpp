@@ -776,38 +776,37 @@ Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* mes
                                    bool* new_arena) {
   InputArena& arena = in_.at(static_cast<std::size_t>(slot));
   const ModelSignature& sig = setup_->signature;
-  const std::vector<std::int64_t> one{io.batch_size};
-  const std::vector<std::int64_t>& rows = io.request_rows.empty() ? one : io.request_rows;
+  // Each request's own tensors (BatchIO::request_inputs: the model takes requests apart), or a
+  // lone request's.
+  const bool apart = !io.request_inputs.empty();
+  const std::size_t count = apart ? io.request_inputs.size() : 1;
+  if (!apart && io.request_rows.size() > 1) {
+    return fail(StatusCode::internal,
+                "a batch of " + std::to_string(io.request_rows.size()) +
+                    " requests came joined; the python backend takes them apart "
+                    "(BatchIO::request_inputs)");
+  }
   struct Part {
     Tensor tensor;
     std::size_t offset;
   };
   std::vector<Part> parts;
-  parts.reserve(rows.size() * sig.inputs.size());
+  parts.reserve(count * sig.inputs.size());
   std::size_t total = 0;
-  std::int64_t begin = 0;
-  const bool split = sig.batched && rows.size() > 1;
-  for (const std::int64_t r : rows) {
+  for (std::size_t j = 0; j < count; ++j) {
     for (std::size_t i = 0; i < sig.inputs.size(); ++i) {
-      Tensor t = io.host_inputs.at(i);
-      if (!t.defined()) {  // an optional input the requests left out: not sent
-        parts.push_back({t, total});
-        continue;
-      }
-      if (split) {
-        ASYNCINFER_ASSIGN_OR_RETURN(t, t.slice(begin, begin + r));
-      }
+      const Tensor& t = apart ? io.request_inputs[j].at(i) : io.host_inputs.at(i);
       parts.push_back({t, total});
-      total += align_up(t.byte_size());
+      // An optional input the request left out is not sent.
+      if (t.defined()) total += align_up(t.byte_size());
     }
-    begin += r;
   }
   // The requests' description (their inputs' places, ids, parameters, sequence flags). It goes
   // in the execute message, or, when that would pass the socket's limit (a request's
   // parameters may be any size), into the arena after the tensors: the message then says where.
   json requests = json::array();
   std::size_t k = 0;
-  for (std::size_t j = 0; j < rows.size(); ++j) {
+  for (std::size_t j = 0; j < count; ++j) {
     json inputs = json::array();
     for (std::size_t i = 0; i < sig.inputs.size(); ++i, ++k) {
       const Part& p = parts[k];
@@ -1412,7 +1411,6 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
     const auto rows_of = [&](std::size_t j) {
       return io.request_rows.empty() ? io.batch_size : io.request_rows[j];
     };
-    std::optional<std::size_t> answered;  // a request with outputs: the fillers' model
     for (std::size_t j = 0; j < requests; ++j) {
       const json& resp = responses[j];
       if (resp.contains("error")) {
@@ -1427,31 +1425,22 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
       ASYNCINFER_ASSIGN_OR_RETURN(
           per_request[j],
           read_outputs(specs != resp.end() ? &*specs : &kNone, rows_of(j), j, output_bytes()));
-      if (!answered) answered = j;
     }
-    // A failed request's rows: zeros shaped as the answered requests' (or with 0 for each
-    // variable dim), so that the batch's outputs still join (they are not read).
-    for (std::size_t j = 0; j < requests; ++j) {
-      if (!per_request[j].empty() || io.request_errors.empty()) continue;
-      for (std::size_t k = 0; k < sig.outputs.size(); ++k) {
-        Shape shape = answered ? per_request[*answered][k].shape() : sig.outputs[k].shape;
+    if (!io.request_inputs.empty()) {  // the engine keeps each request's outputs apart
+      io.request_outputs = std::move(per_request);
+      return Status();
+    }
+    io.outputs = std::move(per_request[0]);  // a lone request (write_inputs)
+    if (io.outputs.empty() && !io.request_errors.empty()) {
+      // Failed by its error response: outputs the engine's check passes (not read), with 0 for
+      // each variable dim.
+      for (const TensorSpec& spec : sig.outputs) {
+        Shape shape = spec.shape;
         for (std::int64_t& d : shape) d = std::max<std::int64_t>(d, 0);
-        if (sig.batched && !shape.empty()) shape[0] = rows_of(j);
-        ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(sig.outputs[k].dtype, shape));
-        per_request[j].push_back(std::move(t));
+        if (sig.batched && !shape.empty()) shape[0] = rows_of(0);
+        ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(spec.dtype, shape));
+        io.outputs.push_back(std::move(t));
       }
-    }
-    io.outputs.clear();
-    for (std::size_t k = 0; k < sig.outputs.size(); ++k) {
-      if (requests == 1) {
-        io.outputs.push_back(std::move(per_request[0][k]));
-        continue;
-      }
-      std::vector<Tensor> parts;
-      parts.reserve(requests);
-      for (auto& outs : per_request) parts.push_back(std::move(outs[k]));
-      ASYNCINFER_ASSIGN_OR_RETURN(Tensor t, concat_dim0(parts));
-      io.outputs.push_back(std::move(t));
     }
     return Status();
   }
