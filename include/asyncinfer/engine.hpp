@@ -17,11 +17,13 @@
 //     level. When full: reject at once (resource_exhausted) or block the producer up to
 //     submit_timeout (queue_full_policy).
 //   - Dynamic batching (after Triton's dynamic batcher): a worker with a free in-flight slot takes
-//     shape-compatible requests (same dtypes and non-batch dims) in priority order up to the
-//     max batch size. With max_queue_delay > 0 it waits — a timed wait, never a poll — until the
-//     earliest of: the batch is full, a preferred batch size is reachable, the oldest request has
+//     requests in priority order, never skipping one, up to the max batch size and the first
+//     request of another shape (dtypes or non-batch dims, those of ragged inputs aside). With
+//     max_queue_delay > 0 it waits — a timed wait, never a poll — until the earliest of: the batch
+//     cannot grow, the requests in order make a preferred batch size, the oldest request has
 //     waited max_queue_delay, or a request's deadline is near. Inputs are concatenated along dim 0
-//     (a single request's tensors are used as they are); outputs are split back as views.
+//     (a single request's tensors are used as they are; a model that takes requests apart gets
+//     each request's own); outputs are split back as views.
 //   - Deadlines (RequestOptions::timeout/deadline, EngineOptions::default_timeout): cover queue,
 //     execution and retries; fired by the deadline timer whether or not the queue is touched. A
 //     queued request leaves the queue at once; a running one resolves timed_out at once, its
@@ -211,7 +213,9 @@ struct BatchingOptions {
   /// is then ignored. Engine::options() reports the value in effect: always set, 1 for
   /// unbatched models.
   std::optional<std::int64_t> max_batch_size;
-  /// Batch sizes to prefer: the largest one reachable is dispatched at once.
+  /// Batch sizes to prefer (Triton's preferred_batch_size): the longest run of queued requests,
+  /// in order from the first, whose rows make one is dispatched at once; a batch that the next
+  /// request would carry past the largest one goes at once as it is.
   std::vector<std::int64_t> preferred_batch_sizes;
   /// Longest a worker holds a forming batch waiting for more requests. 0 = take what is queued;
   /// max() = until the batch is full or a preferred size is reached (or a deadline nears).

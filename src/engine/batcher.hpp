@@ -10,13 +10,19 @@
 // The rules, in order:
 //   1. the first request is RequestQueue::next(now, priority_aging): the head of the highest
 //      non-empty level, unless a lower level's head has waited past the aging limit;
-//   2. batch-compatible requests (same dtypes and non-batch dims, batch_compatible()) join it in
-//      priority order, FIFO within a level, while the rows fit max_rows; requests marked `solo` (a
-//      failed batch being split) run alone; the scan is bounded (4 × max_rows + 64 requests);
-//   3. the batch goes at once when it is full, batching is off (unbatched model, max_rows 1,
-//      max_queue_delay 0), or the engine is flushing (shutting down);
-//   4. otherwise, when a preferred batch size is reached, the requests that fit the largest
-//      reachable one go;
+//   2. batch-compatible requests (same dtypes and non-batch dims, those of ragged inputs aside:
+//      batch_compatible()) join it in priority order, FIFO within a level, while the rows fit
+//      max_rows; requests marked `solo` (a failed batch being split) run alone; the scan is
+//      bounded (4 × max_rows + 64 requests);
+//   3. before the delay ends, the longest run of the joined requests, in order from the first,
+//      whose rows are a preferred batch size goes at once, or, without one, the run that the next
+//      would carry past the largest preferred size (Triton core's GetDynamicBatch and its
+//      best_preferred_batch_size); with max_queue_delay 0 too;
+//   4. otherwise the batch goes at once when it cannot grow (max_rows or the largest preferred
+//      size reached), when a queued request was passed over in 2 (Triton sends a batch that the
+//      next request cannot join, rather than hold that request behind the delay), when batching
+//      is off (unbatched model, max_rows 1) or the delay is 0, or when the engine is flushing
+//      (shutting down);
 //   5. otherwise the batch waits until the oldest request has waited max_queue_delay, but never
 //      past the nearest deadline minus max_queue_delay (deadline-aware wake); at that time it goes
 //      with what it has.

@@ -255,6 +255,7 @@ Result<ModelPlan> plan_model(const inference::ModelConfig& c, std::string_view d
       }
       plan.builtin_uri = "builtin:identity";
       plan.builtin_takes_config_tensors = true;
+      plan.form.takes_ragged_inputs = true;  // it answers each request on its own, as Triton's
     }
     if (plan.builtin_uri.rfind("builtin:", 0) != 0) {
       return bad(model,

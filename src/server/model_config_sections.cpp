@@ -264,8 +264,8 @@ Status plan_tensors(const inference::ModelConfig& c, std::string_view model, Mod
       // Triton's other backends join ragged inputs into one 1-D tensor described by batch
       // inputs, which asyncinfer does not make.
       return bad(model, field +
-                            ": allow_ragged_batch is served for python models only (whose "
-                            "execute gets each request's own tensors)");
+                            ": allow_ragged_batch is served for python models and the identity "
+                            "backend only (which answer each request of a batch on its own)");
     }
     if (in.optional() && !plan.form.takes_optional_inputs) {
       // Only a backend that hands a model the inputs that came (python's, as Triton's does).

@@ -791,7 +791,8 @@ class TritonPythonModel:
 class RaggedBatches(harness.unittest.TestCase):
     """Triton's allow_ragged_batch on a python model's input: the dynamic batcher puts requests
     of different lengths into one execute(), each request with its own tensor; without it, a
-    batch holds one shape only. Other backends refuse the field, naming it."""
+    batch holds one shape only. Backends that would need the requests joined refuse the field,
+    naming it (Triton's identity backend takes it: Triton's L0_batcher, server.triton_qa)."""
 
     @classmethod
     def setUpClass(cls):
@@ -804,7 +805,7 @@ class RaggedBatches(harness.unittest.TestCase):
                 'dims: [ -1 ] }', 'dims: [ -1 ] allow_ragged_batch: true }', 1), RAGGED)
         add_python(cls.repo, "padded", python_config(
             "padded", [("x", "TYPE_FP32", [-1])], outputs, extra=batching), RAGGED)
-        cls.repo.add("ragged_identity", 'name: "ragged_identity"\nbackend: "identity"\n'
+        cls.repo.add("ragged_onnx", 'name: "ragged_onnx"\nbackend: "onnxruntime"\n'
                      'max_batch_size: 8\n'
                      'input [ { name: "x", data_type: TYPE_FP32, dims: [ -1 ] '
                      'allow_ragged_batch: true } ]\n'
@@ -849,9 +850,9 @@ class RaggedBatches(harness.unittest.TestCase):
 
     def test_other_backends_refuse_it_naming_the_input(self):
         index = {m["name"]: m for m in self.http.get_model_repository_index()}
-        self.assertEqual(index["ragged_identity"]["state"], "UNAVAILABLE")
-        self.assertIn("input 'x': allow_ragged_batch is served for python models only",
-                      index["ragged_identity"]["reason"])
+        self.assertEqual(index["ragged_onnx"]["state"], "UNAVAILABLE")
+        self.assertIn("input 'x': allow_ragged_batch is served for python models and the "
+                      "identity backend only", index["ragged_onnx"]["reason"])
         self.assertTrue(self.http.is_model_ready("ragged"))
 
 

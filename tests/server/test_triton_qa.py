@@ -18,6 +18,7 @@ case named nowhere, so a new upstream case is looked at, not silently left out.
 import argparse
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,6 +214,107 @@ def backend_python_models(qa, repo):
                              for line in t.splitlines()) + "\n")
 
 
+def batcher_models(variable):
+    """qa/L0_batcher/test.sh's models (BACKENDS=python): the config Triton's gen_qa_models.py
+    writes for onnx_float32_float32_float32 (run here from qa/common), turned into a python model
+    with qa/python_models/add_sub/model.py and given test.sh's batcher by test.sh's own edits;
+    the variable-size repository also holds qa/custom_models/custom_zero_1_float32 (Triton's
+    identity backend) with a ragged input."""
+    def add(suite, repo):
+        qa = os.path.dirname(suite)
+        onnx_dims = "(-1,)" if variable else "(16,)"
+        subprocess.run(
+            [sys.executable, "-c",
+             "import sys, numpy as np, gen_qa_models as g, test_util\n"
+             "g.tu = test_util\n"
+             "g.create_onnx_modelconfig(sys.argv[1], 8, 1, %s, %s, %s, np.float32, np.float32, "
+             "np.float32, 0, None)" % (onnx_dims, onnx_dims, onnx_dims), repo],
+            cwd=os.path.join(qa, "common"), check=True, timeout=120)
+        onnx = os.path.join(repo, "onnx_float32_float32_float32")
+        python = os.path.join(repo, "python_float32_float32_float32")
+        os.makedirs(os.path.join(python, "1"))
+        shutil.copy(os.path.join(onnx, "output0_labels.txt"), python)
+        shutil.copy(os.path.join(qa, "python_models", "add_sub", "model.py"),
+                    os.path.join(python, "1", "model.py"))
+        with open(os.path.join(onnx, "config.pbtxt")) as f:
+            text = f.read()
+        shutil.rmtree(onnx)
+        lines = []
+        for line in text.replace("onnx", "python").splitlines():
+            if line.startswith("platform:"):
+                line = 'backend: "python"'
+            elif line.startswith("max_batch_size:"):
+                line = "max_batch_size: 8"
+            elif line.startswith("version_policy:"):
+                line = "version_policy: { specific { versions: [1] }}"
+            lines.append(line)
+        lines.append("dynamic_batching { preferred_batch_size: [ 2, 6 ], "
+                     "max_queue_delay_microseconds: 10000000 }")
+        with open(os.path.join(python, "config.pbtxt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        if not variable:
+            return
+        zero = os.path.join(repo, "custom_zero_1_float32")
+        shutil.copytree(os.path.join(qa, "custom_models", "custom_zero_1_float32"), zero)
+        os.makedirs(os.path.join(zero, "1"))
+        with open(os.path.join(zero, "config.pbtxt")) as f:
+            text = f.read()
+        out = []
+        for line in text.splitlines():
+            if line.startswith("max_batch_size:"):
+                line = "max_batch_size: 8"
+            line = re.sub(r"dims:.*\[.*\]", "dims: [ -1 ]", line)
+            out.append(line)
+            if re.search(r'name:.*"INPUT0"', line):
+                out.append("allow_ragged_batch: true")
+        # test.sh asks for KIND_GPU (its CI has one); a CPU is what this test may count on.
+        out.append("instance_group [ { kind: KIND_CPU count: 1 }]")
+        out.append("version_policy: { specific { versions: [1] }}")
+        out.append("dynamic_batching { preferred_batch_size: [ 2, 6 ], "
+                   "max_queue_delay_microseconds: 10000000 }")
+        with open(os.path.join(zero, "config.pbtxt"), "w") as f:
+            f.write("\n".join(out) + "\n")
+    return add
+
+
+# qa/L0_batcher/test.sh's groups; each case runs against a server of its own, as test.sh runs
+# them (its checks read the model's statistics since the server started).
+BATCHER_NO_DELAY = ["test_static_batch_preferred", "test_static_batch_lt_any_preferred",
+                    "test_static_batch_not_preferred", "test_static_batch_gt_max_preferred",
+                    "test_multi_batch_not_preferred", "test_multi_batch_gt_max_preferred",
+                    "test_multi_batch_sum_gt_max_preferred", "test_multi_same_output0",
+                    "test_multi_same_output1", "test_multi_different_outputs",
+                    "test_multi_different_output_order"]
+BATCHER_DIFFERENT_SHAPE = ["test_multi_batch_not_preferred_different_shape",
+                           "test_multi_batch_preferred_different_shape",
+                           "test_multi_batch_different_shape_allow_ragged",
+                           "test_multi_batch_different_shape"]
+BATCHER_RUNS = [
+    Run("batcher_test.py", cases=["BatcherTest." + case], models=batcher_models(variable),
+        env={"BACKENDS": "python", "BATCHER_TYPE": "VARIABLE" if variable else "FIXED"})
+    for variable, cases in [(False, BATCHER_NO_DELAY),
+                            (True, BATCHER_NO_DELAY + BATCHER_DIFFERENT_SHAPE)]
+    for case in cases]
+# TRITONSERVER_DELAY_SCHEDULER: a hook of Triton's dynamic batcher for its tests (hold the
+# first N requests, then batch them), which these cases set and assert is set.
+DELAY_SCHEDULER = "it needs TRITONSERVER_DELAY_SCHEDULER, a test hook of Triton's own scheduler " \
+                  "(hold N requests before batching), which asyncinfer does not have"
+BATCHER_SKIPPED = {
+    "L0_batcher/batcher_test.py::BatcherTest." + case: DELAY_SCHEDULER
+    for case in ["test_multi_batch_delayed_sum_gt_max_preferred",
+                 "test_multi_batch_delayed_use_max_batch",
+                 "test_multi_batch_delayed_preferred_different_shape",
+                 "test_multi_batch_use_biggest_preferred", "test_multi_batch_use_best_preferred",
+                 "test_preferred_batch_only_aligned", "test_preferred_batch_only_unaligned",
+                 "test_preferred_batch_only_use_biggest_preferred",
+                 "test_preferred_batch_only_use_no_preferred_size",
+                 "test_multi_batch_preserve_ordering"]}
+for case in ["test_max_queue_delay_only_default", "test_max_queue_delay_only_non_default"]:
+    BATCHER_SKIPPED["L0_batcher/batcher_test.py::BatcherTest." + case] = (
+        "it needs Triton's identity backend's execute_delay_ms parameter (a sleep in each "
+        "execution) to count the batches that form meanwhile; asyncinfer's identity has none")
+
+
 # With headers to forward, the HTTP cases are left out: one header value the test sends ends in a
 # space, which an HTTP parser drops (RFC 9110 5.5: a field value has no trailing whitespace;
 # Boost.Beast drops it, Triton's libevhtp keeps it): test_http_parameter,
@@ -268,6 +370,7 @@ SUITES = {
             triton_dir="qa/L0_backend_python/models"),
     ],
     "L0_model_namespacing": NAMESPACING_RUNS,
+    "L0_batcher": BATCHER_RUNS,
     "L0_grpc": [
         Run("python_unit_test.py", cases=["RestrictedProtocolTest"], models=simple,
             args=["--grpc-restricted-protocol=model-repository:admin-key=admin-value",
@@ -300,13 +403,14 @@ SKIPPED = {
         "it sends Transfer-Encoding: chunked and Content-Length together, which asyncinfer refuses "
         "(400) as RFC 9112 6.3 allows, since the pair is the shape of request smuggling; a "
         "chunked body alone is served",
+    **BATCHER_SKIPPED,
 }
 
 
 def fetch_qa(given, work):
     """The qa folder of Triton's server repository at TAG where the checkout has it."""
     dest = os.path.join(work, "server")
-    paths = ["qa/common", "qa/python_models"] + ["qa/" + s for s in SUITES]
+    paths = ["qa/common", "qa/python_models", "qa/custom_models"] + ["qa/" + s for s in SUITES]
     if given:
         tag = subprocess.run(["git", "-C", given, "rev-parse", "-q", "--verify", TAG + "^{commit}"],
                              capture_output=True, text=True)

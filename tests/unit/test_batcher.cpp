@@ -137,13 +137,49 @@ TEST(Batcher, PreferredSizeCountsRowsNotRequests) {
   Fixture f;
   f.config.max_queue_delay = 10ms;
   f.preferred = {4};
-  Request* a = f.add(req(0, t0, /*rows=*/3));
-  f.add(req(0, t0, /*rows=*/3));  // 6 rows: takes what fits 4 in order, skipping this one
-  Request* c = f.add(req(0, t0, /*rows=*/1));
+  Request* a = f.add(req(0, t0, /*rows=*/1));
+  Request* b = f.add(req(0, t0, /*rows=*/3));  // 4 rows in order: the preferred size
+  f.add(req(0, t0, /*rows=*/1));
   const BatchPlan p = f.plan(t0);
   ASSERT_TRUE(p.ready());
-  EXPECT_EQ(p.take, (std::vector<Request*>{a, c}));
+  EXPECT_EQ(p.take, (std::vector<Request*>{a, b}));
   EXPECT_EQ(p.rows, 4);
+}
+
+TEST(Batcher, ABatchTheNextRequestWouldCarryPastTheLargestPreferredSizeGoesAtOnce) {
+  // Triton's dynamic batcher: a preferred size is a run of the requests in order, so 3 + 3
+  // rows cannot make 4; the 3 rows go without waiting for the delay.
+  Fixture f;
+  f.config.max_queue_delay = 10ms;
+  f.preferred = {4};
+  Request* a = f.add(req(0, t0, /*rows=*/3));
+  EXPECT_FALSE(f.plan(t0).ready());  // 3 rows alone: 4 may still come
+  f.add(req(0, t0, /*rows=*/3));
+  f.add(req(0, t0, /*rows=*/1));
+  const BatchPlan p = f.plan(t0);
+  ASSERT_TRUE(p.ready());
+  EXPECT_EQ(p.take, (std::vector<Request*>{a}));
+  EXPECT_EQ(p.rows, 3);
+}
+
+TEST(Batcher, ARequestPastEveryPreferredSizeGoesAtOnceAndOneBetweenThemWaits) {
+  // qa/L0_batcher's static batches: preferred 2 and 6; 7 rows go at once, 3 rows wait for the
+  // delay (a request larger than a preferred size is never left without a batch).
+  Fixture f;
+  f.config.max_queue_delay = 10ms;
+  f.preferred = {2, 6};
+  Request* seven = f.add(req(0, t0, /*rows=*/7));
+  BatchPlan p = f.plan(t0);
+  ASSERT_TRUE(p.ready());
+  EXPECT_EQ(p.take, (std::vector<Request*>{seven}));
+  Fixture g;
+  g.config.max_queue_delay = 10ms;
+  g.preferred = {2, 6};
+  Request* three = g.add(req(0, t0, /*rows=*/3));
+  p = g.plan(t0);
+  EXPECT_FALSE(p.ready());
+  EXPECT_EQ(p.wake, t0 + 10ms);
+  EXPECT_EQ(g.plan(t0 + 10ms).take, (std::vector<Request*>{three}));
 }
 
 TEST(Batcher, WakesBeforeTheNearestDeadlineMinusTheDelay) {
@@ -170,14 +206,18 @@ TEST(Batcher, DeadlineAlreadyInsideTheDelayGoesNow) {
   EXPECT_TRUE(f.plan(t0).ready());
 }
 
-TEST(Batcher, OnlyShapeCompatibleRequestsShareABatch) {
+TEST(Batcher, OnlyShapeCompatibleRequestsShareABatchAndOnePassedOverIsNotHeldBack) {
   Fixture f;
   f.config.max_rows = 4;
+  f.config.max_queue_delay = 10ms;
   Request* a = f.add(req(0, t0, 1, /*features=*/4));
+  EXPECT_FALSE(f.plan(t0).ready());      // alone: waits for the delay
   f.add(req(0, t0, 1, /*features=*/5));  // other non-batch dim
   f.add(req(0, t0, 1, 4, /*other_dtype=*/true));
   Request* d = f.add(req(0, t0, 1, 4));
-  const BatchPlan p = f.plan(t0 + 2ms);
+  // The others would wait behind the delay: the batch goes at once (Triton sends a batch the
+  // next request cannot join), and they come next.
+  const BatchPlan p = f.plan(t0);
   ASSERT_TRUE(p.ready());
   EXPECT_EQ(p.take, (std::vector<Request*>{a, d}));
 }
@@ -195,11 +235,11 @@ TEST(Batcher, ARaggedInputsOtherDimsDoNotKeepRequestsApart) {
   };
   Request* a = f.add(ragged_req(4));
   Request* b = f.add(ragged_req(5));
-  f.add(ragged_req(4, /*other_dtype=*/true));
-  Request* d = f.add(ragged_req(9));
-  const BatchPlan p = f.plan(t0 + 2ms);
+  Request* c = f.add(ragged_req(9));
+  f.add(ragged_req(4, /*other_dtype=*/true));  // the dtype still matters: the batch ends
+  const BatchPlan p = f.plan(t0);
   ASSERT_TRUE(p.ready());
-  EXPECT_EQ(p.take, (std::vector<Request*>{a, b, d}));
+  EXPECT_EQ(p.take, (std::vector<Request*>{a, b, c}));
 }
 
 TEST(Batcher, RowsNeverExceedMaxRows) {

@@ -155,6 +155,15 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
     return Status();
   }
   bool cancellable() const noexcept override { return cfg_.cancellable; }
+  /// Triton's identity backend answers each request of a batch on its own, so a ragged input
+  /// (TensorSpec::ragged, allow_ragged_batch) batches: with one, the identity takes a batch's
+  /// requests apart (each output a copy of its own request's input). Without, it copies the
+  /// joined batch at once.
+  bool takes_requests_apart() const noexcept override {
+    return cfg_.kind == "identity" &&
+           std::any_of(sig_.inputs.begin(), sig_.inputs.end(),
+                       [](const TensorSpec& s) { return s.ragged; });
+  }
   /// No per-thread state; not with a cost read from the input, nor with an injected hang.
   bool supports_caller_runs() const noexcept override {
     return !cfg_.cost_from_input && cfg_.mode != FaultMode::hang;
@@ -187,6 +196,17 @@ class BuiltinInstance final : public ModelInstance {
     if (!fault.ok() && cfg.fail_at_enqueue) {
       if (cfg.mode == FaultMode::raise) throw std::runtime_error(std::string(fault.message()));
       return fault;
+    }
+    if (!io->request_inputs.empty()) {  // takes_requests_apart: each request's own copy
+      io->request_outputs.clear();
+      for (const std::vector<Tensor>& ins : io->request_inputs) {
+        std::vector<Tensor>& outs = io->request_outputs.emplace_back();
+        for (const Tensor& in : ins) {
+          ASYNCINFER_ASSIGN_OR_RETURN(Tensor out, in.clone());
+          outs.push_back(std::move(out));
+        }
+      }
+      return Status();
     }
     // Outputs: one device-side copy of each input, allocated now so the engine can enqueue the
     // copies back to the host right after.
