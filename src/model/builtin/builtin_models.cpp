@@ -160,9 +160,8 @@ class BuiltinModel final : public Model, public std::enable_shared_from_this<Bui
   /// requests apart (each output a copy of its own request's input). Without, it copies the
   /// joined batch at once.
   bool takes_requests_apart() const noexcept override {
-    return cfg_.kind == "identity" &&
-           std::any_of(sig_.inputs.begin(), sig_.inputs.end(),
-                       [](const TensorSpec& s) { return s.ragged; });
+    return cfg_.kind == "identity" && std::any_of(sig_.inputs.begin(), sig_.inputs.end(),
+                                                  [](const TensorSpec& s) { return s.ragged; });
   }
   /// No per-thread state; not with a cost read from the input, nor with an injected hang.
   bool supports_caller_runs() const noexcept override {
