@@ -223,6 +223,24 @@ TEST(Batching, OnlyShapeCompatibleRequestsShareABatch) {
   EXPECT_EQ(calls[2].firsts, (std::vector<float>{1, 3, 5}));
 }
 
+TEST(Batching, ARequestBetweenOrPastThePreferredSizesStillRuns) {
+  // Preferred sizes 2 and 6 (Triton's qa L0_batcher): a request of 3 rows runs when the delay
+  // ends, one of 7 at once. Both once waited forever: nothing fitted the largest preferred size
+  // reached, and the batcher took nothing until the queue changed.
+  EngineOptions o = one_slot(8);
+  o.batching.preferred_batch_sizes = {2, 6};
+  o.batching.max_queue_delay = 1s;
+  auto e = make_engine("builtin:identity?shape=2", "cpu", o);
+  const auto t0 = Clock::now();
+  auto seven = get_within(e->submit({testing::rows_tensor(7, 2, 1.f)}));
+  ASSERT_TRUE(seven.ok()) << seven.status();
+  EXPECT_EQ((*seven)[0].shape(), (Shape{7, 2}));
+  EXPECT_LT(Clock::now() - t0, 900ms);  // at once, not after the delay
+  auto three = get_within(e->submit({testing::rows_tensor(3, 2, 1.f)}));
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ((*three)[0].shape(), (Shape{3, 2}));
+}
+
 TEST(Batching, MultiRowRequestsAreConcatenatedAndSplitBack) {
   auto e = make_engine("builtin:identity?shape=3", "sim", one_slot(16));
   std::vector<Future<Outputs>> fs;
