@@ -846,6 +846,8 @@ class RaggedBatches(harness.unittest.TestCase):
     def test_without_it_a_batch_holds_one_shape(self):
         results = self.send_lengths("padded", [1, 2, 3, 1, 2, 3])
         self.assertEqual({shapes for _, shapes in results.values()}, {1}, results)
+        # Requests of one length still meet in a batch (the 300 ms of queue delay).
+        results = self.send_lengths("padded", [3, 3, 3, 3])
         self.assertGreater(max(batch for batch, _ in results.values()), 1, results)
 
     def test_other_backends_refuse_it_naming_the_input(self):
