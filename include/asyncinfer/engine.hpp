@@ -17,11 +17,12 @@
 //     level. When full: reject at once (resource_exhausted) or block the producer up to
 //     submit_timeout (queue_full_policy).
 //   - Dynamic batching (after Triton's dynamic batcher): a worker with a free in-flight slot takes
-//     requests in priority order, never skipping one, up to the max batch size and the first
-//     request of another shape (dtypes or non-batch dims, those of ragged inputs aside). With
-//     max_queue_delay > 0 it waits — a timed wait, never a poll — until the earliest of: the batch
-//     cannot grow, the requests in order make a preferred batch size, the oldest request has
-//     waited max_queue_delay, or a request's deadline is near. Inputs are concatenated along dim 0
+//     shape-compatible requests (same dtypes and non-batch dims, those of ragged inputs aside) in
+//     priority order up to the max batch size, passing over the others. With max_queue_delay > 0
+//     it waits — a timed wait, never a poll — until the earliest of: the batch cannot grow, a
+//     request was passed over (it is not held back by the delay), the requests in order make a
+//     preferred batch size, the oldest request has waited max_queue_delay, or a request's
+//     deadline is near. Inputs are concatenated along dim 0
 //     (a single request's tensors are used as they are; a model that takes requests apart gets
 //     each request's own); outputs are split back as views.
 //   - Deadlines (RequestOptions::timeout/deadline, EngineOptions::default_timeout): cover queue,

@@ -190,7 +190,8 @@ struct BatchIO {
   /// Batch size (dim 0 of the inputs), 1 for unbatched models.
   std::int64_t batch_size = 1;
   /// Rows (dim 0) of each request of the batch, in batch order: their rows are consecutive in
-  /// `inputs` and must be in `outputs` (1 each for unbatched models). Sums to batch_size. For
+  /// `inputs` and must be in `outputs` (1 each for unbatched models), or each request's are its
+  /// own tensors' (`request_inputs`, `request_outputs`). Sums to batch_size. For
   /// backends that hand a model its requests one by one (the python backend's execute(requests)).
   std::vector<std::int64_t> request_rows;
   /// Fires when every request of the batch has been cancelled or has timed out, or the engine is

@@ -105,8 +105,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Model> model,
       return invalid_argument_error(
           "Engine::create: input '" + in.name + "' of model '" + model->name() +
           "' is ragged (TensorSpec::ragged, Triton's allow_ragged_batch), which only a model "
-          "that takes a batch's requests apart (Model::takes_requests_apart, the python "
-          "backend) serves, on a device whose memory is the host's");
+          "that takes a batch's requests apart (Model::takes_requests_apart: the python "
+          "backend, the identity) serves, on a device whose memory is the host's");
     }
   }
   if (options.workers < 0) return invalid_argument_error("EngineOptions: workers must be >= 0");
