@@ -508,7 +508,9 @@ class PerRequestModel final : public Model, public std::enable_shared_from_this<
   /// A batch whose first value is kHold waits until release(): its worker takes nothing else
   /// meanwhile (one_slot), so the requests submitted then are all queued when it plans again.
   static constexpr float kHold = 1000.f;
-  void release() { hold_.set_value(); }
+  void release() {
+    std::call_once(released_, [this] { hold_.set_value(); });
+  }
 
  private:
   class Instance final : public ModelInstance {
@@ -553,6 +555,7 @@ class PerRequestModel final : public Model, public std::enable_shared_from_this<
   std::vector<std::size_t> batches_;
   std::promise<void> hold_;
   std::shared_future<void> held_ = hold_.get_future().share();
+  std::once_flag released_;
 };
 
 Inputs row(float x, std::optional<float> extra = std::nullopt) {
@@ -597,6 +600,10 @@ TEST(Batching, RequestsWithAndWithoutAnOptionalInputBatchApart) {
   // The worker holds a batch while the six are submitted, so that it plans with all of them
   // queued (a request of the other kind, passed over, sends a forming batch at once).
   auto held = e->submit(row(PerRequestModel::kHold));
+  struct Release {  // on every way out, so that the engine's shutdown never waits on the hold
+    PerRequestModel& m;
+    ~Release() { m.release(); }
+  } release{*m};
   ASSERT_TRUE(testing::eventually([&] { return m->batch_sizes().size() == 1; }));
   std::vector<Future<Outputs>> fs;
   for (int i = 0; i < 6; ++i) {
