@@ -371,7 +371,7 @@ class TraceSettings(harness.unittest.TestCase):
 class TritonMode(harness.unittest.TestCase):
     def setUp(self):
         self.repo = repository()
-        self.addCleanup(self.repo.cleanup)
+        self.addCleanup(lambda: self.repo.cleanup())  # the one a test put in its place too
         self.dir = tempfile.mkdtemp(prefix="asyncinfer-trace-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.file = os.path.join(self.dir, "trace.json")
@@ -641,7 +641,7 @@ class TritonMode(harness.unittest.TestCase):
 class OpenTelemetryMode(harness.unittest.TestCase):
     def setUp(self):
         self.repo = repository()
-        self.addCleanup(self.repo.cleanup)
+        self.addCleanup(lambda: self.repo.cleanup())  # the one a test put in its place too
 
     def serve(self, url, *extra):
         args = []
