@@ -24,7 +24,10 @@
 //     preferred batch size, the oldest request has waited max_queue_delay, or a request's
 //     deadline is near. Inputs are concatenated along dim 0
 //     (a single request's tensors are used as they are; a model that takes requests apart gets
-//     each request's own); outputs are split back as views.
+//     each request's own); outputs are split back as views. Where batching is off, a model that
+//     runs each request alone (Model::coalesced_requests: the python backend) gets the requests
+//     already queued in one launch, coalesced, not batched; a coalesced launch that fails runs
+//     its requests again, each alone.
 //   - Deadlines (RequestOptions::timeout/deadline, EngineOptions::default_timeout): cover queue,
 //     execution and retries; fired by the deadline timer whether or not the queue is touched. A
 //     queued request leaves the queue at once; a running one resolves timed_out at once, its

@@ -107,7 +107,9 @@ struct BatchSizeStats {
 ///                   stream gives one completion point per batch);
 ///   compute_output  → the outputs checked, split per request and handed to their requests.
 /// `inference_count` counts the rows (batch elements) of successful requests,
-/// `execution_count` the batch executions that completed.
+/// `execution_count` the batch executions that completed (each request of a coalesced launch,
+/// Model::coalesced_requests, being an execution of its own, with its share of the launch's
+/// compute parts).
 struct InferenceStats {
   std::uint64_t inference_count = 0;
   std::uint64_t execution_count = 0;

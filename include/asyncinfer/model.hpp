@@ -194,6 +194,11 @@ struct BatchIO {
   /// own tensors' (`request_inputs`, `request_outputs`). Sums to batch_size. For
   /// backends that hand a model its requests one by one (the python backend's execute(requests)).
   std::vector<std::int64_t> request_rows;
+  /// The requests were coalesced, not batched (Model::coalesced_requests): the engine does not
+  /// batch this model, and the model runs each request of `request_inputs` on its own, in batch
+  /// order, as if each had been a batch of its own. false for a batch of one request, and
+  /// whenever the engine batched.
+  bool coalesced = false;
   /// Fires when every request of the batch has been cancelled or has timed out, or the engine is
   /// recycling the worker. Pass it to Kernel::stop so cancellable backends end early.
   std::stop_token stop;
@@ -272,6 +277,15 @@ class Model {
   /// then neither joins the requests' inputs nor splits the outputs, on unified-memory devices.
   /// false by default. Never blocks.
   virtual bool takes_requests_apart() const noexcept { return false; }
+  /// How many requests one launch of the model may carry when the engine does not batch it (an
+  /// unbatched model, or a max batch size of 1): the engine then hands one launch the requests
+  /// already queued, up to this many and without waiting for more, and the model runs each on
+  /// its own, in order (BatchIO::coalesced), so that requests that arrive together share one
+  /// trip to where the model runs (the python backend: one message to its process and one back,
+  /// where each request was one execute() of its own and two messages). Only for a model that
+  /// takes requests apart on a unified-memory device, outside sequence batching. 0 or 1 (the
+  /// default): one request a launch. Never blocks.
+  virtual int coalesced_requests() const noexcept { return 0; }
   /// Whether the model's work runs on the host's CPU cores when its instances use `device`
   /// (libtorch on the cpu and sim devices) rather than on an accelerator or a simulated
   /// engine. EngineOptions::workers = 0 (auto) starts one worker per core for such a model.

@@ -37,9 +37,13 @@ void BatchFailure::batch_failed(const std::shared_ptr<Batch>& batch, const Statu
     for (const auto& r : live) fail_alone(r, st);
     return;
   }
-  if (live.size() > 1 && opt_.batching.split_failed_batches && !opt_.retry.is_retryable(code) &&
-      code != StatusCode::cancelled && code != StatusCode::aborted &&
-      code != StatusCode::deadline_exceeded) {
+  // Coalesced requests (Model::coalesced_requests) shared a launch only because they came
+  // together: one that fails it (its process crashed, hung, or answered out of shape) must not
+  // fail the others, which run again, each alone.
+  const bool coalesced = batch->io != nullptr && batch->io->coalesced;
+  if (live.size() > 1 && code != StatusCode::cancelled && code != StatusCode::aborted &&
+      (coalesced || (opt_.batching.split_failed_batches && !opt_.retry.is_retryable(code) &&
+                     code != StatusCode::deadline_exceeded))) {
     counters_.split_batches.fetch_add(1, std::memory_order_relaxed);
     requeue(live, /*solo=*/true, &st);
     return;

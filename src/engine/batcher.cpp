@@ -22,6 +22,24 @@ BatchPlan plan_batch(const RequestQueue& queue, const BatcherConfig& c, Clock::t
   Clock::time_point nearest_deadline = head->deadline;
   const std::int64_t cap = c.max_rows;
   const bool batching = c.batched && cap > 1 && !head->solo;
+  if (!batching && c.coalesce > 1 && !head->solo) {
+    // Coalesced (the header's last rule): what is queued goes now, each request run alone.
+    const auto limit = static_cast<std::size_t>(c.coalesce);
+    std::size_t scanned = 0;
+    const std::size_t scan_limit = 4 * limit + 64;
+    for (int l = 0; l < queue.levels() && picked.size() < limit && scanned < scan_limit; ++l) {
+      for (Request* r = queue.head(l);
+           r != nullptr && picked.size() < limit && scanned < scan_limit; r = r->next) {
+        ++scanned;
+        if (r == head || r->solo) continue;
+        picked.push_back(r);
+        rows += r->rows;
+      }
+    }
+    plan.take = std::move(picked);
+    plan.rows = rows;
+    return plan;
+  }
   // Triton's max_preferred_batch_size: past it a batch goes without waiting.
   std::int64_t max_preferred = cap;
   if (!c.preferred_batch_sizes.empty()) {

@@ -26,6 +26,10 @@
 //   5. otherwise the batch waits until the oldest request has waited max_queue_delay, but never
 //      past the nearest deadline minus max_queue_delay (deadline-aware wake); at that time it goes
 //      with what it has.
+// Where batching is off (an unbatched model, max_rows 1) and the model runs a launch's requests
+// each alone (`coalesce`, Model::coalesced_requests), the queued requests go together, in
+// priority order, up to `coalesce` of them, whatever their shapes, at once: coalesced, not
+// batched. Requests marked `solo` are passed over, and go alone.
 // A request that leaves the queue (cancelled, timed out) leaves a forming batch with it: the
 // next call simply does not see it, and the wake time follows the requests that remain.
 #pragma once
@@ -46,6 +50,9 @@ struct BatcherConfig {
   std::span<const std::int64_t> preferred_batch_sizes;
   std::chrono::microseconds priority_aging{0};  ///< EngineOptions::priority_aging (0 = none)
   bool flush = false;  ///< the engine is shutting down: take what is there, wait for nothing
+  /// Where batching is off: requests a launch may carry, each run alone (EngineContext::coalesce;
+  /// 0 or 1 = one).
+  int coalesce = 0;
 };
 
 struct BatchPlan {

@@ -18,6 +18,9 @@ EngineContext::EngineContext(Model& the_model, Device& the_device, const EngineO
       max_rows(batch_rows),
       unified(the_device.info().unified_memory),
       apart(unified && the_model.takes_requests_apart()),
+      coalesce(apart && batch_rows == 1 && plan == nullptr && the_model.coalesced_requests() > 1
+                   ? the_model.coalesced_requests()
+                   : 0),
       inline_path(run_inline),
       spin(options.spin_wait),
       // The completion point enqueues copies, records events and frees the batch's device

@@ -74,6 +74,10 @@ struct EngineContext {
   /// Model::takes_requests_apart on a unified-memory device: a batch of several requests keeps
   /// each request's tensors (BatchIO::request_inputs, request_outputs), joined and split nowhere.
   const bool apart;
+  /// Requests a launch may carry when the engine does not batch the model (max_rows 1, no
+  /// sequence batching) and the model runs each alone (Model::coalesced_requests, needing
+  /// `apart`); 0 = one request a launch.
+  const int coalesce;
   const bool inline_path;  // worker.hpp: caller-run streams (cpu) and no hang watchdog
   /// Whether and how long the workers (Worker::loop) and the completion threads
   /// (EngineCore::start) spin before they sleep: EngineOptions::spin_wait as Engine::create

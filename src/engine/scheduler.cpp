@@ -277,6 +277,7 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
   BatcherConfig config;
   config.batched = batched_;
   config.max_rows = taker.max_rows;
+  config.coalesce = taker.coalesce;
   config.max_queue_delay = max_queue_delay_;
   config.preferred_batch_sizes = preferred_batch_sizes_;
   config.priority_aging = priority_aging_;

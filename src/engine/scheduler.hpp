@@ -90,6 +90,9 @@ struct Taker {
   /// Non-null: the worker's own SpinWait, used once before it sleeps on an empty queue (the
   /// worker passes it when its SpinPolicy says so, spin_wait.hpp).
   SpinWait* spin = nullptr;
+  /// Requests a batch may carry when max_rows is 1 (EngineContext::coalesce; 0 = one, and
+  /// always 0 for a half-open breaker's probe).
+  int coalesce = 0;
 };
 
 /// What withdraw() did with a request.

@@ -169,6 +169,7 @@ void Worker::loop() {
   detail::setup_thread("ai-worker-" + std::to_string(index_));
   for (;;) {
     std::int64_t cap = ctx_.max_rows;
+    int coalesce = ctx_.coalesce;
     bool do_recycle = false;
     {
       std::unique_lock lock(mu_);
@@ -207,7 +208,10 @@ void Worker::loop() {
           continue;
         }
         if (inflight_ < *limit) {
-          if (breaker_.state() == Breaker::half_open) cap = 1;  // probe with one request
+          if (breaker_.state() == Breaker::half_open) {  // probe with one request
+            cap = 1;
+            coalesce = 0;
+          }
           break;
         }
         cv_.wait(lock);
@@ -221,7 +225,7 @@ void Worker::loop() {
     // load, spin_wait.hpp).
     const bool spin = ctx_.spin.worth_spinning(resolver_.undelivered(), ctx_.opt.workers);
     std::shared_ptr<Batch> batch = scheduler_.next_batch(
-        {index_, cap, &recycle_wanted_, breaker_.open_flag(), spin ? &spin_ : nullptr});
+        {index_, cap, &recycle_wanted_, breaker_.open_flag(), spin ? &spin_ : nullptr, coalesce});
     if (!batch) {
       if (scheduler_.cancelling()) return;
       // A recycle, or a breaker that opened while the worker waited for work: back to the
@@ -386,6 +390,7 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
     if (batch.requests.size() == 1) {
       io.host_inputs = batch.requests[0]->inputs;
     } else if (ctx_.apart) {  // each request keeps its own tensors (Model::takes_requests_apart)
+      io.coalesced = ctx_.coalesce > 1;  // not batched: each runs alone (batcher.hpp)
       io.request_inputs.reserve(batch.requests.size());
       for (const auto& r : batch.requests) io.request_inputs.push_back(r->inputs);
       return Status();
@@ -574,12 +579,23 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
   // whichever is later; the wait between is queue time.
   const auto ns = detail::ns_between;
   const Clock::time_point infer_start = std::max(batch->inputs_ready, previous);
-  const std::uint64_t input_ns = ns(batch->dispatched, batch->inputs_ready);
+  // A coalesced launch (Model::coalesced_requests) was an execution a request, each of its own
+  // rows: the launch's compute times are shared among them.
+  const std::uint64_t executions = batch->io->coalesced ? batch->requests.size() : 1;
+  const std::uint64_t input_ns = ns(batch->dispatched, batch->inputs_ready) / executions;
   const std::uint64_t stream_wait_ns = ns(batch->inputs_ready, infer_start);
-  const std::uint64_t infer_ns = ns(infer_start, now);
-  const std::uint64_t output_ns = ns(now, split_done);
-  ctx_.counters.execution_count.fetch_add(1, std::memory_order_relaxed);
-  ctx_.counters.batch_stats.add(ctx_.sig.batched ? batch->rows : 1, input_ns, infer_ns, output_ns);
+  const std::uint64_t infer_ns = ns(infer_start, now) / executions;
+  const std::uint64_t output_ns = ns(now, split_done) / executions;
+  if (executions > 1) {
+    ctx_.counters.execution_count.fetch_add(executions, std::memory_order_relaxed);
+    for (const auto& r : batch->requests) {
+      ctx_.counters.batch_stats.add(ctx_.sig.batched ? r->rows : 1, input_ns, infer_ns, output_ns);
+    }
+  } else {
+    ctx_.counters.execution_count.fetch_add(1, std::memory_order_relaxed);
+    ctx_.counters.batch_stats.add(ctx_.sig.batched ? batch->rows : 1, input_ns, infer_ns,
+                                  output_ns);
+  }
   ctx_.counters.last_inference_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(
                                             std::chrono::system_clock::now().time_since_epoch())
                                             .count(),

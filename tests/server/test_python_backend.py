@@ -147,6 +147,12 @@ class TritonPythonModel:
                 time.sleep(10 ** 6)
             if mode == 8:
                 return []
+            if mode == 10:
+                time.sleep(0.3)  # the requests sent meanwhile queue up behind it
+            if mode == 11:  # how many requests this execute got
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "y", np.array([[11, len(requests)]], np.float32))]))
+                continue
             if mode == 2:
                 out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     "mode 2 is a bad row", pb_utils.TritonError.INVALID_ARG)))
@@ -429,6 +435,46 @@ class PythonModels(harness.unittest.TestCase):
         self.assertIn("RuntimeError: mode 1 asked me to raise", str(e.exception))
         self.assert_faulty_serves()
         self.server.wait_line(r"execute raised:")
+
+    def test_requests_queued_together_are_each_an_execute_of_their_own(self):
+        # Without dynamic_batching, Triton gives execute() one request at a time. Requests that
+        # queue together reach the process in one message (coalesced), and each is still an
+        # execute of its own: one that raises, answers with an error or with a wrong shape fails
+        # alone.
+        before = self.http.get_inference_statistics("faulty")["model_stats"][0]
+        # The first 16 answer normally (a launch that fails as a whole runs its requests again,
+        # each alone, which would hide an execute that got several); then every way to fail.
+        modes = [10] + [11] * 15 + [[11, 0, 1, 2, 7][i % 5] for i in range(40)]
+        results = [None] * len(modes)
+        done = threading.Event()
+        def record(i, result, error):
+            results[i] = error if error is not None else result.as_numpy("y").tolist()
+            if all(r is not None for r in results):
+                done.set()
+        for i, mode in enumerate(modes):
+            x = np.array([[mode, 1000 + i]], dtype=np.float32)
+            self.grpc.async_infer("faulty", [grpc_input("x", x)],
+                                  lambda result, error, i=i: record(i, result, error))
+            if i == 0:
+                time.sleep(0.05)  # the first one is executing when the others come
+        self.assertTrue(done.wait(30), results)
+        for i, (mode, got) in enumerate(zip(modes, results)):
+            if mode == 11:
+                self.assertEqual(got, [[11, 1]], i)
+            elif mode in (0, 10):
+                self.assertEqual(got, [[mode, 1000 + i]], i)
+            else:
+                self.assertIsInstance(got, InferenceServerException, (i, got))
+                want = {1: "mode 1 asked me to raise", 2: "mode 2 is a bad row",
+                        7: "output 'y'"}[mode]
+                self.assertIn(want, str(got), i)
+        after = self.http.get_inference_statistics("faulty")["model_stats"][0]
+        ok = sum(1 for m in modes if m in (0, 10, 11))
+        self.assertEqual(int(after["inference_count"]) - int(before["inference_count"]), ok)
+        # Every successful request was an execution of its own, of one row.
+        self.assertGreaterEqual(
+            int(after["execution_count"]) - int(before["execution_count"]), ok)
+        self.assertEqual([int(b["batch_size"]) for b in after["batch_stats"]], [1])
 
     def test_error_response_reaches_its_request(self):
         with self.assertRaises(InferenceServerException) as e:

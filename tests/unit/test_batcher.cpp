@@ -103,6 +103,45 @@ TEST(Batcher, ZeroDelayOrUnbatchedModelOrCapOneTakesOneAtOnce) {
   EXPECT_EQ(p.take, (std::vector<Request*>{a}));
 }
 
+// The header's last rule: where batching is off, a model that runs each request alone gets what
+// is queued in one launch, up to `coalesce` requests, in priority order, whatever their shapes and
+// at once; a solo request is passed over and goes alone.
+TEST(Batcher, WhereBatchingIsOffQueuedRequestsAreCoalescedAtOnce) {
+  Fixture f;
+  f.config.max_rows = 1;
+  f.config.max_queue_delay = 10ms;  // not a batch: nothing waits
+  f.config.coalesce = 3;
+  Request* a = f.add(req(1, t0));
+  Request* other_shape = f.add(req(1, t0, 2, 7, /*other_dtype=*/true));
+  auto s = req(1, t0);
+  s->solo = true;
+  Request* solo = f.add(s);
+  Request* urgent = f.add(req(0, t0));
+  Request* e = f.add(req(1, t0));
+  BatchPlan p = f.plan(t0);
+  // The higher level's (urgent) first, then the other level in order; the solo one is passed
+  // over.
+  EXPECT_EQ(p.take, (std::vector<Request*>{urgent, a, other_shape}));
+  EXPECT_EQ(p.rows, 4);
+  EXPECT_EQ(p.wake, Clock::time_point::max());
+  for (Request* r : p.take) f.queue.remove(r);
+  p = f.plan(t0);
+  EXPECT_EQ(p.take, (std::vector<Request*>{solo}));  // a solo head goes alone
+  f.queue.remove(solo);
+  f.config.coalesce = 0;  // a half-open breaker's probe, or a model that does not coalesce
+  Request* g = f.add(req(1, t0));
+  p = f.plan(t0);
+  EXPECT_EQ(p.take, (std::vector<Request*>{e}));
+  f.config.coalesce = 3;
+  p = f.plan(t0);
+  EXPECT_EQ(p.take, (std::vector<Request*>{e, g}));
+  // Batching on: the coalesce setting is not looked at (the batcher's own rules).
+  f.config.max_rows = 8;
+  f.config.max_queue_delay = 0us;
+  p = f.plan(t0);
+  EXPECT_EQ(p.take, (std::vector<Request*>{e, g}));
+}
+
 TEST(Batcher, FlushTakesAPartialBatchWithoutWaiting) {
   Fixture f;
   f.config.max_queue_delay = std::chrono::microseconds::max();

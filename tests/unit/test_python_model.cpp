@@ -384,6 +384,58 @@ class TritonPythonModel:
   }
 }
 
+// Where the engine does not batch (Triton gives execute() one request at a time), requests that
+// queue together go to the process in one launch (Model::coalesced_requests), and the stub calls
+// execute() once for each: every execute sees one request, and an error response, an exception
+// or a crash fails only its own request (the others of a launch that crashed run again, alone).
+// Each request counts as an execution of its own.
+TEST_F(PythonModelTest, CoalescedRequestsAreEachAnExecuteOfTheirOwn) {
+  auto model = load_model(write_model("scale", kScale), fp32_options());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_EQ((*model)->coalesced_requests(), 16);
+  EngineOptions o;
+  o.batching.max_batch_size = 1;
+  auto e = engine(*model, o);
+  ASSERT_TRUE(e);
+  constexpr int kRequests = 96;
+  std::vector<Future<Outputs>> futures;
+  for (int i = 0; i < kRequests; ++i) {
+    const float x = i == 30   ? 13.0F
+                    : i == 50 ? 77.0F
+                    : i == 70 ? 99.0F
+                              : static_cast<float>(1000 + i);
+    futures.push_back(e->submit({row(x, 0.5F)}));
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    auto& f = futures[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(f.wait_for(60s)) << "request " << i;
+    auto r = f.get();
+    if (i == 30 || i == 50 || i == 70) {
+      ASSERT_FALSE(r.ok()) << "request " << i;
+      const std::string_view want = i == 30   ? "13 is unlucky"
+                                    : i == 50 ? "execute raised KeyError: 'seventy-seven'"
+                                              : "status 3";
+      EXPECT_NE(r.status().message().find(want), std::string_view::npos) << r.status().to_string();
+      if (i != 70) {
+        EXPECT_EQ(r.status().code(), i == 30 ? StatusCode::invalid_argument : StatusCode::internal);
+      }
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    const float* y = static_cast<const float*>((*r)[0].data());
+    EXPECT_FLOAT_EQ(y[1], 0.5F) << "request " << i << ": execute got several requests";
+    EXPECT_FLOAT_EQ(y[0], static_cast<float>(1000 + i));
+  }
+  const EngineMetrics m = e->metrics();
+  EXPECT_LT(m.batches, static_cast<std::uint64_t>(kRequests)) << "no launch was coalesced";
+  // Each successful request was an execution of one.
+  EXPECT_EQ(m.stats.inference_count, static_cast<std::uint64_t>(kRequests - 3));
+  EXPECT_GE(m.stats.execution_count, static_cast<std::uint64_t>(kRequests - 3));
+  ASSERT_EQ(m.stats.batch_stats.size(), 1U);
+  EXPECT_EQ(m.stats.batch_stats[0].batch_size, 1);
+  EXPECT_EQ(m.stats.batch_stats[0].compute_infer.count, m.stats.execution_count);
+}
+
 // A model neither decoupled, nor stateful, nor dynamically batched has two batches in flight: the
 // next batch is sent to its process while it runs one (each in a slot of its own, input and output
 // arena), so the process finds it waiting on its socket (fd 3). Each request keeps its own values,

@@ -803,14 +803,11 @@ class Stub:
                                  r.get("correlation_id", 0), r.get("flags", 0),
                                  r.get("parameters", "{}"), sender, self.model_name, trace))
         self.pending = len(requests) if self.decoupled else 0
+        if msg.get("alone") and not self.decoupled:
+            self.execute_each(requests, senders, slot)
+            return
         try:
-            result = self.model.execute(requests)
-            if result.__class__ is not list and inspect.isawaitable(result):
-                # async def execute: on this process's event loop
-                if self.loop is None:
-                    self.loop = asyncio.new_event_loop()
-                    asyncio.set_event_loop(self.loop)
-                result = self.loop.run_until_complete(result)
+            result = self.call(requests)
         except BaseException as e:  # noqa: B036 — a model's SystemExit fails its requests too
             self.end_senders(senders)
             fields = _error_fields(e)
@@ -824,20 +821,45 @@ class Stub:
             return
         self.end_senders(senders)
         try:
-            reply, fds = self.responses(result, len(requests), self.outputs[slot])
+            self.check(result, len(requests))
+            answers = [self.answer(response) for response in result]
         except BaseException as e:  # noqa: B036
             fields = _error_fields(e)
             send({"op": "done", "error": fields["message"], "traceback": fields["traceback"]})
             return
-        try:
-            with self.arena_lock:
-                send(reply, fds)
-                if fds:
-                    self.outputs[slot].sent()
-        except MessageTooLong as e:
-            send({"op": "done", "error": str(e), "traceback": ""})
+        self.reply(answers, slot)
 
-    def responses(self, result, count, arena):
+    def execute_each(self, requests, senders, slot):
+        """A coalesced message (the server's "alone": requests that came together, where Triton
+        gives execute() one request at a time): execute() once for each, in order; one that
+        raises fails its own request, as a batch of its own would have."""
+        answers = []
+        for request, sender in zip(requests, senders):
+            try:
+                try:
+                    result = self.call([request])
+                finally:
+                    self.end_senders((sender,))
+                self.check(result, 1)
+                answers.append(self.answer(result[0]))
+            except BaseException as e:  # noqa: B036
+                fields = _error_fields(e)
+                # Each request's traceback shortened so that all fit in one reply.
+                answers.append(("raised", fields["message"],
+                                _clip(fields["traceback"], MAX_REPLY // (2 * len(requests)))))
+        self.reply(answers, slot)
+
+    def call(self, requests):
+        """model.execute(requests); an `async def execute` runs on this process's event loop."""
+        result = self.model.execute(requests)
+        if result.__class__ is not list and inspect.isawaitable(result):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+                asyncio.set_event_loop(self.loop)
+            result = self.loop.run_until_complete(result)
+        return result
+
+    def check(self, result, count):
         utils = self.utils
         if not isinstance(result, (list, tuple)):
             raise utils.TritonModelException(
@@ -847,28 +869,52 @@ class Stub:
             raise utils.TritonModelException(
                 "execute returned %d response(s) for %d request(s); it must return one "
                 "InferenceResponse per request" % (len(result), count))
-        encoded = []
         for i, response in enumerate(result):
             if not isinstance(response, utils.InferenceResponse):
                 raise utils.TritonModelException(
                     "execute's response %d is %s, not an InferenceResponse"
                     % (i, type(response).__name__))
-            encoded.append(None if response.has_error() else self.encode(response))
-        flat = [t for e in encoded if e is not None for t in e]
-        with self.arena_lock:
-            specs, fds, extra = arena.layout(flat)
+
+    def answer(self, response):
+        """One request's part of the reply: ("outputs", its encoded tensors) or ("error", the
+        model's error response's message, code)."""
+        if response.has_error():
+            err = response.error()
+            return ("error", _clip(str(err.message())), _error_code(err))
+        return ("outputs", self.encode(response))
+
+    def reply(self, answers, slot):
+        """Sends the "done" message of a batch's answers (answer(), or ("raised", message,
+        traceback) for a coalesced request whose execute raised), its tensors in the slot's
+        output arena."""
+        arena = self.outputs[slot]
+        flat = [t for a in answers if a[0] == "outputs" for t in a[1]]
+        try:
+            with self.arena_lock:
+                specs, fds, extra = arena.layout(flat)
+        except BaseException as e:  # noqa: B036
+            fields = _error_fields(e)
+            send({"op": "done", "error": fields["message"], "traceback": fields["traceback"]})
+            return
         out = []
         k = 0
-        for response, e in zip(result, encoded):
-            if e is None:
-                err = response.error()
-                out.append({"error": _clip(str(err.message())), "code": _error_code(err)})
+        for a in answers:
+            if a[0] == "outputs":
+                out.append({"outputs": specs[k:k + len(a[1])]})
+                k += len(a[1])
+            elif a[0] == "error":
+                out.append({"error": a[1], "code": a[2]})
             else:
-                out.append({"outputs": specs[k:k + len(e)]})
-                k += len(e)
+                out.append({"raised": a[1], "traceback": a[2]})
         reply = {"op": "done", "responses": out}
         reply.update(extra)
-        return reply, fds
+        try:
+            with self.arena_lock:
+                send(reply, fds)
+                if fds:
+                    arena.sent()
+        except MessageTooLong as e:
+            send({"op": "done", "error": str(e), "traceback": ""})
 
     def wait_for_finals(self):
         # Until every request of the batch has had its final flag, from whichever thread of the

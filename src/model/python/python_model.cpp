@@ -414,6 +414,8 @@ class PythonInstance final : public ModelInstance {
 
 class PythonModel final : public Model {
  public:
+  static constexpr int kCoalescedRequests = 16;
+
   explicit PythonModel(std::shared_ptr<const PythonSetup> setup) : setup_(std::move(setup)) {}
 
   const ModelSignature& signature() const noexcept override { return setup_->signature; }
@@ -427,6 +429,12 @@ class PythonModel final : public Model {
   bool takes_requests_apart() const noexcept override { return true; }
   int pipelined_batches() const noexcept override {
     return setup_->pipelined ? Slot::kPipelinedBatches : 0;
+  }
+  // Where the engine does not batch (no dynamic_batching: Triton gives execute() one request at
+  // a time), the requests queued together go to the process in one message, and the stub calls
+  // execute() once for each (BatchIO::coalesced). Not for decoupled or stateful models.
+  int coalesced_requests() const noexcept override {
+    return setup_->pipelined ? kCoalescedRequests : 0;
   }
 
   Result<std::unique_ptr<ModelInstance>> create_instance(Device& device, Stream& /*stream*/,

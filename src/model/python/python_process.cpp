@@ -877,6 +877,8 @@ Status PythonProcess::write_inputs(const BatchIO& io, int slot, std::string* mes
   std::string& text = *message;
   text = R"({"op":"execute","slot":)" + std::to_string(slot);
   if (*new_arena) text += R"(,"arena":)" + std::to_string(arena.size);
+  // Coalesced, not batched (BatchIO::coalesced): one execute() a request.
+  if (io.coalesced) text += R"(,"alone":true)";
   if (in_arena) {
     std::memcpy(base + described_at, described.data(), described.size());
     text += R"(,"requests_at":[)" + std::to_string(described_at) + "," +
@@ -1390,14 +1392,17 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
                   "the stub sent '" + op + "' during execute; the process " + kill_and_reap());
     }
     ASYNCINFER_RETURN_IF_ERROR(map_output_arena(m));
-    if (m.body.contains("error")) {
-      const std::string tb = m.body.value("traceback", std::string());
+    // An execute() that raised: its traceback logged, its message the requests' error.
+    const auto raised = [&](const json& what, const std::string& message) {
+      const std::string tb = what.value("traceback", std::string());
       if (!tb.empty()) {
         log(LogLevel::error, "python model '" + setup_->model_name + "' instance " +
                                  instance_name_ + ": execute raised:\n" + tb);
       }
-      return fail(StatusCode::internal,
-                  "execute raised " + m.body.value("error", std::string("an exception")));
+      return fail(StatusCode::internal, "execute raised " + message);
+    };
+    if (m.body.contains("error")) {
+      return raised(m.body, m.body.value("error", std::string("an exception")));
     }
     if (sig.decoupled) return first_error;
     const json& responses = m.body.value("responses", json::array());
@@ -1413,6 +1418,13 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
     };
     for (std::size_t j = 0; j < requests; ++j) {
       const json& resp = responses[j];
+      if (resp.contains("raised")) {
+        // A coalesced request's own execute() raised (BatchIO::coalesced): that request fails
+        // as a batch of its own would have.
+        if (io.request_errors.empty()) io.request_errors.resize(requests);
+        io.request_errors[j] = raised(resp, resp.value("raised", std::string("an exception")));
+        continue;
+      }
       if (resp.contains("error")) {
         // An error response fails that request alone, in the model's words (Triton's).
         if (io.request_errors.empty()) io.request_errors.resize(requests);
