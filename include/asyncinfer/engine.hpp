@@ -384,7 +384,8 @@ struct EngineOptions {
   /// 0 = off. A batch whose completion point is not reached within this time fails with
   /// deadline_exceeded and its worker is recycled (see `recovery`). On cpu a watchdog makes each
   /// batch run on its stream's thread, not on the worker's (max_inflight_per_worker), so that a
-  /// hung model leaves the worker free to replace it.
+  /// hung model leaves the worker free to replace it. A coalesced launch
+  /// (Model::coalesced_requests) gets this time for each of its requests.
   std::chrono::milliseconds watchdog{0};
   /// Bounded replacement of a worker's stream and model instance, and of abandoned work.
   RecoveryOptions recovery;

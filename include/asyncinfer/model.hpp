@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -194,6 +195,11 @@ struct BatchIO {
   /// own tensors' (`request_inputs`, `request_outputs`). Sums to batch_size. For
   /// backends that hand a model its requests one by one (the python backend's execute(requests)).
   std::vector<std::int64_t> request_rows;
+  /// For a batch of several requests of a model that takes them apart
+  /// (Model::takes_requests_apart), null otherwise: whether request `i` (batch order) has ended
+  /// (cancelled, timed out, its client gone), as `stop` says it of the whole batch (Triton's
+  /// is_cancelled() of one request). Never blocks; any thread; true for an index out of range.
+  std::function<bool(std::size_t)> request_ended;
   /// The requests were coalesced, not batched (Model::coalesced_requests): the engine does not
   /// batch this model, and the model runs each request of `request_inputs` on its own, in batch
   /// order, as if each had been a batch of its own. false for a batch of one request, and

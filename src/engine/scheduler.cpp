@@ -29,6 +29,7 @@ Scheduler::Scheduler(const EngineOptions& o, bool batched)
       max_queue_delay_(o.batching.max_queue_delay),
       preferred_batch_sizes_(o.batching.preferred_batch_sizes),
       priority_aging_(o.priority_aging),
+      workers_(static_cast<std::size_t>(std::max(o.workers, 1))),
       queue_(o.priority_levels),
       retry_(o.retry),
       admission_(o.admission_control, o.workers),
@@ -328,6 +329,14 @@ std::shared_ptr<Batch> Scheduler::next_batch(const Taker& taker) {
       continue;
     }
     config.flush = !accepting();
+    if (taker.coalesce > 1 && workers_ > 1) {
+      // Coalesced launches: a worker takes its share of what is queued, so that the other
+      // instances are not left idle while one runs them all (Triton hands each request to a
+      // free instance).
+      const std::size_t share = (queue_.size() + workers_ - 1) / workers_;
+      config.coalesce = static_cast<int>(
+          std::min(static_cast<std::size_t>(taker.coalesce), std::max<std::size_t>(share, 1)));
+    }
     const BatchPlan plan = plan_batch(queue_, config, Clock::now());
     if (!plan.ready()) {
       if (no_limit(plan.wake)) {

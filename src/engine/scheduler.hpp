@@ -301,6 +301,7 @@ class Scheduler {
   const std::chrono::microseconds max_queue_delay_;
   const std::vector<std::int64_t> preferred_batch_sizes_;
   const std::chrono::microseconds priority_aging_;
+  const std::size_t workers_;  // EngineOptions::workers, at least 1
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;                       // workers waiting for a batch

@@ -297,7 +297,7 @@ void Worker::launch(const std::shared_ptr<Batch>& batch) {
   batch->compute_start = Clock::now();
   if (ctx_.opt.watchdog.count() > 0) {
     std::lock_guard wl(batch->watchdog_mu);
-    batch->watchdog = ctx_.timer.add(saturating_add(batch->compute_start, ctx_.opt.watchdog),
+    batch->watchdog = ctx_.timer.add(saturating_add(batch->compute_start, watchdog_limit(*batch)),
                                      [this, batch] { on_watchdog(batch); });
   }
   s = stream_->launch_host_func([this, batch](Status st) { on_batch_done(batch, std::move(st)); });
@@ -391,6 +391,11 @@ Status Worker::assemble(Batch& batch, BatchIO& io) {
       io.host_inputs = batch.requests[0]->inputs;
     } else if (ctx_.apart) {  // each request keeps its own tensors (Model::takes_requests_apart)
       io.coalesced = ctx_.coalesce > 1;  // not batched: each runs alone (batcher.hpp)
+      // Request::batch is a weak pointer: no cycle through the requests held here.
+      io.request_ended = [requests = batch.requests](std::size_t i) {
+        return i >= requests.size() ||
+               detail::is_final(requests[i]->stage.load(std::memory_order_acquire));
+      };
       io.request_inputs.reserve(batch.requests.size());
       for (const auto& r : batch.requests) io.request_inputs.push_back(r->inputs);
       return Status();
@@ -529,7 +534,7 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
                       Clock::time_point previous) {
   const std::vector<Tensor>& outs = ctx_.unified ? batch->io->outputs : batch->host_outputs;
   // The requests the model answered with an error of their own (BatchIO::request_errors).
-  const std::vector<Status>& errors = batch->io->request_errors;
+  std::vector<Status>& errors = batch->io->request_errors;
   const auto failed_alone = [&](std::size_t k) { return k < errors.size() && !errors[k].ok(); };
   // A model that took the batch apart answers each request with outputs of its own.
   std::vector<std::vector<Tensor>>& apart = batch->io->request_outputs;
@@ -541,7 +546,13 @@ void Worker::complete(const std::shared_ptr<Batch>& batch, double compute_us, Cl
                              std::to_string(batch->requests.size()) + " requests");
     }
     for (std::size_t k = 0; check.ok() && k < apart.size(); ++k) {
-      if (!failed_alone(k)) check = ctx_.check_outputs(apart[k], batch->requests[k]->rows);
+      if (failed_alone(k)) continue;
+      check = ctx_.check_outputs(apart[k], batch->requests[k]->rows);
+      if (!check.ok() && batch->io->coalesced) {
+        // Its own execution answered wrongly (Model::coalesced_requests): it fails alone.
+        if (errors.empty()) errors.resize(batch->requests.size());
+        errors[k] = std::exchange(check, Status());
+      }
     }
   } else if (!(ctx_.sig.decoupled && outs.empty())) {
     // (A decoupled model's final result may carry no response: the final flag alone.)

@@ -167,6 +167,9 @@ class Worker {
 
   /// The hang watchdog's handler (the deadline timer's thread).
   void on_watchdog(const std::shared_ptr<Batch>& batch);
+  /// EngineOptions::watchdog for `batch`: once for each request of a coalesced launch, which
+  /// runs them one after another (Model::coalesced_requests).
+  std::chrono::milliseconds watchdog_limit(const Batch& batch) const;
   /// Replaces a hung stream and model instance (worker thread only). The old ones are destroyed
   /// by a reaper thread, so a kernel that ignores its stop token cannot block this worker; until
   /// that destruction returns they count as abandoned (the loop bounds them). Batches still

@@ -8,6 +8,11 @@
 
 namespace asyncinfer::detail {
 
+std::chrono::milliseconds Worker::watchdog_limit(const Batch& batch) const {
+  if (batch.io == nullptr || !batch.io->coalesced) return ctx_.opt.watchdog;
+  return ctx_.opt.watchdog * static_cast<std::int64_t>(batch.requests.size());
+}
+
 void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
   if (batch->done.load(std::memory_order_acquire)) return;
   {
@@ -26,7 +31,7 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
     }
     if (behind) {
       std::lock_guard wl(batch->watchdog_mu);
-      batch->watchdog = ctx_.timer.add(saturating_add(Clock::now(), ctx_.opt.watchdog),
+      batch->watchdog = ctx_.timer.add(saturating_add(Clock::now(), watchdog_limit(*batch)),
                                        [this, batch] { on_watchdog(batch); });
       return;
     }
@@ -57,9 +62,15 @@ void Worker::on_watchdog(const std::shared_ptr<Batch>& batch) {
       "worker " + std::to_string(index_) +
       ": the batch did not reach its completion point "
       "within the " +
-      std::to_string(ctx_.opt.watchdog.count()) +
+      std::to_string(watchdog_limit(*batch).count()) +
       " ms hang watchdog; the worker's stream and model instance are being replaced");
-  for (const auto& r : batch->requests) resolver_.try_resolve(r, Stage::timed_out, st);
+  if (batch->io != nullptr && batch->io->coalesced) {
+    // Coalesced requests run again, each alone (BatchFailure::batch_failed): only the one that
+    // hangs fails, on its own watchdog.
+    ctx_.failures.batch_failed(batch, st);
+  } else {
+    for (const auto& r : batch->requests) resolver_.try_resolve(r, Stage::timed_out, st);
+  }
   scheduler_.batch_finished(*batch);
 }
 

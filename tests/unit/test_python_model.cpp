@@ -436,6 +436,87 @@ TEST_F(PythonModelTest, CoalescedRequestsAreEachAnExecuteOfTheirOwn) {
   EXPECT_EQ(m.stats.batch_stats[0].compute_infer.count, m.stats.execution_count);
 }
 
+// A model for the coalescing tests below, by x[0, 0]: 1 sleeps 0.4 s (the requests sent meanwhile
+// queue up behind it and the two launched after it), 2 waits up to 3 s for its request to be
+// cancelled; any value sleeps x[0, 1] ms first. Answers x.
+constexpr const char* kPatient = R"(
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            time.sleep(x[0, 1] / 1000)
+            if x[0, 0] == 1:
+                time.sleep(0.4)
+            if x[0, 0] == 2:
+                end = time.monotonic() + 3
+                while not r.is_cancelled() and time.monotonic() < end:
+                    time.sleep(0.005)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
+        return out
+)";
+
+// Submits the blocker (x = 1) and two quick requests one at a time, so that each is a launch of its
+// own and the worker has its three launches in flight; what is submitted next queues together.
+std::vector<Future<Outputs>> hold_the_worker(Engine& e) {
+  std::vector<Future<Outputs>> held;
+  for (float first : {1.0F, 0.0F, 0.0F}) {
+    held.push_back(e.submit({*Tensor::from_values(Shape{1, 2}, std::vector<float>{first, 0})}));
+    std::this_thread::sleep_for(50ms);
+  }
+  return held;
+}
+
+// A coalesced launch runs its requests one after another: the hang watchdog gives it its time
+// once for each of them, so that requests that each take well under it are not failed together.
+TEST_F(PythonModelTest, ACoalescedLaunchHasTheWatchdogsTimeForEachRequest) {
+  auto model = load_model(write_model("patient", kPatient), fp32_options());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EngineOptions o;
+  o.batching.max_batch_size = 1;
+  o.watchdog = 600ms;
+  auto e = engine(*model, o);
+  ASSERT_TRUE(e);
+  std::vector<Future<Outputs>> futures = hold_the_worker(*e);
+  for (int i = 0; i < 8; ++i) {  // 8 x 200 ms together: over the watchdog's 600 ms
+    futures.push_back(e->submit({row(0, 200)}));
+  }
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    ASSERT_TRUE(futures[i].wait_for(30s)) << "request " << i;
+    auto r = futures[i].get();
+    EXPECT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+  }
+  EXPECT_LT(e->metrics().batches, futures.size()) << "no launch was coalesced";
+}
+
+// is_cancelled() answers for its own request in a coalesced launch, not for the launch as a
+// whole: the request that waits for its cancel sees it while the other request is still live.
+TEST_F(PythonModelTest, IsCancelledAnswersForItsOwnRequestInACoalescedLaunch) {
+  auto model = load_model(write_model("patient", kPatient), fp32_options());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EngineOptions o;
+  o.batching.max_batch_size = 1;
+  auto e = engine(*model, o);
+  ASSERT_TRUE(e);
+  std::vector<Future<Outputs>> held = hold_the_worker(*e);
+  const auto start = std::chrono::steady_clock::now();
+  Future<Outputs> waiting = e->submit({row(2, 0)});
+  Future<Outputs> after = e->submit({row(3, 0)});
+  std::this_thread::sleep_for(700ms);  // the blocker is done; `waiting` polls is_cancelled
+  EXPECT_TRUE(waiting.cancel());
+  ASSERT_TRUE(after.wait_for(30s));
+  auto r = after.get();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // `waiting` saw its cancel and returned, long before its 3 s ran out.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2500ms);
+  for (auto& f : held) EXPECT_TRUE(f.wait_for(30s));
+  EXPECT_LT(e->metrics().batches, 5U) << "the two requests were not coalesced";
+}
+
 // A model neither decoupled, nor stateful, nor dynamically batched has two batches in flight: the
 // next batch is sent to its process while it runs one (each in a slot of its own, input and output
 // arena), so the process finds it waiting on its socket (fd 3). Each request keeps its own values,

@@ -315,6 +315,9 @@ CHANNEL = Channel()
 # How many batches execute() has been given (one element: changed in place): a request's trace
 # names its batch, so that a trace kept past its execute() is not taken for another request's.
 STUB_BATCH = [0]
+# In a coalesced message, the index of the request whose own execute() runs (its calls go under
+# its chain of callers); None otherwise.
+EXECUTING = [None]
 
 
 def _tensor_payload(utils, t):
@@ -452,6 +455,8 @@ class Call:
         trace = getattr(request, "_trace", None)
         if trace is not None and trace._request is not None and trace._batch == STUB_BATCH[0]:
             msg["trace"] = trace._request  # under that request's trace, if it is traced
+        if EXECUTING[0] is not None:
+            msg["caller"] = EXECUTING[0]
         if fds:
             msg["fd"] = True
         with CHANNEL.cv:
@@ -833,20 +838,26 @@ class Stub:
         """A coalesced message (the server's "alone": requests that came together, where Triton
         gives execute() one request at a time): execute() once for each, in order; one that
         raises fails its own request, as a batch of its own would have."""
+        # Each request's messages shortened so that all fit in one reply (JSON may escape a
+        # character to six bytes); a traceback is logged whole, as the server logs a batch's.
+        limit = MAX_REPLY // (8 * len(requests))
         answers = []
-        for request, sender in zip(requests, senders):
+        for index, (request, sender) in enumerate(zip(requests, senders)):
             try:
+                EXECUTING[0] = index
                 try:
                     result = self.call([request])
                 finally:
+                    EXECUTING[0] = None
                     self.end_senders((sender,))
                 self.check(result, 1)
-                answers.append(self.answer(result[0]))
+                answers.append(self.answer(result[0], limit))
             except BaseException as e:  # noqa: B036
                 fields = _error_fields(e)
-                # Each request's traceback shortened so that all fit in one reply.
-                answers.append(("raised", fields["message"],
-                                _clip(fields["traceback"], MAX_REPLY // (2 * len(requests)))))
+                if fields["traceback"]:
+                    send({"op": "log", "level": 2,
+                          "message": "execute raised:\n" + fields["traceback"]})
+                answers.append(("raised", _clip(fields["message"], limit)))
         self.reply(answers, slot)
 
     def call(self, requests):
@@ -875,18 +886,17 @@ class Stub:
                     "execute's response %d is %s, not an InferenceResponse"
                     % (i, type(response).__name__))
 
-    def answer(self, response):
+    def answer(self, response, limit=16000):
         """One request's part of the reply: ("outputs", its encoded tensors) or ("error", the
-        model's error response's message, code)."""
+        model's error response's message (up to `limit` characters), code)."""
         if response.has_error():
             err = response.error()
-            return ("error", _clip(str(err.message())), _error_code(err))
+            return ("error", _clip(str(err.message()), limit), _error_code(err))
         return ("outputs", self.encode(response))
 
     def reply(self, answers, slot):
-        """Sends the "done" message of a batch's answers (answer(), or ("raised", message,
-        traceback) for a coalesced request whose execute raised), its tensors in the slot's
-        output arena."""
+        """Sends the "done" message of a batch's answers (answer(), or ("raised", message) for a
+        coalesced request whose execute raised), its tensors in the slot's output arena."""
         arena = self.outputs[slot]
         flat = [t for a in answers if a[0] == "outputs" for t in a[1]]
         try:
@@ -905,7 +915,7 @@ class Stub:
             elif a[0] == "error":
                 out.append({"error": a[1], "code": a[2]})
             else:
-                out.append({"raised": a[1], "traceback": a[2]})
+                out.append({"raised": a[1]})
         reply = {"op": "done", "responses": out}
         reply.update(extra)
         try:

@@ -1279,10 +1279,15 @@ Status PythonProcess::start_call(Message& m, std::uint64_t tag) {
   if (const json& p = m.body.value("parameters", json()); p.is_object() && !p.empty()) {
     context->parameters_json = p.dump();
   }
-  // The chain: the longest of the batch's requests' (which of them made the call is not known),
-  // then this model.
-  for (const auto& c : io_->contexts) {
-    if (c && c->callers.size() > context->callers.size()) context->callers = c->callers;
+  // The chain: that of the request that made the call where the stub says which (a coalesced
+  // request's own execute()), else the longest of the batch's requests', then this model.
+  if (const json& caller = m.body.value("caller", json());
+      caller.is_number_unsigned() && caller.get<std::size_t>() < io_->contexts.size()) {
+    if (const auto& c = io_->contexts[caller.get<std::size_t>()]) context->callers = c->callers;
+  } else {
+    for (const auto& c : io_->contexts) {
+      if (c && c->callers.size() > context->callers.size()) context->callers = c->callers;
+    }
   }
   context->callers.push_back(setup_->model_name);
   r.context = std::move(context);
@@ -1328,7 +1333,9 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
     const std::uint64_t tag = m.body.value("tag", std::uint64_t{0});
     if (op == "is_cancelled") {
       const std::size_t r = m.body.value("request", std::size_t{0});
-      const bool value = io.responses ? io.responses->is_cancelled(r) : stop.stop_requested();
+      const bool value = io.responses       ? io.responses->is_cancelled(r)
+                         : io.request_ended ? io.request_ended(r)
+                                            : stop.stop_requested();
       ASYNCINFER_RETURN_IF_ERROR(
           send_message(json{{"op", "cancelled"}, {"tag", tag}, {"value", value}}.dump()));
       continue;
@@ -1434,9 +1441,16 @@ Status PythonProcess::execute_messages(BatchIO& io, const std::stop_token& stop,
       }
       static const json kNone;  // no "outputs": read_outputs says so
       const auto specs = resp.find("outputs");
-      ASYNCINFER_ASSIGN_OR_RETURN(
-          per_request[j],
-          read_outputs(specs != resp.end() ? &*specs : &kNone, rows_of(j), j, output_bytes()));
+      Result<std::vector<Tensor>> outs =
+          read_outputs(specs != resp.end() ? &*specs : &kNone, rows_of(j), j, output_bytes());
+      if (!outs.ok() && io.coalesced) {
+        // Its own execute() answered wrongly: that request fails alone.
+        if (io.request_errors.empty()) io.request_errors.resize(requests);
+        io.request_errors[j] = outs.status();
+        continue;
+      }
+      if (!outs.ok()) return outs.status();
+      per_request[j] = std::move(*outs);
     }
     if (!io.request_inputs.empty()) {  // the engine keeps each request's outputs apart
       io.request_outputs = std::move(per_request);
