@@ -966,6 +966,7 @@ class ModelFileOverride(harness.unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="asyncinfer-override-test-")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, True)
         cls.repo = Repository()
+        cls.addClassCleanup(cls.repo.cleanup)
         cls.repo.add("identity", identity_config())
         before = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = cls.tmp  # where the server makes the override folders
